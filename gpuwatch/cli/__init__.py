@@ -1,0 +1,65 @@
+"""The ``gpuwatch`` command line: the only place that prints errors and exits.
+
+Each subcommand group lives in its own module and exposes ``register(app)``.
+Modules import their heavy dependencies (pynvml, FastAPI, SQLAlchemy, torch) inside
+the command functions, so ``gpuwatch --version`` and ``gpuwatch status`` start fast.
+Exit codes are listed in :data:`gpuwatch.errors.EXIT_CODES` and docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from gpuwatch import __version__
+from gpuwatch.errors import GpuwatchError
+
+app = typer.Typer(
+    name="gpuwatch",
+    help="See shared-GPU out-of-memory coming, name the culprit, and clean up safely.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpuwatch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _register_all() -> None:
+    from gpuwatch.cli import agent, db, doctor, fake, history, server, status, token
+
+    for module in (agent, status, fake, server, db, token, history, doctor):
+        module.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app, turning gpuwatch errors into one line and an exit code."""
+    _register_all()
+    try:
+        # standalone mode: the CLI framework reports usage errors itself (exit 2).
+        app(args=argv)
+    except GpuwatchError as err:
+        print(f"gpuwatch: error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,9 @@
+"""`gpuwatch token` commands (placeholder until its owner fills it in)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

@@ -1,0 +1,78 @@
+"""The gpuwatch exception tree, and the exit code each one maps to.
+
+Library code raises these; only ``gpuwatch.cli`` turns them into a one-line
+message on stderr and an exit code. Lower-level errors (pynvml, httpx,
+SQLAlchemy, OS errors) are translated where they enter, with ``raise ... from``.
+
+::
+
+    GpuwatchError                      exit 1
+    ├── ConfigError                    exit 3  bad settings file, env var or scenario
+    │   └── ScenarioError              exit 3  a fake-GPU scenario file is invalid
+    ├── NvmlUnavailable                exit 4  no NVIDIA driver / library / GPU to talk to
+    ├── RemoteError                    exit 5  the central server or local agent is unreachable
+    │   └── AuthError                  exit 5  the server refused our token
+    ├── NotRecognized                  exit 6  input is not something we can interpret
+    └── DatabaseError                  exit 7  the database is unreachable or not migrated
+
+Exit code 2 is reserved for command-line usage errors (unknown option, bad
+value), which the CLI framework reports itself.
+"""
+
+from __future__ import annotations
+
+
+class GpuwatchError(Exception):
+    """Base class. ``str(err)`` is a complete, one-line message for a person."""
+
+    exit_code = 1
+
+
+class ConfigError(GpuwatchError):
+    """A setting, config file or command-line value is invalid."""
+
+    exit_code = 3
+
+
+class ScenarioError(ConfigError):
+    """A fake-GPU scenario file cannot be read or is invalid."""
+
+
+class NvmlUnavailable(GpuwatchError):
+    """NVML cannot be used at all: library missing, driver not loaded, or no GPU."""
+
+    exit_code = 4
+
+
+class RemoteError(GpuwatchError):
+    """A gpuwatch server or agent could not be reached or answered with an error."""
+
+    exit_code = 5
+
+
+class AuthError(RemoteError):
+    """The server refused the agent token (HTTP 401/403)."""
+
+
+class NotRecognized(GpuwatchError):
+    """The input is not something gpuwatch can interpret (e.g. not an OOM message)."""
+
+    exit_code = 6
+
+
+class DatabaseError(GpuwatchError):
+    """The database is unreachable, or its schema is not at the expected revision."""
+
+    exit_code = 7
+
+
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "unexpected runtime failure",
+    2: "command-line usage error",
+    3: "invalid configuration, option value or scenario file",
+    4: "NVML unavailable: no NVIDIA driver, library or GPU (and no --fake-gpus)",
+    5: "the gpuwatch server or agent is unreachable, or refused the token",
+    6: "input not recognised (e.g. `gpuwatch explain` on text that is not an OOM message)",
+    7: "database unreachable or not migrated",
+}

@@ -1,0 +1,184 @@
+"""Typed settings, one object per process kind, built once at start-up and passed down.
+
+Sources, highest priority first:
+
+1. command-line options (passed to :func:`load` as overrides),
+2. environment variables ``GPUWATCH_AGENT_*`` / ``GPUWATCH_SERVER_*``,
+3. the TOML file named by ``GPUWATCH_CONFIG`` (default ``/etc/gpuwatch/gpuwatch.toml``),
+   sections ``[agent]`` and ``[server]``,
+4. the defaults below.
+
+Nothing else in gpuwatch reads ``os.environ`` for configuration. ``docs/configuration.md``
+is generated from these classes (``python -m gpuwatch.docs``), so the reference cannot drift.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gpuwatch.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = Path("/etc/gpuwatch/gpuwatch.toml")
+
+
+def _default_data_dir() -> Path:
+    # Root (the systemd units) keeps state under /var/lib; a user on a workstation
+    # gets a per-user directory so `gpuwatch server` works without privileges.
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpuwatch")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpuwatch"
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:9402"`` -> ``("127.0.0.1", 9402)``; ``"[::1]:9402"`` works too."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class _Base(BaseSettings):
+    section: ClassVar[str]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSection(settings_cls))
+
+
+class _TomlSection(PydanticBaseSettingsSource):
+    """Reads one ``[section]`` of the TOML config file, if the file exists."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        path = Path(os.environ.get("GPUWATCH_CONFIG") or DEFAULT_CONFIG_FILE)
+        self._data: dict[str, Any] = {}
+        if path.is_file():
+            try:
+                doc = tomllib.loads(path.read_text(encoding="utf-8"))
+            except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+                raise ConfigError(f"cannot read config file {path}: {err}") from err
+            section = doc.get(settings_cls.section, {})  # type: ignore[attr-defined]
+            if not isinstance(section, dict):
+                raise ConfigError(f"{path}: [{settings_cls.section}] must be a table")  # type: ignore[attr-defined]
+            self._data = section
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class AgentSettings(_Base):
+    """Settings of ``gpuwatch agent`` (and of ``gpuwatch status``, which polls once)."""
+
+    section: ClassVar[str] = "agent"
+    model_config = SettingsConfigDict(env_prefix="GPUWATCH_AGENT_", extra="forbid")
+
+    listen: str = Field("127.0.0.1:9402", description="HOST:PORT of the /metrics and /snapshot HTTP endpoint.")
+    poll_interval_seconds: float = Field(5.0, gt=0, le=3600, description="Seconds between NVML polls.")
+    nvml_timeout_seconds: float = Field(
+        2.0, gt=0, le=60, description="Bound on one whole poll; a hung NVML call is abandoned after this."
+    )
+    fake_gpus: str | None = Field(
+        None, description="Scenario file (or bundled scenario name) to run on simulated GPUs instead of NVML."
+    )
+    proc_root: Path = Field(Path("/proc"), description="Where /proc is mounted (a host /proc bind-mount in a container).")
+    process_metrics: bool = Field(
+        False, description="Export per-process series (pid, user, container/pod/job labels). Opt-in: cardinality."
+    )
+    process_metrics_max_series: int = Field(
+        500, ge=0, le=100_000, description="Cap on per-process series per scrape; the largest holders are kept."
+    )
+    dcgm_compat: bool = Field(
+        False, description="Also export DCGM_FI_DEV_FB_USED/FREE/RESERVED (MiB) so DCGM dashboards keep working."
+    )
+    server_url: str | None = Field(None, description="Central server base URL; snapshots are pushed when set.")
+    token: SecretStr | None = Field(None, description="Per-host bearer token for the central server.")
+    push_interval_seconds: float = Field(15.0, gt=0, le=3600, description="Seconds between pushes to the server.")
+    spool_dir: Path = Field(
+        default_factory=lambda: _default_data_dir() / "spool",
+        description="Where snapshots wait while the server is unreachable.",
+    )
+    spool_max_bytes: int = Field(
+        64 * 2**20, ge=2**16, description="Spool size bound; the oldest snapshots are dropped (and counted) past it."
+    )
+    agent_id: str | None = Field(None, description="Stable agent identity; defaults to /etc/machine-id, else hostname.")
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        parse_host_port(value)
+        return value
+
+
+class ServerSettings(_Base):
+    """Settings of ``gpuwatch server`` and the commands that talk to its database."""
+
+    section: ClassVar[str] = "server"
+    model_config = SettingsConfigDict(env_prefix="GPUWATCH_SERVER_", extra="forbid")
+
+    listen: str = Field("127.0.0.1:9403", description="HOST:PORT the API and web dashboard listen on.")
+    data_dir: Path = Field(default_factory=_default_data_dir, description="Directory for the default SQLite database.")
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. Default: SQLite under data_dir.",
+    )
+    max_body_bytes: int = Field(
+        8 * 2**20, ge=2**10, description="Largest accepted request body; larger ones get 413 unread."
+    )
+    retention_days: float = Field(30.0, gt=0, description="Samples and closed process lifetimes older than this are deleted.")
+    sample_interval_seconds: float = Field(
+        60.0, gt=0, description="Downsampling step for stored per-process samples (trend evidence)."
+    )
+    agent_silent_intervals: int = Field(
+        4, ge=1, description="An agent is 'silent' after this many missed push intervals."
+    )
+    idle_window_seconds: float = Field(3600.0, gt=0, description="No SM activity for this long makes a holder idle.")
+    idle_min_bytes: int = Field(1 * 2**30, ge=0, description="Idle holders below this much memory are ignored.")
+    runaway_share_ratio: float = Field(
+        0.9, gt=0, le=1, description="A process above this share of a shared GPU's memory is runaway."
+    )
+    leak_min_slope_bytes_per_second: float = Field(
+        64 * 2**10, ge=0, description="Sustained growth above this rate is reported as a leak."
+    )
+    scheduler: bool = Field(
+        True, description="Run scheduled jobs in this process (one replica wins a Postgres advisory lock)."
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        parse_host_port(value)
+        return value
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'gpuwatch.db'}"
+
+
+S = TypeVar("S", bound=_Base)
+
+
+def load(kind: type[S], **overrides: Any) -> S:
+    """Build settings once; ``None`` overrides are ignored so CLI defaults don't shadow env."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return kind(**given)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or kind.section
+        raise ConfigError(f"invalid {kind.section} setting {where}: {first['msg']}") from err

@@ -1,0 +1,158 @@
+"""The HostSnapshot schema: the one contract between agent, server, CLI and reaper.
+
+One poll of one host produces one :class:`HostSnapshot`. The agent exports it as
+Prometheus metrics, prints it (``gpuwatch status --json``), serves it on its local
+HTTP port (``GET /snapshot``) and pushes it to the central server
+(``POST /api/v1/snapshots``). Nobody else invents another shape of the same data.
+
+Conventions:
+
+* Sizes are bytes, durations seconds, times Unix epoch seconds (float), ratios 0..1.
+* ``None`` means "not available" (NVML said NOT_SUPPORTED / NO_PERMISSION / value
+  not available, or the process is not visible). It never means zero.
+* The schema is strict (``extra="forbid"``) and bounded, because the server ingests
+  it from the network. ``schema_version`` changes when a field changes meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+# Bounds chosen well above any real host (8-16 GPUs, a few hundred processes) but low
+# enough that a hostile or buggy client cannot make the server allocate without limit.
+MAX_GPUS = 64
+MAX_PROCESSES_PER_GPU = 1024
+MAX_MIG_INSTANCES = 7
+MAX_BYTES = 2**50  # 1 PiB: no single GPU figure is larger
+MAX_PID = 2**22  # Linux pid_max ceiling
+
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
+Epoch = Annotated[float, Field(ge=0.0, le=2**33)]
+ShortStr = Annotated[str, Field(max_length=256)]
+LongStr = Annotated[str, Field(max_length=4096)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class TorchAllocatorStats(_Strict):
+    """PyTorch's own allocator view, reported by ``gpuwatch.torch`` inside the process."""
+
+    allocated_bytes: Bytes
+    reserved_bytes: Bytes
+    reserved_unallocated_bytes: Bytes
+    peak_allocated_bytes: Bytes
+    reported_at: Epoch
+
+
+class ProcessOwner(_Strict):
+    """Who a process belongs to: Unix user, and container / Kubernetes pod / Slurm job."""
+
+    user: ShortStr | None = None
+    uid: int | None = None
+    container_runtime: Literal["docker", "containerd", "podman", "cri-o", "lxc"] | None = None
+    container_id: ShortStr | None = None
+    pod_uid: ShortStr | None = None
+    pod_qos: ShortStr | None = None
+    slurm_job_id: ShortStr | None = None
+    systemd_unit: ShortStr | None = None
+    cgroup: LongStr | None = None
+
+
+class GpuProcess(_Strict):
+    """One process holding a context on one GPU (nvidia-smi's bottom table)."""
+
+    pid: Annotated[int, Field(ge=0, le=MAX_PID)]
+    kind: Literal["compute", "graphics", "mps"] = "compute"
+    used_bytes: Bytes | None = None
+    sm_ratio: Ratio | None = None
+    # Process facts from /proc. ``visible`` is False when the agent cannot see the PID
+    # (another PID namespace, e.g. the agent in a container without hostPID).
+    visible: bool = True
+    alive: bool = True
+    name: ShortStr | None = None
+    command: LongStr | None = None
+    start_time: Epoch | None = None
+    ppid: int | None = None
+    # True when the original parent is gone and the process was reparented to init
+    # or a subreaper (the "training run whose shell died" case).
+    orphaned: bool = False
+    # A Jupyter kernel (ipykernel_launcher and friends): its connection file and
+    # whether the notebook server that started it is still running.
+    jupyter_kernel: bool = False
+    jupyter_server_alive: bool | None = None
+    owner: ProcessOwner = Field(default_factory=ProcessOwner)
+    torch: TorchAllocatorStats | None = None
+
+
+class MigInstance(_Strict):
+    """A MIG GPU instance carved out of a physical GPU."""
+
+    index: int
+    uuid: ShortStr
+    name: ShortStr | None = None
+    memory_total_bytes: Bytes | None = None
+    memory_used_bytes: Bytes | None = None
+
+
+class Gpu(_Strict):
+    """One physical GPU, as ``nvidia-smi -q`` would describe it, plus its processes."""
+
+    index: Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+    uuid: ShortStr
+    name: ShortStr | None = None
+    pci_bus_id: ShortStr | None = None
+    # True when NVML reported GPU_IS_LOST ("fallen off the bus"); other fields are None.
+    lost: bool = False
+    memory_total_bytes: Bytes | None = None
+    memory_used_bytes: Bytes | None = None
+    memory_free_bytes: Bytes | None = None
+    memory_reserved_bytes: Bytes | None = None
+    utilization_ratio: Ratio | None = None
+    memory_busy_ratio: Ratio | None = None
+    temperature_celsius: Annotated[float, Field(ge=-100, le=300)] | None = None
+    power_watts: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    power_limit_watts: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    # Coherent-memory GPUs (Grace Hopper) and MIG parents: "used" is not the sum of
+    # processes, so the unattributed figure is masked (None).
+    coherent_memory: bool = False
+    processes_visible: bool = True
+    unattributed_bytes: Bytes | None = None
+    processes: Annotated[list[GpuProcess], Field(max_length=MAX_PROCESSES_PER_GPU)] = Field(
+        default_factory=list
+    )
+    mig_instances: Annotated[list[MigInstance], Field(max_length=MAX_MIG_INSTANCES)] = Field(
+        default_factory=list
+    )
+
+
+class HostSnapshot(_Strict):
+    """Everything one poll of one host saw. ``(agent_id, boot_id, sequence)`` is unique."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    agent_id: ShortStr
+    hostname: ShortStr
+    boot_id: ShortStr
+    sequence: Annotated[int, Field(ge=0)]
+    collected_at: Epoch
+    poll_duration_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    driver_version: ShortStr | None = None
+    nvml_version: ShortStr | None = None
+    cuda_driver_version: ShortStr | None = None
+    # True when the agent runs in a PID namespace that hides host PIDs NVML reports.
+    pid_namespace_isolated: bool = False
+    fake: bool = False
+    gpus: Annotated[list[Gpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+
+    @property
+    def idempotency_key(self) -> tuple[str, str, int]:
+        return (self.agent_id, self.boot_id, self.sequence)
+
+    def gpu(self, index: int) -> Gpu | None:
+        return next((g for g in self.gpus if g.index == index), None)
