@@ -89,35 +89,61 @@ class AgentSettings(_Base):
     section: ClassVar[str] = "agent"
     model_config = SettingsConfigDict(env_prefix="GPUWATCH_AGENT_", extra="forbid")
 
-    listen: str = Field("127.0.0.1:9402", description="HOST:PORT of the /metrics and /snapshot HTTP endpoint.")
-    poll_interval_seconds: float = Field(5.0, gt=0, le=3600, description="Seconds between NVML polls.")
+    listen: str = Field(
+        "127.0.0.1:9402", description="HOST:PORT of the /metrics and /snapshot HTTP endpoint."
+    )
+    poll_interval_seconds: float = Field(
+        5.0, gt=0, le=3600, description="Seconds between NVML polls."
+    )
     nvml_timeout_seconds: float = Field(
-        2.0, gt=0, le=60, description="Bound on one whole poll; a hung NVML call is abandoned after this."
+        2.0,
+        gt=0,
+        le=60,
+        description="Bound on one whole poll; a hung NVML call is abandoned after this.",
     )
     fake_gpus: str | None = Field(
-        None, description="Scenario file (or bundled scenario name) to run on simulated GPUs instead of NVML."
+        None,
+        description="Scenario file (or bundled scenario name) to run on simulated GPUs instead of NVML.",
     )
-    proc_root: Path = Field(Path("/proc"), description="Where /proc is mounted (a host /proc bind-mount in a container).")
+    proc_root: Path = Field(
+        Path("/proc"),
+        description="Where /proc is mounted (a host /proc bind-mount in a container).",
+    )
     process_metrics: bool = Field(
-        False, description="Export per-process series (pid, user, container/pod/job labels). Opt-in: cardinality."
+        False,
+        description="Export per-process series (pid, user, container/pod/job labels). Opt-in: cardinality.",
     )
     process_metrics_max_series: int = Field(
-        500, ge=0, le=100_000, description="Cap on per-process series per scrape; the largest holders are kept."
+        500,
+        ge=0,
+        le=100_000,
+        description="Cap on per-process series per scrape; the largest holders are kept.",
     )
     dcgm_compat: bool = Field(
-        False, description="Also export DCGM_FI_DEV_FB_USED/FREE/RESERVED (MiB) so DCGM dashboards keep working."
+        False,
+        description="Also export DCGM_FI_DEV_FB_USED/FREE/RESERVED (MiB) so DCGM dashboards keep working.",
     )
-    server_url: str | None = Field(None, description="Central server base URL; snapshots are pushed when set.")
-    token: SecretStr | None = Field(None, description="Per-host bearer token for the central server.")
-    push_interval_seconds: float = Field(15.0, gt=0, le=3600, description="Seconds between pushes to the server.")
+    server_url: str | None = Field(
+        None, description="Central server base URL; snapshots are pushed when set."
+    )
+    token: SecretStr | None = Field(
+        None, description="Per-host bearer token for the central server."
+    )
+    push_interval_seconds: float = Field(
+        15.0, gt=0, le=3600, description="Seconds between pushes to the server."
+    )
     spool_dir: Path = Field(
         default_factory=lambda: _default_data_dir() / "spool",
         description="Where snapshots wait while the server is unreachable.",
     )
     spool_max_bytes: int = Field(
-        64 * 2**20, ge=2**16, description="Spool size bound; the oldest snapshots are dropped (and counted) past it."
+        64 * 2**20,
+        ge=2**16,
+        description="Spool size bound; the oldest snapshots are dropped (and counted) past it.",
     )
-    agent_id: str | None = Field(None, description="Stable agent identity; defaults to /etc/machine-id, else hostname.")
+    agent_id: str | None = Field(
+        None, description="Stable agent identity; defaults to /etc/machine-id, else hostname."
+    )
 
     @field_validator("listen")
     @classmethod
@@ -132,32 +158,61 @@ class ServerSettings(_Base):
     section: ClassVar[str] = "server"
     model_config = SettingsConfigDict(env_prefix="GPUWATCH_SERVER_", extra="forbid")
 
-    listen: str = Field("127.0.0.1:9403", description="HOST:PORT the API and web dashboard listen on.")
-    data_dir: Path = Field(default_factory=_default_data_dir, description="Directory for the default SQLite database.")
+    listen: str = Field(
+        "127.0.0.1:9403", description="HOST:PORT the API and web dashboard listen on."
+    )
+    data_dir: Path = Field(
+        default_factory=_default_data_dir, description="Directory for the default SQLite database."
+    )
     database_url: str | None = Field(
         None,
         description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. Default: SQLite under data_dir.",
     )
     max_body_bytes: int = Field(
-        8 * 2**20, ge=2**10, description="Largest accepted request body; larger ones get 413 unread."
+        8 * 2**20,
+        ge=2**10,
+        description="Largest accepted request body; larger ones get 413 unread.",
     )
-    retention_days: float = Field(30.0, gt=0, description="Samples and closed process lifetimes older than this are deleted.")
+    retention_days: float = Field(
+        30.0, gt=0, description="Samples and closed process lifetimes older than this are deleted."
+    )
     sample_interval_seconds: float = Field(
         60.0, gt=0, description="Downsampling step for stored per-process samples (trend evidence)."
     )
     agent_silent_intervals: int = Field(
         4, ge=1, description="An agent is 'silent' after this many missed push intervals."
     )
-    idle_window_seconds: float = Field(3600.0, gt=0, description="No SM activity for this long makes a holder idle.")
-    idle_min_bytes: int = Field(1 * 2**30, ge=0, description="Idle holders below this much memory are ignored.")
+    idle_window_seconds: float = Field(
+        3600.0, gt=0, description="No SM activity for this long makes a holder idle."
+    )
+    idle_min_bytes: int = Field(
+        1 * 2**30, ge=0, description="Idle holders below this much memory are ignored."
+    )
     runaway_share_ratio: float = Field(
-        0.9, gt=0, le=1, description="A process above this share of a shared GPU's memory is runaway."
+        0.9,
+        gt=0,
+        le=1,
+        description="A process above this share of a shared GPU's memory is runaway.",
     )
     leak_min_slope_bytes_per_second: float = Field(
         64 * 2**10, ge=0, description="Sustained growth above this rate is reported as a leak."
     )
     scheduler: bool = Field(
-        True, description="Run scheduled jobs in this process (one replica wins a Postgres advisory lock)."
+        True,
+        description="Run scheduled jobs in this process (one replica wins a Postgres advisory lock).",
+    )
+    read_token: SecretStr | None = Field(
+        None,
+        description="Bearer token the read API and /metrics require. Unset: reads are open (keep listen on localhost).",
+    )
+    agent_push_interval_seconds: float = Field(
+        15.0, gt=0, le=3600, description="The agents' push interval; agent silence is counted in these."
+    )
+    leak_min_duration_seconds: float = Field(
+        1800.0, gt=0, description="Memory growth must last this long before it is reported as a leak."
+    )
+    unattributed_min_bytes: int = Field(
+        1 * 2**30, ge=0, description="GPU memory no listed process accounts for is reported above this."
     )
 
     @field_validator("listen")

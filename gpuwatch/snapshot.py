@@ -110,6 +110,9 @@ class Gpu(_Strict):
     pci_bus_id: ShortStr | None = None
     # True when NVML reported GPU_IS_LOST ("fallen off the bus"); other fields are None.
     lost: bool = False
+    # Set when this poll could not read the GPU at all, e.g. "timeout" when an NVML call
+    # hung past the poll deadline. Fields are then None (unknown), not zero.
+    read_error: ShortStr | None = None
     memory_total_bytes: Bytes | None = None
     memory_used_bytes: Bytes | None = None
     memory_free_bytes: Bytes | None = None

@@ -1,4 +1,4 @@
-"""`gpuwatch status` commands (placeholder until its owner fills it in)."""
+"""``gpuwatch status``: one poll, printed like gpustat (or as JSON for scripts)."""
 
 from __future__ import annotations
 
@@ -6,4 +6,25 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command()
+    def status(
+        fake_gpus: str | None = typer.Option(
+            None,
+            "--fake-gpus",
+            metavar="SCENARIO",
+            help="Simulate GPUs from a scenario file or bundled name.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print the HostSnapshot as JSON."),
+    ) -> None:
+        """Show every GPU, who holds its memory, and memory nobody accounts for."""
+        from gpuwatch.agent.assemble import build_sampler
+        from gpuwatch.agent.render import render_status
+        from gpuwatch.agent.state import AgentState
+        from gpuwatch.settings import AgentSettings, load
+
+        settings = load(AgentSettings, fake_gpus=fake_gpus)
+        snapshot = build_sampler(settings, AgentState()).poll()
+        if as_json:
+            typer.echo(snapshot.model_dump_json(indent=2))
+        else:
+            render_status(snapshot)

@@ -1,0 +1,40 @@
+"""Build the agent's parts from settings, once, at start-up (the CLI calls these)."""
+
+from __future__ import annotations
+
+from gpuwatch.agent.procinfo import ProcInfo, pid_namespace_isolated
+
+from gpuwatch.agent.identity import host_identity
+from gpuwatch.agent.sampler import Sampler
+from gpuwatch.agent.service import Agent, SnapshotSink
+from gpuwatch.agent.state import AgentState
+from gpuwatch.agent.torch_reports import TorchReports
+from gpuwatch.nvml.connect import connect
+from gpuwatch.settings import AgentSettings
+
+
+def build_sampler(
+    settings: AgentSettings, state: AgentState, torch_reports: TorchReports | None = None
+) -> Sampler:
+    """Open NVML (real or fake) and wire a sampler. Raises NvmlUnavailable/ScenarioError."""
+    session = connect(settings.fake_gpus, errors=state.nvml_errors)
+    return Sampler(
+        session,
+        ProcInfo(settings.proc_root),
+        host_identity(settings.agent_id, proc_root=settings.proc_root),
+        timeout_seconds=settings.nvml_timeout_seconds,
+        torch_reports=torch_reports,
+        pid_namespace_isolated=pid_namespace_isolated(settings.proc_root),
+        fake=settings.fake_gpus is not None,
+    )
+
+
+def build_agent(settings: AgentSettings, *, sink: SnapshotSink | None = None) -> Agent:
+    state = AgentState()
+    torch_reports = TorchReports()
+    sampler = build_sampler(settings, state, torch_reports)
+    if sink is None and settings.server_url:
+        from gpuwatch.agent.push import ServerSink
+
+        sink = ServerSink(settings)
+    return Agent(settings, sampler=sampler, state=state, torch_reports=torch_reports, sink=sink)

@@ -1,0 +1,122 @@
+"""The agent's own health: build, polls, NVML errors, pushes to the server."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.metrics_core import Metric
+
+from gpuwatch import __version__
+from gpuwatch.agent.collectors.spec import Families, MetricSpec
+from gpuwatch.agent.state import AgentState
+
+BUILD = MetricSpec("gpuwatch_agent_build", "info", "Build information of the running agent.", ())
+POLLS = MetricSpec(
+    "gpuwatch_agent_polls", "counter", "NVML polls by result (success, failure).", ("result",)
+)
+LAST_POLL = MetricSpec(
+    "gpuwatch_agent_last_poll_timestamp_seconds",
+    "gauge",
+    "When the latest successful poll ran, Unix epoch.",
+)
+POLL_DURATION = MetricSpec(
+    "gpuwatch_agent_poll_duration_seconds", "gauge", "How long the latest poll took."
+)
+FAKE = MetricSpec(
+    "gpuwatch_agent_fake_gpus", "gauge", "1 when the agent runs on simulated GPUs (--fake-gpus)."
+)
+ISOLATED = MetricSpec(
+    "gpuwatch_agent_pid_namespace_isolated", "gauge",
+    "1 when the agent cannot see the host PIDs NVML reports (it runs in its own PID namespace).",
+)  # fmt: skip
+NVML_ERRORS = MetricSpec(
+    "gpuwatch_nvml_errors",
+    "counter",
+    "Per-field NVML failures by function and error.",
+    ("function", "error"),
+)
+TORCH_REPORTS = MetricSpec(
+    "gpuwatch_agent_torch_reports", "counter", "Allocator reports received from gpuwatch.torch."
+)
+PUSHES = MetricSpec(
+    "gpuwatch_agent_push_batches", "counter", "Snapshot batches sent to the server by result.", ("result",),
+    availability="server_url set",
+)  # fmt: skip
+DROPPED = MetricSpec(
+    "gpuwatch_agent_snapshots_dropped", "counter", "Snapshots dropped before the server stored them, by reason.",
+    ("reason",), availability="server_url set",
+)  # fmt: skip
+PENDING = MetricSpec(
+    "gpuwatch_agent_spool_pending", "gauge", "Snapshots waiting in the spool for the server.",
+    availability="server_url set",
+)  # fmt: skip
+LAST_PUSH = MetricSpec(
+    "gpuwatch_agent_last_push_success_timestamp_seconds", "gauge",
+    "When the server last acknowledged a batch, Unix epoch.", availability="server_url set",
+)  # fmt: skip
+
+METRICS = (
+    BUILD, POLLS, LAST_POLL, POLL_DURATION, FAKE, ISOLATED, NVML_ERRORS, TORCH_REPORTS,
+    PUSHES, DROPPED, PENDING, LAST_PUSH,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PushStats:
+    """What the reporter tells the exporter about pushing to the server."""
+
+    batches: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+    last_success_time: float | None = None
+
+
+class AgentCollector:
+    name = "agent"
+
+    def __init__(
+        self,
+        state: AgentState,
+        *,
+        torch_reports_total: Callable[[], int] = lambda: 0,
+        push_stats: Callable[[], PushStats] | None = None,
+    ) -> None:
+        self._state = state
+        self._torch_total = torch_reports_total
+        self._push_stats = push_stats
+
+    def collect(self) -> Iterable[Metric]:
+        f = Families(METRICS)
+        latest = self._state.latest
+        f.add_info(
+            BUILD,
+            (),
+            {
+                "version": __version__,
+                "python_version": platform.python_version(),
+                "driver_version": (latest.driver_version if latest else None) or "",
+                "nvml_version": (latest.nvml_version if latest else None) or "",
+            },
+        )
+        counts = self._state.poll_counts()
+        for result in ("success", "failure"):
+            f.add(POLLS, (result,), counts.get(result, 0))
+        if latest is not None:
+            f.add(LAST_POLL, (), latest.collected_at)
+            f.add(POLL_DURATION, (), latest.poll_duration_seconds)
+            f.add(FAKE, (), 1.0 if latest.fake else 0.0)
+            f.add(ISOLATED, (), 1.0 if latest.pid_namespace_isolated else 0.0)
+        for (function, error), n in sorted(self._state.nvml_errors.snapshot().items()):
+            f.add(NVML_ERRORS, (function, error), n)
+        f.add(TORCH_REPORTS, (), self._torch_total())
+        if self._push_stats is not None:
+            stats = self._push_stats()
+            for result, n in sorted(stats.batches.items()):
+                f.add(PUSHES, (result,), n)
+            for reason, n in sorted(stats.dropped.items()):
+                f.add(DROPPED, (reason,), n)
+            f.add(PENDING, (), stats.pending)
+            f.add(LAST_PUSH, (), stats.last_success_time)
+        return f.collected()

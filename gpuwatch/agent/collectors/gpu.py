@@ -1,0 +1,140 @@
+"""Per-GPU metrics: memory, activity, power, and who (or nothing) accounts for the memory.
+
+``nvidia-smi --query-gpu=memory.total,memory.used,memory.free,utilization.gpu,...``
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client.metrics_core import Metric
+
+from gpuwatch.agent.collectors.spec import Families, MetricSpec
+from gpuwatch.snapshot import Gpu, HostSnapshot
+
+_L = ("gpu", "uuid")
+
+INFO = MetricSpec(
+    "gpuwatch_gpu",
+    "info",
+    "GPU identity: model name and PCI bus id.",
+    ("gpu", "uuid", "name", "pci_bus_id"),
+)
+UP = MetricSpec(
+    "gpuwatch_gpu_up",
+    "gauge",
+    "1 if the last poll read this GPU, 0 if it was lost or its read timed out.",
+    _L,
+)
+LOST = MetricSpec(
+    "gpuwatch_gpu_lost", "gauge", "1 if NVML reports the GPU lost (fallen off the bus).", _L
+)
+MEMORY_TOTAL = MetricSpec(
+    "gpuwatch_gpu_memory_total_bytes", "gauge", "Total framebuffer memory.", _L
+)
+MEMORY_USED = MetricSpec(
+    "gpuwatch_gpu_memory_used_bytes",
+    "gauge",
+    "Framebuffer memory in use (excludes the driver's reserved memory on the v2 API).",
+    _L,
+)
+MEMORY_FREE = MetricSpec(
+    "gpuwatch_gpu_memory_free_bytes", "gauge", "Framebuffer memory free for new allocations.", _L
+)
+MEMORY_RESERVED = MetricSpec(
+    "gpuwatch_gpu_memory_reserved_bytes",
+    "gauge",
+    "Framebuffer memory reserved by the driver.",
+    _L,
+    availability="drivers with nvmlDeviceGetMemoryInfo_v2",
+)
+MEMORY_UNATTRIBUTED = MetricSpec(
+    "gpuwatch_gpu_memory_unattributed_bytes",
+    "gauge",
+    "Memory in use that no listed process accounts for.",
+    _L,
+    availability="absent on coherent-memory and MIG GPUs, when processes are not visible, or when NVML withholds a process's usage",
+)
+MEMORY_DEAD = MetricSpec(
+    "gpuwatch_gpu_memory_dead_process_bytes",
+    "gauge",
+    "Memory NVML attributes to PIDs that no longer exist on this host.",
+    _L,
+)
+MEMORY_ORPHANED = MetricSpec(
+    "gpuwatch_gpu_memory_orphaned_bytes",
+    "gauge",
+    "Memory held by processes whose parent died (reparented) or Jupyter kernels whose server is gone.",
+    _L,
+)
+UTILIZATION = MetricSpec(
+    "gpuwatch_gpu_utilization_ratio",
+    "gauge",
+    "Fraction of the last sample period a kernel was running (0-1).",
+    _L,
+)
+MEMORY_BUSY = MetricSpec(
+    "gpuwatch_gpu_memory_busy_ratio",
+    "gauge",
+    "Fraction of the last sample period the memory controller was busy (0-1); not occupancy.",
+    _L,
+)
+TEMPERATURE = MetricSpec("gpuwatch_gpu_temperature_celsius", "gauge", "GPU core temperature.", _L)
+POWER = MetricSpec("gpuwatch_gpu_power_watts", "gauge", "Power draw.", _L)
+POWER_LIMIT = MetricSpec("gpuwatch_gpu_power_limit_watts", "gauge", "Enforced power limit.", _L)
+PROCESSES = MetricSpec(
+    "gpuwatch_gpu_processes",
+    "gauge",
+    "Processes with a context on the GPU (compute, graphics and MPS).",
+    _L,
+)
+
+METRICS = (
+    INFO, UP, LOST, MEMORY_TOTAL, MEMORY_USED, MEMORY_FREE, MEMORY_RESERVED, MEMORY_UNATTRIBUTED,
+    MEMORY_DEAD, MEMORY_ORPHANED, UTILIZATION, MEMORY_BUSY, TEMPERATURE, POWER, POWER_LIMIT, PROCESSES,
+)  # fmt: skip
+
+
+class GpuCollector:
+    """Renders the latest snapshot's GPUs. ``source`` returns it (``None`` before the first poll)."""
+
+    name = "gpu"
+
+    def __init__(self, source: Callable[[], HostSnapshot | None]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self._source()
+        families = Families(METRICS)
+        for gpu in snapshot.gpus if snapshot else ():
+            _add_gpu(families, gpu)
+        return families.collected()
+
+
+def _add_gpu(f: Families, gpu: Gpu) -> None:
+    labels = (str(gpu.index), gpu.uuid)
+    f.add_info(INFO, labels, {"name": gpu.name or "", "pci_bus_id": gpu.pci_bus_id or ""})
+    f.add(UP, labels, 0.0 if gpu.lost or gpu.read_error else 1.0)
+    f.add(LOST, labels, 1.0 if gpu.lost else 0.0)
+    if gpu.lost or gpu.read_error:
+        return
+    f.add(MEMORY_TOTAL, labels, gpu.memory_total_bytes)
+    f.add(MEMORY_USED, labels, gpu.memory_used_bytes)
+    f.add(MEMORY_FREE, labels, gpu.memory_free_bytes)
+    f.add(MEMORY_RESERVED, labels, gpu.memory_reserved_bytes)
+    f.add(MEMORY_UNATTRIBUTED, labels, gpu.unattributed_bytes)
+    if gpu.processes_visible:
+        dead = sum(p.used_bytes or 0 for p in gpu.processes if p.visible and not p.alive)
+        orphaned = sum(
+            p.used_bytes or 0
+            for p in gpu.processes
+            if p.alive and (p.orphaned or p.jupyter_server_alive is False)
+        )
+        f.add(MEMORY_DEAD, labels, dead)
+        f.add(MEMORY_ORPHANED, labels, orphaned)
+    f.add(UTILIZATION, labels, gpu.utilization_ratio)
+    f.add(MEMORY_BUSY, labels, gpu.memory_busy_ratio)
+    f.add(TEMPERATURE, labels, gpu.temperature_celsius)
+    f.add(POWER, labels, gpu.power_watts)
+    f.add(POWER_LIMIT, labels, gpu.power_limit_watts)
+    f.add(PROCESSES, labels, len({p.pid for p in gpu.processes}))

@@ -1,0 +1,145 @@
+"""Per-process metrics: who holds how much on which GPU (opt-in; capped).
+
+Per-process series are unbounded in principle (PIDs churn), so they are off by default
+(``--collector.processes`` / ``GPUWATCH_AGENT_PROCESS_METRICS``) and capped: each scrape
+keeps the ``max_series`` largest holders and reports how many were left out. Labels are
+kept cardinality-safe: the process *name* (not its command line), a 12-character
+container id, the pod UID and the Slurm job id. The full history of every PID belongs in
+the central server, not in Prometheus.
+
+Processes that run ``gpuwatch.torch`` opted in themselves, so their allocator figures
+are exported even when per-process metrics are off (still within the cap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client.metrics_core import Metric
+
+from gpuwatch.agent.collectors.spec import Families, MetricSpec
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
+
+_L = ("gpu", "uuid", "pid", "user", "name", "container", "pod", "job")
+_OPT_IN = "opt-in: process_metrics"
+_TORCH = "processes running gpuwatch.torch"
+
+MEMORY = MetricSpec(
+    "gpuwatch_gpu_process_memory_used_bytes",
+    "gauge",
+    "GPU memory used by the process.",
+    _L,
+    _OPT_IN,
+)
+SM = MetricSpec(
+    "gpuwatch_gpu_process_sm_ratio",
+    "gauge",
+    "SM busy ratio of the process since the previous poll (0-1).",
+    _L,
+    _OPT_IN,
+)
+START = MetricSpec(
+    "gpuwatch_gpu_process_start_time_seconds",
+    "gauge",
+    "Process start time, Unix epoch (tells reused PIDs apart).",
+    _L,
+    _OPT_IN,
+)
+TORCH_ALLOCATED = MetricSpec(
+    "gpuwatch_gpu_process_torch_allocated_bytes",
+    "gauge",
+    "Memory allocated to tensors, as PyTorch's allocator reports it.",
+    _L,
+    _TORCH,
+)
+TORCH_RESERVED = MetricSpec(
+    "gpuwatch_gpu_process_torch_reserved_bytes",
+    "gauge",
+    "Memory PyTorch's caching allocator holds from the driver.",
+    _L,
+    _TORCH,
+)
+TORCH_FREE_CACHED = MetricSpec(
+    "gpuwatch_gpu_process_torch_reserved_unallocated_bytes", "gauge",
+    "Reserved by PyTorch but not allocated to tensors (fragmentation / cache).", _L, _TORCH,
+)  # fmt: skip
+TORCH_PEAK = MetricSpec(
+    "gpuwatch_gpu_process_torch_peak_allocated_bytes",
+    "gauge",
+    "Peak allocated since the previous report.",
+    _L,
+    _TORCH,
+)
+DROPPED = MetricSpec(
+    "gpuwatch_gpu_process_series_dropped",
+    "gauge",
+    "Processes left out of this scrape by the series cap.",
+    (),
+)
+
+METRICS = (
+    MEMORY,
+    SM,
+    START,
+    TORCH_ALLOCATED,
+    TORCH_RESERVED,
+    TORCH_FREE_CACHED,
+    TORCH_PEAK,
+    DROPPED,
+)
+
+
+class ProcessCollector:
+    name = "process"
+
+    def __init__(
+        self, source: Callable[[], HostSnapshot | None], *, enabled: bool, max_series: int
+    ) -> None:
+        self._source = source
+        self._enabled = enabled
+        self._max = max_series
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self._source()
+        families = Families(METRICS)
+        if snapshot is None:
+            return []
+        rows = [
+            (gpu, proc)
+            for gpu in snapshot.gpus
+            for proc in gpu.processes
+            if self._enabled or proc.torch is not None
+        ]
+        rows.sort(key=lambda row: row[1].used_bytes or 0, reverse=True)
+        kept = rows[: self._max]
+        for gpu, proc in kept:
+            _add_process(families, gpu, proc, full=self._enabled)
+        families.add(DROPPED, (), len(rows) - len(kept))
+        return families.collected()
+
+
+def _labels(gpu: Gpu, proc: GpuProcess) -> tuple[str, ...]:
+    owner = proc.owner
+    return (
+        str(gpu.index),
+        gpu.uuid,
+        str(proc.pid),
+        owner.user or "",
+        (proc.name or "")[:32],
+        (owner.container_id or "")[:12],
+        owner.pod_uid or "",
+        owner.slurm_job_id or "",
+    )
+
+
+def _add_process(f: Families, gpu: Gpu, proc: GpuProcess, *, full: bool) -> None:
+    labels = _labels(gpu, proc)
+    if full:
+        f.add(MEMORY, labels, proc.used_bytes)
+        f.add(SM, labels, proc.sm_ratio)
+        f.add(START, labels, proc.start_time)
+    if proc.torch is not None:
+        f.add(TORCH_ALLOCATED, labels, proc.torch.allocated_bytes)
+        f.add(TORCH_RESERVED, labels, proc.torch.reserved_bytes)
+        f.add(TORCH_FREE_CACHED, labels, proc.torch.reserved_unallocated_bytes)
+        f.add(TORCH_PEAK, labels, proc.torch.peak_allocated_bytes)

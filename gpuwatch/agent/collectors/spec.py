@@ -1,0 +1,60 @@
+"""Metric declarations shared by the collectors and the generated metrics reference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric family: its name, type, help text and label names.
+
+    ``name`` is the exposition name without the ``_total`` suffix for counters (the
+    client library appends it) and without ``_info`` for info metrics.
+    """
+
+    name: str
+    kind: Literal["gauge", "counter", "info"]
+    help: str
+    labels: tuple[str, ...] = ()
+    # Shown in the reference: when the metric is absent (e.g. "opt-in", "v2 driver API").
+    availability: str = "always"
+
+    @property
+    def exposed_name(self) -> str:
+        return {"gauge": self.name, "counter": self.name + "_total", "info": self.name + "_info"}[
+            self.kind
+        ]
+
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily:
+        if self.kind == "gauge":
+            return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.help, labels=self.labels)
+        return InfoMetricFamily(self.name, self.help, labels=self.labels)
+
+
+class Families:
+    """Fresh families for one scrape, keyed by spec; yields only non-empty ones."""
+
+    def __init__(self, specs: Iterable[MetricSpec]) -> None:
+        self._families = {spec.name: (spec, spec.family()) for spec in specs}
+
+    def add(self, spec: MetricSpec, labels: Sequence[str], value: float | None) -> None:
+        """Add one sample; ``None`` (not available) adds nothing rather than a 0."""
+        if value is None:
+            return
+        family = self._families[spec.name][1]
+        family.add_metric(list(labels), value)  # type: ignore[union-attr]
+
+    def add_info(self, spec: MetricSpec, labels: Sequence[str], info: dict[str, str]) -> None:
+        family = self._families[spec.name][1]
+        family.add_metric(list(labels), info)  # type: ignore[call-arg, union-attr]
+
+    def collected(self) -> list[Metric]:
+        return [fam for _, fam in self._families.values() if fam.samples]

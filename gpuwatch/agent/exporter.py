@@ -1,0 +1,222 @@
+"""The agent's HTTP endpoint: ``/metrics`` for Prometheus, plus a small local API.
+
+=====================  ==========================================================
+``GET /metrics``       Prometheus exposition (OpenMetrics when asked; gzip when asked)
+``GET /snapshot``      the latest :class:`~gpuwatch.snapshot.HostSnapshot` as JSON
+``GET /healthz``       200 while polls succeed, 503 before the first or when stale
+``POST /torch``        allocator figures from ``gpuwatch.torch`` (loopback only)
+``POST /incidents/oom`` an OOM incident from ``gpuwatch.torch`` (loopback only)
+=====================  ==========================================================
+
+The POST endpoints accept only loopback clients: they take data from processes on
+this host, and a remote peer must not be able to invent allocator figures or
+incidents even when ``/metrics`` listens on all interfaces for Prometheus.
+Bodies are bounded and validated; bad input gets a 4xx with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import gzip
+import ipaddress
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client.core import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from pydantic import ValidationError
+
+from gpuwatch.agent.state import AgentState
+from gpuwatch.agent.torch_reports import TorchReport, TorchReports
+
+log = logging.getLogger(__name__)
+
+MAX_TORCH_BODY = 16 * 2**10
+MAX_INCIDENT_BODY = 1 * 2**20
+# /healthz turns unhealthy when the newest poll is older than this many intervals.
+STALE_POLL_INTERVALS = 3
+
+
+class Exporter:
+    """Serves the agent's endpoints on ``(host, port)`` from a background thread."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        registry: CollectorRegistry,
+        state: AgentState,
+        torch_reports: TorchReports,
+        poll_interval_seconds: float,
+        on_oom: Callable[[dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        handler = _handler_class(
+            registry=registry,
+            state=state,
+            torch_reports=torch_reports,
+            stale_after=poll_interval_seconds * STALE_POLL_INTERVALS,
+            on_oom=on_oom,
+            clock=clock,
+        )
+        self._server = ThreadingHTTPServer(address, handler)
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        host = str(host)
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="gpuwatch-exporter", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _handler_class(
+    *,
+    registry: CollectorRegistry,
+    state: AgentState,
+    torch_reports: TorchReports,
+    stale_after: float,
+    on_oom: Callable[[dict[str, Any]], None] | None,
+    clock: Callable[[], float],
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "gpuwatch-agent"
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s %s", self.address_string(), format % args)
+
+        # -- helpers -------------------------------------------------------------------
+
+        def _send(
+            self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _error(self, status: int, message: str) -> None:
+            self._send(status, json.dumps({"error": message}).encode() + b"\n", "application/json")
+
+        def _read_json(self, limit: int) -> Any:
+            """The request body as JSON, or ``None`` after answering with an error."""
+            if not _is_loopback(self.client_address[0]):
+                self._error(403, "only local processes may post to the agent")
+                return None
+            length_header = self.headers.get("Content-Length")
+            if length_header is None or not length_header.isdigit():
+                self._error(411, "Content-Length required")
+                return None
+            length = int(length_header)
+            if length > limit:
+                # Answer before reading: an oversized body is never buffered.
+                self.close_connection = True
+                self._error(413, f"body larger than {limit} bytes")
+                return None
+            try:
+                return json.loads(self.rfile.read(length))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                self._error(400, f"body is not JSON: {err}")
+                return None
+
+        # -- routes --------------------------------------------------------------------
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._metrics()
+            elif path == "/snapshot":
+                latest = state.latest
+                if latest is None:
+                    self._error(503, "no poll has completed yet")
+                else:
+                    self._send(200, latest.model_dump_json().encode(), "application/json")
+            elif path == "/healthz":
+                latest = state.latest
+                if latest is None or clock() - latest.collected_at > stale_after:
+                    self._error(503, "no recent successful poll")
+                else:
+                    self._send(200, b"ok\n", "text/plain; charset=utf-8")
+            elif path == "/":
+                self._send(200, _INDEX, "text/html; charset=utf-8")
+            else:
+                self._error(404, f"no such endpoint: {path}")
+
+        do_HEAD = do_GET
+
+        def _metrics(self) -> None:
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            body = encoder(registry)
+            headers = {}
+            if "gzip" in self.headers.get("Accept-Encoding", ""):
+                body = gzip.compress(body, compresslevel=1)
+                headers["Content-Encoding"] = "gzip"
+            self._send(200, body, content_type, headers)
+
+        def do_POST(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/torch":
+                data = self._read_json(MAX_TORCH_BODY)
+                if data is None:
+                    return
+                try:
+                    torch_reports.record(TorchReport.model_validate(data))
+                except ValidationError as err:
+                    self._error(422, _first_error(err))
+                    return
+                self._send(204, b"", "text/plain")
+            elif path == "/incidents/oom":
+                data = self._read_json(MAX_INCIDENT_BODY)
+                if data is None:
+                    return
+                if not isinstance(data, dict) or not isinstance(data.get("message", ""), str):
+                    self._error(422, "expected a JSON object with a string 'message'")
+                    return
+                if on_oom is not None:
+                    on_oom(data)
+                self._send(202, b'{"accepted": true}\n', "application/json")
+            else:
+                self._error(404, f"no such endpoint: {path}")
+
+    return Handler
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    return f"{where}: {first['msg']}"
+
+
+_INDEX = b"""<!doctype html><title>gpuwatch agent</title>
+<h1>gpuwatch agent</h1>
+<ul><li><a href="/metrics">/metrics</a></li><li><a href="/snapshot">/snapshot</a></li>
+<li><a href="/healthz">/healthz</a></li></ul>
+"""

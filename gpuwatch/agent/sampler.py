@@ -1,0 +1,159 @@
+"""One poll of the host -> one :class:`~gpuwatch.snapshot.HostSnapshot`.
+
+The sampler joins three views: what NVML says each GPU holds (``gpuwatch.nvml``), who
+each PID is (``gpuwatch.agent.procinfo``), and what PyTorch's allocator said from inside
+the process (``gpuwatch.agent.torch_reports``). It owns none of them; they are passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuwatch.agent.procinfo import ProcInfo
+
+from gpuwatch.agent.torch_reports import TorchReports
+from gpuwatch.nvml.bounded import BoundedReader, DeviceTimeout
+from gpuwatch.nvml.library import DeviceReading, NvmlSession, ProcessUsage
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance
+
+# GPUs whose memory is coherent with the CPU (Grace Hopper / Grace Blackwell): NVML's
+# "used" there includes memory no process list accounts for, so "unattributed" is masked.
+_COHERENT_MARKERS = ("GH200", "GB200", "GB300", "Grace")
+
+
+@dataclass(frozen=True)
+class HostIdentity:
+    """Who is polling: stable agent id, hostname, and this boot's id."""
+
+    agent_id: str
+    hostname: str
+    boot_id: str
+
+
+class Sampler:
+    """Polls NVML and ``/proc`` and returns snapshots with a rising ``sequence``."""
+
+    def __init__(
+        self,
+        session: NvmlSession,
+        procinfo: ProcInfo,
+        identity: HostIdentity,
+        *,
+        timeout_seconds: float,
+        torch_reports: TorchReports | None = None,
+        pid_namespace_isolated: bool = False,
+        fake: bool = False,
+        clock: Callable[[], float] = time.time,
+        first_sequence: int | None = None,
+    ) -> None:
+        self._session = session
+        self._reader = BoundedReader(session, timeout=timeout_seconds)
+        self._procinfo = procinfo
+        self._identity = identity
+        self._torch = torch_reports
+        self._isolated = pid_namespace_isolated
+        self._fake = fake
+        self._clock = clock
+        # The sequence starts at the start time in milliseconds, so an agent restarted
+        # within the same boot continues above every sequence it sent before (polls are
+        # seconds apart) and the server never mistakes a new snapshot for a retry.
+        self._sequence = int(clock() * 1000) if first_sequence is None else first_sequence
+
+    def poll(self) -> HostSnapshot:
+        started = time.perf_counter()
+        collected_at = self._clock()
+        count = self._session.device_count()
+        gpus = [self._gpu(reading) for reading in self._reader.read_all(count)]
+        self._sequence += 1
+        return HostSnapshot(
+            agent_id=self._identity.agent_id,
+            hostname=self._identity.hostname,
+            boot_id=self._identity.boot_id,
+            sequence=self._sequence,
+            collected_at=collected_at,
+            poll_duration_seconds=time.perf_counter() - started,
+            driver_version=self._session.driver_version,
+            nvml_version=self._session.nvml_version,
+            cuda_driver_version=self._session.cuda_driver_version,
+            pid_namespace_isolated=self._isolated,
+            fake=self._fake,
+            gpus=gpus,
+        )
+
+    def _gpu(self, reading: DeviceReading | DeviceTimeout) -> Gpu:
+        if isinstance(reading, DeviceTimeout):
+            return Gpu(
+                index=reading.index, uuid=f"GPU-unknown-{reading.index}", read_error="timeout"
+            )
+        if reading.lost:
+            return Gpu(index=reading.index, uuid=reading.uuid, name=reading.name, lost=True)
+        processes = [self._process(reading, usage) for usage in reading.processes]
+        coherent = any(marker in (reading.name or "") for marker in _COHERENT_MARKERS)
+        visible = not self._isolated or any(p.visible for p in processes)
+        return Gpu(
+            index=reading.index,
+            uuid=reading.uuid,
+            name=reading.name,
+            pci_bus_id=reading.pci_bus_id,
+            memory_total_bytes=reading.memory_total_bytes,
+            memory_used_bytes=reading.memory_used_bytes,
+            memory_free_bytes=reading.memory_free_bytes,
+            memory_reserved_bytes=reading.memory_reserved_bytes,
+            utilization_ratio=reading.utilization_ratio,
+            memory_busy_ratio=reading.memory_busy_ratio,
+            temperature_celsius=reading.temperature_celsius,
+            power_watts=reading.power_watts,
+            power_limit_watts=reading.power_limit_watts,
+            coherent_memory=coherent,
+            processes_visible=visible,
+            unattributed_bytes=_unattributed(reading, masked=coherent or not visible),
+            processes=processes,
+            mig_instances=[
+                MigInstance(
+                    index=m.index,
+                    uuid=m.uuid,
+                    name=m.name,
+                    memory_total_bytes=m.memory_total_bytes,
+                    memory_used_bytes=m.memory_used_bytes,
+                )
+                for m in reading.mig
+            ],
+        )
+
+    def _process(self, reading: DeviceReading, usage: ProcessUsage) -> GpuProcess:
+        facts = self._procinfo.describe(usage.pid)
+        sm: float | None = None
+        if reading.process_sm is not None:
+            sm = reading.process_sm.get(usage.pid, 0.0)
+        torch = None
+        if self._torch is not None and facts.alive:
+            torch = self._torch.get(usage.pid, reading.index, start_time=facts.start_time)
+        return GpuProcess(
+            pid=usage.pid,
+            kind=usage.kind,
+            used_bytes=usage.used_bytes,
+            sm_ratio=sm,
+            torch=torch,
+            **self._procinfo.to_gpu_process_fields(facts),
+        )
+
+
+def _unattributed(reading: DeviceReading, *, masked: bool) -> int | None:
+    """Memory NVML counts as used that no listed process accounts for (bytes).
+
+    ``None`` when it cannot be known: masked (coherent memory, processes not visible),
+    MIG (the parent's "used" spans instances), or a process whose usage NVML withholds.
+    """
+    if masked or reading.mig or reading.memory_used_bytes is None:
+        return None
+    if any(p.used_bytes is None for p in reading.processes):
+        return None
+    # A process with both a compute and a graphics context is listed twice with the same
+    # memory; count each PID once.
+    per_pid: dict[int, int] = {}
+    for p in reading.processes:
+        per_pid[p.pid] = max(per_pid.get(p.pid, 0), p.used_bytes or 0)
+    held = sum(per_pid.values())
+    return max(0, reading.memory_used_bytes - held)

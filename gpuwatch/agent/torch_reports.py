@@ -1,0 +1,95 @@
+"""PyTorch allocator reports sent by ``gpuwatch.torch`` from inside training processes.
+
+NVML sees only what the driver gave a process. The caching allocator inside it knows
+more: how much is really allocated, how much is cached but free (fragmentation), and
+the peak. ``gpuwatch.torch`` POSTs those figures to the agent's ``/torch`` endpoint;
+this store keeps the latest per (pid, device) until they go stale, so the sampler can
+attach them to the matching :class:`~gpuwatch.snapshot.GpuProcess`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuwatch.snapshot import MAX_BYTES, MAX_GPUS, MAX_PID, TorchAllocatorStats
+
+# Reports older than this are dropped: the reporter sends every ~10 s by default, so
+# a minute of silence means the process stopped reporting (or exited).
+STALE_AFTER_SECONDS = 60.0
+# Bound on distinct (pid, device) entries, so a misbehaving client cannot grow memory.
+MAX_ENTRIES = 4096
+
+
+class TorchReport(BaseModel):
+    """The body of ``POST /torch`` (what ``gpuwatch.torch`` sends)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pid: int = Field(ge=1, le=MAX_PID)
+    device_index: int = Field(ge=0, lt=MAX_GPUS)
+    allocated_bytes: int = Field(ge=0, le=MAX_BYTES)
+    reserved_bytes: int = Field(ge=0, le=MAX_BYTES)
+    reserved_unallocated_bytes: int = Field(ge=0, le=MAX_BYTES)
+    peak_allocated_bytes: int = Field(ge=0, le=MAX_BYTES)
+    reported_at: float = Field(ge=0, le=2**33)
+
+
+@dataclass
+class _Entry:
+    stats: TorchAllocatorStats
+    received_at: float
+
+
+class TorchReports:
+    """Latest allocator figures per (pid, device), thread-safe, bounded, expiring."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        self.received_total = 0
+
+    def record(self, report: TorchReport) -> None:
+        stats = TorchAllocatorStats(
+            allocated_bytes=report.allocated_bytes,
+            reserved_bytes=report.reserved_bytes,
+            reserved_unallocated_bytes=report.reserved_unallocated_bytes,
+            peak_allocated_bytes=report.peak_allocated_bytes,
+            reported_at=report.reported_at,
+        )
+        now = self._clock()
+        with self._lock:
+            self.received_total += 1
+            self._entries[(report.pid, report.device_index)] = _Entry(stats, now)
+            if len(self._entries) > MAX_ENTRIES:
+                self._expire(now)
+                while len(self._entries) > MAX_ENTRIES:  # still full: evict the oldest
+                    oldest = min(self._entries, key=lambda k: self._entries[k].received_at)
+                    del self._entries[oldest]
+
+    def get(
+        self, pid: int, device_index: int, *, start_time: float | None
+    ) -> TorchAllocatorStats | None:
+        """The latest fresh report for ``pid`` on ``device_index``, if any.
+
+        A report sent before the process started belongs to an earlier process that
+        had the same PID, so it is ignored.
+        """
+        with self._lock:
+            self._expire(self._clock())
+            entry = self._entries.get((pid, device_index))
+        if entry is None:
+            return None
+        if start_time is not None and entry.stats.reported_at < start_time:
+            return None
+        return entry.stats
+
+    def _expire(self, now: float) -> None:
+        stale = [k for k, e in self._entries.items() if now - e.received_at > STALE_AFTER_SECONDS]
+        for key in stale:
+            del self._entries[key]

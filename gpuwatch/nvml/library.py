@@ -1,0 +1,400 @@
+"""The one module that talks to pynvml (nvidia-ml-py).
+
+Everything above this layer gets plain Python values in base units and ``None`` for
+"not available"; nothing above it imports pynvml or sees an ``NVMLError``.
+
+Errors are translated here, in two classes:
+
+* **fatal** (:class:`~gpuwatch.errors.NvmlUnavailable`): the library is missing, the
+  driver is not loaded, or NVML refuses to initialise. The message says what to
+  install or check.
+* **per field**: ``NOT_SUPPORTED``, ``NO_PERMISSION``, ``NOT_FOUND``, a missing
+  function, or any other error on one call make that field ``None`` (never 0) and are
+  counted in :class:`NvmlErrorCounts` by function and error. ``GPU_IS_LOST`` marks the
+  whole device lost; the other devices are read as usual.
+
+Versioned functions are probed once per session: memory info v2 (which separates the
+driver's reserved memory from "used") falls back to v1; running-process lists v3 fall
+back to v2. A function the driver lacks is logged once, then skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal, TypeVar
+
+from gpuwatch.errors import NvmlUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# NVML return codes (nvml.h). Kept here so the rest of gpuwatch never needs pynvml.
+_ERROR_NAMES = {
+    1: "uninitialized",
+    2: "invalid_argument",
+    3: "not_supported",
+    4: "no_permission",
+    6: "not_found",
+    7: "insufficient_size",
+    9: "driver_not_loaded",
+    10: "timeout",
+    12: "library_not_found",
+    13: "function_not_found",
+    15: "gpu_is_lost",
+    16: "reset_required",
+    17: "operating_system",
+    18: "lib_rm_version_mismatch",
+    25: "argument_version_mismatch",
+    999: "unknown",
+}
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+
+def error_name(code: int) -> str:
+    """Short, label-safe name of an NVML return code (``3`` -> ``"not_supported"``)."""
+    return _ERROR_NAMES.get(code, f"code_{code}")
+
+
+def _fatal_message(code: int) -> str:
+    if code == 12:
+        return (
+            "NVIDIA's NVML library (libnvidia-ml.so.1) was not found: install the NVIDIA "
+            "driver, or run with --fake-gpus SCENARIO to simulate GPUs"
+        )
+    if code == 9:
+        return (
+            "the NVIDIA kernel driver is not loaded (check `lsmod | grep nvidia` and "
+            "`dmesg | grep -i nvidia`), or use --fake-gpus SCENARIO"
+        )
+    if code == 4:
+        return "no permission to talk to the NVIDIA driver (check access to /dev/nvidia*)"
+    if code == 18:
+        return "the NVML library and the loaded kernel driver differ in version: reboot or reload the driver"
+    return f"NVML failed to initialise: {error_name(code)}"
+
+
+class GpuLost(Exception):
+    """Internal: the device reported GPU_IS_LOST ("fallen off the bus")."""
+
+
+@dataclass
+class NvmlErrorCounts:
+    """Thread-safe counts of per-field NVML failures, by (function, error name)."""
+
+    _counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, function: str, error: str) -> None:
+        with self._lock:
+            self._counts[(function, error)] += 1
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """One row of ``nvidia-smi --query-compute-apps``: a host PID and its GPU memory."""
+
+    pid: int
+    kind: Literal["compute", "graphics", "mps"]
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class MigReading:
+    index: int
+    uuid: str
+    name: str | None
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+
+
+@dataclass
+class DeviceReading:
+    """What one poll read from one GPU. ``None`` fields were not available."""
+
+    index: int
+    uuid: str
+    name: str | None = None
+    pci_bus_id: str | None = None
+    lost: bool = False
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    utilization_ratio: float | None = None
+    memory_busy_ratio: float | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    processes: list[ProcessUsage] = field(default_factory=list)
+    # pid -> SM busy ratio since the previous poll; None when the call itself failed.
+    process_sm: dict[int, float] | None = None
+    mig: list[MigReading] = field(default_factory=list)
+
+
+def _to_str(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class NvmlSession:
+    """An initialised NVML, and typed reads of each device.
+
+    Open with :meth:`open`, close with :meth:`close` (or use as a context manager).
+    ``module`` is the pynvml module; the fake GPUs install themselves beneath it
+    (as ``pynvml.nvmlLib``), so this class never knows whether a GPU is real.
+    """
+
+    def __init__(self, module: ModuleType, *, errors: NvmlErrorCounts | None = None) -> None:
+        self._nv = module
+        self.errors = errors or NvmlErrorCounts()
+        self._missing: set[str] = set()
+        self._memory_v2: bool | None = None
+        self._proc_version: dict[str, str] = {}
+        # Last process-utilisation sample timestamp per device (µs, NVML's clock), so each
+        # poll asks only for samples newer than the previous one.
+        self._util_ts: dict[int, int] = {}
+        self._handles: dict[int, Any] = {}
+        self.driver_version: str | None = None
+        self.nvml_version: str | None = None
+        self.cuda_driver_version: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, *, errors: NvmlErrorCounts | None = None) -> NvmlSession:
+        """Initialise NVML. Raises :class:`NvmlUnavailable` with what to check."""
+        try:
+            import pynvml
+        except ImportError as err:  # pragma: no cover - a hard dependency
+            raise NvmlUnavailable("the nvidia-ml-py package is not installed") from err
+        session = cls(pynvml, errors=errors)
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            raise NvmlUnavailable(_fatal_message(err.value)) from err
+        session._read_versions()
+        return session
+
+    def close(self) -> None:
+        try:
+            self._nv.nvmlShutdown()
+        except self._nv.NVMLError:
+            log.debug("nvmlShutdown failed", exc_info=True)
+
+    def __enter__(self) -> NvmlSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read_versions(self) -> None:
+        self.driver_version = self._optional("nvmlSystemGetDriverVersion", _to_str)
+        self.nvml_version = self._optional("nvmlSystemGetNVMLVersion", _to_str)
+        cuda = self._optional("nvmlSystemGetCudaDriverVersion_v2", int)
+        if cuda is not None:
+            self.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
+
+    # -- the error boundary ------------------------------------------------------------
+
+    def _call(self, function: str, *args: Any, symbol: str | None = None) -> Any:
+        """Call ``pynvml.<function>``; per-field errors -> ``None``; lost -> :class:`GpuLost`.
+
+        ``symbol`` names the C function when it differs from the Python one (pynvml's
+        ``nvmlDeviceGetMemoryInfo(h, version)`` calls ``nvmlDeviceGetMemoryInfo_v2``), so
+        a missing v2 symbol does not also disable the v1 call.
+        """
+        symbol = symbol or function
+        if symbol in self._missing:
+            return None
+        try:
+            return getattr(self._nv, function)(*args)
+        except self._nv.NVMLError as err:
+            code = err.value
+            if code == NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost(symbol) from err
+            if code == NVML_ERROR_FUNCTION_NOT_FOUND:
+                self._missing.add(symbol)
+                log.warning("NVML function %s is not in this driver; skipping it", symbol)
+            self.errors.add(symbol, error_name(code))
+            return None
+
+    def _optional(self, function: str, convert: Callable[[Any], T], *args: Any) -> T | None:
+        try:
+            value = self._call(function, *args)
+        except GpuLost:
+            return None
+        return None if value is None else convert(value)
+
+    # -- devices -----------------------------------------------------------------------
+
+    def device_count(self) -> int:
+        try:
+            return int(self._nv.nvmlDeviceGetCount())
+        except self._nv.NVMLError as err:
+            raise NvmlUnavailable(f"cannot count GPUs: {error_name(err.value)}") from err
+
+    def _handle(self, index: int) -> Any:
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._call("nvmlDeviceGetHandleByIndex", index)
+            if handle is not None:
+                self._handles[index] = handle
+        return handle
+
+    def read_device(self, index: int) -> DeviceReading:
+        """Read everything gpuwatch needs from GPU ``index`` (``nvidia-smi -i INDEX -q``).
+
+        Never raises for a device-level problem: a lost GPU comes back with
+        ``lost=True``; an unreadable field is ``None``.
+        """
+        reading = DeviceReading(index=index, uuid=f"GPU-unknown-{index}")
+        try:
+            handle = self._handle(index)
+            if handle is None:
+                return reading
+            uuid = self._call("nvmlDeviceGetUUID", handle)
+            if uuid is not None:
+                reading.uuid = _to_str(uuid)
+            self._read_identity(handle, reading)
+            self._read_memory(handle, reading)
+            self._read_activity(handle, reading)
+            reading.processes = self._read_processes(handle)
+            reading.process_sm = self._read_process_sm(index, handle)
+            reading.mig = self._read_mig(handle)
+        except GpuLost:
+            # Keep what identifies the GPU; everything else is unknowable now.
+            self._handles.pop(index, None)
+            return DeviceReading(index=index, uuid=reading.uuid, name=reading.name, lost=True)
+        return reading
+
+    def _read_identity(self, handle: Any, reading: DeviceReading) -> None:
+        name = self._call("nvmlDeviceGetName", handle)
+        reading.name = None if name is None else _to_str(name)
+        pci = self._call("nvmlDeviceGetPciInfo", handle)
+        if pci is not None:
+            reading.pci_bus_id = _to_str(pci.busId)
+
+    def _read_memory(self, handle: Any, reading: DeviceReading) -> None:
+        # v2 reports the driver's reserved memory separately from "used"; v1 folds it in.
+        if self._memory_v2 is not False:
+            mem = self._call(
+                "nvmlDeviceGetMemoryInfo",
+                handle,
+                self._nv.nvmlMemory_v2,
+                symbol="nvmlDeviceGetMemoryInfo_v2",
+            )
+            if mem is not None:
+                self._memory_v2 = True
+                reading.memory_total_bytes = int(mem.total)
+                reading.memory_used_bytes = int(mem.used)
+                reading.memory_free_bytes = int(mem.free)
+                reading.memory_reserved_bytes = int(mem.reserved)
+                return
+            if self._memory_v2 is None:
+                log.info("memory info v2 unavailable; using v1 (no separate reserved figure)")
+                self._memory_v2 = False
+        mem = self._call("nvmlDeviceGetMemoryInfo", handle)
+        if mem is not None:
+            reading.memory_total_bytes = int(mem.total)
+            reading.memory_used_bytes = int(mem.used)
+            reading.memory_free_bytes = int(mem.free)
+
+    def _read_activity(self, handle: Any, reading: DeviceReading) -> None:
+        util = self._call("nvmlDeviceGetUtilizationRates", handle)
+        if util is not None:
+            reading.utilization_ratio = min(int(util.gpu), 100) / 100.0
+            reading.memory_busy_ratio = min(int(util.memory), 100) / 100.0
+        temp = self._call("nvmlDeviceGetTemperature", handle, 0)  # NVML_TEMPERATURE_GPU
+        reading.temperature_celsius = None if temp is None else float(temp)
+        power = self._call("nvmlDeviceGetPowerUsage", handle)  # milliwatts
+        reading.power_watts = None if power is None else power / 1000.0
+        limit = self._call("nvmlDeviceGetEnforcedPowerLimit", handle)
+        reading.power_limit_watts = None if limit is None else limit / 1000.0
+
+    def _read_processes(self, handle: Any) -> list[ProcessUsage]:
+        rows: dict[tuple[int, str], ProcessUsage] = {}
+        for kind, base in (
+            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+            ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+        ):
+            for proc in self._process_list(base, handle) or ():
+                used = proc.usedGpuMemory  # pynvml maps NVML_VALUE_NOT_AVAILABLE to None
+                rows[(int(proc.pid), kind)] = ProcessUsage(
+                    pid=int(proc.pid), kind=kind, used_bytes=None if used is None else int(used)
+                )  # type: ignore[arg-type]
+        return list(rows.values())
+
+    def _process_list(self, base: str, handle: Any) -> list[Any] | None:
+        # Probe v3 once, then v2; remember which one this driver has.
+        known = self._proc_version.get(base)
+        for suffix in [known] if known else ["_v3", "_v2"]:
+            name = base + suffix
+            if name in self._missing:
+                continue
+            result = self._call(name, handle)
+            if name not in self._missing:
+                self._proc_version[base] = suffix
+                return result  # type: ignore[no-any-return]
+        return None
+
+    def _read_process_sm(self, index: int, handle: Any) -> dict[int, float] | None:
+        """SM busy ratio per PID over the samples newer than the previous poll.
+
+        NVML keeps samples only for processes that ran kernels, so a listed process
+        with no sample was idle over the interval (0.0). NOT_FOUND means "no samples
+        at all since then", i.e. everything idle. Other failures mean unknown (None).
+        """
+        since = self._util_ts.get(index, 0)
+        try:
+            samples = self._nv.nvmlDeviceGetProcessUtilization(handle, since)
+        except self._nv.NVMLError as err:
+            if err.value == NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost("nvmlDeviceGetProcessUtilization") from err
+            if err.value == NVML_ERROR_NOT_FOUND:
+                return {}
+            self.errors.add("nvmlDeviceGetProcessUtilization", error_name(err.value))
+            return None
+        busy: dict[int, float] = {}
+        newest = since
+        for sample in samples:
+            newest = max(newest, int(sample.timeStamp))
+            ratio = min(int(sample.smUtil), 100) / 100.0
+            busy[int(sample.pid)] = max(busy.get(int(sample.pid), 0.0), ratio)
+        self._util_ts[index] = newest
+        return busy
+
+    def _read_mig(self, handle: Any) -> list[MigReading]:
+        mode = self._call("nvmlDeviceGetMigMode", handle)
+        if not mode or not mode[0]:
+            return []
+        count = self._call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
+        instances: list[MigReading] = []
+        for i in range(int(count)):
+            mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+            if mig is None:
+                continue
+            uuid = self._call("nvmlDeviceGetUUID", mig)
+            name = self._call("nvmlDeviceGetName", mig)
+            mem = self._call("nvmlDeviceGetMemoryInfo", mig)
+            instances.append(
+                MigReading(
+                    index=i,
+                    uuid=_to_str(uuid) if uuid is not None else f"MIG-unknown-{i}",
+                    name=None if name is None else _to_str(name),
+                    memory_total_bytes=None if mem is None else int(mem.total),
+                    memory_used_bytes=None if mem is None else int(mem.used),
+                )
+            )
+        return instances
