@@ -46,9 +46,9 @@ def _root(
 
 
 def _register_all() -> None:
-    from gpuwatch.cli import agent, db, doctor, fake, history, server, status, token
+    from gpuwatch.cli import agent, db, demo, doctor, fake, history, server, status, token
 
-    for module in (agent, status, fake, server, db, token, history, doctor):
+    for module in (agent, status, demo, fake, server, db, token, history, doctor):
         module.register(app)
 
 

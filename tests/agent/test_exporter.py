@@ -32,7 +32,9 @@ def _state() -> AgentState:
     return state
 
 
-def _registry(state: AgentState, *, processes: bool = True, max_series: int = 100, dcgm: bool = True):
+def _registry(
+    state: AgentState, *, processes: bool = True, max_series: int = 100, dcgm: bool = True
+):
     source = lambda: state.latest  # noqa: E731
     dcgm_collectors = [DcgmCompatCollector(source)] if dcgm else []
     return build_registry(
@@ -53,7 +55,9 @@ def _registry(state: AgentState, *, processes: bool = True, max_series: int = 10
 
 def _normalise(text: str) -> str:
     """Drop what legitimately varies between runs: durations and the Python version."""
-    text = re.sub(r"(gpuwatch_scrape_collector_duration_seconds\{[^}]*\}) \S+", r"\1 <duration>", text)
+    text = re.sub(
+        r"(gpuwatch_scrape_collector_duration_seconds\{[^}]*\}) \S+", r"\1 <duration>", text
+    )
     return re.sub(r'python_version="[^"]*"', 'python_version="<python>"', text)
 
 
@@ -62,7 +66,9 @@ def test_metrics_match_golden_file() -> None:
     if not GOLDEN.exists():
         GOLDEN.write_text(text)
         pytest.fail("golden file was missing and has been written: review it and commit")
-    assert text == GOLDEN.read_text(), "exposition changed: review and update tests/agent/golden/metrics.txt"
+    assert text == GOLDEN.read_text(), (
+        "exposition changed: review and update tests/agent/golden/metrics.txt"
+    )
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) missing")
@@ -91,11 +97,22 @@ def _promtool(body: bytes) -> subprocess.CompletedProcess[bytes]:
 def test_unavailable_value_is_absent_not_zero() -> None:
     registry = _registry(_state())
     # GPU 1 is lost: it reports up=0 and lost=1, and no memory series at all.
-    assert registry.get_sample_value("gpuwatch_gpu_up", {"gpu": "1", "uuid": "GPU-11111111-1111-1111-1111-111111111111"}) == 0
-    assert registry.get_sample_value("gpuwatch_gpu_lost", {"gpu": "1", "uuid": "GPU-11111111-1111-1111-1111-111111111111"}) == 1
     assert (
         registry.get_sample_value(
-            "gpuwatch_gpu_memory_used_bytes", {"gpu": "1", "uuid": "GPU-11111111-1111-1111-1111-111111111111"}
+            "gpuwatch_gpu_up", {"gpu": "1", "uuid": "GPU-11111111-1111-1111-1111-111111111111"}
+        )
+        == 0
+    )
+    assert (
+        registry.get_sample_value(
+            "gpuwatch_gpu_lost", {"gpu": "1", "uuid": "GPU-11111111-1111-1111-1111-111111111111"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "gpuwatch_gpu_memory_used_bytes",
+            {"gpu": "1", "uuid": "GPU-11111111-1111-1111-1111-111111111111"},
         )
         is None
     )
@@ -144,11 +161,17 @@ def test_a_failing_collector_does_not_empty_the_scrape() -> None:
 
     state = _state()
     registry = build_registry([Broken(), GpuCollector(lambda: state.latest)])
-    assert registry.get_sample_value("gpuwatch_scrape_collector_success", {"collector": "broken"}) == 0
+    assert (
+        registry.get_sample_value("gpuwatch_scrape_collector_success", {"collector": "broken"}) == 0
+    )
     assert registry.get_sample_value("gpuwatch_scrape_collector_success", {"collector": "gpu"}) == 1
-    assert registry.get_sample_value(
-        "gpuwatch_gpu_memory_total_bytes", {"gpu": "0", "uuid": "GPU-00000000-0000-0000-0000-000000000000"}
-    ) == 80 * GiB
+    assert (
+        registry.get_sample_value(
+            "gpuwatch_gpu_memory_total_bytes",
+            {"gpu": "0", "uuid": "GPU-00000000-0000-0000-0000-000000000000"},
+        )
+        == 80 * GiB
+    )
 
 
 @pytest.fixture
@@ -176,7 +199,9 @@ def test_scrape_over_http(exporter) -> None:
     assert response.status_code == 200
     assert response.headers["content-encoding"] == "gzip"
     assert "gpuwatch_gpu_memory_total_bytes{" in response.text
-    openmetrics = httpx.get(f"{exp.url}/metrics", headers={"Accept": "application/openmetrics-text"})
+    openmetrics = httpx.get(
+        f"{exp.url}/metrics", headers={"Accept": "application/openmetrics-text"}
+    )
     assert openmetrics.text.rstrip().endswith("# EOF")
     snap = httpx.get(f"{exp.url}/snapshot").json()
     assert snap["gpus"][0]["processes"][0]["pid"] == 4242
@@ -201,7 +226,10 @@ def test_torch_report_is_validated_and_recorded(exporter) -> None:
 
 def test_oom_incident_is_handed_to_the_agent(exporter) -> None:
     exp, _, incidents = exporter
-    response = httpx.post(f"{exp.url}/incidents/oom", json={"pid": 1, "device_index": 0, "message": "CUDA out of memory"})
+    response = httpx.post(
+        f"{exp.url}/incidents/oom",
+        json={"pid": 1, "device_index": 0, "message": "CUDA out of memory"},
+    )
     assert response.status_code == 202
     assert incidents == [{"pid": 1, "device_index": 0, "message": "CUDA out of memory"}]
     assert json.loads(httpx.post(f"{exp.url}/incidents/oom", json=[1]).text)["error"]
