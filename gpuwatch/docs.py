@@ -39,7 +39,7 @@ AGENT_METRIC_GROUPS: list[tuple[str, str, tuple[MetricSpec, ...]]] = [
 def _server_metric_groups() -> list[tuple[str, str, tuple[MetricSpec, ...]]]:
     """The central server's metrics, when the server package declares them."""
     try:
-        from gpuwatch.server import metrics as server_metrics
+        from gpuwatch.server import metrics as server_metrics  # type: ignore[attr-defined]
     except ImportError:
         return []
     specs = getattr(server_metrics, "METRICS", ())

@@ -138,7 +138,7 @@ class Gpu(_Strict):
 class HostSnapshot(_Strict):
     """Everything one poll of one host saw. ``(agent_id, boot_id, sequence)`` is unique."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     agent_id: ShortStr
     hostname: ShortStr
     boot_id: ShortStr

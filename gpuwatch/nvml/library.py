@@ -324,16 +324,17 @@ class NvmlSession:
 
     def _read_processes(self, handle: Any) -> list[ProcessUsage]:
         rows: dict[tuple[int, str], ProcessUsage] = {}
-        for kind, base in (
+        kinds: tuple[tuple[Literal["compute", "graphics", "mps"], str], ...] = (
             ("compute", "nvmlDeviceGetComputeRunningProcesses"),
             ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
             ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
-        ):
+        )
+        for kind, base in kinds:
             for proc in self._process_list(base, handle) or ():
                 used = proc.usedGpuMemory  # pynvml maps NVML_VALUE_NOT_AVAILABLE to None
                 rows[(int(proc.pid), kind)] = ProcessUsage(
                     pid=int(proc.pid), kind=kind, used_bytes=None if used is None else int(used)
-                )  # type: ignore[arg-type]
+                )
         return list(rows.values())
 
     def _process_list(self, base: str, handle: Any) -> list[Any] | None:

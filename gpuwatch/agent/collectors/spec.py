@@ -50,11 +50,11 @@ class Families:
         if value is None:
             return
         family = self._families[spec.name][1]
-        family.add_metric(list(labels), value)  # type: ignore[union-attr]
+        family.add_metric(list(labels), value)  # type: ignore[arg-type]
 
     def add_info(self, spec: MetricSpec, labels: Sequence[str], info: dict[str, str]) -> None:
         family = self._families[spec.name][1]
-        family.add_metric(list(labels), info)  # type: ignore[call-arg, union-attr]
+        family.add_metric(list(labels), info)  # type: ignore[arg-type]
 
     def collected(self) -> list[Metric]:
         return [fam for _, fam in self._families.values() if fam.samples]
