@@ -31,7 +31,11 @@ def sample_snapshot() -> HostSnapshot:
         start_time=1_700_003_600.0,
         ppid=5000,
         owner=ProcessOwner(
-            user="bob", uid=1001, container_runtime="docker", container_id="a" * 64, slurm_job_id="4242"
+            user="bob",
+            uid=1001,
+            container_runtime="docker",
+            container_id="a" * 64,
+            slurm_job_id="4242",
         ),
         torch=TorchAllocatorStats(
             allocated_bytes=24 * GiB,
@@ -70,6 +74,11 @@ def sample_snapshot() -> HostSnapshot:
                 unattributed_bytes=1 * GiB,
                 processes=[notebook, trainer, ghost],
             ),
-            Gpu(index=1, uuid="GPU-11111111-1111-1111-1111-111111111111", name="NVIDIA A100-SXM4-80GB", lost=True),
+            Gpu(
+                index=1,
+                uuid="GPU-11111111-1111-1111-1111-111111111111",
+                name="NVIDIA A100-SXM4-80GB",
+                lost=True,
+            ),
         ],
     )
