@@ -1,0 +1,53 @@
+"""The two value types every detector speaks: a :class:`Sample` in, a :class:`Finding` out.
+
+Detectors are pure functions over these and over the snapshot schema
+(:mod:`gpuwatch.snapshot`); they read no clock, database or settings of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FindingKind = Literal["orphaned", "runaway", "idle"]
+FindingReason = Literal[
+    "dead_pid",
+    "reparented",
+    "jupyter_server_gone",
+    "job_ended",
+    "unattributed",
+    "leak",
+    "share",
+    "idle",
+]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One observation of one process's GPU memory and activity.
+
+    ``t`` is Unix epoch seconds, ``used_bytes`` the memory it held (bytes) and
+    ``sm_ratio`` its SM utilisation (0..1). ``None`` means "not known at that time",
+    never zero: detectors treat it as missing evidence.
+    """
+
+    t: float
+    used_bytes: int | None
+    sm_ratio: float | None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something wrong with a holder of GPU memory, with the evidence for it.
+
+    ``kind`` is what the user is told (``orphaned``, ``runaway``, ``idle``); ``reason``
+    says which rule fired. ``summary`` is one sentence for a person. ``held_bytes`` is
+    what the holder has now (``None`` when unknown). ``evidence`` holds the numbers the
+    rule looked at, keyed by name with the unit in the name (``idle_seconds``).
+    """
+
+    kind: FindingKind
+    reason: FindingReason
+    summary: str
+    held_bytes: int | None
+    evidence: dict[str, object] = field(default_factory=dict)
