@@ -1,0 +1,24 @@
+"""One module per family of OOM wording; each exposes ``find(window) -> list[Found]``.
+
+The families' header patterns are disjoint (each needs its own wording), so every
+family runs on every window and the results are ordered by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpuwatch.doctor.families import cuda_libraries, cupy, llama_cpp, mps, pytorch, tensorflow, vllm
+from gpuwatch.doctor.families.clauses import Found
+
+FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
+    pytorch.find,
+    mps.find,
+    vllm.find,
+    cuda_libraries.find,
+    tensorflow.find,
+    llama_cpp.find,
+    cupy.find,
+)
+
+__all__ = ["FAMILIES", "Found"]

@@ -1,0 +1,113 @@
+"""Small building blocks the family parsers share: one clause, one size, one name.
+
+A message is matched clause by clause inside its span rather than with one long
+pattern, because real messages drop clauses (ROCm has no process list, XPU no
+"free"), add them (``allowed;``, private pools) and get truncated anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.units import SIZE_PATTERN, size_to_bytes
+
+# A size, optionally followed by the exact byte count TensorFlow and XLA add:
+# "90.48M (94873600 bytes)", "2.99GiB (3206250496B)".
+SIZE = rf"{SIZE_PATTERN}(?:\s?\((?P<exact>\d+)\s?(?:bytes|B)\))?"
+
+
+class Found(NamedTuple):
+    """One message a family recognised: where it starts in the window, and its facts."""
+
+    start: int
+    facts: OomFacts
+
+
+def size_of(match: re.Match[str]) -> int:
+    """Bytes of the ``SIZE`` group in ``match``; the exact count wins when printed."""
+    if match["exact"]:
+        return int(match["exact"])
+    return size_to_bytes(match["num"], match["unit"])
+
+
+def compile_clause(before: str, after: str = "") -> re.Pattern[str]:
+    """A pattern ``before SIZE after``; ``before``/``after`` are regex source."""
+    return re.compile(before + SIZE + after)
+
+
+@dataclass(frozen=True)
+class Span:
+    """The part of a window that one message occupies: ``text[start:end]``."""
+
+    text: str
+    start: int
+    end: int
+
+    def size(self, clause: re.Pattern[str]) -> int | None:
+        """Bytes of the first ``clause`` match in the span, or ``None``."""
+        match = clause.search(self.text, self.start, self.end)
+        return size_of(match) if match else None
+
+    def group(self, pattern: re.Pattern[str], name: str | int = 1) -> str | None:
+        """One group of the first ``pattern`` match in the span, or ``None``."""
+        match = pattern.search(self.text, self.start, self.end)
+        return match[name] if match else None
+
+    def integer(self, pattern: re.Pattern[str], name: str | int = 1) -> int | None:
+        value = self.group(pattern, name)
+        return int(value.replace(",", "")) if value is not None else None
+
+    def has(self, pattern: re.Pattern[str]) -> bool:
+        return pattern.search(self.text, self.start, self.end) is not None
+
+    @property
+    def snippet(self) -> str:
+        return self.text[self.start : self.end].strip()[:4000]
+
+
+def spans(text: str, header: re.Pattern[str], *, limit: int = 3000) -> list[Span]:
+    """One span per ``header`` match: from it to the next header (or ``limit`` chars)."""
+    starts = [m.start() for m in header.finditer(text)]
+    out = []
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(text)
+        out.append(Span(text, start, min(end, start + limit)))
+    return out
+
+
+# "torch.OutOfMemoryError: ", "RuntimeError: ", "Error: torch.cuda.OutOfMemoryError: "
+# right before the message on its line: the last dotted name ending in Error/Exception.
+_EXCEPTION_ON_LINE = re.compile(
+    r"(?:^|[\s`'\"(|-])(?P<name>[A-Za-z_][\w.]{0,80}(?:Error|Exception))"
+    r"(?:\s\(see above for traceback\))?\s?:(?:\s+(?:CUDA|cuDNN)\s+error:)?\s*$",
+    re.MULTILINE,
+)
+# VS Code's debugger: "Exception has occurred: RuntimeError" on the line before.
+_EXCEPTION_LINE_BEFORE = re.compile(r"Exception has occurred:\s*(?P<name>[\w.]+)\s*$")
+# ComfyUI's markdown report: "- Exception Type: torch.OutOfMemoryError".
+_EXCEPTION_TYPE_FIELD = re.compile(r"Exception Type:\s*(?P<name>[\w.]+)")
+
+
+def exception_before(text: str, start: int) -> str | None:
+    """The exception class printed just before the message that starts at ``start``."""
+    line_start = text.rfind("\n", 0, start) + 1
+    match = _EXCEPTION_ON_LINE.search(text, line_start, start)
+    if match:
+        return match["name"]
+    prev_start = text.rfind("\n", 0, max(0, line_start - 1)) + 1
+    for pattern in (_EXCEPTION_LINE_BEFORE, _EXCEPTION_TYPE_FIELD):
+        match = pattern.search(text, prev_start, max(prev_start, line_start - 1))
+        if match:
+            return match["name"]
+    return None
+
+
+def name_near(text: str, start: int, pattern: re.Pattern[str], *, back: int = 600) -> str | None:
+    """First group of the last ``pattern`` match in the ``back`` chars before ``start``."""
+    found = None
+    for match in pattern.finditer(text, max(0, start - back), start + 1):
+        found = match
+    return found[1] if found else None

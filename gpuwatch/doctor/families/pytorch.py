@@ -1,0 +1,199 @@
+"""PyTorch's own OOM messages: the caching allocator (every wording since 1.0), the
+cudaMallocAsync backend, and the legacy THC ``cuda runtime error (2)``.
+
+Wordings (docs/doctor.md has the timeline and the sources):
+
+* 1.0-2.0, parenthesised: ``Tried to allocate X (GPU n; T total capacity; A already
+  allocated; F free; [M allowed; ]R reserved in total by PyTorch)``; before 1.4 the last
+  clause was ``C cached``, which is reserved-but-unallocated (it can be below A).
+* 2.1+, sentences: ``Tried to allocate X. GPU n has a total capac[i]ty of T of which F is
+  free. [Process P has U memory in use. ]* [Including non-PyTorch memory, this process
+  has U memory in use. ][M allowed; ]Of the allocated memory A is allocated by PyTorch,
+  [with P allocated in private pools (e.g., CUDA Graphs), ]and R is reserved by PyTorch
+  but unallocated.`` The same sentences on ROCm (``HIP out of memory``) and XPU.
+* cudaMallocAsync: ``Allocation on device n would exceed allowed memory. (out of memory)``
+  followed by a ``Currently allocated / Requested / Device limit / Free / PyTorch limit``
+  table.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuwatch.doctor.facts import Kind, OomFacts, ProcessUse
+from gpuwatch.doctor.families.clauses import (
+    SIZE,
+    Found,
+    Span,
+    compile_clause,
+    exception_before,
+    size_of,
+    spans,
+)
+
+_HEADER = re.compile(
+    r"(?:(?P<dev>CUDA|HIP|XPU)\s+out\s+of\s+memory\.?"
+    # IPEX's per-allocation limit: "Current platform can NOT allocate memory block with
+    # size larger than 4GB! Tried to allocate ..." (an XPU-only message).
+    r"|(?P<ipex>(?:Current\s+platform\s+)?can\s+NOT\s+allocate\s+memory\s+block\s+with\s+size\s+larger\s+than\s+\S+))"
+    r"\s+Tried\s+to\s+allocate\b"
+)
+_REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
+_ABSURD = re.compile(r"Tried\s+to\s+allocate\s+more\s+than\s+1EB")
+_SENTENCE_GPU = re.compile(r"GPU\s+(\d+)\s+has\s+a\s+total\s+capac")
+_SENTENCE_FORM = re.compile(r"Tried\s+to\s+allocate\s+\S+\s+\S+\.\s+GPU\b|total\s+capaci?ty\s+of")
+_PAREN_GPU = re.compile(r"\(\s*GPU\s+(\d+)\s*;")
+_SENTENCE_TOTAL = compile_clause(r"total\s+capaci?ty\s+of\s+")
+_SENTENCE_FREE = compile_clause(r"of\s+which\s+", r"\s+is\s+free")
+_PAREN_TOTAL = compile_clause("", r"\s+total\s+capacity")
+_PAREN_ALLOCATED = compile_clause("", r"\s+already\s+allocated")
+_PAREN_FREE = compile_clause("", r"\s+free\b")
+_PAREN_RESERVED = compile_clause("", r"\s+reserved\s+in\s+total")
+_PAREN_CACHED = compile_clause("", r"\s+cached\b")
+_ALLOWED = compile_clause("", r"\s+allowed\b")
+_THIS_PROCESS = compile_clause(r"this\s+process\s+has\s+", r"\s+memory\s+in\s+use")
+_OTHER_PROCESS = re.compile(rf"\bProcess\s+(?P<pid>\d+)\s+has\s+{SIZE}\s+memory\s+in\s+use")
+_ALLOCATED = compile_clause(
+    r"Of\s+the\s+allocated\s+memory\s+", r"\s+is\s+allocated\s+by\s+PyTorch"
+)
+_PRIVATE_POOLS = compile_clause(r"with\s+", r"\s+allocated\s+in\s+private\s+pools")
+_RESERVED_UNALLOCATED = compile_clause("", r"\s+is\s+reserved\s+by\s+PyTorch\s+but\s+unallocated")
+_ALLOC_CONF = re.compile(r"\b(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)\b")
+_ADVICE = tuple(
+    (re.compile(pattern), name)
+    for pattern, name in (
+        (r"expandable_segments", "expandable_segments"),
+        (r"max_split_size_mb", "max_split_size_mb"),
+        (r"use\s+`?empty_cache", "empty_cache"),
+    )
+)
+_KIND_BY_DEVICE: dict[str, Kind] = {"cuda": "pytorch_allocator", "hip": "hip", "xpu": "xpu"}
+
+
+def find(window: str) -> list[Found]:
+    """Every PyTorch-allocator OOM message in ``window``, in order."""
+    return [*_find_caching(window), *_find_async(window), *_find_thc(window)]
+
+
+def _find_caching(window: str) -> list[Found]:
+    found = []
+    for span in spans(window, _HEADER):
+        header = _HEADER.match(window, span.start)
+        assert header is not None  # spans() starts every span at a header match
+        device_type = (header["dev"] or "XPU").lower()
+        found.append(Found(span.start, _caching_facts(span, device_type)))
+    return found
+
+
+def _caching_facts(span: Span, device_type: str) -> OomFacts:
+    sentences = span.has(_SENTENCE_FORM)
+    cached = span.size(_PAREN_CACHED)
+    if span.has(_ABSURD):
+        category = "pytorch_caching_allocator_oom_absurd_size"
+    elif device_type == "xpu" and not sentences:
+        category = "ipex_xpu_oom_v1"
+    elif sentences:
+        category = "pytorch_caching_allocator_oom_v2"
+    elif cached is not None:
+        category = "pytorch_caching_allocator_oom_v1_cached"
+    else:
+        category = "pytorch_caching_allocator_oom_v1"
+    facts = OomFacts(
+        kind=_KIND_BY_DEVICE[device_type],
+        category=category,
+        exception=exception_before(span.text, span.start),
+        device_type=device_type,
+        requested_bytes=None if span.has(_ABSURD) else span.size(_REQUESTED),
+        allowed_bytes=span.size(_ALLOWED),
+        alloc_conf_var=span.group(_ALLOC_CONF),
+        advice=next((name for pattern, name in _ADVICE if span.has(pattern)), None),
+        message=span.snippet,
+    )
+    if sentences:
+        facts.device_index = span.integer(_SENTENCE_GPU)
+        facts.total_bytes = span.size(_SENTENCE_TOTAL)
+        facts.free_bytes = span.size(_SENTENCE_FREE)
+        facts.process_in_use_bytes = span.size(_THIS_PROCESS)
+        facts.allocated_bytes = span.size(_ALLOCATED)
+        facts.private_pools_bytes = span.size(_PRIVATE_POOLS)
+        facts.reserved_unallocated_bytes = span.size(_RESERVED_UNALLOCATED)
+        facts.other_processes = [
+            ProcessUse(pid=int(m["pid"]), used_bytes=size_of(m))
+            for m in _OTHER_PROCESS.finditer(span.text, span.start, span.end)
+        ]
+    else:
+        facts.device_index = span.integer(_PAREN_GPU)
+        facts.total_bytes = span.size(_PAREN_TOTAL)
+        facts.allocated_bytes = span.size(_PAREN_ALLOCATED)
+        facts.free_bytes = span.size(_PAREN_FREE)
+        facts.reserved_bytes = span.size(_PAREN_RESERVED)
+        facts.reserved_unallocated_bytes = cached
+    return facts
+
+
+_ASYNC_HEADER = re.compile(r"Allocation\s+on\s+device\b[ \t]*(?P<index>\d+)?")
+_ASYNC_CONFIRM = re.compile(r"would\s+exceed\s+allowed\s+memory")
+_ASYNC_ALLOCATED = compile_clause(r"Currently\s+allocated\s*:\s*")
+_ASYNC_REQUESTED = compile_clause(r"Requested\s*:\s*")
+_ASYNC_LIMIT = compile_clause(r"Device\s+limit\s*:\s*")
+_ASYNC_FREE = compile_clause(r"Free\s+\(according\s+to\s+CUDA\)\s*:\s*")
+_ASYNC_PYTORCH_LIMIT = compile_clause(
+    r"PyTorch\s+limit\s+\(set\s+by\s+user-supplied\s+memory\s+fraction\)\s*:\s*"
+)
+
+
+def _find_async(window: str) -> list[Found]:
+    found = []
+    for span in spans(window, _ASYNC_HEADER, limit=1000):
+        exception = exception_before(window, span.start)
+        # A bare "Allocation on device" (ComfyUI truncates its reports there) counts
+        # only when the exception name says out-of-memory.
+        if not span.has(_ASYNC_CONFIRM) and "OutOfMemory" not in (exception or ""):
+            continue
+        header = _ASYNC_HEADER.match(window, span.start)
+        assert header is not None
+        facts = OomFacts(
+            kind="pytorch_allocator",
+            category="pytorch_cudamallocasync_oom",
+            exception=exception,
+            device_type="cuda",
+            device_index=int(header["index"]) if header["index"] else None,
+            allocated_bytes=span.size(_ASYNC_ALLOCATED),
+            requested_bytes=span.size(_ASYNC_REQUESTED),
+            total_bytes=span.size(_ASYNC_LIMIT),
+            free_bytes=span.size(_ASYNC_FREE),
+            allowed_bytes=span.size(_ASYNC_PYTORCH_LIMIT),
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
+    return found
+
+
+_THC_ERROR = re.compile(r"cuda\s+runtime\s+err(?:or)?\s*\(\s*2\s*\)\s*:?\s*out\s+of\s+memory")
+_THC_CHECK = re.compile(
+    r"THCudaCheck\s+FAIL\s+file=\S*?(?P<file>\w+\.cu)\s+line=(?P<line>\d+)\s+error=2\b"
+)
+_THC_LOCATION = re.compile(r"\bat\s+\S*?(?P<file>\w+\.cu):(?P<line>\d+)")
+
+
+def _find_thc(window: str) -> list[Found]:
+    # The THCudaCheck line and the RuntimeError after it are one failure: report the
+    # RuntimeError (it names the exception) and fall back to the check line alone.
+    header = _THC_ERROR if _THC_ERROR.search(window) else _THC_CHECK
+    found = []
+    for span in spans(window, header, limit=600):
+        location = _THC_LOCATION.search(span.text, span.start, span.end) or _THC_CHECK.search(
+            span.text, span.start, span.end
+        )
+        facts = OomFacts(
+            kind="pytorch_allocator",
+            category="pytorch_thc_cuda_runtime_error",
+            exception=exception_before(window, span.start),
+            device_type="cuda",
+            cuda_error="cudaErrorMemoryAllocation",
+            cuda_error_code=2,
+            source_location=f"{location['file']}:{location['line']}" if location else None,
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
+    return found

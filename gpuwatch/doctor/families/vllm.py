@@ -1,0 +1,82 @@
+"""vLLM start-up failures: the KV cache does not fit in the memory vLLM may use.
+
+vLLM profiles the model, then reserves ``gpu_memory_utilization`` x total memory minus
+what the weights and activations took for its KV cache, and refuses to start when
+that cache cannot hold one sequence of ``max_model_len`` tokens:
+
+* V0: ``The model's max seq len (4096) is larger than the maximum number of tokens that
+  can be stored in KV cache (3664).`` and ``No available memory for the cache blocks.``
+* V1: ``To serve at least one request with the model's max seq len (131072), (16.00 GiB
+  KV cache is needed, which is larger than the available KV cache memory (0.71 GiB).
+  Based on the available memory, the estimated maximum model length is 5632.``
+* ``CUDA out of memory occurred when warming up sampler with 1024 dummy requests.``
+  (what is left after the KV reservation is too small for ``max_num_seqs``).
+
+The text never names the device type (vLLM runs on CUDA, ROCm, TPU and XPU alike), so
+``device_type`` is left ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.families.clauses import Found, compile_clause, exception_before, spans
+
+_MAX_LEN_V0 = re.compile(
+    r"The\s+model's\s+max\s+seq\s+len\s+\((?P<len>\d+)\)\s+is\s+larger\s+than\s+the\s+maximum"
+    r"\s+number\s+of\s+tokens\s+that\s+can\s+be\s+stored\s+in\s+KV\s+cache\s+\((?P<tokens>\d+)\)"
+)
+_NO_CACHE_BLOCKS = re.compile(r"No\s+available\s+memory\s+for\s+the\s+cache\s+blocks")
+_V1 = re.compile(
+    r"To\s+serve\s+at\s+least\s+one\s+request\s+with\s+the\s+models?'s\s+max\s+seq\s+len"
+    r"\s+\((?P<len>\d+)\)"
+)
+_V1_NEEDED = compile_clause(r"\(\s*", r"\s+KV\s+cache\s+is\s+needed")
+_V1_AVAILABLE = compile_clause(r"available\s+KV\s+cache\s+memory\s+\(\s*", r"\s*\)")
+_V1_ESTIMATE = re.compile(r"estimated\s+maximum\s+model\s+length\s+is\s+(\d+)")
+_SAMPLER = re.compile(
+    r"CUDA\s+out\s+of\s+memory\s+occurred\s+when\s+warming\s+up\s+sampler\s+with\s+(?P<n>\d+)"
+    r"\s+dummy\s+requests"
+)
+
+
+def find(window: str) -> list[Found]:
+    """Every vLLM KV-cache start-up failure in ``window``."""
+    found = []
+    for span in spans(window, _MAX_LEN_V0, limit=600):
+        match = _MAX_LEN_V0.match(window, span.start)
+        assert match is not None
+        facts = _facts(window, span.start, "vllm_max_model_len_exceeds_kv_cache", span.snippet)
+        facts.max_model_len = int(match["len"])
+        facts.kv_cache_tokens = int(match["tokens"])
+        found.append(Found(span.start, facts))
+    for span in spans(window, _NO_CACHE_BLOCKS, limit=400):
+        found.append(
+            Found(span.start, _facts(window, span.start, "vllm_no_kv_cache_memory", span.snippet))
+        )
+    for span in spans(window, _V1, limit=1000):
+        match = _V1.match(window, span.start)
+        assert match is not None
+        facts = _facts(window, span.start, "vllm_v1_kv_cache_insufficient", span.snippet)
+        facts.max_model_len = int(match["len"])
+        facts.kv_cache_needed_bytes = span.size(_V1_NEEDED)
+        facts.kv_cache_available_bytes = span.size(_V1_AVAILABLE)
+        facts.estimated_max_model_len = span.integer(_V1_ESTIMATE)
+        found.append(Found(span.start, facts))
+    for span in spans(window, _SAMPLER, limit=400):
+        match = _SAMPLER.match(window, span.start)
+        assert match is not None
+        facts = _facts(window, span.start, "vllm_sampler_warmup_oom", span.snippet)
+        facts.dummy_requests = int(match["n"])
+        found.append(Found(span.start, facts))
+    return found
+
+
+def _facts(window: str, start: int, category: str, message: str) -> OomFacts:
+    return OomFacts(
+        kind="vllm_kv_cache",
+        category=category,
+        exception=exception_before(window, start),
+        message=message,
+    )

@@ -1,0 +1,69 @@
+"""Text in, :class:`~gpuwatch.doctor.facts.OomFacts` out: the OOM message parser.
+
+:func:`parse_oom` accepts anything a person pastes: one message, a traceback, a 10 MB
+log, CRLF, wrapped lines, non-UTF-8 bytes already decoded with ``errors="replace"``.
+It finds the first OOM message in the text and returns what it says; later, different
+OOM messages come back in ``additional_messages``. Repeats of the same message (one per
+rank, or logged twice) are folded into one.
+
+Cost is bounded: anchors are found with substring search, at most
+:data:`gpuwatch.doctor.text.MAX_WINDOWS` windows are examined, and every pattern is
+free of nested quantifiers.
+"""
+
+from __future__ import annotations
+
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.families import FAMILIES, Found
+from gpuwatch.doctor.text import windows
+from gpuwatch.errors import NotRecognized
+
+MAX_ADDITIONAL_MESSAGES = 16
+NOT_RECOGNISED = "not an OOM message I recognise"
+
+# Fields that identify a message; the rest (message text, exception name) may differ
+# between two printings of the same failure.
+_IDENTITY_EXCLUDED = {"message", "additional_messages", "exception"}
+
+
+def parse_oom(text: str) -> OomFacts:
+    """The first OOM message in ``text``, with later distinct ones attached.
+
+    Raises :class:`~gpuwatch.errors.NotRecognized` when ``text`` holds no OOM message
+    this parser knows.
+    """
+    messages = find_all(text)
+    if not messages:
+        raise NotRecognized(NOT_RECOGNISED)
+    first, *rest = messages
+    first.additional_messages = rest[:MAX_ADDITIONAL_MESSAGES]
+    return first
+
+
+def find_all(text: str) -> list[OomFacts]:
+    """Every distinct OOM message in ``text``, in the order they appear."""
+    messages: list[OomFacts] = []
+    for window in windows(text):
+        found: list[Found] = []
+        for family in FAMILIES:
+            found.extend(family(window))
+        for _, facts in sorted(found, key=lambda f: f.start):
+            _add(messages, facts)
+    return messages
+
+
+def _add(messages: list[OomFacts], facts: OomFacts) -> None:
+    """Append ``facts``, or fold it into an earlier printing of the same message."""
+    new = facts.model_dump(exclude=_IDENTITY_EXCLUDED)
+    for earlier in messages:
+        old = earlier.model_dump(exclude=_IDENTITY_EXCLUDED)
+        if all(old[k] == v or old[k] in (None, []) or v in (None, []) for k, v in new.items()):
+            # Same failure printed again (perhaps with more detail): fill what the
+            # earlier printing lacked.
+            for key, value in new.items():
+                if old[key] in (None, []) and value not in (None, []):
+                    setattr(earlier, key, getattr(facts, key))
+            if earlier.exception is None:
+                earlier.exception = facts.exception
+            return
+    messages.append(facts)

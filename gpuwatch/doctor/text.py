@@ -1,0 +1,160 @@
+"""Finding OOM messages in arbitrary text and repairing their layout.
+
+Real messages arrive hard-wrapped at 80 columns (splitting words), re-wrapped by
+mail clients, with every line prefixed by a logger (``[rank0]: ``, ``(EngineCore
+pid=207) ERROR 04-19 09:40:35 [core.py:1132] ``, timestamps, ``SUBPROCESS: ``), with
+CRLF endings, or as a Rust debug string with literal ``\\n``. And they may sit in the
+middle of a 10 MB training log.
+
+So the text is never matched as a whole. :func:`windows` finds anchor words with
+plain substring search (linear), cuts a bounded window of lines around each, and
+:func:`repair` undoes the layout damage inside that window only. The family
+patterns then use ``\\s+`` between words, which also covers wraps at spaces.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+# Lower-case words at least one of which every recognised message contains. Finding
+# them with str.find keeps a 10 MB log to a handful of linear scans.
+ANCHORS = (
+    "out of memory",
+    "outofmemory",
+    "out_of_memory",
+    "resource_exhausted",
+    "resource exhausted",
+    "oom when allocating",
+    "alloc_failed",
+    "cudnn",
+    "kv cache",
+    "cache blocks",
+    "allocation on device",
+    "failed to alloc",
+    "tried to allocate",
+    "workspace size",
+    "ran out of memory",
+)
+
+CONTEXT_BEFORE_CHARS = 1500  # exception names, BFC stats dumps printed before the error
+CONTEXT_AFTER_CHARS = 6000  # 15 "Process N has ..." clauses plus advice fit easily
+MAX_WINDOW_CHARS = 64 * 1024
+MAX_WINDOWS = 32  # bounds the work on a log with thousands of OOM lines
+MAX_HITS_PER_ANCHOR = 256
+MIN_WRAP_WIDTH = 60
+
+_LINE_PREFIXES = tuple(
+    re.compile(p)
+    for p in (
+        r"^\s*\[rank\d+\]:\s?",
+        # vLLM worker tags: "(EngineCore pid=207) ", "(VllmWorker rank=7 pid=10948) "
+        r"^\s*\(\w+(?: rank=\d+)? pid=\d+\)\s",
+        # vLLM/logging level + date + source: "ERROR 04-19 09:40:35 [core.py:1132] "
+        r"^\s*(?:ERROR|WARNING|INFO|DEBUG|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d\s+\[?[\w.]+:\d+\]\s?",
+        # ISO-ish timestamps, optionally followed by a "|" column separator
+        r"^\s*\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?\]?:?\s*(?:\|\s*)?",
+        r"^\s*[\w.-]+-\d+\s+\|\s",  # docker compose: "vllm-1  | "
+        r"^\s*SUBPROCESS:\s",
+        r"^\s*\[(?:info|error|warning|debug)\]\s",  # Elixir logger
+        r"^\s*>+\s?",  # e-mail / markdown quotes, Python REPL
+        # "uniq -c" counts and grep/paste line numbers, but not a size ("0 bytes is free")
+        r"^\s*\d{1,7}(?::|\s+)(?!\s*(?:[KMGTPE]i?B|[Bb]ytes?|B)(?![A-Za-z]))(?=\S)",
+        r"^\s*`+",
+    )
+)
+
+
+def windows(text: str) -> list[str]:
+    """Repaired windows of ``text`` that contain an anchor word, in text order.
+
+    Overlapping windows are merged (up to :data:`MAX_WINDOW_CHARS`); at most
+    :data:`MAX_WINDOWS` are returned, so the cost is bounded for any input.
+    """
+    spans = _merge(_anchor_spans(text))
+    return [repair(text[start:end]) for start, end in spans[:MAX_WINDOWS]]
+
+
+def _anchor_spans(text: str) -> list[tuple[int, int]]:
+    lowered = text.lower()
+    hits: list[int] = []
+    for anchor in ANCHORS:
+        pos = lowered.find(anchor)
+        found = 0
+        while pos != -1 and found < MAX_HITS_PER_ANCHOR:
+            hits.append(pos)
+            found += 1
+            # Skip ahead a full window: later hits inside it add nothing.
+            pos = lowered.find(anchor, pos + CONTEXT_AFTER_CHARS // 2)
+    spans = []
+    for pos in sorted(set(hits)):
+        start = text.rfind("\n", 0, max(0, pos - CONTEXT_BEFORE_CHARS)) + 1
+        end = text.find("\n", min(len(text), pos + CONTEXT_AFTER_CHARS))
+        spans.append((start, len(text) if end == -1 else end))
+    return spans
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1] and end - merged[-1][0] <= MAX_WINDOW_CHARS:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def repair(text: str) -> str:
+    """Undo layout damage: line endings, literal ``\\n``, hard wraps, log prefixes."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    # Rust/JSON debug strings carry the newlines as the two characters "\n".
+    text = text.replace("\\n", "\n").replace("\\t", " ")
+    text = text.translate(_PUNCTUATION).replace("**", "")
+    lines = _join_hard_wraps(text.split("\n"))
+    return "\n".join(_strip_prefixes(line) for line in lines)
+
+
+_PUNCTUATION = str.maketrans(
+    {"\u00a0": " ", "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\t": " "}
+)
+
+
+def _join_hard_wraps(lines: list[str]) -> list[str]:
+    """Re-join lines a terminal cut at a fixed width in the middle of a word.
+
+    The width is the longest line length, if at least two lines have it; a line of
+    that length is joined to the next without a space only when the cut falls
+    between two letters or digits (a wrap at a space needs nothing: patterns
+    accept any whitespace between words).
+    """
+    lengths = Counter(len(line) for line in lines)
+    if not lengths:
+        return lines
+    width = max(lengths)
+    if width < MIN_WRAP_WIDTH or lengths[width] < 2:
+        return lines
+    out: list[str] = []
+    carry = ""
+    for i, line in enumerate(lines):
+        line = carry + line
+        carry = ""
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if len(line) % width == 0 and line[-1:].isalnum() and nxt[:1].isalnum():
+            carry = line
+            continue
+        out.append(line)
+    if carry:
+        out.append(carry)
+    return out
+
+
+def _strip_prefixes(line: str) -> str:
+    # A line can carry several prefixes ("6507:[2025-09-02 05:37:31] ..."), so apply
+    # the list until nothing changes (bounded: each pass removes at least a character).
+    for _ in range(4):
+        before = line
+        for prefix in _LINE_PREFIXES:
+            line = prefix.sub("", line, count=1)
+        if line == before:
+            break
+    return line
