@@ -260,7 +260,7 @@ class Reporter:
     def _split_or_drop(self, batch: Sequence[SpooledSnapshot], status: int, size: int) -> _Sent:
         """413/422: halve until the snapshot the server refuses stands alone, then drop it."""
         reason = "too_large" if status == 413 else "rejected"
-        self._count(_Sent(failure=reason))
+        self._count(_Sent(), reason)
         if status == 413:
             # Remember the server's limit, so later batches are not refused again.
             self._max_batch_bytes = max(1, min(self._max_batch_bytes, size // 2))
@@ -289,9 +289,10 @@ class Reporter:
             with self._lock:
                 self._failing = None
 
-    def _count(self, sent: _Sent) -> _Sent:
+    def _count(self, sent: _Sent, result: str | None = None) -> _Sent:
+        """Count one request under ``result`` (default: its failure, or ``success``)."""
         with self._lock:
-            self._batches[sent.failure or "success"] += 1
+            self._batches[result or sent.failure or "success"] += 1
         return sent
 
     def _record_failure(self, sent: _Sent) -> float:
