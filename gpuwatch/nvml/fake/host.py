@@ -1,0 +1,229 @@
+"""The fake host at a moment: what each GPU and process reads as, given the clock.
+
+Everything here is a pure function of the scenario, the runtime state (epoch and
+stand-in identities), the clock and process liveness. Scenario time is
+``(clock() - epoch) * speed`` seconds, or a fixed ``at`` when frozen. A process is
+listed while ``start <= t < exit`` and it is alive (same PID and start time, not a
+zombie); ghosts are listed regardless, by design. Memory of processes that are gone is
+freed, except on ``coherent`` GPUs, where (as NVML documents for NUMA-coherent parts)
+freed pages stay counted as used until the GPU is reset.
+
+Derived values, used when the scenario does not give a timeline:
+GPU utilisation is the sum of its processes' SM percentages (at most 100); memory busy
+is the sum of the processes' memory busy (default 40 % of their SM); power is
+``limit * (0.12 + 0.8 * utilisation)``; temperature ``32 + 0.5 * utilisation`` °C.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwatch.nvml.fake.procfs import ProcessIdentity, is_alive
+from gpuwatch.nvml.fake.runtime_state import RuntimeState
+from gpuwatch.nvml.fake.scenario import (
+    NO_MIG_INSTANCE,
+    FaultSpec,
+    Ghost,
+    GpuSpec,
+    ProcessKind,
+    ProcessSpec,
+    Scenario,
+)
+
+Clock = Callable[[], float]
+
+# NVML keeps per-process utilisation samples on a driver-side cadence; one per second
+# is coarse enough to be cheap and fine enough for any poll interval gpuwatch uses.
+SAMPLE_PERIOD_US = 1_000_000
+
+
+@dataclass(frozen=True)
+class ProcessReading:
+    """One GPU context as NVML lists it. ``used_bytes`` None: NVML_VALUE_NOT_AVAILABLE."""
+
+    pid: int
+    kind: ProcessKind
+    used_bytes: int | None
+    sm_percent: int
+    memory_busy_percent: int
+    mig: int | None
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """Bytes, with nvmlMemory_v2 semantics: ``total = reserved + used + free``."""
+
+    total: int
+    reserved: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return self.total - self.reserved - self.used
+
+
+class FakeHost:
+    """One booted scenario as seen from this process. Returned by ``install()``."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        state: RuntimeState,
+        *,
+        runtime_dir: Path,
+        clock: Clock | None = None,
+        at: float | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.state = state
+        self.runtime_dir = runtime_dir
+        self.clock: Clock = clock or time.time
+        self.frozen_at = at
+
+    # -- time -------------------------------------------------------------------------
+
+    def scenario_time(self) -> float:
+        """Scenario seconds since the scenario booted (``at`` when frozen)."""
+        if self.frozen_at is not None:
+            return self.frozen_at
+        return max(0.0, (self.clock() - self.state.epoch) * self.scenario.speed)
+
+    def latest_sample_us(self) -> int:
+        """Wall-clock microseconds of the newest per-process utilisation sample."""
+        now_us = int(self.clock() * 1_000_000)
+        return now_us - now_us % SAMPLE_PERIOD_US
+
+    # -- processes --------------------------------------------------------------------
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Stand-in PIDs by process key (``"<entry>.<copy>"``), as started at boot."""
+        return {key: self.state.processes[key].pid for key in self.state.standins}
+
+    def identity(self, process: ProcessSpec) -> ProcessIdentity:
+        if isinstance(process.origin, Ghost):
+            return ProcessIdentity(process.origin.pid, None)
+        return self.state.processes.get(process.key, ProcessIdentity(0, None))
+
+    def _listed(self, process: ProcessSpec, t: float) -> bool:
+        if t < process.start or (process.exit is not None and t >= process.exit):
+            return False
+        return isinstance(process.origin, Ghost) or is_alive(self.identity(process))
+
+    def _reading(self, process: ProcessSpec, t: float) -> ProcessReading:
+        local = t - process.start
+        sm = round(process.sm_percent.at(local))
+        busy = process.memory_busy_percent
+        mig = self.scenario.gpus[process.gpu].mig[process.mig] if process.mig is not None else None
+        return ProcessReading(
+            pid=self.identity(process).pid,
+            kind=process.kind,
+            used_bytes=None if process.memory_not_available else int(process.memory.at(local)),
+            sm_percent=sm,
+            memory_busy_percent=round(busy.at(local)) if busy else round(sm * 0.4),
+            mig=process.mig,
+            gpu_instance_id=mig.gpu_instance_id if mig else NO_MIG_INSTANCE,
+            compute_instance_id=mig.compute_instance_id if mig else NO_MIG_INSTANCE,
+        )
+
+    def _listed_specs(self, gpu: int, t: float, mig: int | None) -> list[ProcessSpec]:
+        return [
+            p
+            for p in self.scenario.processes_on(gpu)
+            if (mig is None or p.mig == mig) and self._listed(p, t)
+        ]
+
+    def processes(self, gpu: int, t: float, *, mig: int | None = None) -> list[ProcessReading]:
+        """Contexts listed on GPU ``gpu`` (every MIG instance, or just ``mig``) at ``t``."""
+        return [self._reading(p, t) for p in self._listed_specs(gpu, t, mig)]
+
+    def _retained_bytes(self, gpu: GpuSpec, t: float, mig: int | None) -> int:
+        """On coherent GPUs, memory of processes that have ended stays allocated."""
+        if not gpu.coherent:
+            return 0
+        retained = 0
+        for p in self.scenario.processes_on(gpu.index):
+            if t < p.start or isinstance(p.origin, Ghost) or (mig is not None and p.mig != mig):
+                continue
+            identity = self.identity(p)
+            ended = p.exit is not None and t >= p.exit
+            died = identity.start_ticks is not None and not is_alive(identity)
+            if ended or died:
+                until = t if p.exit is None else min(t, p.exit)
+                retained += int(p.memory.at(until - p.start))
+        return retained
+
+    # -- devices ----------------------------------------------------------------------
+
+    def memory(self, gpu: int, t: float, *, mig: int | None = None) -> MemoryReading:
+        """Device (or MIG instance) memory; used is clamped to what the device has.
+
+        Memory of ``memory_not_available`` processes counts: NVML cannot attribute it,
+        but it is in use all the same.
+        """
+        spec = self.scenario.gpus[gpu]
+        held = sum(int(p.memory.at(t - p.start)) for p in self._listed_specs(gpu, t, mig))
+        held += self._retained_bytes(spec, t, mig)
+        if mig is not None:
+            total = spec.mig[mig].memory_total
+            return MemoryReading(total, 0, min(held, total))
+        held += int(spec.unattributed.at(t))
+        usable = spec.memory_total - spec.memory_reserved
+        return MemoryReading(spec.memory_total, spec.memory_reserved, min(held, usable))
+
+    def utilization_percent(self, gpu: int, t: float) -> int:
+        spec = self.scenario.gpus[gpu]
+        if spec.utilization_percent is not None:
+            return round(spec.utilization_percent.at(t))
+        return min(100, sum(p.sm_percent for p in self.processes(gpu, t)))
+
+    def memory_busy_percent(self, gpu: int, t: float) -> int:
+        spec = self.scenario.gpus[gpu]
+        if spec.memory_busy_percent is not None:
+            return round(spec.memory_busy_percent.at(t))
+        return min(100, sum(p.memory_busy_percent for p in self.processes(gpu, t)))
+
+    def power_watts(self, gpu: int, t: float) -> float:
+        spec = self.scenario.gpus[gpu]
+        if spec.power_watts is not None:
+            return spec.power_watts.at(t)
+        return spec.power_limit_watts * (0.12 + 0.8 * self.utilization_percent(gpu, t) / 100)
+
+    def temperature_celsius(self, gpu: int, t: float) -> int:
+        spec = self.scenario.gpus[gpu]
+        if spec.temperature_celsius is not None:
+            return round(spec.temperature_celsius.at(t))
+        return round(32 + 0.5 * self.utilization_percent(gpu, t))
+
+    # -- faults -----------------------------------------------------------------------
+
+    def lost(self, gpu: int, t: float) -> bool:
+        """True from a ``gpu_lost`` fault's ``at`` on (NVML_ERROR_GPU_IS_LOST)."""
+        return any(
+            f.kind == "gpu_lost" and f.gpu == gpu and f.active(t) for f in self.scenario.faults
+        )
+
+    def fault(self, symbol: str, gpu: int | None, t: float) -> FaultSpec | None:
+        """The first active unsupported / no_permission / hang fault on ``symbol``."""
+        for f in self.scenario.faults:
+            if (
+                f.kind != "gpu_lost"
+                and f.active(t)
+                and f.matches(symbol)
+                and (f.gpu is None or f.gpu == gpu)
+            ):
+                return f
+        return None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def stop(self) -> list[int]:
+        """Kill this scenario's stand-ins and remove its state (for every process)."""
+        from gpuwatch.nvml.fake.lifecycle import stop
+
+        return stop(self.scenario, self.runtime_dir)

@@ -1,0 +1,153 @@
+"""What a scenario file describes, once read and checked: GPUs, processes and faults.
+
+These are plain frozen values; :mod:`gpuwatch.nvml.fake.scenario_file` builds them from
+TOML, and :mod:`gpuwatch.nvml.fake.host` evaluates them at a point in time. Sizes are
+bytes, times scenario seconds, percentages 0..100 (as NVML reports them).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gpuwatch.nvml.fake.timeline import Timeline
+
+FaultKind = Literal["gpu_lost", "unsupported", "no_permission", "hang"]
+ProcessKind = Literal["compute", "graphics", "mps"]
+
+# NVML's "not in MIG mode" marker for gpuInstanceId / computeInstanceId.
+NO_MIG_INSTANCE = 0xFFFFFFFF
+
+_VERSION_SUFFIX = re.compile(r"_v\d+$")
+
+
+def symbol_family(symbol: str) -> str:
+    """``"nvmlDeviceGetMemoryInfo_v2"`` -> ``"nvmlDeviceGetMemoryInfo"``: faults match all versions."""
+    return _VERSION_SUFFIX.sub("", symbol)
+
+
+@dataclass(frozen=True)
+class MigSpec:
+    """One MIG GPU instance (with one compute instance) carved out of a GPU."""
+
+    index: int
+    profile: str  # "3g.40gb", as in "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    uuid: str
+    memory_total: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One physical GPU. ``None`` timelines are derived from the processes (see docs)."""
+
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str  # "00000000:01:00.0"
+    pci_device_id: int
+    memory_total: int
+    memory_reserved: int
+    unattributed: Timeline  # bytes used that no process accounts for
+    power_limit_watts: float
+    power_watts: Timeline | None
+    temperature_celsius: Timeline | None
+    utilization_percent: Timeline | None
+    memory_busy_percent: Timeline | None
+    fan_percent: Timeline
+    clock_sm_mhz: int
+    clock_memory_mhz: int
+    bar1_total: int
+    cuda_capability: tuple[int, int]
+    coherent: bool  # Grace Hopper-like: addressing mode ATS, freed memory is not returned
+    persistence_mode: bool
+    display_active: bool
+    mig: tuple[MigSpec, ...]
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """A real stand-in process, started once per scenario, whose cmdline is ``argv``."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    orphan: bool  # started through a parent that exits, so it is reparented
+
+
+@dataclass(frozen=True)
+class Attach:
+    """An existing process: a PID, or the process that boots the scenario ("self"), or its parent."""
+
+    target: int | Literal["self", "parent"]
+
+
+@dataclass(frozen=True)
+class Ghost:
+    """A PID that does not exist: memory held by a dead process, shown whatever its liveness."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One GPU context. ``entry``/``copy`` name it: the ``[[process]]`` table and its ``count`` copy."""
+
+    entry: int
+    copy: int
+    gpu: int
+    mig: int | None
+    origin: Spawn | Attach | Ghost
+    kind: ProcessKind
+    memory: Timeline  # bytes, over process time
+    sm_percent: Timeline
+    memory_busy_percent: Timeline | None
+    start: float  # scenario seconds until the context appears
+    exit: float | None  # scenario seconds at which it ends (the stand-in exits too)
+    memory_not_available: bool  # report usedGpuMemory as NVML_VALUE_NOT_AVAILABLE
+
+    @property
+    def key(self) -> str:
+        """Stable name in the runtime state file: ``"<entry>.<copy>"``."""
+        return f"{self.entry}.{self.copy}"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """A failure injected from ``at`` for ``duration`` scenario seconds (``None``: for ever)."""
+
+    gpu: int | None  # None: every GPU
+    kind: FaultKind
+    functions: tuple[str, ...]  # C symbols or families; empty for gpu_lost
+    at: float
+    duration: float | None
+    seconds: float  # hang only: real seconds each matching call sleeps
+
+    def active(self, t: float) -> bool:
+        return self.at <= t and (self.duration is None or t < self.at + self.duration)
+
+    def matches(self, symbol: str) -> bool:
+        return symbol in self.functions or symbol_family(symbol) in self.functions
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole fake host. ``content_hash`` (sha256 of the file) keys its runtime state."""
+
+    name: str
+    description: str
+    source: Path
+    content_hash: str
+    speed: float  # scenario seconds per wall-clock second
+    lifetime: float  # wall seconds after which stand-ins exit on their own
+    driver_version: str
+    nvml_version: str
+    cuda_driver_version: int  # 12040 for CUDA 12.4, as nvmlSystemGetCudaDriverVersion
+    gpus: tuple[GpuSpec, ...]
+    processes: tuple[ProcessSpec, ...]
+    faults: tuple[FaultSpec, ...]
+
+    def processes_on(self, gpu: int) -> tuple[ProcessSpec, ...]:
+        return tuple(p for p in self.processes if p.gpu == gpu)
