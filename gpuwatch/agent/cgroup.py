@@ -1,0 +1,197 @@
+"""Who owns a process, as its cgroup path says: container, Kubernetes pod, Slurm job, systemd unit.
+
+:func:`parse_cgroup` reads the text of ``/proc/<pid>/cgroup``. Two formats exist:
+
+* cgroup v1 (and "hybrid" hosts): one line per hierarchy, ``ID:CONTROLLERS:PATH``, e.g.
+  ``8:memory:/docker/<id>`` and ``1:name=systemd:/system.slice/slurmd.service``. Different
+  hierarchies can say different things (Slurm's ``proctrack/cgroup`` uses only freezer, cpuset,
+  memory and devices), so every line is read and the facts are merged.
+* cgroup v2: a single ``0::PATH`` line.
+
+The path names the owner by convention, not by any kernel API, so each runtime is recognised
+by the directory names it creates (systemd cgroup driver / cgroupfs driver)::
+
+    docker        /system.slice/docker-<id>.scope        /docker/<id>
+    containerd    .../cri-containerd-<id>.scope          .../nerdctl-<id>.scope
+    cri-o         .../crio-<id>.scope                    .../crio-<id>
+    podman        .../libpod-<id>.scope[/container]      /libpod_parent/libpod-<id>
+    lxc           /lxc.payload.<name>                    /lxc/<name>
+    Kubernetes    .../kubepods-burstable-pod<uid_with_underscores>.slice   /kubepods/burstable/pod<uid>
+    Slurm         /system.slice/slurmstepd.scope/job_<n>/...   /slurm/uid_<u>/job_<n>/...
+
+A bare 64-hex directory (the cgroupfs driver under ``/kubepods``) is a container id whose
+runtime the path cannot tell (containerd, or Docker via the old dockershim), so the runtime is
+left ``None`` rather than guessed. Input that matches none of this yields an owner with only
+the raw path; this module never raises on what a kernel, or a fixture, might hand it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+ContainerRuntime = Literal["docker", "containerd", "podman", "cri-o", "lxc"]
+
+# Bounds of gpuwatch.snapshot.ProcessOwner (LongStr / ShortStr): longer values are cut here,
+# once, instead of failing validation later.
+MAX_PATH_CHARS = 4096
+MAX_NAME_CHARS = 256
+
+_HEX64 = r"[0-9a-f]{64}"
+
+# systemd-driver scopes and cgroupfs-driver directories that hold exactly one container id.
+_CONTAINER_DIRS: tuple[tuple[re.Pattern[str], ContainerRuntime], ...] = (
+    (re.compile(rf"docker-({_HEX64})\.scope"), "docker"),
+    (re.compile(rf"cri-containerd-({_HEX64})\.scope"), "containerd"),
+    (re.compile(rf"nerdctl-({_HEX64})\.scope"), "containerd"),
+    # conmon is the runtime's per-container monitor; it belongs to the same container.
+    (re.compile(rf"crio-(?:conmon-)?({_HEX64})(?:\.scope)?"), "cri-o"),
+    (re.compile(rf"libpod-(?:conmon-)?({_HEX64})(?:\.scope)?"), "podman"),
+    (re.compile(r"lxc\.payload\.([\w.-]{1,255})"), "lxc"),
+)
+_BARE_ID = re.compile(_HEX64)
+# Kubernetes systemd driver: kubepods-pod<uid>.slice (Guaranteed QoS has no QoS level in the
+# name) or kubepods-<qos>-pod<uid>.slice; kind and minikube add a "kubelet-" prefix.
+_POD_SLICE = re.compile(
+    r"(?:[\w-]+-)?kubepods(?:-(besteffort|burstable))?-pod([0-9a-f_]{1,64})\.slice"
+)
+_POD_DIR = re.compile(r"pod([0-9a-f-]{1,64})")
+_SLURM_ROOT = re.compile(r"slurm(?:_[\w.-]+)?|slurmstepd\.scope")
+_SLURM_JOB = re.compile(r"job_(\d{1,20})")
+_SYSTEMD_UNIT = re.compile(r"[\w:.@\\-]{1,249}\.(?:service|scope)")
+_LINE = re.compile(r"(\d+):([^:]*):(/.*)")
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupOwner:
+    """What one process's cgroup says about its owner. ``None`` means the path does not say.
+
+    ``cgroup`` is the raw path the other fields came from (on v1, the most telling hierarchy).
+    ``pod_uid`` has its dashes restored; ``pod_qos`` is ``guaranteed``, ``burstable`` or
+    ``besteffort``; ``systemd_unit`` is the innermost service or scope that is not itself a
+    container's scope (``jupyter.service``, ``session-3.scope``, ``user@1000.service``).
+    """
+
+    cgroup: str | None = None
+    container_runtime: ContainerRuntime | None = None
+    container_id: str | None = None
+    pod_uid: str | None = None
+    pod_qos: str | None = None
+    slurm_job_id: str | None = None
+    systemd_unit: str | None = None
+
+    @property
+    def identified(self) -> bool:
+        """True when the path names a container, pod or job (not just a unit or nothing)."""
+        return any((self.container_id, self.pod_uid, self.slurm_job_id))
+
+
+def parse_cgroup(text: str) -> CgroupOwner:
+    """Parse the contents of ``/proc/<pid>/cgroup`` (v1, hybrid or v2) into a :class:`CgroupOwner`.
+
+    Never raises: unknown layouts give an owner with only ``cgroup`` set, and text with no
+    ``ID:CONTROLLERS:PATH`` line at all gives an empty owner.
+    """
+    paths = _paths_by_priority(text)
+    found = [_parse_path(path) for path in paths]
+    if not found:
+        return CgroupOwner()
+    # The raw path reported is the one that identified a container/pod/job, else the first
+    # non-root path in priority order: that is the path a person would look up.
+    source = next((f for f in found if f.identified), None) or next(
+        (f for f in found if f.cgroup != "/"), found[0]
+    )
+
+    def first(attr: str) -> str | None:
+        return next((getattr(f, attr) for f in found if getattr(f, attr) is not None), None)
+
+    runtime_source = next((f for f in found if f.container_id is not None), None)
+    return CgroupOwner(
+        cgroup=source.cgroup,
+        container_runtime=runtime_source.container_runtime if runtime_source else None,
+        container_id=runtime_source.container_id if runtime_source else None,
+        pod_uid=first("pod_uid"),
+        pod_qos=first("pod_qos"),
+        slurm_job_id=first("slurm_job_id"),
+        systemd_unit=first("systemd_unit"),
+    )
+
+
+def _paths_by_priority(text: str) -> list[str]:
+    """The paths of all well-formed lines: v2 first, then v1 ``name=systemd``, then the rest.
+
+    The unified (v2) line is what the kernel uses on modern hosts; on v1 hosts the
+    ``name=systemd`` hierarchy carries the unit names. Controller lines follow in file order.
+    """
+    unified: list[str] = []
+    systemd: list[str] = []
+    others: list[str] = []
+    for line in text.splitlines():
+        match = _LINE.fullmatch(line.strip())
+        if match is None:
+            continue
+        hierarchy, controllers, path = match.groups()
+        if hierarchy == "0" and controllers == "":
+            unified.append(path)
+        elif controllers == "name=systemd":
+            systemd.append(path)
+        else:
+            others.append(path)
+    return unified + systemd + others
+
+
+def _parse_path(path: str) -> CgroupOwner:
+    """Facts from one cgroup path. Inner (later) directories win: docker-in-docker, nesting."""
+    parts = [p for p in path.split("/") if p]
+    runtime: ContainerRuntime | None = None
+    container_id: str | None = None
+    container_parts: set[int] = set()
+    pod_uid: str | None = None
+    pod_qos: str | None = None
+    slurm_job: str | None = None
+    unit: str | None = None
+    in_slurm = False
+
+    for i, part in enumerate(parts):
+        previous = parts[i - 1] if i else ""
+        match_runtime = _container_dir(part, previous)
+        if match_runtime is not None:
+            runtime, container_id = match_runtime
+            container_parts.add(i)
+        if pod := _POD_SLICE.fullmatch(part):
+            pod_qos = pod.group(1) or "guaranteed"
+            pod_uid = pod.group(2).replace("_", "-")
+        elif (pod := _POD_DIR.fullmatch(part)) and "kubepods" in parts[:i]:
+            pod_qos = previous if previous in ("besteffort", "burstable") else "guaranteed"
+            pod_uid = pod.group(1)
+        if _SLURM_ROOT.fullmatch(part):
+            in_slurm = True
+        elif in_slurm and (job := _SLURM_JOB.fullmatch(part)):
+            slurm_job = job.group(1)
+        if i not in container_parts and _SYSTEMD_UNIT.fullmatch(part):
+            unit = part
+
+    return CgroupOwner(
+        cgroup=path[:MAX_PATH_CHARS],
+        container_runtime=runtime,
+        container_id=container_id,
+        pod_uid=pod_uid,
+        pod_qos=pod_qos,
+        slurm_job_id=slurm_job,
+        systemd_unit=unit,
+    )
+
+
+def _container_dir(part: str, previous: str) -> tuple[ContainerRuntime | None, str] | None:
+    """``(runtime, id)`` when this one directory name is a container's cgroup, else ``None``."""
+    for pattern, runtime in _CONTAINER_DIRS:
+        if match := pattern.fullmatch(part):
+            return runtime, match.group(1)
+    if previous == "docker" and _BARE_ID.fullmatch(part):
+        return "docker", part
+    if previous == "lxc" and re.fullmatch(r"[\w.-]{1,255}", part):
+        return "lxc", part
+    if _BARE_ID.fullmatch(part):
+        return None, part
+    return None

@@ -1,0 +1,498 @@
+"""Who a GPU process is, from ``/proc``: name, command, user, container/pod/job, orphan status.
+
+NVML gives the agent bare PIDs. :class:`ProcInfo` turns each into :class:`ProcessFacts` by
+reading ``<proc_root>/<pid>/{stat,status,cmdline,cgroup,environ}`` directly (no psutil), so
+tests can point it at a fixture tree and a container can point it at a bind-mounted host
+``/proc``.
+
+**Orphans.** A process is *orphaned* when the parent that started it is gone and nothing that
+still runs owns it: the training run whose SSH shell died, the worker whose launcher crashed.
+``/proc`` does not record the original parent, so this is inferred, and the inference leans
+towards "not orphaned" because orphan status feeds alerts and the reaper:
+
+1. *Reparented*: the kernel hands a dead parent's children to the nearest child subreaper in
+   the same PID namespace, or to that namespace's PID 1. So: ``ppid == 1``; or the parent is
+   PID 1 of its own namespace (its ``NSpid`` ends in 1: a container's init, seen from the
+   host); or the parent's ``comm`` is a known subreaper (:data:`DEFAULT_SUBREAPERS`:
+   ``systemd`` covers ``systemd --user``; ``/proc`` cannot say whether a process set
+   ``PR_SET_CHILD_SUBREAPER``, hence a list). ``ppid == 0`` means the parent is outside this
+   PID namespace, which proves nothing.
+2. *Not a deliberate detachment*: being a child of init is also what daemons, systemd services
+   and container entrypoints look like. So a process is not orphaned when
+   ``sid == pid`` (it called ``setsid()``: daemons, every unit systemd starts, container inits,
+   ``setsid cmd``), when ``sid == ppid`` (it runs in its reaper's own session: ``tini`` starts
+   its one child that way, so it was never reparented), or when its cgroup is a system
+   ``.service`` unit (systemd tracks the whole unit, so an old-style double-forking daemon
+   whose intermediate parent exited is still owned by its unit). The shell-died case passes
+   all three: its session leader was the dead shell.
+3. *Jupyter kernels* are the exception to rule 2: ``jupyter_client`` starts every kernel with
+   ``start_new_session=True``, so ``sid == pid`` tells nothing. A reparented kernel has lost
+   its notebook server and is orphaned.
+
+Known misses: a job left behind by a shell that ran in a ``tini`` container's session is
+not reported (it shares its reaper's session), the safe side; a classic double-forking daemon
+outside any service unit is reported, which is rare today (systemd starts most daemons).
+
+**PID namespaces.** NVML reports host (initial-namespace) PIDs: the driver is not
+namespace-aware. When ``proc_root`` shows another namespace, a PID NVML reports is either
+absent there or, worse, names an unrelated process that happens to have the same number. So
+when :func:`pid_namespace_isolated` is true every PID is reported ``visible=False`` rather
+than attributed to whoever holds that number locally; callers say "not visible from this
+agent", never "no such process".
+
+**Cost.** One describe reads ``stat``, and the parent's ``stat`` when the parent is not PID 1.
+What cannot change during a process's life is read once and cached per ``(pid, start time)``;
+a reused PID has a new start time and misses the cache. The command is cached as first seen:
+exec does not change the start time, but a process holding a GPU context has long since
+exec'd. Dead entries are swept when the cache doubles (see :meth:`ProcInfo.expire_dead`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuwatch.agent.cgroup import CgroupOwner, parse_cgroup
+from gpuwatch.errors import GpuwatchError
+from gpuwatch.snapshot import ProcessOwner
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROC_ROOT = Path("/proc")
+MAX_COMMAND_CHARS = 4096  # gpuwatch.snapshot.LongStr
+# Enough bytes for MAX_COMMAND_CHARS characters even if each one is 4-byte UTF-8.
+_MAX_CMDLINE_BYTES = 4 * MAX_COMMAND_CHARS
+
+DEFAULT_SUBREAPERS = frozenset(
+    {"systemd", "init", "tini", "tini-static", "docker-init", "dumb-init", "catatonit", "pause"}
+)
+# PROC_PID_INIT_INO in include/linux/proc_ns.h: the inode of the initial PID namespace.
+_INIT_PID_NAMESPACE_INODE = 0xEFFFFFFC
+# Zombie and dead tasks hold no GPU context any more (the driver releases it at exit).
+_EXITED_STATES = frozenset({"Z", "X", "x"})
+_MIN_SWEEP_SIZE = 256
+_SLURM_JOB_ID = re.compile(rb"(?:^|\x00)SLURM_JOB_ID=(\d{1,20})(?:\x00|$)")
+
+_KERNEL_MODULES = frozenset({"ipykernel_launcher", "ipykernel"})
+_KERNEL_PROGRAMS = frozenset({"ipykernel_launcher.py", "jupyter-kernel"})
+_KERNEL_ARG_MARKERS = ("IRkernel::main", "IJulia/src/kernel.jl")
+_SERVER_MODULES = frozenset(
+    {"jupyterlab", "notebook", "jupyter_server", "nbclassic", "jupyterhub.singleuser", "voila"}
+)
+_SERVER_PROGRAMS = frozenset(
+    {
+        "jupyter-lab",
+        "jupyter-notebook",
+        "jupyter-server",
+        "jupyter-nbclassic",
+        "jupyter-labhub",
+        "jupyterhub-singleuser",
+        "voila",
+    }
+)
+_SERVER_SUBCOMMANDS = frozenset({"lab", "notebook", "server", "nbclassic"})
+# Python options that take a separate value: skipping them finds the script or -m module.
+_PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFacts:
+    """What ``/proc`` says about one PID. ``None`` means unknown, never empty or zero.
+
+    ``alive`` is False for a PID that does not exist or has exited (a zombie). ``visible`` is
+    False when this agent's ``/proc`` cannot show NVML's PIDs at all; ``alive`` is then True
+    because NVML still lists the PID and nothing here can prove otherwise. ``start_time`` is
+    epoch seconds (``ps -o lstart``); ``command`` is the argv joined with spaces, at most
+    4096 characters.
+    """
+
+    pid: int
+    alive: bool
+    visible: bool = True
+    name: str | None = None
+    command: str | None = None
+    start_time: float | None = None
+    ppid: int | None = None
+    user: str | None = None
+    uid: int | None = None
+    orphaned: bool = False
+    jupyter_kernel: bool = False
+    jupyter_server_alive: bool | None = None
+    owner: ProcessOwner = field(default_factory=ProcessOwner)
+
+    def to_gpu_process_fields(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`gpuwatch.snapshot.GpuProcess`, all but ``pid``.
+
+        ``GpuProcess(pid=pid, used_bytes=used, **facts.to_gpu_process_fields())``. The owner is
+        a copy, so a snapshot never shares a mutable model with the cache.
+        """
+        return {
+            "visible": self.visible,
+            "alive": self.alive,
+            "name": self.name,
+            "command": self.command,
+            "start_time": self.start_time,
+            "ppid": self.ppid,
+            "orphaned": self.orphaned,
+            "jupyter_kernel": self.jupyter_kernel,
+            "jupyter_server_alive": self.jupyter_server_alive,
+            "owner": self.owner.model_copy(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    """The fields of ``/proc/<pid>/stat`` gpuwatch uses; they can change between polls."""
+
+    comm: str
+    state: str
+    ppid: int
+    session: int
+    start_ticks: int  # clock ticks after boot
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    """What stays fixed for one process lifetime: read once per ``(pid, start time)``."""
+
+    name: str
+    command: str | None
+    uid: int | None
+    user: str | None
+    owner: ProcessOwner
+    jupyter_kernel: bool
+    jupyter_server: bool
+    namespace_init: bool  # PID 1 of its own PID namespace: it inherits that namespace's orphans
+
+
+class ProcInfo:
+    """Describes host PIDs from a ``/proc`` tree, caching per process lifetime.
+
+    ``boot_time`` (epoch seconds) defaults to ``btime`` in ``<proc_root>/stat``;
+    ``isolated`` defaults to :func:`pid_namespace_isolated` on ``proc_root`` (tests that
+    describe their own children pass False). Both are read once, here. ``subreapers`` are the
+    ``comm`` names taken to be child subreapers. Not thread-safe: one sampler owns one instance.
+    """
+
+    def __init__(
+        self,
+        proc_root: Path = DEFAULT_PROC_ROOT,
+        *,
+        boot_time: float | None = None,
+        isolated: bool | None = None,
+        subreapers: frozenset[str] = DEFAULT_SUBREAPERS,
+    ) -> None:
+        self._root = proc_root
+        self._boot_time = boot_time if boot_time is not None else read_boot_time(proc_root)
+        self._isolated = isolated if isolated is not None else pid_namespace_isolated(proc_root)
+        self._subreapers = subreapers
+        self._ticks_per_second = os.sysconf("SC_CLK_TCK")
+        self._identities: dict[int, tuple[int, _Identity]] = {}
+        self._user_names: dict[int, str] = {}
+        self._sweep_at = _MIN_SWEEP_SIZE
+
+    @property
+    def pid_namespace_isolated(self) -> bool:
+        """True when NVML's host PIDs are not visible here (``HostSnapshot`` has this field)."""
+        return self._isolated
+
+    def describe(self, pid: int) -> ProcessFacts:
+        """Facts about host PID ``pid``; never raises for a missing or vanishing process."""
+        if self._isolated:
+            return ProcessFacts(pid=pid, alive=True, visible=False)
+        stat = self._read_stat(pid)
+        if stat is None or stat.state in _EXITED_STATES:
+            self._identities.pop(pid, None)
+            return ProcessFacts(pid=pid, alive=False)
+        identity = self._identity(pid, stat)
+        parent = self._read_stat(stat.ppid) if stat.ppid > 1 else None
+        reparented = stat.ppid == 1 or (parent is not None and self._is_reaper(stat.ppid, parent))
+        return ProcessFacts(
+            pid=pid,
+            alive=True,
+            name=identity.name,
+            command=identity.command,
+            start_time=self._epoch(stat.start_ticks),
+            ppid=stat.ppid,
+            user=identity.user,
+            uid=identity.uid,
+            orphaned=self._orphaned(pid, stat, identity, reparented),
+            jupyter_kernel=identity.jupyter_kernel,
+            jupyter_server_alive=self._server_alive(stat, identity, parent, reparented),
+            owner=identity.owner,
+        )
+
+    def expire_dead(self) -> int:
+        """Forget cached processes that exited or whose PID was reused; returns how many.
+
+        Runs by itself whenever the cache doubles, so a long-running agent stays bounded by
+        the number of processes alive at once; callers may also run it once per poll.
+        """
+        gone = [
+            pid
+            for pid, (ticks, _) in self._identities.items()
+            if (stat := self._read_stat(pid)) is None
+            or stat.start_ticks != ticks
+            or stat.state in _EXITED_STATES
+        ]
+        for pid in gone:
+            del self._identities[pid]
+        self._sweep_at = max(_MIN_SWEEP_SIZE, 2 * len(self._identities))
+        return len(gone)
+
+    def _is_reaper(self, pid: int, stat: _Stat) -> bool:
+        """Whether ``pid`` inherits orphans: a known subreaper, or its namespace's init."""
+        return stat.comm in self._subreapers or self._identity(pid, stat).namespace_init
+
+    def _orphaned(self, pid: int, stat: _Stat, identity: _Identity, reparented: bool) -> bool:
+        """The orphan rule of the module docstring."""
+        if not reparented:
+            return False
+        if identity.jupyter_kernel:
+            return True
+        unit = identity.owner.systemd_unit or ""
+        service_owned = unit.endswith(".service") and not unit.startswith("user@")
+        return stat.session not in (pid, stat.ppid) and not service_owned
+
+    def _server_alive(
+        self, stat: _Stat, identity: _Identity, parent: _Stat | None, reparented: bool
+    ) -> bool | None:
+        """For a kernel: False once reparented, True under a live Jupyter server, else unknown."""
+        if not identity.jupyter_kernel:
+            return None
+        if reparented:
+            return False
+        if parent is not None and self._identity(stat.ppid, parent).jupyter_server:
+            return True
+        return None  # started by something else (an IDE, papermill) or parent not visible
+
+    def _identity(self, pid: int, stat: _Stat) -> _Identity:
+        cached = self._identities.get(pid)
+        if cached is not None and cached[0] == stat.start_ticks:
+            return cached[1]
+        identity = self._read_identity(pid, stat)
+        self._identities[pid] = (stat.start_ticks, identity)
+        if len(self._identities) > self._sweep_at:
+            self.expire_dead()
+        return identity
+
+    def _read_identity(self, pid: int, stat: _Stat) -> _Identity:
+        base = self._root / str(pid)
+        argv = _read_argv(base / "cmdline")
+        status = _read_text(base / "status") or ""
+        uids = (_status_field(status, "Uid") or "").split()
+        uid = int(uids[0]) if uids and uids[0].isdigit() else None  # the real uid comes first
+        nspid = (_status_field(status, "NSpid") or "").split()
+        user = self._user_name(uid) if uid is not None else None
+        cgroup = parse_cgroup(_read_text(base / "cgroup") or "")
+        owner = _process_owner(cgroup, user, uid, _read_slurm_job_id(base / "environ"))
+        command = " ".join(argv)[:MAX_COMMAND_CHARS] or None
+        return _Identity(
+            name=stat.comm,
+            command=command,
+            uid=uid,
+            user=user,
+            owner=owner,
+            jupyter_kernel=_is_jupyter_kernel(argv),
+            jupyter_server=_is_jupyter_server(argv),
+            namespace_init=len(nspid) > 1 and nspid[-1] == "1",
+        )
+
+    def _read_stat(self, pid: int) -> _Stat | None:
+        if pid <= 0:
+            return None
+        text = _read_text(self._root / str(pid) / "stat")
+        return _parse_stat(text) if text is not None else None
+
+    def _user_name(self, uid: int) -> str:
+        """Login name, or the uid as a string (rootless-container subuids have no name)."""
+        name = self._user_names.get(uid)
+        if name is None:
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                name = str(uid)
+            # Cached for the agent's life: NSS lookups may go to LDAP, and names rarely change.
+            self._user_names[uid] = name
+        return name
+
+    def _epoch(self, start_ticks: int) -> float | None:
+        if self._boot_time is None:
+            return None
+        return self._boot_time + start_ticks / self._ticks_per_second
+
+
+def pid_namespace_isolated(proc_root: Path = DEFAULT_PROC_ROOT) -> bool:
+    """True when ``proc_root`` cannot show the host PIDs that NVML reports.
+
+    That is the case when this process runs in a nested PID namespace *and* ``proc_root`` is
+    that namespace's own procfs (a container without ``--pid=host``). Two signals from
+    ``<proc_root>/self``: the ``ns/pid`` link names the initial namespace (not isolated), or
+    ``NSpid`` in ``status`` lists more than one PID, which happens only when the procfs was
+    mounted in an ancestor namespace (a host ``/proc`` bind-mounted into the container; the
+    ancestor is taken to be the host). Inside a container's own ``/proc``, ``NSpid`` has one
+    entry, like on the host, so it cannot decide alone.
+    """
+    self_dir = proc_root / "self"
+    try:
+        link = os.readlink(self_dir / "ns" / "pid")
+    except OSError as err:
+        # No namespace links (no procfs here, or a pre-3.8 kernel): nothing says we are nested.
+        log.debug("cannot read %s: %s", self_dir / "ns" / "pid", err)
+        return False
+    if _namespace_inode(link) == _INIT_PID_NAMESPACE_INODE:
+        return False
+    nspid = _status_field(_read_text(self_dir / "status") or "", "NSpid")
+    return nspid is None or len(nspid.split()) <= 1
+
+
+def read_boot_id(proc_root: Path = DEFAULT_PROC_ROOT) -> str:
+    """This boot's random id (``/proc/sys/kernel/random/boot_id``), stripped.
+
+    Raises :class:`~gpuwatch.errors.GpuwatchError` when it cannot be read: without it
+    snapshots cannot be told apart across reboots.
+    """
+    path = proc_root / "sys" / "kernel" / "random" / "boot_id"
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise GpuwatchError(f"cannot read the boot id from {path}: {err}") from err
+
+
+def read_boot_time(proc_root: Path = DEFAULT_PROC_ROOT) -> float | None:
+    """Boot time in epoch seconds (``btime`` in ``/proc/stat``), or ``None`` if unreadable."""
+    for line in (_read_text(proc_root / "stat") or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "btime" and value.strip().isdigit():
+            return float(value)
+    return None
+
+
+def _parse_stat(text: str) -> _Stat | None:
+    """Parse ``/proc/<pid>/stat``. ``comm`` may hold spaces and parentheses: split at the last ')'."""
+    head, sep, tail = text.rpartition(")")
+    open_paren = head.find("(")
+    fields = tail.split()
+    if not sep or open_paren < 0 or len(fields) < 20:
+        return None
+    try:
+        # Fields 3, 4, 6 and 22 of proc(5): state, ppid, session, starttime.
+        return _Stat(
+            comm=head[open_paren + 1 :],
+            state=fields[0],
+            ppid=int(fields[1]),
+            session=int(fields[3]),
+            start_ticks=int(fields[19]),
+        )
+    except ValueError:
+        return None
+
+
+def _read_text(path: Path) -> str | None:
+    """The file's text, or ``None`` when it is gone or unreadable (races with exit are normal)."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _read_argv(path: Path) -> list[str]:
+    try:
+        with path.open("rb") as file:
+            raw = file.read(_MAX_CMDLINE_BYTES)
+    except OSError:
+        return []
+    return [arg.decode("utf-8", errors="replace") for arg in raw.split(b"\x00") if arg]
+
+
+def _status_field(text: str, key: str) -> str | None:
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name == key:
+            return value.strip()
+    return None
+
+
+def _read_slurm_job_id(path: Path) -> str | None:
+    """``SLURM_JOB_ID`` from the environment, or ``None``.
+
+    Another user's ``environ`` is readable only with ptrace rights, so an unreadable file is
+    normal and simply means "unknown".
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    match = _SLURM_JOB_ID.search(raw)
+    return match.group(1).decode("ascii") if match else None
+
+
+def _namespace_inode(link: str) -> int | None:
+    """``"pid:[4026531836]"`` -> ``4026531836``."""
+    match = re.fullmatch(r"\w+:\[(\d+)\]", link)
+    return int(match.group(1)) if match else None
+
+
+def _process_owner(
+    cgroup: CgroupOwner, user: str | None, uid: int | None, env_job_id: str | None
+) -> ProcessOwner:
+    return ProcessOwner(
+        user=user,
+        uid=uid,
+        container_runtime=cgroup.container_runtime,
+        container_id=cgroup.container_id,
+        pod_uid=cgroup.pod_uid,
+        pod_qos=cgroup.pod_qos,
+        # The cgroup is the kernel's word; the environment is inherited and can be stale
+        # (a process started inside one allocation that outlives it), so it only fills a gap.
+        slurm_job_id=cgroup.slurm_job_id or env_job_id,
+        systemd_unit=cgroup.systemd_unit,
+        cgroup=cgroup.cgroup,
+    )
+
+
+def _entry_point(argv: Sequence[str]) -> tuple[str, str | None, Sequence[str]]:
+    """``(program, module, rest)``: the program's basename (the script's for an interpreter),
+    the ``-m`` module if any, and the arguments after it."""
+    program = os.path.basename(argv[0]) if argv else ""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m" and i + 1 < len(argv):
+            return program, argv[i + 1], argv[i + 2 :]
+        if arg.startswith("-m") and len(arg) > 2:
+            return program, arg[2:], argv[i + 1 :]
+        if arg in ("-c", "--"):
+            break
+        if arg in _PYTHON_OPTIONS_WITH_VALUE:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        if program.startswith("python"):
+            return os.path.basename(arg), None, argv[i + 1 :]
+        break
+    return program, None, argv[1:]
+
+
+def _is_jupyter_kernel(argv: Sequence[str]) -> bool:
+    program, module, rest = _entry_point(argv)
+    if module in _KERNEL_MODULES or program in _KERNEL_PROGRAMS:
+        return True
+    if program == "jupyter" and len(rest) > 0 and rest[0] == "kernel":
+        return True
+    return any(marker in arg for arg in argv for marker in _KERNEL_ARG_MARKERS)
+
+
+def _is_jupyter_server(argv: Sequence[str]) -> bool:
+    program, module, rest = _entry_point(argv)
+    if module in _SERVER_MODULES or program in _SERVER_PROGRAMS:
+        return True
+    return program == "jupyter" and len(rest) > 0 and rest[0] in _SERVER_SUBCOMMANDS
