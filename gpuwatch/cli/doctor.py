@@ -1,9 +1,117 @@
-"""`gpuwatch doctor` commands (placeholder until its owner fills it in)."""
+"""``gpuwatch explain`` (what an OOM message means) and ``gpuwatch fit`` (VRAM arithmetic).
+
+Both are top-level commands. Exit codes: 0 success; 3 bad option value or unreadable
+input file; 6 ``explain`` input is not an OOM message (``--json`` still prints
+``{"recognized": false, ...}``); ``fit`` exits 0 whether or not the model fits (the
+verdict is in the output).
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import typer
+
+from gpuwatch.doctor.live import DEFAULT_AGENT_URL
+
+# A 10 MB log is normal; past this the input is not a log a person pasted.
+MAX_INPUT_BYTES = 256 * 2**20
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(explain)
+    app.command()(fit)
+
+
+def explain(
+    source: str | None = typer.Argument(
+        None, metavar="[FILE|-]", help="File holding the message or log; '-' or absent reads stdin."
+    ),
+    text: str | None = typer.Option(None, "--text", help="The message itself, instead of a file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (the explanation)."),
+    agent: str = typer.Option(
+        DEFAULT_AGENT_URL, "--agent", metavar="URL", help="Local gpuwatch agent."
+    ),
+    no_live: bool = typer.Option(
+        False, "--no-live", help="Do not ask the agent who is on the GPU now."
+    ),
+) -> None:
+    """Explain a GPU out-of-memory message: the numbers, the likely cause, the exact fix."""
+    from gpuwatch.doctor.explain import Explanation
+    from gpuwatch.doctor.explain import explain as explain_text
+    from gpuwatch.doctor.live import fetch_local_snapshot
+    from gpuwatch.doctor.parse import NOT_RECOGNISED
+    from gpuwatch.doctor.report import render
+    from gpuwatch.errors import NotRecognized
+
+    message = text if text is not None else _read_input(source)
+    snapshot = None if no_live else fetch_local_snapshot(agent)
+    try:
+        explanation = explain_text(message, snapshot=snapshot)
+    except NotRecognized:
+        if not as_json:
+            raise
+        typer.echo(Explanation.not_recognized().model_dump_json())
+        print(f"gpuwatch: error: {NOT_RECOGNISED}", file=sys.stderr)
+        raise typer.Exit(NotRecognized.exit_code) from None
+    if as_json:
+        typer.echo(explanation.model_dump_json(indent=2))
+    else:
+        typer.echo(render(explanation), nl=False)
+
+
+def _read_input(source: str | None) -> str:
+    from gpuwatch.errors import ConfigError
+
+    try:
+        if source in (None, "-"):
+            raw = sys.stdin.buffer.read(MAX_INPUT_BYTES)
+        else:
+            with Path(source).open("rb") as handle:
+                raw = handle.read(MAX_INPUT_BYTES)
+    except OSError as err:
+        raise ConfigError(f"cannot read {source}: {err.strerror or err}") from err
+    # Logs are not always UTF-8 (Windows consoles, binary junk): decode at the boundary.
+    return raw.decode("utf-8", errors="replace")
+
+
+def fit(
+    params: str | None = typer.Option(
+        None, "--params", help="Parameter count, e.g. 8B, 70B, 350M."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="Hugging Face config.json of the model."
+    ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="fp32, bf16, fp16, int8, int4 or nf4 (default bf16; nf4 for qlora)."
+    ),
+    mode: str = typer.Option("inference", "--mode", help="inference, full, lora or qlora."),
+    context: int = typer.Option(4096, "--context", min=1, help="Tokens per sequence."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Sequences per step."),
+    gpu: str = typer.Option(
+        "local", "--gpu", help="H100-80GB, A100-40GB, RTX4090, 24GiB, or local."
+    ),
+    agent: str = typer.Option(
+        DEFAULT_AGENT_URL, "--agent", metavar="URL", help="Agent for --gpu local."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Will this model fit on this GPU? Weights, KV cache, gradients, optimizer, activations."""
+    from gpuwatch.doctor.fit_report import run_fit
+
+    result = run_fit(
+        params=params,
+        config=config,
+        dtype=dtype,
+        mode=mode,
+        context=context,
+        batch=batch,
+        gpu=gpu,
+        agent=agent,
+    )
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        typer.echo(result.render(), nl=False)

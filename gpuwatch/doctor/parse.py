@@ -13,6 +13,8 @@ free of nested quantifiers.
 
 from __future__ import annotations
 
+import re
+
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families import FAMILIES, Found
 from gpuwatch.doctor.text import windows
@@ -20,6 +22,13 @@ from gpuwatch.errors import NotRecognized
 
 MAX_ADDITIONAL_MESSAGES = 16
 NOT_RECOGNISED = "not an OOM message I recognise"
+
+# Traceback frames that show the model being loaded or moved onto the GPU.
+_LOADING = re.compile(
+    r"from_pretrained|_load_pretrained_model|caching_allocator_warmup|load_state_dict"
+    r"|load_checkpoint|in _apply\b|load_tensors|error loading model"
+)
+LOADING_LOOKBACK_CHARS = 3000
 
 # Fields that identify a message; the rest (message text, exception name) may differ
 # between two printings of the same failure.
@@ -47,7 +56,11 @@ def find_all(text: str) -> list[OomFacts]:
         found: list[Found] = []
         for family in FAMILIES:
             found.extend(family(window))
-        for _, facts in sorted(found, key=lambda f: f.start):
+        for start, facts in sorted(found, key=lambda f: f.start):
+            if facts.phase is None and _LOADING.search(
+                window, max(0, start - LOADING_LOOKBACK_CHARS), start
+            ):
+                facts.phase = "model load"
             _add(messages, facts)
     return messages
 

@@ -1,0 +1,154 @@
+"""A transformer's shape, from a parameter count or a Hugging Face ``config.json``.
+
+The parameter count of a decoder-only transformer follows from its config
+(docs/doctor.md has the derivation)::
+
+    embeddings   V*h            (and the same again for an untied lm_head)
+    attention    h*(n*d) + 2*h*(k*d) + (n*d)*h      per layer (q, k, v, o)
+    MLP          3*h*i (gated: gate, up, down) or 2*h*i (GPT-style)   per layer, x experts
+    norms        2*h per layer + h
+
+with V vocab, h hidden size, n attention heads, k KV heads, d head dim, i intermediate
+size. For Llama-3.1-8B (V=128256, h=4096, 32 layers, n=32, k=8, d=128, i=14336, untied)
+that is 8,030,261,248, the published 8.03B. Biases and rotary tables are left out
+(under 0.1 %).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from gpuwatch.errors import ConfigError
+
+# Families whose MLP is up -> activation -> down (two matrices), not gated (three).
+_NON_GATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "gpt_bigcode", "mpt"}
+_SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+_COUNT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMBGT]?)\s*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the arithmetic needs; ``None`` where only a parameter count is known."""
+
+    params: int
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab: int | None = None
+    intermediate: int | None = None
+    tied_embeddings: bool = False
+    gated_mlp: bool = True
+    experts: int = 1
+    name: str | None = None
+
+    @property
+    def has_shape(self) -> bool:
+        """True when the layer shapes are known (KV cache and activations computable)."""
+        return None not in (self.layers, self.hidden, self.kv_heads, self.head_dim, self.vocab)
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embeddings plus an untied lm_head (0 when the shape is unknown)."""
+        if self.vocab is None or self.hidden is None:
+            return 0
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    def lora_params(self, rank: int) -> int | None:
+        """Trainable LoRA parameters with ``rank`` on every attention and MLP projection."""
+        if not self.has_shape or self.heads is None or self.intermediate is None:
+            return None
+        h, d, i = self.hidden or 0, self.head_dim or 0, self.intermediate
+        q_out, kv_out = (self.heads) * d, (self.kv_heads or 0) * d
+        attention = rank * ((h + q_out) * 2 + (h + kv_out) * 2)
+        mlp = rank * (h + i) * (3 if self.gated_mlp else 2) * self.experts
+        return (attention + mlp) * (self.layers or 0)
+
+
+def parse_param_count(text: str) -> int:
+    """``"8B"`` -> 8_000_000_000; also ``"350M"``, ``"1.5T"``, ``"7000000000"``.
+
+    Decimal multiples (a "7B model" means 7e9 parameters). Raises ``ConfigError``.
+    """
+    match = _COUNT.fullmatch(text)
+    if match is None:
+        raise ConfigError(f"--params: expected a count like 8B or 350M, got {text!r}")
+    try:
+        count = int(Decimal(match[1]) * _SCALE[match[2].upper()])
+    except InvalidOperation as err:
+        raise ConfigError(f"--params: cannot read {text!r}") from err
+    if count <= 0:
+        raise ConfigError("--params must be positive")
+    return count
+
+
+def load_hf_config(path: Path) -> Architecture:
+    """:func:`from_hf_config` of a ``config.json`` file. Raises ``ConfigError``."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read model config {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    # Multimodal configs nest the language model's config.
+    text_config = data.get("text_config")
+    return from_hf_config(
+        text_config if isinstance(text_config, dict) else data, name=path.parent.name
+    )
+
+
+def _key(config: dict[str, Any], *names: str, default: int | None = None) -> int:
+    for name in names:
+        value = config.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    if default is not None:
+        return default
+    raise ConfigError(f"model config lacks a positive integer {names[0]!r}")
+
+
+def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Architecture:
+    """The architecture a Hugging Face config describes, parameters computed from it.
+
+    Reads ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+    ``num_key_value_heads`` (default: = heads), ``head_dim`` (default: hidden/heads),
+    ``vocab_size``, ``intermediate_size`` (default 4*hidden), ``tie_word_embeddings``,
+    ``num_local_experts``; GPT-2 style names (``n_layer``, ``n_embd``, ``n_head``) too.
+    Raises ``ConfigError`` when a required field is missing.
+    """
+    layers = _key(config, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = _key(config, "hidden_size", "n_embd", "d_model")
+    heads = _key(config, "num_attention_heads", "n_head")
+    kv_heads = _key(config, "num_key_value_heads", "num_kv_heads", default=heads)
+    head_dim = _key(config, "head_dim", default=hidden // heads)
+    vocab = _key(config, "vocab_size")
+    intermediate = _key(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    experts = _key(config, "num_local_experts", "num_experts", default=1)
+    gated = config.get("model_type") not in _NON_GATED
+    tied = bool(config.get("tie_word_embeddings", False))
+
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    mlp = hidden * intermediate * (3 if gated else 2) * experts
+    router = hidden * experts if experts > 1 else 0
+    per_layer = attention + mlp + router + 2 * hidden
+    embeddings = vocab * hidden * (1 if tied else 2)
+    return Architecture(
+        params=layers * per_layer + embeddings + hidden,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab=vocab,
+        intermediate=intermediate,
+        tied_embeddings=tied,
+        gated_mlp=gated,
+        experts=experts,
+        name=name,
+    )

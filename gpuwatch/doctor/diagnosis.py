@@ -1,0 +1,467 @@
+"""From figures to fixes: which remedy the numbers point at, and in what order.
+
+Each rule looks at :class:`~gpuwatch.doctor.figures.Figures` (and, when given, the live
+view of the GPU and the process's own growth history) and either stays silent or
+returns a :class:`Diagnosis` with the evidence in words. Diagnoses are ordered by how
+much of the card each explains; a cause that alone would have let the failed request
+succeed (other processes holding more than the shortfall, or enough
+reserved-but-unallocated memory to serve it) goes first. The thresholds are in
+docs/doctor.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuwatch.doctor import remedies
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.figures import Figures
+from gpuwatch.doctor.live import LiveGpu
+from gpuwatch.doctor.units import GIB, MIB, format_size
+
+Fix = Literal[
+    "other_processes",
+    "fragmentation",
+    "reduce_activations",
+    "memory_held_across_steps",
+    "model_too_large",
+    "kv_cache",
+    "unknown",
+]
+
+OTHERS_MIN_SHARE = 0.10  # neighbours below a tenth of the card are not the story
+DECISIVE_OTHERS_SHARE = 0.25
+FRAGMENTATION_MIN_SHARE = 0.25  # of PyTorch's reserve sitting unallocated
+FRAGMENTATION_MIN_BYTES = 256 * MIB
+DOMINANT_SHARE = 0.5  # this process's tensors hold at least half the card
+LARGE_REQUEST_SHARE = 0.25  # one allocation of a quarter of the card is an activation
+GROWTH_MIN_RATIO = 0.10  # allocated grew by a tenth across the history ...
+GROWTH_MIN_BYTES = 256 * MIB  # ... and by at least this much
+DECISIVE = 1.0  # score bonus: this cause alone would have let the request succeed
+
+
+class Diagnosis(BaseModel):
+    """One likely cause, the numbers behind it, and what to run or change."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fix: Fix
+    summary: str
+    evidence: str
+    commands: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a rule may look at."""
+
+    facts: OomFacts
+    figures: Figures
+    live: LiveGpu | None
+    growth: Sequence[int] | None  # PyTorch allocated bytes per report, oldest first
+
+    @property
+    def capacity(self) -> int | None:
+        """What this process could have: the card, or a smaller per-process cap."""
+        caps = [c for c in (self.figures.total, self.figures.limit) if c]
+        return min(caps) if caps else None
+
+    @property
+    def capacity_name(self) -> str:
+        """How to call :attr:`capacity` in evidence: the card, or the cap."""
+        total, capacity = self.figures.total, self.capacity
+        if capacity is not None and (total is None or capacity < total):
+            return f"the {format_size(capacity)} limit"
+        return "the card"
+
+
+Rule = Callable[[Context], tuple[float, Diagnosis] | None]
+
+
+def diagnose(
+    facts: OomFacts,
+    figures: Figures,
+    *,
+    live: LiveGpu | None = None,
+    growth: Sequence[int] | None = None,
+) -> list[Diagnosis]:
+    """Likely causes of ``facts``, most explanatory first; never empty."""
+    context = Context(facts, figures, live, growth)
+    scored = [result for rule in _RULES if (result := rule(context)) is not None]
+    scored.sort(key=lambda item: item[0], reverse=True)
+    diagnoses = [diagnosis for _, diagnosis in scored]
+    # Messages without sizes only say where memory ran out; say that too.
+    if not diagnoses or facts.kind in _UNKNOWN_EVIDENCE or facts.category in _UNKNOWN_CATEGORIES:
+        diagnoses.append(_unknown(context))
+    return diagnoses
+
+
+def _share(part: int | None, whole: int | None) -> float:
+    return part / whole if part is not None and whole else 0.0
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}"
+
+
+def _other_processes(ctx: Context) -> tuple[float, Diagnosis] | None:
+    fig, capacity = ctx.figures, ctx.capacity
+    live_others = _live_others_bytes(ctx)
+    held = fig.others_bytes if fig.others_bytes is not None else live_others
+    if held is None or not capacity or held < OTHERS_MIN_SHARE * capacity:
+        return None
+    if fig.others_bytes is not None and not fig.starved:
+        return None
+    # Decisive: freeing them alone would have served the request, and they hold a
+    # real share of the card (not just a desktop's few hundred MiB).
+    decisive = (
+        bool(fig.shortfall)
+        and held >= (fig.shortfall or 0)
+        and held >= DECISIVE_OTHERS_SHARE * capacity
+    )
+    if fig.others_bytes is None:
+        evidence = (
+            f"right now other processes hold {format_size(held)} of this GPU's "
+            f"{format_size(capacity)} (live view from the local agent)"
+        )
+    else:
+        how = "about " if fig.others_estimated else ""
+        ours = f"this process: {format_size(fig.this_process)}" if fig.this_process else ""
+        if not ours and fig.reserved is not None:
+            ours = f"PyTorch here reserved {format_size(fig.reserved)}"
+        evidence = (
+            f"other processes hold {how}{format_size(held)} ({_pct(held, capacity)}) of the "
+            f"{format_size(capacity)} card" + (f" ({ours})" if ours else "")
+        )
+        if fig.free is not None and fig.requested is not None:
+            evidence += (
+                f"; {format_size(fig.free)} was free for a {format_size(fig.requested)} request"
+            )
+    return (
+        _share(held, capacity) + (DECISIVE if decisive else 0.0),
+        Diagnosis(
+            fix="other_processes",
+            summary="Other processes hold the memory: stop the ones you own, or use another GPU",
+            evidence=evidence,
+            commands=_holder_commands(ctx),
+        ),
+    )
+
+
+def _live_others_bytes(ctx: Context) -> int | None:
+    if ctx.live is None:
+        return None
+    held = [p.used_bytes or 0 for p in ctx.live.processes if p.pid != ctx.figures.self_pid]
+    return sum(held) if held else None
+
+
+def _holder_commands(ctx: Context) -> list[str]:
+    capacity = ctx.capacity or GIB
+    if ctx.live is not None and ctx.live.processes:
+        return remedies.reap_commands(
+            ctx.live, min_bytes=int(0.01 * capacity), skip_pid=ctx.figures.self_pid
+        )
+    listed = [
+        f"kill {p.pid}   # {format_size(p.used_bytes)} per the message; check first, "
+        "the PID may be from another PID namespace"
+        for p in ctx.figures.others
+        if p.used_bytes >= 0.01 * capacity
+    ]
+    return listed + remedies.FIND_HOLDERS
+
+
+def _fragmentation(ctx: Context) -> tuple[float, Diagnosis] | None:
+    fig = ctx.figures
+    unallocated, requested = fig.reserved_unallocated, fig.requested
+    if (
+        unallocated is None
+        or requested is None
+        or ctx.facts.kind not in ("pytorch_allocator", "hip")
+    ):
+        return None
+    pool = (fig.allocated or 0) + unallocated
+    large = unallocated >= requested or (
+        unallocated >= FRAGMENTATION_MIN_BYTES and unallocated >= FRAGMENTATION_MIN_SHARE * pool
+    )
+    if not large:
+        return None
+    usable = unallocated + (fig.free or 0)
+    decisive = usable >= requested and unallocated >= OTHERS_MIN_SHARE * (ctx.capacity or math.inf)
+    evidence = (
+        f"PyTorch holds {format_size(unallocated)} reserved but unallocated "
+        f"({_pct(unallocated, pool) if pool else '-'} of its cache) and could not find "
+        f"{format_size(requested)} in one piece"
+    )
+    if usable >= requested:
+        evidence += f"; that plus free memory ({format_size(usable)}) would have served it"
+    legacy = ctx.facts.category.startswith("pytorch_caching_allocator_oom_v1")
+    return (
+        _share(unallocated, ctx.capacity) + (DECISIVE if decisive else 0.0),
+        Diagnosis(
+            fix="fragmentation",
+            summary="Fragmentation: let the allocator grow segments instead of splitting them",
+            evidence=evidence,
+            commands=remedies.fragmentation(ctx.facts.alloc_conf_var, legacy=legacy),
+        ),
+    )
+
+
+_LOADING = ("model load", "model weights")
+_ACTIVATION_CATEGORIES = {
+    "tensorflow_oom_allocating_tensor",
+    "tensorflow_stream_executor_alloc_failed",
+    "xla_resource_exhausted",
+    "ggml_cuda_alloc_failed",
+    "cudnn_no_algorithm_oom",
+    "pytorch_mps_oom",
+    "cupy_oom",
+}
+
+
+def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
+    fig, facts, capacity = ctx.figures, ctx.facts, ctx.capacity
+    if facts.kind == "vllm_kv_cache" or facts.phase in _LOADING:
+        return None
+    tensor = tensor_bytes(facts.tensor_shape, facts.dtype)
+    requested = fig.requested if fig.requested is not None else tensor
+    held = fig.allocated if fig.allocated is not None else fig.this_process
+    dominant = bool(held is not None and capacity and held >= DOMINANT_SHARE * capacity)
+    big_request = bool(
+        requested is not None and capacity and requested >= LARGE_REQUEST_SHARE * capacity
+    )
+    # These report an activation (a tensor, a compute buffer) that did not fit.
+    activation = facts.category in _ACTIVATION_CATEGORIES
+    if not (dominant or big_request or activation):
+        return None
+    parts = []
+    if held and capacity:
+        parts.append(
+            f"this process's tensors hold {format_size(held)} "
+            f"({_pct(held, capacity)} of {ctx.capacity_name})"
+        )
+    if requested is not None:
+        what = f"one allocation of {format_size(requested)}"
+        if tensor is not None and fig.requested is None:
+            what = f"one tensor {facts.tensor_shape} {facts.dtype} = {format_size(tensor)}"
+        if capacity and requested > capacity:
+            what += f", larger than the whole {format_size(capacity)}: no setting fits it, the shape must shrink"
+        elif capacity:
+            what += f" ({_pct(requested, capacity)} of {ctx.capacity_name})"
+        parts.append(what)
+    score = max(_share(held, capacity), _share(requested, capacity), 0.05)
+    return (
+        score,
+        Diagnosis(
+            fix="reduce_activations",
+            summary="This process's own working set is too big: smaller batch or sequence, "
+            "bf16, gradient checkpointing",
+            evidence="; ".join(parts) or "the allocation that failed was an activation",
+            commands=_activation_commands(facts),
+        ),
+    )
+
+
+def _activation_commands(facts: OomFacts) -> list[str]:
+    if facts.kind == "ggml":
+        return [
+            "llama.cpp: lower the context (-c) and batch (-b / -ub), or offload fewer layers (-ngl)"
+        ]
+    if facts.kind == "xla":
+        return [
+            "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX preallocates 75% of the GPU",
+            "reduce the batch, or shard it (jax.sharding) across devices",
+        ]
+    if facts.kind == "tensorflow":
+        return [
+            "tf.config.experimental.set_memory_growth(gpu, True)   # TF grabs the whole GPU otherwise",
+            "reduce the batch size",
+        ]
+    return remedies.REDUCE_ACTIVATIONS
+
+
+_TENSOR_ITEM_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+    "bfloat16": 2, "int32": 4, "int64": 8, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+
+def tensor_bytes(shape: str | None, dtype: str | None) -> int | None:
+    """Bytes of a TensorFlow tensor ``[500,17,17,4032]`` of ``float``, or ``None``."""
+    if shape is None or dtype is None or dtype not in _TENSOR_ITEM_BYTES:
+        return None
+    dims = [int(d) for d in re.findall(r"\d+", shape)]
+    return math.prod(dims) * _TENSOR_ITEM_BYTES[dtype] if dims else None
+
+
+def _held_across_steps(ctx: Context) -> tuple[float, Diagnosis] | None:
+    growth = list(ctx.growth or [])
+    if len(growth) < 3:
+        return None
+    first, last = growth[0], growth[-1]
+    rising = sum(1 for a, b in itertools.pairwise(growth) if b >= a)
+    if last - first < max(GROWTH_MIN_BYTES, GROWTH_MIN_RATIO * max(first, 1)):
+        return None
+    if rising < 0.8 * (len(growth) - 1):
+        return None  # a sawtooth peaking higher is not a steady climb
+    evidence = (
+        f"PyTorch's allocated memory climbed from {format_size(first)} to {format_size(last)} "
+        f"over the last {len(growth)} reports, rising in {rising} of {len(growth) - 1} intervals"
+    )
+    return (
+        _share(last - first, ctx.capacity) + 0.5,
+        Diagnosis(
+            fix="memory_held_across_steps",
+            summary="Memory grows step after step: something keeps tensors (and their graphs) alive",
+            evidence=evidence,
+            commands=remedies.HELD_ACROSS_STEPS,
+        ),
+    )
+
+
+def _model_too_large(ctx: Context) -> tuple[float, Diagnosis] | None:
+    fig, facts, capacity = ctx.figures, ctx.facts, ctx.capacity
+    if facts.phase not in _LOADING:
+        return None
+    loaded = (fig.allocated or 0) + (fig.requested or 0)
+    if loaded == 0:
+        evidence = "the failure happened while the model was being loaded onto the GPU"
+    else:
+        evidence = (
+            f"while loading the model: {format_size(loaded)} needed so far (loaded + requested)"
+        )
+        if capacity:
+            evidence += f" on a {format_size(capacity)} card"
+    return (
+        _share(loaded, capacity) + 0.2,
+        Diagnosis(
+            fix="model_too_large",
+            summary="The weights do not fit: quantise, offload, or use a bigger GPU",
+            evidence=evidence,
+            commands=_weights_commands(facts, loaded, capacity),
+        ),
+    )
+
+
+def _weights_commands(facts: OomFacts, loaded: int, capacity: int | None) -> list[str]:
+    if facts.kind == "ggml":
+        return ["llama.cpp: offload fewer layers (-ngl N), or a smaller quantisation (Q4_K_M)"]
+    if not loaded:
+        return remedies.FIND_HOLDERS
+    return remedies.model_too_large(loaded, capacity)
+
+
+def _kv_cache(ctx: Context) -> tuple[float, Diagnosis] | None:
+    facts = ctx.facts
+    if facts.kind != "vllm_kv_cache":
+        return None
+    commands: list[str]
+    if facts.category == "vllm_sampler_warmup_oom":
+        fewer = max(1, (facts.dummy_requests or 256) // 4)
+        evidence = (
+            f"the sampler warm-up with {facts.dummy_requests} dummy requests ran out of memory"
+        )
+        commands = [
+            f"vllm serve MODEL --max-num-seqs {fewer}",
+            "vllm serve MODEL --gpu-memory-utilization 0.85",
+        ]
+    else:
+        fits = facts.estimated_max_model_len or facts.kv_cache_tokens
+        evidence = _kv_evidence(facts)
+        commands = []
+        if fits:
+            commands.append(f"vllm serve MODEL --max-model-len {fits}   # what the cache holds now")
+        commands += [
+            "vllm serve MODEL --gpu-memory-utilization 0.95   # only if nothing else shares the GPU",
+            "vllm serve MODEL --tensor-parallel-size 2   # or a quantised / smaller model",
+        ]
+    return (
+        2.0,
+        Diagnosis(
+            fix="kv_cache",
+            summary="vLLM's KV cache does not fit: shorter max_model_len or more memory for vLLM",
+            evidence=evidence,
+            commands=commands,
+        ),
+    )
+
+
+def _kv_evidence(facts: OomFacts) -> str:
+    if facts.kv_cache_needed_bytes is not None and facts.kv_cache_available_bytes is not None:
+        return (
+            f"one {facts.max_model_len}-token sequence needs {format_size(facts.kv_cache_needed_bytes)} "
+            f"of KV cache; {format_size(facts.kv_cache_available_bytes)} is available"
+        )
+    if facts.max_model_len is not None and facts.kv_cache_tokens is not None:
+        return f"max_model_len is {facts.max_model_len} tokens; the KV cache holds {facts.kv_cache_tokens}"
+    return "after loading the weights and profiling, no memory was left for KV-cache blocks"
+
+
+_UNKNOWN_EVIDENCE = {
+    "driver": "CUDA itself failed to allocate and printed no sizes; at start-up this usually "
+    "means the GPU was already full or the CUDA context did not fit",
+    "cublas": "cuBLAS could not allocate its handle or workspace: the GPU was (nearly) full "
+    "when the first matrix multiply ran",
+    "cudnn": "cuDNN could not initialise or find an algorithm: usually no memory left for "
+    "its handle or workspace",
+    "nccl": "NCCL could not allocate its communication buffers: the GPU had no headroom left",
+    "bitsandbytes": "bitsandbytes' managed-memory (paged optimizer) allocation failed; WSL2 "
+    "lacks full unified-memory support; use a non-paged optimizer (adamw_torch, adamw_bnb_8bit)",
+}
+
+
+_UNKNOWN_CATEGORIES = {
+    "host_pinned_memory_oom",
+    "pytorch_caching_allocator_oom_absurd_size",
+    "conv_workspace_insufficient",
+    "pytorch_thc_cuda_runtime_error",
+}
+
+
+def _unknown(ctx: Context) -> Diagnosis:
+    facts = ctx.facts
+    evidence = _UNKNOWN_EVIDENCE.get(
+        facts.kind, "the message has too few numbers to tell the cause"
+    )
+    fig = ctx.figures
+    if facts.kind not in _UNKNOWN_EVIDENCE and fig.free is not None and fig.total and fig.starved:
+        evidence = (
+            f"the card was full ({format_size(fig.free)} free of {format_size(fig.total)}) but the "
+            "message does not say who holds the rest"
+        )
+    if facts.category == "host_pinned_memory_oom":
+        evidence = "pinned *host* memory ran out (system RAM), not GPU memory"
+    elif facts.category == "pytorch_caching_allocator_oom_absurd_size":
+        evidence = (
+            "the requested size is over 1 EB: a corrupt (negative or overflowed) tensor size, a bug"
+        )
+    elif facts.category == "conv_workspace_insufficient":
+        evidence = (
+            f"the convolution needs a {format_size(facts.workspace_required_bytes or 0)} workspace, "
+            f"{format_size(facts.workspace_given_bytes or 0)} was allowed: raise the op's workspace"
+        )
+    return Diagnosis(
+        fix="unknown",
+        summary="Not enough numbers to pick a fix: look at who holds the GPU",
+        evidence=evidence,
+        commands=[
+            *remedies.FIND_HOLDERS,
+            "CUDA_LAUNCH_BLOCKING=1 python ...   # find the real failing call",
+        ],
+    )
+
+
+_RULES: tuple[Rule, ...] = (
+    _other_processes,
+    _fragmentation,
+    _reduce_activations,
+    _held_across_steps,
+    _model_too_large,
+    _kv_cache,
+)

@@ -1,0 +1,169 @@
+"""What the printed numbers mean: sentinels removed, missing figures derived.
+
+:class:`OomFacts` keeps the text as printed; :func:`read_figures` turns it into the
+figures a diagnosis can trust, and says in ``notes`` every time it set a printed value
+aside or derived one:
+
+* 2**64 bytes (``17179869184.00 GiB``) is NVML's / the allocator's "not available" or
+  "no limit", and ``this process has 0 bytes`` next to gigabytes allocated is NVML
+  failing to attribute memory: both become ``None``.
+* The pre-2.1 wording has no "reserved but unallocated": it is reserved - allocated.
+* A ``Process N`` entry whose size matches PyTorch's own reserve (plus a CUDA context)
+  while "this process" is missing is most likely this very process seen under its
+  host PID (containers run in their own PID namespace), not a neighbour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuwatch.doctor.facts import OomFacts, ProcessUse
+from gpuwatch.doctor.units import GIB, MIB, NOT_AVAILABLE_BYTES, format_size
+
+# A CUDA context plus cuBLAS/cuDNN handles costs roughly 0.3-1 GiB outside PyTorch's
+# allocator; used when "this process" must be estimated from PyTorch's reserve.
+CONTEXT_ALLOWANCE_BYTES = 512 * MIB
+# How much more than PyTorch's reserve a listed process may use and still be us.
+SELF_MATCH_SLACK_BYTES = 2 * GIB
+
+
+@dataclass
+class Figures:
+    """Trusted figures for one message, in bytes (``None``: not known)."""
+
+    requested: int | None
+    total: int | None  # the card, or the cap the message names when it has no total
+    free: int | None
+    this_process: int | None  # all memory of the failing process (NVML), if known
+    allocated: int | None
+    reserved_unallocated: int | None
+    reserved: int | None
+    limit: int | None  # a per-process cap (memory fraction, MPS watermark) if printed
+    others: list[ProcessUse] = field(default_factory=list)  # neighbours, self removed
+    self_pid: int | None = None  # the listed PID judged to be this process
+    others_bytes: int | None = None  # memory held by everything but this process
+    others_estimated: bool = False  # True: total - free - ours, not a process list
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shortfall(self) -> int | None:
+        """Bytes the request lacked: requested - free (0 when free was enough)."""
+        if self.requested is None or self.free is None:
+            return None
+        return max(0, self.requested - self.free)
+
+    @property
+    def starved(self) -> bool:
+        """Free memory was below the request, or under 5 % of the card."""
+        if self.free is None:
+            return True
+        if self.requested is not None and self.free < self.requested:
+            return True
+        return self.total is not None and self.free <= 0.05 * self.total
+
+
+def _real(value: int | None, what: str, notes: list[str]) -> int | None:
+    if value is not None and value >= NOT_AVAILABLE_BYTES:
+        notes.append(f"{what} printed as {format_size(value)} (2^64 bytes): not available, ignored")
+        return None
+    return value
+
+
+def read_figures(facts: OomFacts) -> Figures:
+    """Trusted figures from ``facts``, with a note for every value set aside or derived."""
+    notes: list[str] = []
+    allocated = _real(facts.allocated_bytes, "allocated", notes)
+    this_process = _real(facts.process_in_use_bytes, "this process's memory", notes)
+    if this_process == 0 and allocated:
+        notes.append(
+            "NVML reported 0 bytes for this process next to PyTorch's allocations: ignored"
+        )
+        this_process = None
+    limit = _real(facts.allowed_bytes, "the allowed limit", notes)
+    unallocated = facts.reserved_unallocated_bytes
+    reserved = facts.reserved_bytes
+    if unallocated is None and reserved is not None and allocated is not None:
+        unallocated = max(0, reserved - allocated)
+        notes.append("reserved but unallocated = reserved in total - allocated (pre-2.1 wording)")
+    if reserved is None and unallocated is not None and allocated is not None:
+        reserved = allocated + unallocated
+    figures = Figures(
+        requested=facts.requested_bytes,
+        total=_real(facts.total_bytes, "total", notes),
+        free=_real(facts.free_bytes, "free", notes),
+        this_process=this_process,
+        allocated=allocated,
+        reserved_unallocated=unallocated,
+        reserved=reserved,
+        limit=limit,
+        notes=notes,
+    )
+    _split_self(facts, figures)
+    _estimate_others(facts, figures)
+    _sanity_notes(figures)
+    return figures
+
+
+def _split_self(facts: OomFacts, figures: Figures) -> None:
+    figures.others = list(facts.other_processes)
+    if figures.this_process is not None or figures.reserved is None or not figures.others:
+        return
+    fits = [
+        p
+        for p in figures.others
+        if figures.reserved <= p.used_bytes <= figures.reserved + SELF_MATCH_SLACK_BYTES
+    ]
+    if not fits:
+        return
+    me = min(fits, key=lambda p: p.used_bytes - (figures.reserved or 0))
+    figures.self_pid = me.pid
+    figures.this_process = me.used_bytes
+    figures.others = [p for p in figures.others if p is not me]
+    figures.notes.append(
+        f"Process {me.pid} ({format_size(me.used_bytes)}) matches PyTorch's own "
+        f"{format_size(figures.reserved)} plus a CUDA context: most likely this process "
+        "under its host PID (a container has its own PID namespace), not a neighbour"
+    )
+
+
+def _estimate_others(facts: OomFacts, figures: Figures) -> None:
+    if facts.other_processes:
+        figures.others_bytes = sum(p.used_bytes for p in figures.others)
+        return
+    ours = figures.this_process
+    if ours is None and figures.reserved is not None:
+        ours = figures.reserved + CONTEXT_ALLOWANCE_BYTES
+    if figures.total is None or figures.free is None or ours is None:
+        return
+    if figures.free > figures.total:
+        return  # an APU's shared memory: "free" is not a share of this total
+    # Only pre-2.1 wordings and ROCm (no process list) get here: what the card has
+    # in use beyond this process belongs to someone else.
+    figures.others_bytes = max(0, figures.total - figures.free - ours)
+    figures.others_estimated = True
+
+
+def _sanity_notes(figures: Figures) -> None:
+    total, free, requested = figures.total, figures.free, figures.requested
+    if total is not None and free is not None and free > total:
+        figures.notes.append(
+            f"free ({format_size(free)}) exceeds total ({format_size(total)}): an APU or "
+            "unified-memory device, where total is not the whole pool"
+        )
+    if total is not None and figures.allocated is not None and figures.allocated > total:
+        figures.notes.append(
+            "PyTorch has more allocated than the card holds: Windows WDDM spilling into "
+            "system memory (slow), or a stale reading"
+        )
+    limit, reserved = figures.limit, figures.reserved
+    if limit is not None and total is not None and limit < total and reserved is not None:
+        figures.notes.append(
+            f"a per-process limit of {format_size(limit)} is set (set_per_process_memory_fraction); "
+            f"PyTorch had reserved {format_size(reserved)} of it"
+        )
+    if requested is not None and free is not None and free >= requested and free <= (total or free):
+        figures.notes.append(
+            f"free ({format_size(free)}) was at least the request ({format_size(requested)}) "
+            "and it still failed: a per-allocation or per-process limit, a stale reading, or "
+            "free memory split into pieces too small for one block"
+        )

@@ -1,0 +1,314 @@
+"""VRAM arithmetic: what a model needs for inference or training, and whether it fits.
+
+The formulas and their sources are in docs/doctor.md. In short, in bytes:
+
+* weights: params x bytes per parameter (fp32 4, bf16/fp16 2, int8 1, int4 4.125
+  bits with an fp16 scale per 128 weights, nf4 4.127 bits with QLoRA's double
+  quantisation). Quantised formats quantise the linear layers only; the embeddings
+  and lm_head stay 16-bit, as bitsandbytes and GPTQ/AWQ loaders leave them.
+* KV cache (inference): 2 x layers x kv_heads x head_dim x 2 bytes per token, times
+  context x batch (Llama-3.1-8B: 131,072 bytes = 128 KiB per token).
+* full fine-tuning with Adam in mixed precision: 2 (weights) + 2 (gradients) + 12
+  (fp32 master weights and two moments) = 16 bytes per parameter (ZeRO, Rajbhandari
+  et al. 2020); in fp32: 4 + 4 + 8 = 16 as well.
+* LoRA/QLoRA: the frozen base at its dtype plus 16 bytes per trainable adapter
+  parameter (fp32 adapter weights, gradients, two Adam moments).
+* activations, training: 34 x seq x batch x hidden bytes per layer at 16-bit with
+  fused (flash) attention, Korthikanti et al. 2022; 2 x seq x batch x hidden per
+  layer plus one layer's full set with gradient checkpointing; plus 6 bytes per
+  logit (bf16 logits and their fp32 copy for the loss). Inference: one layer's
+  working set during prefill, (4h + 2i) x seq x batch x 2 bytes, plus the last
+  token's fp32 logits.
+* overhead: 1 GiB for the CUDA context, cuBLAS/cuDNN workspaces and allocator slack.
+
+Activations are estimates (kernels and frameworks differ); everything else is exact
+arithmetic on the architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
+
+from gpuwatch.doctor.architecture import Architecture
+from gpuwatch.doctor.units import GIB
+from gpuwatch.errors import ConfigError
+
+Dtype = Literal["fp32", "bf16", "fp16", "int8", "int4", "nf4"]
+Mode = Literal["inference", "full", "lora", "qlora"]
+Verdict = Literal["fits", "tight", "does_not_fit"]
+
+BITS_PER_PARAM: dict[str, float] = {
+    "fp32": 32,
+    "bf16": 16,
+    "fp16": 16,
+    "int8": 8,
+    "int4": 4 + 16 / 128,  # an fp16 scale per group of 128 (GPTQ/AWQ default)
+    "nf4": 4 + 0.127,  # QLoRA double quantisation: 0.127 bits of constants per parameter
+}
+QUANTISED = ("int8", "int4", "nf4")
+FOUR_BIT = ("int4", "nf4")
+ADAM_BYTES_PER_TRAINABLE = 16
+TRAINING_ACTIVATION_BYTES = 34  # per layer per token per hidden unit, 16-bit (Korthikanti)
+CHECKPOINT_BYTES = 2  # the layer input kept per layer with checkpointing
+LOGIT_BYTES_TRAINING = 6  # bf16 logits + fp32 copy for the loss
+OVERHEAD_BYTES = 1 * GIB
+FITS_HEADROOM = 0.15  # leave 15 %: the longest batch peaks above the first steps
+TIGHT_HEADROOM = 0.10
+DEFAULT_LORA_RANK = 16
+# With only a parameter count, LoRA's trainable share is a typical figure (rank 16 on
+# all projections is 0.5 % of Llama-3.1-8B).
+ASSUMED_LORA_SHARE = 0.005
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model, precision, mode, context and batch."""
+
+    arch: Architecture
+    dtype: Dtype = "bf16"
+    mode: Mode = "inference"
+    context: int = 4096
+    batch: int = 1
+    lora_rank: int = DEFAULT_LORA_RANK
+    checkpointing: bool = False
+
+
+@dataclass
+class Breakdown:
+    """Bytes per component; ``None`` where the architecture is needed and unknown."""
+
+    weights: int
+    kv_cache: int | None
+    gradients: int
+    optimizer: int
+    activations: int | None
+    overhead: int = OVERHEAD_BYTES
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """Sum of the known parts (a lower bound when a part is ``None``)."""
+        parts = (self.weights, self.kv_cache, self.gradients, self.optimizer, self.activations)
+        return sum(p for p in parts if p is not None) + self.overhead
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {
+            "weights_bytes": self.weights,
+            "kv_cache_bytes": self.kv_cache,
+            "gradients_bytes": self.gradients,
+            "optimizer_bytes": self.optimizer,
+            "activations_bytes": self.activations,
+            "overhead_bytes": self.overhead,
+            "total_bytes": self.total,
+        }
+
+
+def validate(workload: Workload) -> Workload:
+    """Check the combination; raises ``ConfigError`` for one that cannot be trained."""
+    if workload.dtype not in get_args(Dtype):
+        raise ConfigError(f"--dtype must be one of {', '.join(get_args(Dtype))}")
+    if workload.mode not in get_args(Mode):
+        raise ConfigError(f"--mode must be one of {', '.join(get_args(Mode))}")
+    if workload.mode == "full" and workload.dtype in QUANTISED:
+        raise ConfigError("full fine-tuning needs fp32, bf16 or fp16 weights; use --mode qlora")
+    if workload.mode == "qlora" and workload.dtype not in FOUR_BIT:
+        raise ConfigError("--mode qlora means a 4-bit base: use --dtype nf4 or int4")
+    if workload.mode == "lora" and workload.dtype in FOUR_BIT:
+        raise ConfigError("LoRA on a 4-bit base is QLoRA: use --mode qlora")
+    return workload
+
+
+def kv_bytes_per_token(arch: Architecture, dtype: Dtype) -> int | None:
+    """2 (K and V) x layers x kv_heads x head_dim x element bytes; ``None`` without a shape.
+
+    The cache stays 16-bit for quantised weights (fp32 only for an fp32 model).
+    """
+    if not arch.has_shape:
+        return None
+    element = 4 if dtype == "fp32" else 2
+    return 2 * (arch.layers or 0) * (arch.kv_heads or 0) * (arch.head_dim or 0) * element
+
+
+def weight_bytes(arch: Architecture, dtype: Dtype) -> int:
+    """Bytes of the weights at ``dtype`` (embeddings and lm_head 16-bit if quantised)."""
+    bits = BITS_PER_PARAM[dtype]
+    if dtype in QUANTISED and arch.embedding_params:
+        linear = arch.params - arch.embedding_params
+        return round(linear * bits / 8) + arch.embedding_params * 2
+    return round(arch.params * bits / 8)
+
+
+def estimate(workload: Workload) -> Breakdown:
+    """The memory ``workload`` needs, part by part."""
+    arch, dtype, mode = workload.arch, workload.dtype, workload.mode
+    notes: list[str] = []
+    weights = weight_bytes(arch, dtype)
+    gradients = optimizer = 0
+    if mode == "full":
+        element = 4 if dtype == "fp32" else 2
+        gradients = arch.params * element
+        # Adam: two fp32 moments, plus fp32 master weights when training in 16-bit.
+        optimizer = arch.params * (8 if dtype == "fp32" else 12)
+    elif mode in ("lora", "qlora"):
+        trainable = arch.lora_params(workload.lora_rank)
+        if trainable is None:
+            trainable = round(arch.params * ASSUMED_LORA_SHARE)
+            notes.append(
+                "LoRA size assumed 0.5% of the parameters: pass --config for the exact figure"
+            )
+        weights += trainable * 4
+        gradients = trainable * 4
+        optimizer = trainable * (ADAM_BYTES_PER_TRAINABLE - 8)
+    per_token = kv_bytes_per_token(arch, dtype)
+    kv_cache = None
+    if mode == "inference" and per_token is not None:
+        kv_cache = per_token * workload.context * workload.batch
+    activations = _activations(workload)
+    if not arch.has_shape:
+        notes.append("KV cache and activations need the architecture: pass --config config.json")
+    return Breakdown(weights, kv_cache, gradients, optimizer, activations, notes=notes)
+
+
+def _activations(workload: Workload) -> int | None:
+    arch = workload.arch
+    if not arch.has_shape:
+        return None
+    tokens = workload.context * workload.batch
+    hidden, layers, vocab = arch.hidden or 0, arch.layers or 0, arch.vocab or 0
+    if workload.mode == "inference":
+        intermediate = arch.intermediate or 4 * hidden
+        one_layer = tokens * (4 * hidden + 2 * intermediate) * 2
+        return one_layer + workload.batch * vocab * 4
+    scale = 2 if workload.dtype == "fp32" else 1
+    full_layer = TRAINING_ACTIVATION_BYTES * tokens * hidden * scale
+    if workload.checkpointing:
+        stored = CHECKPOINT_BYTES * tokens * hidden * scale * layers + full_layer
+    else:
+        stored = full_layer * layers
+    return stored + tokens * vocab * LOGIT_BYTES_TRAINING
+
+
+def verdict(needed: int, capacity: int) -> Verdict:
+    """``fits`` with >= 15 % headroom, ``tight`` with 10-15 %, else ``does_not_fit``."""
+    headroom = 1 - needed / capacity
+    if headroom >= FITS_HEADROOM:
+        return "fits"
+    if headroom >= TIGHT_HEADROOM:
+        return "tight"
+    return "does_not_fit"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One change and what the workload needs after it."""
+
+    change: str
+    total_bytes: int
+    fits: bool
+
+
+def options(workload: Workload, capacity: int) -> list[Option]:
+    """Changes that make ``workload`` fit on ``capacity`` bytes (with 15 % headroom)."""
+    found: list[Option] = []
+
+    def consider(change: str, changed: Workload) -> None:
+        try:
+            total = estimate(validate(changed)).total
+        except ConfigError:
+            return
+        if verdict(total, capacity) == "fits":
+            found.append(Option(change, total, True))
+
+    if workload.mode == "inference":
+        for dtype in ("int8", "nf4"):
+            if BITS_PER_PARAM[dtype] < BITS_PER_PARAM[workload.dtype]:
+                consider(f"quantise to {dtype} (--dtype {dtype})", replace(workload, dtype=dtype))
+    elif workload.mode == "full":
+        consider("LoRA instead of full fine-tuning (--mode lora)", replace(workload, mode="lora"))
+        consider(
+            "QLoRA: 4-bit base + LoRA (--mode qlora --dtype nf4)",
+            replace(workload, mode="qlora", dtype="nf4"),
+        )
+    elif workload.mode == "lora":
+        consider(
+            "QLoRA: 4-bit base (--mode qlora --dtype nf4)",
+            replace(workload, mode="qlora", dtype="nf4"),
+        )
+    if workload.mode != "inference" and not workload.checkpointing:
+        consider(
+            "gradient checkpointing (model.gradient_checkpointing_enable())",
+            replace(workload, checkpointing=True),
+        )
+    if workload.batch > 1:
+        consider("batch 1 with gradient accumulation (--batch 1)", replace(workload, batch=1))
+    shorter = max_context(workload, capacity)
+    if shorter is not None and shorter < workload.context:
+        consider(f"shorter context (--context {shorter})", replace(workload, context=shorter))
+    offload = _offload(workload, capacity)
+    if offload is not None:
+        found.append(offload)
+    if not found:
+        combined = _combined(workload, capacity)
+        if combined is not None:
+            found.append(combined)
+    return found
+
+
+def _combined(workload: Workload, capacity: int) -> Option | None:
+    """No single change is enough: stack the cheap ones until it fits, if it ever does."""
+    steps: list[tuple[str, Workload]] = []
+    if workload.mode == "inference" and workload.dtype not in FOUR_BIT:
+        steps.append(("4-bit weights", replace(workload, dtype="nf4")))
+    elif workload.mode in ("full", "lora"):
+        steps.append(("QLoRA", replace(workload, mode="qlora", dtype="nf4")))
+    current = steps[-1][1] if steps else workload
+    if current.mode != "inference" and not current.checkpointing:
+        current = replace(current, checkpointing=True)
+        steps.append(("gradient checkpointing", current))
+    if current.batch > 1:
+        current = replace(current, batch=1)
+        steps.append(("batch 1", current))
+    applied = []
+    for name, changed in steps:
+        applied.append(name)
+        total = estimate(changed).total
+        if verdict(total, capacity) == "fits":
+            return Option(" + ".join(applied), total, True)
+    return None
+
+
+def max_context(workload: Workload, capacity: int) -> int | None:
+    """The longest context (a multiple of 256) that fits with headroom, or ``None``."""
+    if not workload.arch.has_shape:
+        return None
+    step = 256
+    if verdict(estimate(replace(workload, context=step)).total, capacity) != "fits":
+        return None
+    low, high = 1, max(1, workload.context // step)
+    while low < high:  # memory grows with context, so bisect on multiples of 256
+        mid = (low + high + 1) // 2
+        if verdict(estimate(replace(workload, context=mid * step)).total, capacity) == "fits":
+            low = mid
+        else:
+            high = mid - 1
+    return low * step
+
+
+def _offload(workload: Workload, capacity: int) -> Option | None:
+    """Keep on the GPU what fits with headroom; the rest of the weights go to CPU RAM."""
+    breakdown = estimate(workload)
+    budget = int((1 - FITS_HEADROOM) * capacity)
+    non_weights = breakdown.total - breakdown.weights
+    on_gpu = budget - non_weights
+    if on_gpu <= 0 or on_gpu >= breakdown.weights:
+        return None
+    gib = on_gpu // GIB
+    if gib < 1:
+        return None
+    off = breakdown.weights - gib * GIB
+    change = (
+        f"offload {off / GIB:.1f} GiB of weights to CPU RAM "
+        f'(device_map="auto", max_memory={{0: "{gib}GiB", "cpu": ...}}); several times slower'
+    )
+    return Option(change, budget, True)

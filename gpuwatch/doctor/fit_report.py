@@ -1,0 +1,180 @@
+"""``gpuwatch fit`` end to end: options in, a breakdown and verdict per GPU out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from gpuwatch.doctor.architecture import Architecture, load_hf_config, parse_param_count
+from gpuwatch.doctor.fit import (
+    FITS_HEADROOM,
+    Breakdown,
+    Dtype,
+    Mode,
+    Option,
+    Verdict,
+    Workload,
+    estimate,
+    kv_bytes_per_token,
+    options,
+    validate,
+    verdict,
+)
+from gpuwatch.doctor.gpus import GpuTarget, catalogue_target, local_targets, smallest_fitting
+from gpuwatch.doctor.live import fetch_local_snapshot
+from gpuwatch.doctor.units import format_size
+from gpuwatch.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """The verdict on one GPU, and the changes that would make it fit."""
+
+    target: GpuTarget
+    verdict: Verdict
+    headroom_ratio: float
+    fits_free_now: bool | None
+    options: list[Option]
+    bigger_gpu: str | None
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """What ``gpuwatch fit`` prints."""
+
+    workload: Workload
+    breakdown: Breakdown
+    gpus: list[GpuFit]
+
+    def to_json(self) -> dict[str, Any]:
+        arch = self.workload.arch
+        return {
+            "model": {"name": arch.name, "params": arch.params},
+            "dtype": self.workload.dtype,
+            "mode": self.workload.mode,
+            "context": self.workload.context,
+            "batch": self.workload.batch,
+            "kv_cache_bytes_per_token": kv_bytes_per_token(arch, self.workload.dtype),
+            "breakdown": self.breakdown.as_dict(),
+            "notes": self.breakdown.notes,
+            "gpus": [
+                {
+                    "name": g.target.name,
+                    "total_bytes": g.target.total_bytes,
+                    "free_bytes": g.target.free_bytes,
+                    "verdict": g.verdict,
+                    "headroom_ratio": round(g.headroom_ratio, 4),
+                    "fits_free_now": g.fits_free_now,
+                    "options": [
+                        {"change": o.change, "total_bytes": o.total_bytes} for o in g.options
+                    ],
+                    "bigger_gpu": g.bigger_gpu,
+                }
+                for g in self.gpus
+            ],
+        }
+
+    def render(self) -> str:
+        w, b = self.workload, self.breakdown
+        title = (
+            f"{w.arch.name or 'model'}: {w.arch.params / 1e9:.2f}B parameters, {w.dtype}, {w.mode}"
+        )
+        lines = [f"{title}, context {w.context} x batch {w.batch}"]
+        rows = [
+            ("weights", b.weights),
+            ("KV cache", b.kv_cache),
+            ("gradients", b.gradients),
+            ("optimizer state", b.optimizer),
+            ("activations (estimate)", b.activations),
+            ("CUDA context + framework", b.overhead),
+        ]
+        for name, value in rows:
+            if (value == 0 and name in ("gradients", "optimizer state")) or (
+                name == "KV cache" and w.mode != "inference"
+            ):
+                continue
+            lines.append(
+                f"  {name:<26}{format_size(value) if value is not None else 'unknown':>14}"
+            )
+        lines.append(f"  {'total':<26}{format_size(b.total):>14}")
+        for gpu in self.gpus:
+            lines.append("")
+            lines.append(_verdict_line(gpu, b.total))
+            lines.extend(
+                f"  makes it fit: {o.change} -> {format_size(o.total_bytes)}" for o in gpu.options
+            )
+            if gpu.verdict != "fits" and gpu.bigger_gpu:
+                lines.append(f"  makes it fit: a bigger GPU ({gpu.bigger_gpu})")
+            elif gpu.verdict != "fits" and not gpu.options:
+                lines.append(
+                    "  no single GPU or setting here fits it: shard across GPUs (FSDP, ZeRO-3)"
+                )
+        lines.extend(f"note: {note}" for note in b.notes)
+        return "\n".join(lines) + "\n"
+
+
+def _verdict_line(gpu: GpuFit, total: int) -> str:
+    word = {"fits": "fits", "tight": "fits, but tight", "does_not_fit": "does NOT fit"}[gpu.verdict]
+    line = (
+        f"{gpu.target.name} ({format_size(gpu.target.total_bytes)}): {word} "
+        f"({gpu.headroom_ratio:.0%} headroom; want >= {FITS_HEADROOM:.0%})"
+    )
+    if gpu.fits_free_now is not None:
+        line += "; fits in what is free now" if gpu.fits_free_now else "; NOT in what is free now"
+    return line
+
+
+def run_fit(
+    *,
+    params: str | None,
+    config: Path | None,
+    dtype: str | None,
+    mode: str,
+    context: int,
+    batch: int,
+    gpu: str,
+    agent: str,
+) -> FitReport:
+    """Build the report; raises ``ConfigError`` for bad option values or no local GPUs."""
+    arch = _architecture(params, config)
+    chosen = dtype or ("nf4" if mode == "qlora" else "bf16")
+    workload = validate(Workload(arch, cast(Dtype, chosen), cast(Mode, mode), context, batch))
+    breakdown = estimate(workload)
+    return FitReport(
+        workload, breakdown, [_fit_on(workload, breakdown, t) for t in _targets(gpu, agent)]
+    )
+
+
+def _architecture(params: str | None, config: Path | None) -> Architecture:
+    if config is not None:
+        return load_hf_config(config)
+    if params is None:
+        raise ConfigError("give --params (e.g. 8B) or --config config.json")
+    return Architecture(params=parse_param_count(params), name=f"{params} model")
+
+
+def _targets(gpu: str, agent: str) -> list[GpuTarget]:
+    if gpu.lower() != "local":
+        return [catalogue_target(gpu)]
+    snapshot = fetch_local_snapshot(agent)
+    if snapshot is None:
+        raise ConfigError(f"--gpu local: no gpuwatch agent answered at {agent}; name a GPU instead")
+    targets = local_targets(snapshot)
+    if not targets:
+        raise ConfigError("--gpu local: the agent reports no GPU with a known memory size")
+    return targets
+
+
+def _fit_on(workload: Workload, breakdown: Breakdown, target: GpuTarget) -> GpuFit:
+    total = breakdown.total
+    result = verdict(total, target.total_bytes)
+    free_now = None if target.free_bytes is None else total <= target.free_bytes
+    return GpuFit(
+        target=target,
+        verdict=result,
+        headroom_ratio=1 - total / target.total_bytes,
+        fits_free_now=free_now,
+        options=[] if result == "fits" else options(workload, target.total_bytes),
+        bigger_gpu=None if result == "fits" else smallest_fitting(total, headroom=FITS_HEADROOM),
+    )

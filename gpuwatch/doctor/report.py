@@ -1,0 +1,105 @@
+"""Plain-text rendering of an :class:`~gpuwatch.doctor.explain.Explanation` for people.
+
+Concise on purpose: what failed and the figures, then each diagnosis with its evidence
+and the exact commands, then who is on that GPU right now. No colour codes, so it reads
+the same in a terminal, a log file and a notebook's stderr.
+"""
+
+from __future__ import annotations
+
+from gpuwatch.doctor import remedies
+from gpuwatch.doctor.explain import Explanation
+from gpuwatch.doctor.units import format_size
+
+_TITLES = {
+    "pytorch_allocator": "PyTorch CUDA allocator",
+    "hip": "PyTorch ROCm (HIP) allocator",
+    "xpu": "PyTorch XPU allocator",
+    "mps": "PyTorch MPS (Apple)",
+    "driver": "CUDA runtime/driver",
+    "cublas": "cuBLAS",
+    "cudnn": "cuDNN",
+    "nccl": "NCCL",
+    "bitsandbytes": "bitsandbytes",
+    "cupy": "CuPy memory pool",
+    "ggml": "llama.cpp (ggml)",
+    "xla": "XLA",
+    "tensorflow": "TensorFlow",
+    "vllm_kv_cache": "vLLM start-up",
+}
+
+
+def render(explanation: Explanation) -> str:
+    """The human report; ends with a newline."""
+    lines = [_headline(explanation), *_figures(explanation)]
+    for number, diagnosis in enumerate(explanation.diagnoses, start=1):
+        lines.append("")
+        lines.append(f"{number}. [{diagnosis.fix}] {diagnosis.summary}")
+        lines.append(f"   evidence: {diagnosis.evidence}")
+        lines.extend(_command_line(command) for command in diagnosis.commands)
+    lines.extend(_live(explanation))
+    if explanation.notes:
+        lines.append("")
+        lines.extend(f"note: {note}" for note in explanation.notes)
+    return "\n".join(lines) + "\n"
+
+
+# Remedies that are shell commands get a "$ " prompt; code and advice do not.
+_SHELL_PROGRAMS = ("export ", "gpuwatch ", "kill ", "nvidia-smi", "vllm ", "CUDA_LAUNCH_BLOCKING")
+
+
+def _command_line(command: str) -> str:
+    return f"   $ {command}" if command.startswith(_SHELL_PROGRAMS) else f"   {command}"
+
+
+def _headline(explanation: Explanation) -> str:
+    where = f" on {explanation.device}" if explanation.device else ""
+    what = _TITLES.get(explanation.kind or "", explanation.kind or "unknown")
+    raised = f" ({explanation.exception})" if explanation.exception else ""
+    return f"Out of memory{where}: {what}{raised}"
+
+
+def _figures(explanation: Explanation) -> list[str]:
+    def size(value: int | None) -> str | None:
+        return None if value is None else format_size(value)
+
+    first = []
+    if explanation.requested_bytes is not None:
+        first.append(f"requested {size(explanation.requested_bytes)}")
+    if explanation.free_bytes is not None:
+        of_total = (
+            f" of {size(explanation.total_bytes)}" if explanation.total_bytes is not None else ""
+        )
+        first.append(f"free {size(explanation.free_bytes)}{of_total}")
+    elif explanation.total_bytes is not None:
+        first.append(f"total {size(explanation.total_bytes)}")
+    if explanation.allowed_bytes is not None:
+        first.append(f"limit {size(explanation.allowed_bytes)}")
+    second = []
+    if explanation.process_in_use_bytes is not None:
+        second.append(f"this process {size(explanation.process_in_use_bytes)}")
+    if explanation.allocated_bytes is not None:
+        second.append(f"allocated {size(explanation.allocated_bytes)}")
+    if explanation.reserved_unallocated_bytes is not None:
+        second.append(f"reserved but unallocated {size(explanation.reserved_unallocated_bytes)}")
+    lines = [f"  {'   '.join(part)}" for part in (first, second) if part]
+    if explanation.other_processes:
+        listed = ", ".join(
+            f"{p.pid} {format_size(p.used_bytes)}{' (this process?)' if p.probably_this_process else ''}"
+            for p in explanation.other_processes
+        )
+        lines.append(f"  processes in the message: {listed}")
+    return lines
+
+
+def _live(explanation: Explanation) -> list[str]:
+    live = explanation.live
+    if live is None:
+        return []
+    name = f" ({live.name})" if live.name else ""
+    lines = ["", f"Right now on {live.hostname}, GPU {live.index}{name}:"]
+    if not live.processes:
+        lines.append("  no processes")
+    lines.extend(f"  {remedies.describe(p)}" for p in live.processes)
+    lines.append("  (idle time needs the agent's history: SM share is for this instant)")
+    return lines
