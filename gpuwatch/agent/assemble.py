@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from gpuwatch.agent.procinfo import ProcInfo, pid_namespace_isolated
-
 from gpuwatch.agent.identity import host_identity
+from gpuwatch.agent.procinfo import ProcInfo
 from gpuwatch.agent.sampler import Sampler
 from gpuwatch.agent.service import Agent, SnapshotSink
 from gpuwatch.agent.state import AgentState
@@ -18,13 +17,14 @@ def build_sampler(
 ) -> Sampler:
     """Open NVML (real or fake) and wire a sampler. Raises NvmlUnavailable/ScenarioError."""
     session = connect(settings.fake_gpus, errors=state.nvml_errors)
+    procinfo = ProcInfo(settings.proc_root)
     return Sampler(
         session,
-        ProcInfo(settings.proc_root),
+        procinfo,
         host_identity(settings.agent_id, proc_root=settings.proc_root),
         timeout_seconds=settings.nvml_timeout_seconds,
         torch_reports=torch_reports,
-        pid_namespace_isolated=pid_namespace_isolated(settings.proc_root),
+        pid_namespace_isolated=procinfo.pid_namespace_isolated,
         fake=settings.fake_gpus is not None,
     )
 

@@ -123,12 +123,18 @@ def _gpu_line(gpu: Gpu) -> Text:
 
 def _process_table(gpu: Gpu, now: float) -> Table:
     table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False)
-    for column, justify in (
-        ("PID", "right"), ("USER", "left"), ("MEMORY", "right"), ("SM", "right"),
-        ("AGE", "right"), ("COMMAND", "left"), ("", "left"),
+    for column, justify, width in (
+        ("PID", "right", 7), ("USER", "left", 6), ("MEMORY", "right", 9), ("SM", "right", 4),
+        ("AGE", "right", 5),
     ):  # fmt: skip
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for proc in sorted(gpu.processes, key=lambda p: p.used_bytes or 0, reverse=True):
+        table.add_column(column, justify=justify, no_wrap=True, min_width=width)  # type: ignore[arg-type]
+    # Flags before the command: on a narrow terminal the command gives way (cut with an
+    # ellipsis, never wrapped), not the warning.
+    rows = sorted(gpu.processes, key=lambda p: p.used_bytes or 0, reverse=True)
+    flags = {p.pid: ", ".join(process_flags(p)) for p in rows}
+    table.add_column("FLAGS", no_wrap=True, min_width=max(5, *(len(f) for f in flags.values())))
+    table.add_column("COMMAND", no_wrap=True, overflow="ellipsis", max_width=60)
+    for proc in rows:
         age = None if proc.start_time is None else now - proc.start_time
         sm = "?" if proc.sm_ratio is None else f"{proc.sm_ratio:.0%}"
         table.add_row(
@@ -137,7 +143,7 @@ def _process_table(gpu: Gpu, now: float) -> Table:
             format_bytes(proc.used_bytes),
             sm,
             format_age(age),
+            Text(flags[proc.pid], style="red"),
             (proc.command or proc.name or "?")[:60],
-            Text(", ".join(process_flags(proc)), style="red"),
         )
     return table

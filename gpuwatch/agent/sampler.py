@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuwatch.agent.procinfo import ProcInfo
-
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.nvml.bounded import BoundedReader, DeviceTimeout
 from gpuwatch.nvml.library import DeviceReading, NvmlSession, ProcessUsage
@@ -136,7 +135,7 @@ class Sampler:
             used_bytes=usage.used_bytes,
             sm_ratio=sm,
             torch=torch,
-            **self._procinfo.to_gpu_process_fields(facts),
+            **facts.to_gpu_process_fields(),
         )
 
 

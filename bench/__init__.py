@@ -1,0 +1,1 @@
+"""gpuwatch benchmarks: ratios against a baseline measured side by side in the same run."""

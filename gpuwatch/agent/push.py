@@ -1,0 +1,86 @@
+"""The agent's link to the central server: snapshots through the spool, events direct.
+
+Snapshots go through :class:`~gpuwatch.agent.reporter.Reporter` and its on-disk spool,
+with its "stored exactly once or counted as dropped" promise. Events the agent relays
+(OOM incidents from ``gpuwatch.torch``) are rarer and time-critical: each is POSTed to
+``/api/v1/events`` from a background thread, tried up to :data:`EVENT_ATTEMPTS` times
+with backoff, and, if the server stays away, logged locally with the incident's
+summary. That path promises *at most once*, and says so in the log when it gives up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from gpuwatch.agent.collectors.agent import PushStats
+from gpuwatch.agent.reporter import Reporter
+from gpuwatch.settings import AgentSettings
+from gpuwatch.snapshot import HostSnapshot
+
+log = logging.getLogger(__name__)
+
+EVENTS_PATH = "/api/v1/events"
+EVENT_ATTEMPTS = 3
+EVENT_BACKOFF_SECONDS = 2.0
+
+
+class ServerSink:
+    """Implements the agent's ``SnapshotSink`` on top of :class:`Reporter`."""
+
+    def __init__(
+        self, settings: AgentSettings, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self.reporter = Reporter(settings, transport=transport)
+        base = (settings.server_url or "").rstrip("/")
+        self._events_url = base + EVENTS_PATH
+        token = settings.token.get_secret_value() if settings.token else None
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._transport = transport
+
+    def offer(self, snapshot: HostSnapshot) -> None:
+        self.reporter.offer(snapshot)
+
+    def push_stats(self) -> PushStats:
+        return self.reporter.push_stats()
+
+    def start(self) -> None:
+        self.reporter.start()
+
+    def stop(self) -> None:
+        self.reporter.stop()
+
+    def send_event(self, event: dict[str, Any]) -> threading.Thread:
+        """POST ``event`` in the background; returns the thread (tests join it)."""
+        thread = threading.Thread(
+            target=self._send, args=(event,), name="gpuwatch-event", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _send(self, event: dict[str, Any]) -> None:
+        with httpx.Client(transport=self._transport, timeout=10.0) as client:
+            for attempt in range(1, EVENT_ATTEMPTS + 1):
+                try:
+                    response = client.post(self._events_url, json=event, headers=self._headers)
+                except httpx.HTTPError as err:
+                    problem = f"unreachable ({type(err).__name__})"
+                else:
+                    if response.is_success:
+                        return
+                    problem = f"HTTP {response.status_code}"
+                    if response.status_code in (400, 401, 403, 404, 413, 422):
+                        break  # retrying will not change the answer
+                if attempt < EVENT_ATTEMPTS:
+                    time.sleep(EVENT_BACKOFF_SECONDS * attempt)
+        log.error(
+            "could not record %s event for pid %s on the server (%s); it is only in this log: %s",
+            event.get("kind"),
+            event.get("pid"),
+            problem,
+            event.get("summary"),
+        )
