@@ -37,9 +37,12 @@ def _default_data_dir() -> Path:
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
-    """``"127.0.0.1:9402"`` -> ``("127.0.0.1", 9402)``; ``"[::1]:9402"`` works too."""
+    """``"127.0.0.1:9402"`` -> ``("127.0.0.1", 9402)``; ``"[::1]:9402"`` works too.
+
+    Port 0 asks the kernel for a free port (the agent prints the one it got).
+    """
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
@@ -206,13 +209,20 @@ class ServerSettings(_Base):
         description="Bearer token the read API and /metrics require. Unset: reads are open (keep listen on localhost).",
     )
     agent_push_interval_seconds: float = Field(
-        15.0, gt=0, le=3600, description="The agents' push interval; agent silence is counted in these."
+        15.0,
+        gt=0,
+        le=3600,
+        description="The agents' push interval; agent silence is counted in these.",
     )
     leak_min_duration_seconds: float = Field(
-        1800.0, gt=0, description="Memory growth must last this long before it is reported as a leak."
+        1800.0,
+        gt=0,
+        description="Memory growth must last this long before it is reported as a leak.",
     )
     unattributed_min_bytes: int = Field(
-        1 * 2**30, ge=0, description="GPU memory no listed process accounts for is reported above this."
+        1 * 2**30,
+        ge=0,
+        description="GPU memory no listed process accounts for is reported above this.",
     )
 
     @field_validator("listen")
@@ -236,4 +246,5 @@ def load(kind: type[S], **overrides: Any) -> S:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or kind.section
-        raise ConfigError(f"invalid {kind.section} setting {where}: {first['msg']}") from err
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"invalid {kind.section} setting {where}: {message}") from err

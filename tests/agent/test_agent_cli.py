@@ -1,0 +1,165 @@
+"""`gpuwatch agent` and `gpuwatch status` as a user runs them: real processes, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+GiB = 2**30
+GPUWATCH = [sys.executable, "-m", "gpuwatch"]
+
+SCENARIO = """
+[fake]
+name = "cli-test"
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+reserved = "512MiB"
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+
+[[process]]
+gpu = 0
+spawn = ["python", "-m", "ipykernel_launcher", "-f", "/tmp/kernel-test.json"]
+memory = "20GiB"
+sm_percent = 0
+
+[[process]]
+gpu = 1
+spawn = ["python", "eval.py"]
+orphan = true
+memory = "9GiB"
+sm_percent = 30
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A private fake-GPU runtime dir, so stand-ins never leak between tests."""
+    environ = {
+        **os.environ,
+        "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+        "GPUWATCH_CONFIG": "/nonexistent",
+    }
+    (tmp_path / "run").mkdir()
+    yield environ
+    subprocess.run(
+        [*GPUWATCH, "fake-nvml", "stop", "--all"], env=environ, capture_output=True, timeout=60
+    )
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "cli-test.toml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GPUWATCH, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_status_json_reports_gpus_holders_and_flags(env, scenario) -> None:
+    result = run(["status", "--fake-gpus", str(scenario), "--json"], env)
+    assert result.returncode == 0, result.stderr
+    snap = json.loads(result.stdout)
+    assert [g["memory_total_bytes"] for g in snap["gpus"]] == [80 * GiB, 80 * GiB]
+    kernel = snap["gpus"][0]["processes"][0]
+    assert kernel["used_bytes"] == 20 * GiB and kernel["jupyter_kernel"] is True
+    assert "ipykernel_launcher" in kernel["command"]
+    orphan = snap["gpus"][1]["processes"][0]
+    assert orphan["orphaned"] is True and orphan["used_bytes"] == 9 * GiB
+    assert snap["fake"] is True
+
+
+def test_killed_process_frees_its_memory(env, scenario) -> None:
+    first = json.loads(run(["status", "--fake-gpus", str(scenario), "--json"], env).stdout)
+    pid = first["gpus"][0]["processes"][0]["pid"]
+    used_before = first["gpus"][0]["memory_used_bytes"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.05)
+    second = json.loads(run(["status", "--fake-gpus", str(scenario), "--json"], env).stdout)
+    assert second["gpus"][0]["processes"] == []
+    assert second["gpus"][0]["memory_used_bytes"] == used_before - 20 * GiB
+
+
+def test_no_gpu_and_no_scenario_is_one_line_and_exit_4(env) -> None:
+    result = run(["status"], env)
+    assert result.returncode == 4
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "--fake-gpus" in result.stderr
+
+
+def test_bad_scenario_is_one_line_and_exit_3(env, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[gpu]]\nname = "x"\nmemory_total = "lots"\n')
+    result = run(["status", "--fake-gpus", str(bad)], env)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "bad.toml" in result.stderr
+
+
+def test_bad_listen_address_is_exit_3(env) -> None:
+    result = run(["agent", "--fake-gpus", "workstation", "--listen", "nowhere"], env)
+    assert result.returncode == 3
+    assert "listen" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_version() -> None:
+    from gpuwatch import __version__
+
+    result = subprocess.run([*GPUWATCH, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == f"gpuwatch {__version__}"
+
+
+def test_agent_serves_metrics_and_stops_cleanly_on_sigterm(env, scenario) -> None:
+    agent = subprocess.Popen(
+        [
+            *GPUWATCH,
+            "agent",
+            "--fake-gpus",
+            str(scenario),
+            "--listen",
+            "127.0.0.1:0",
+            "--poll-interval",
+            "0.2",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert agent.stderr is not None
+        line = agent.stderr.readline()
+        assert "serving http://127.0.0.1:" in line, line
+        url = line.split("serving ", 1)[1].strip().removesuffix("/metrics")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if httpx.get(f"{url}/healthz").status_code == 200:
+                break
+            time.sleep(0.1)
+        text = httpx.get(f"{url}/metrics").text
+        assert 'gpuwatch_gpu_memory_total_bytes{gpu="0",uuid="GPU-' in text
+        assert "gpuwatch_gpu_memory_orphaned_bytes" in text
+        snap = httpx.get(f"{url}/snapshot").json()
+        assert snap["gpus"][1]["processes"][0]["orphaned"] is True
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=20) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
