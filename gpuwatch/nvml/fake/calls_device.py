@@ -279,3 +279,26 @@ class DeviceCalls(CallsBase):
         if not device.gpu.coherent:
             return nv.NVML_ERROR_NOT_SUPPORTED
         return _put(node, 1 + device.index)
+
+    @nvml_symbol("nvmlDeviceGetDriverModel", "nvmlDeviceGetDriverModel_v2")
+    def device_get_driver_model(
+        self, device: DeviceRef, t: float, current: Any, pending: Any
+    ) -> int:
+        """WDDM/TCC exist on Windows only; a Linux driver answers NOT_SUPPORTED."""
+        return nv.NVML_ERROR_NOT_SUPPORTED
+
+    # -- ECC: enabled, and no errors (a healthy board) ----------------------------------
+
+    @nvml_symbol("nvmlDeviceGetEccMode")
+    def device_get_ecc_mode(self, device: DeviceRef, t: float, current: Any, pending: Any) -> int:
+        if current is None or pending is None:
+            return _BAD
+        cargs.store(current, nv.NVML_FEATURE_ENABLED)
+        cargs.store(pending, nv.NVML_FEATURE_ENABLED)
+        return _OK
+
+    @nvml_symbol("nvmlDeviceGetTotalEccErrors")
+    def device_get_total_ecc_errors(
+        self, device: DeviceRef, t: float, error_type: Any, counter_type: Any, count: Any
+    ) -> int:
+        return _put(count, 0)

@@ -10,16 +10,18 @@ import math
 import re
 
 # Binary and decimal units, as nvidia-smi (MiB) and vendors' spec sheets (GB) use them.
+# Spelled exactly: "Gb" (gigabits) or "gib" are more likely mistakes than intentions.
 _SIZE_UNITS = {
     "B": 1,
+    "kB": 10**3,
     "KB": 10**3,
     "MB": 10**6,
     "GB": 10**9,
     "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
@@ -37,7 +39,7 @@ def parse_bytes(value: object) -> int:
     if isinstance(value, int | float):
         number, unit = float(value), "B"
     elif isinstance(value, str) and (match := _SIZE.match(value)):
-        number, unit = float(match.group(1)), (match.group(2) or "B").upper()
+        number, unit = float(match.group(1)), match.group(2) or "B"
     else:
         raise ValueError(f"expected a size such as 80GiB, got {value!r}")
     if unit not in _SIZE_UNITS:
