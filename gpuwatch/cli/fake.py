@@ -46,8 +46,8 @@ def register(app: typer.Typer) -> None:
         runtime_dir: Path | None = _runtime_dir_option(),
     ) -> None:
         """Boot SCENARIO's stand-in processes (no-op if running) and print their PIDs."""
-        from gpuwatch.nvml.fake.lifecycle import ensure_running
         from gpuwatch.nvml.fake.library import is_implemented
+        from gpuwatch.nvml.fake.lifecycle import ensure_running
         from gpuwatch.nvml.fake.runtime_state import prepare_runtime_dir
         from gpuwatch.nvml.fake.scenario import Spawn
         from gpuwatch.nvml.fake.scenario_file import load_scenario
@@ -111,8 +111,8 @@ def register(app: typer.Typer) -> None:
         """Run CMD with SCENARIO's fake GPUs beneath pynvml; exit with CMD's exit code."""
         from gpuwatch.errors import ConfigError
         from gpuwatch.nvml.fake.injection import injection_environment
-        from gpuwatch.nvml.fake.lifecycle import ensure_running
         from gpuwatch.nvml.fake.library import is_implemented
+        from gpuwatch.nvml.fake.lifecycle import ensure_running
         from gpuwatch.nvml.fake.quantities import parse_seconds
         from gpuwatch.nvml.fake.runtime_state import prepare_runtime_dir
         from gpuwatch.nvml.fake.scenario_file import load_scenario

@@ -209,7 +209,7 @@ def test_unknown_scenario_name_lists_the_bundled_ones() -> None:
 
 def test_too_many_standins_points_at_ghosts(write_scenario: Callable[..., Path]) -> None:
     path = write_scenario(GPU + '[[process]]\ngpu = 0\nspawn = ["x"]\ncount = 65\n')
-    with pytest.raises(ScenarioError, match="at most 64.*ghost"):
+    with pytest.raises(ScenarioError, match=r"at most 64.*ghost"):
         load_scenario(path)
 
 
