@@ -1,0 +1,146 @@
+"""The FastAPI app factory. Nothing is created at import: call :func:`create_app`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response, status
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpuwatch import __version__
+from gpuwatch.errors import DatabaseError
+from gpuwatch.server.database.core import Database, database_for, describe, is_unavailable
+from gpuwatch.server.deps import Context, ServerContext, require_reader
+from gpuwatch.server.events.views import router as events_router
+from gpuwatch.server.fleet.views import router as fleet_router
+from gpuwatch.server.hosts.views import router as hosts_router
+from gpuwatch.server.ingest.views import router as ingest_router
+from gpuwatch.server.metrics import IngestStatusMiddleware, ServerStats, build_registry
+from gpuwatch.server.pagination import InvalidCursor
+from gpuwatch.server.processes.views import router as processes_router
+from gpuwatch.server.scheduler import start_scheduler
+from gpuwatch.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+# What a 503 tells the agent: try again in this many seconds (it backs off further).
+RETRY_AFTER_SECONDS = 5
+
+
+def create_app(
+    settings: ServerSettings,
+    *,
+    clock: Callable[[], float] = time.time,
+    engine: Engine | None = None,
+) -> FastAPI:
+    """Build the API for ``settings``.
+
+    ``clock`` (epoch seconds) is the server's notion of now, injected for tests.
+    ``engine`` replaces the one built from ``settings.resolved_database_url()``; the
+    app disposes only an engine it built. The schema must already be migrated
+    (``gpuwatch server`` does that before serving). The scheduler starts with the app
+    when ``settings.scheduler`` is true.
+    """
+    owned = engine is None
+    database = database_for(settings) if engine is None else Database.from_engine(engine)
+    stats = ServerStats()
+    context = ServerContext(settings=settings, database=database, clock=clock, stats=stats)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        scheduler = None
+        if settings.scheduler:
+            scheduler = start_scheduler(
+                database=database, settings=settings, clock=clock, stats=stats
+            )
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                scheduler.shutdown(wait=True)
+            if owned:
+                database.dispose()
+
+    app = FastAPI(
+        title="gpuwatch server",
+        version=__version__,
+        summary="Fleet history of GPU memory holders: who held what, when, and what was wrong.",
+        lifespan=lifespan,
+        # Starlette's limiter: refuses on Content-Length before reading, and counts
+        # streamed (chunked) bytes as they arrive, so an oversized body is never
+        # buffered whole. Both give 413.
+        max_body_size=settings.max_body_bytes,
+    )
+    app.state.gpuwatch = context
+    app.add_middleware(IngestStatusMiddleware, stats=stats)
+    _add_error_handlers(app)
+    for router in (ingest_router, events_router, hosts_router, processes_router, fleet_router):
+        app.include_router(router)
+    app.include_router(_operations_router(context))
+    return app
+
+
+def _operations_router(context: ServerContext) -> APIRouter:
+    router = APIRouter(tags=["operations"])
+    registry = build_registry(
+        database=context.database,
+        settings=context.settings,
+        stats=context.stats,
+        clock=context.clock,
+    )
+
+    @router.get("/healthz", summary="Liveness and database reachability")
+    def healthz(ctx: Context) -> JSONResponse:
+        """200 when the database answers, 503 otherwise."""
+        try:
+            with ctx.database.reader() as session:
+                session.execute(text("SELECT 1"))
+        except SQLAlchemyError as err:
+            log.warning("healthz: database unavailable: %s", describe(err))
+            return _unavailable()
+        return JSONResponse({"status": "ok", "database": ctx.database.dialect})
+
+    @router.get(
+        "/metrics",
+        summary="Prometheus metrics (fleet and server)",
+        response_class=Response,
+        dependencies=[Depends(require_reader)],
+    )
+    def metrics() -> Response:
+        """Prometheus text exposition, built from the database at scrape time."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def _unavailable() -> JSONResponse:
+    return JSONResponse(
+        {"detail": "database unavailable, retry later"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def database_error(request: Request, err: Exception) -> JSONResponse:
+        if is_unavailable(err):
+            log.warning(
+                "%s %s: database unavailable: %s", request.method, request.url.path, describe(err)
+            )
+            return _unavailable()
+        # Not an outage: a bug. One log line with the traceback, then a plain 500.
+        log.error("%s %s: database error", request.method, request.url.path, exc_info=err)
+        return JSONResponse({"detail": "internal error"}, status_code=500)
+
+    async def invalid_cursor(_request: Request, err: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    app.add_exception_handler(SQLAlchemyError, database_error)
+    app.add_exception_handler(DatabaseError, database_error)
+    app.add_exception_handler(InvalidCursor, invalid_cursor)

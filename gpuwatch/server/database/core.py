@@ -1,0 +1,194 @@
+"""The one owner of the database binding: engine factory, declarative base, sessions.
+
+SQLite (the default) and Postgres are both first-class. On SQLite every connection gets
+``journal_mode=WAL`` (readers never block the writer), ``synchronous=NORMAL`` (a commit
+survives an application crash; see docs/server.md for power loss), ``foreign_keys=ON``
+and a ``busy_timeout``. pysqlite's own transaction handling is switched off and we emit
+``BEGIN`` ourselves, so that write sessions start with ``BEGIN IMMEDIATE``: a deferred
+transaction that reads and then writes can fail with ``SQLITE_BUSY_SNAPSHOT`` no matter
+the busy timeout, while an immediate one queues for the write lock up front.
+
+Nothing here runs at import; :func:`create_database` is called by the app factory,
+the CLI and tests, each with its own settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import BigInteger, Connection, Engine, Integer, MetaData, create_engine, event, exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+from gpuwatch.errors import DatabaseError
+from gpuwatch.settings import ServerSettings
+
+# Explicit constraint names, so migrations can refer to them on both databases.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# BIGINT on Postgres; on SQLite only a column typed exactly INTEGER aliases the rowid
+# and autoincrements, so the variant keeps primary keys working there.
+IdType = BigInteger().with_variant(Integer(), "sqlite")
+
+# Execution option that marks a write session (see module docstring).
+_WRITE_OPTION = "gpuwatch_write"
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every gpuwatch table."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+@dataclass(frozen=True)
+class Database:
+    """An engine plus the two session factories the server uses.
+
+    ``writer()`` sessions begin with ``BEGIN IMMEDIATE`` on SQLite (one writer at a
+    time, queued by ``busy_timeout``); ``reader()`` sessions begin deferred, so reads
+    run concurrently with the writer under WAL. On Postgres both are ordinary
+    READ COMMITTED sessions.
+    """
+
+    engine: Engine
+    writer: sessionmaker[Session]
+    reader: sessionmaker[Session]
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> Database:
+        """Wrap an engine (installing the SQLite hooks if it lacks them)."""
+        _install_sqlite_hooks(engine)
+        return cls(
+            engine=engine,
+            writer=sessionmaker(
+                bind=engine.execution_options(**{_WRITE_OPTION: True}), expire_on_commit=False
+            ),
+            reader=sessionmaker(bind=engine, expire_on_commit=False),
+        )
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self.engine.dialect.name
+
+    def begin_write(self) -> AbstractContextManager[Connection]:
+        """A connection in a write transaction (``BEGIN IMMEDIATE`` on SQLite)."""
+        return self.engine.execution_options(**{_WRITE_OPTION: True}).begin()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def create_database(url: str, *, sqlite_busy_timeout_seconds: float = 5.0) -> Database:
+    """Build the engine and session factories for ``url``; connects lazily.
+
+    Raises :class:`DatabaseError` for a URL SQLAlchemy cannot use (unknown driver,
+    malformed URL) and for SQLite in memory, which a multi-connection server cannot share.
+    """
+    try:
+        parsed = make_url(url)
+        backend = parsed.get_backend_name()
+        if backend == "sqlite":
+            if parsed.database in (None, "", ":memory:"):
+                raise DatabaseError("an in-memory SQLite database cannot be shared; give a file")
+            engine = create_engine(parsed, connect_args={"timeout": sqlite_busy_timeout_seconds})
+        else:
+            connect_args: dict[str, Any] = {}
+            if backend == "postgresql" and parsed.get_driver_name() == "psycopg":
+                # Fail fast when Postgres is down, so ingest can answer 503 promptly.
+                connect_args["connect_timeout"] = 5
+            # pre_ping recycles connections Postgres dropped while idle; a transaction
+            # cut mid-flight still fails, and the agent's idempotent retry covers it.
+            engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+    except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
+        raise DatabaseError(f"unusable database URL {_safe(url)}: {err}") from err
+    return Database.from_engine(engine)
+
+
+def database_for(settings: ServerSettings) -> Database:
+    """:func:`create_database` for the configured URL, creating the default data dir."""
+    if settings.database_url is None:
+        try:
+            settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as err:
+            raise DatabaseError(f"cannot create data directory {settings.data_dir}: {err}") from err
+    return create_database(settings.resolved_database_url())
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Hand transaction control to _sqlite_on_begin. The busy timeout is the driver's
+    # ``timeout`` connect argument (sqlite3_busy_timeout underneath).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(connection: Any) -> None:
+    write = connection.get_execution_options().get(_WRITE_OPTION, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    """Idempotent, so an engine a caller built and passes in can be adopted."""
+    if engine.dialect.name != "sqlite" or event.contains(engine, "connect", _sqlite_on_connect):
+        return
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+
+
+def is_unavailable(err: BaseException) -> bool:
+    """True when ``err`` means "the database cannot serve now": retrying later may work.
+
+    Covers refused or dropped connections, a locked SQLite file past its busy timeout,
+    a full disk, an unopenable file and an exhausted connection pool. Programming
+    errors and constraint violations are not outages.
+    """
+    if isinstance(err, DatabaseError):
+        return True
+    if isinstance(err, exc.DBAPIError) and err.connection_invalidated:
+        return True
+    return isinstance(err, exc.OperationalError | exc.InterfaceError | exc.TimeoutError)
+
+
+@contextmanager
+def translated_errors(what: str) -> Iterator[None]:
+    """Turn SQLAlchemy errors into :class:`DatabaseError` (for the CLI and jobs)."""
+    try:
+        yield
+    except exc.SQLAlchemyError as err:
+        raise DatabaseError(f"{what}: {describe(err)}") from err
+
+
+def describe(err: BaseException) -> str:
+    """The first line of the driver's message, without SQLAlchemy's boilerplate."""
+    original = getattr(err, "orig", None) or err
+    text = str(original).strip().splitlines()
+    return text[0] if text else type(original).__name__
+
+
+def advisory_lock_key(name: str) -> int:
+    """A stable signed 64-bit Postgres advisory-lock key for ``name``."""
+    digest = hashlib.sha256(f"gpuwatch:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _safe(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except exc.ArgumentError:
+        return "(unparseable)"

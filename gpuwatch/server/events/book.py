@@ -1,0 +1,196 @@
+"""The open condition events of one host, reconciled in memory and written back in bulk.
+
+Ingest loads a host's open events once per request, tells the book what each detector
+concluded for each snapshot (:meth:`EventBook.observe` when a condition holds,
+:meth:`EventBook.clear` when it was evaluated and no longer holds), then writes the
+result with one INSERT and one UPDATE executemany (:meth:`EventBook.flush`). A
+condition that continues over a thousand snapshots is one row, updated.
+
+Keys name the *slot* a condition comes from, not the finding: the orphan detector can
+move from ``reparented`` to ``dead_pid`` for the same process and that stays one
+``orphaned`` event whose reason is updated. Slots:
+
+* ``<detector>:lt<lifetime id>`` for per-process detectors (orphan, share, leak, idle),
+* ``<detector>:gpu<gpu id>`` for per-GPU ones (unattributed, gpu_lost, gpu_back),
+* ``agent_silent`` for the host.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy.orm import Session
+
+from gpuwatch.server.events.models import Event
+
+_TABLE: Table = Event.__table__  # type: ignore[assignment]
+_MUTABLE = ("kind", "reason", "held_bytes", "summary", "evidence", "last_seen_at", "ended_at")
+_MAX_SUMMARY = 1024
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What a detector (or the server) observed, and about whom."""
+
+    kind: str
+    reason: str
+    summary: str
+    held_bytes: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    lifetime_id: int | None = None
+    pid: int | None = None
+    user: str | None = None
+
+
+@dataclass
+class _Row:
+    id: int | None
+    dedup_key: str
+    kind: str
+    reason: str
+    held_bytes: int | None
+    summary: str
+    evidence: dict[str, Any]
+    started_at: float
+    last_seen_at: float
+    ended_at: float | None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    lifetime_id: int | None = None
+    pid: int | None = None
+    user: str | None = None
+    dirty: bool = False
+
+
+class EventBook:
+    """Open events of one host keyed by slot; new and changed rows are kept for flush."""
+
+    def __init__(self, host_id: int, rows: list[_Row]) -> None:
+        self.host_id = host_id
+        self._open: dict[str, _Row] = {row.dedup_key: row for row in rows}
+        self._pending: list[_Row] = []  # rows to write: new, changed or closed
+        self.opened: Counter[str] = Counter()
+
+    @classmethod
+    def load(cls, *, session: Session, host_id: int) -> EventBook:
+        """Read the open events of ``host_id``."""
+        rows = session.execute(
+            select(
+                Event.id,
+                Event.dedup_key,
+                Event.kind,
+                Event.reason,
+                Event.held_bytes,
+                Event.summary,
+                Event.evidence,
+                Event.started_at,
+                Event.last_seen_at,
+                Event.ended_at,
+            ).where(Event.host_id == host_id, Event.ended_at.is_(None))
+        ).all()
+        return cls(host_id, [_Row(*row) for row in rows])
+
+    def is_open(self, key: str) -> bool:
+        return key in self._open
+
+    def open_keys(self, prefix: str) -> list[str]:
+        """Keys of open events whose slot starts with ``prefix``."""
+        return [key for key in self._open if key.startswith(prefix)]
+
+    def observe(self, key: str, condition: Condition, *, at: float) -> None:
+        """The condition holds at ``at``: open its event, or refresh the open one."""
+        row = self._open.get(key)
+        if row is None:
+            row = _Row(
+                id=None,
+                dedup_key=key,
+                kind=condition.kind,
+                reason=condition.reason,
+                held_bytes=condition.held_bytes,
+                summary=condition.summary[:_MAX_SUMMARY],
+                evidence=condition.evidence,
+                started_at=at,
+                last_seen_at=at,
+                ended_at=None,
+                gpu_uuid=condition.gpu_uuid,
+                gpu_index=condition.gpu_index,
+                lifetime_id=condition.lifetime_id,
+                pid=condition.pid,
+                user=condition.user,
+            )
+            self._open[key] = row
+            self._pending.append(row)
+            self.opened[condition.kind] += 1
+            return
+        if at < row.last_seen_at:
+            return
+        row.kind, row.reason = condition.kind, condition.reason
+        row.held_bytes, row.evidence = condition.held_bytes, condition.evidence
+        row.summary = condition.summary[:_MAX_SUMMARY]
+        row.last_seen_at = at
+        self._mark(row)
+
+    def clear(self, key: str, *, at: float) -> bool:
+        """The condition was evaluated at ``at`` and no longer holds: close its event.
+
+        Returns whether an open event was closed.
+        """
+        row = self._open.pop(key, None)
+        if row is None:
+            return False
+        row.ended_at = max(at, row.last_seen_at)
+        self._mark(row)
+        return True
+
+    def record_point(self, key: str, condition: Condition, *, at: float) -> None:
+        """A point event (e.g. ``gpu_back``): stored closed, ``ended_at == started_at``."""
+        # Unique by (host, key, started_at), so a replay of the same point is one row.
+        self.observe(key, condition, at=at)
+        self.clear(key, at=at)
+
+    def flush(self, *, session: Session) -> None:
+        """Write new events (one INSERT) and changed ones (one UPDATE executemany).
+
+        A book serves one request: call this once, at its end.
+        """
+        new = [row for row in self._pending if row.id is None]
+        changed = [row for row in self._pending if row.id is not None]
+        if new:
+            session.execute(
+                insert(_TABLE),
+                [
+                    {
+                        "host_id": self.host_id,
+                        "dedup_key": row.dedup_key,
+                        "started_at": row.started_at,
+                        "gpu_uuid": row.gpu_uuid,
+                        "gpu_index": row.gpu_index,
+                        "lifetime_id": row.lifetime_id,
+                        "pid": row.pid,
+                        "user": row.user,
+                        **{name: getattr(row, name) for name in _MUTABLE},
+                    }
+                    for row in new
+                ],
+            )
+        if changed:
+            session.execute(
+                update(_TABLE)
+                .where(_TABLE.c.id == bindparam("row_id"))
+                .values({name: bindparam(name) for name in _MUTABLE}),
+                [
+                    {"row_id": row.id, **{name: getattr(row, name) for name in _MUTABLE}}
+                    for row in changed
+                ],
+            )
+        self._pending.clear()
+
+    def _mark(self, row: _Row) -> None:
+        if not row.dirty and row.id is not None:
+            self._pending.append(row)
+        row.dirty = True

@@ -1,0 +1,77 @@
+"""The fleet summary: fullness, memory held by orphans and idle holders, silence."""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, case, cast, func, select
+from sqlalchemy.orm import Session
+
+from gpuwatch.server.events import service as event_service
+from gpuwatch.server.events.models import Event
+from gpuwatch.server.fleet.schemas import (
+    FULL_BUCKET,
+    FULLNESS_BUCKETS,
+    UNKNOWN_BUCKET,
+    FleetOut,
+)
+from gpuwatch.server.hosts.models import Gpu, Host
+from gpuwatch.server.hosts.service import silence_threshold_seconds
+from gpuwatch.settings import ServerSettings
+
+TOP_IDLE = 10
+
+
+def fleet_summary(
+    *, session: Session, settings: ServerSettings, now: float, top: int = TOP_IDLE
+) -> FleetOut:
+    """Aggregated in SQL: a handful of grouped queries whatever the history size."""
+    silent_before = now - silence_threshold_seconds(settings)
+    reporting = Host.last_received_at >= silent_before
+    ratio = cast(Gpu.memory_used_bytes, Float) / Gpu.memory_total_bytes
+    known = (
+        reporting
+        & ~Gpu.lost
+        & Gpu.memory_used_bytes.is_not(None)
+        & (func.coalesce(Gpu.memory_total_bytes, 0) > 0)
+    )
+    bucket = case(
+        (~known, UNKNOWN_BUCKET),
+        *((ratio < bound, name) for name, bound in FULLNESS_BUCKETS),
+        else_=FULL_BUCKET,
+    )
+    by_bucket: dict[str, int] = dict(
+        session.execute(
+            select(bucket, func.count(Gpu.id)).join(Host, Host.id == Gpu.host_id).group_by(bucket)
+        ).all()
+    )
+    fullness = {name: 0 for name, _ in FULLNESS_BUCKETS} | {FULL_BUCKET: 0, UNKNOWN_BUCKET: 0}
+    fullness.update(by_bucket)
+    held = {
+        kind: int(total or 0)
+        for kind, total in session.execute(
+            select(Event.kind, func.sum(Event.held_bytes))
+            .where(Event.ended_at.is_(None), Event.kind.in_(("orphaned", "idle")))
+            .group_by(Event.kind)
+        )
+    }
+    top_idle = session.execute(
+        select(Event, Host.hostname)
+        .join(Host, Host.id == Event.host_id)
+        .where(Event.ended_at.is_(None), Event.kind == "idle")
+        .order_by(Event.held_bytes.desc().nulls_last(), Event.id)
+        .limit(top)
+    ).all()
+    silent = session.scalars(
+        select(Host.hostname)
+        .where(Host.last_received_at.is_(None) | (Host.last_received_at < silent_before))
+        .order_by(Host.hostname)
+    ).all()
+    return FleetOut(
+        generated_at=now,
+        hosts=session.scalar(select(func.count(Host.id))) or 0,
+        gpus=sum(fullness.values()),
+        gpus_by_fullness=fullness,
+        orphaned_bytes=held.get("orphaned", 0),
+        idle_bytes=held.get("idle", 0),
+        top_idle=[event_service.to_out(event, hostname) for event, hostname in top_idle],
+        silent_hosts=list(silent),
+    )

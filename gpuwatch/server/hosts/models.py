@@ -1,0 +1,90 @@
+"""Hosts and their GPUs: the latest state the agents reported, plus per-GPU coarse samples.
+
+Times are Unix epoch seconds (float), as in the snapshot schema; sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Double,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from gpuwatch.server.database.core import Base, IdType
+
+SHORT = 256  # matches gpuwatch.snapshot.ShortStr
+
+
+class Host(Base):
+    """One machine running an agent. Created by ``gpuwatch token create``.
+
+    ``last_seen_at`` is the agent's ``collected_at`` of the newest applied snapshot;
+    ``last_received_at`` is the server's clock when a snapshot last arrived, which is
+    what agent silence is measured against (agent clocks may be skewed).
+    """
+
+    __tablename__ = "hosts"
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(SHORT), unique=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    agent_id: Mapped[str | None] = mapped_column(String(SHORT))
+    boot_id: Mapped[str | None] = mapped_column(String(SHORT))
+    last_sequence: Mapped[int | None] = mapped_column(BigInteger)
+    last_seen_at: Mapped[float | None] = mapped_column(Double)
+    last_received_at: Mapped[float | None] = mapped_column(Double)
+    driver_version: Mapped[str | None] = mapped_column(String(SHORT))
+    cuda_driver_version: Mapped[str | None] = mapped_column(String(SHORT))
+    pid_namespace_isolated: Mapped[bool] = mapped_column(Boolean, default=False)
+    fake: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Cumulative count the agent reports of snapshots its spool had to drop.
+    spool_dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Gpu(Base):
+    """One physical GPU of a host, identified by its UUID (indexes can change on reboot).
+
+    The ``bucket_*`` columns accumulate the current downsampling interval; the bucket
+    is written to ``gpu_samples`` when a snapshot falls into the next one.
+    """
+
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("host_id", "uuid"),)
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    uuid: Mapped[str] = mapped_column(String(SHORT))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str | None] = mapped_column(String(SHORT))
+    memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_free_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    unattributed_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    utilization_ratio: Mapped[float | None] = mapped_column(Double)
+    lost: Mapped[bool] = mapped_column(Boolean, default=False)
+    read_error: Mapped[str | None] = mapped_column(String(SHORT))
+    last_seen_at: Mapped[float] = mapped_column(Double)
+    bucket_start_at: Mapped[float | None] = mapped_column(Double)
+    bucket_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    bucket_unattributed_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class GpuSample(Base):
+    """Coarse per-GPU trend: one row per GPU per ``sample_interval_seconds``.
+
+    ``t`` is the bucket start; used and unattributed are the bucket's peaks.
+    """
+
+    __tablename__ = "gpu_samples"
+
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True)
+    t: Mapped[float] = mapped_column(Double, primary_key=True, index=True)
+    used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    unattributed_bytes: Mapped[int | None] = mapped_column(BigInteger)

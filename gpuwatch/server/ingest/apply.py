@@ -1,0 +1,302 @@
+"""Apply one snapshot to a host's state: GPUs, process lifetimes, coarse samples, events.
+
+Rules worth knowing:
+
+* Lifetimes are reconciled only on GPUs that were read and whose processes are
+  visible. A lost GPU, one with a ``read_error``, or one missing from the snapshot says
+  nothing about its processes, so their lifetimes stay open, untouched.
+* A new ``boot_id`` ends every open lifetime of the host at its last observation:
+  no process survives a reboot.
+* Downsampling: a bucket is ``[k * interval, (k + 1) * interval)`` of snapshot time.
+  Each lifetime and GPU accumulates the bucket it is in (process: lowest and highest
+  memory, highest SM ratio; GPU: highest used and unattributed) and writes it as one
+  sample row when a snapshot falls into a later bucket, or when the lifetime ends.
+  Bucket rows are stamped with the bucket's start, so a run of idle buckets can
+  overstate idleness by less than one interval.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+from gpuwatch.server.ingest import findings
+from gpuwatch.server.ingest.state import GpuRow, HostState, Identity, LifetimeRow
+from gpuwatch.settings import ServerSettings
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
+
+N = TypeVar("N", int, float)
+
+
+def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: ServerSettings) -> None:
+    """Advance ``state`` by one snapshot newer than any applied before."""
+    at = snapshot.collected_at
+    host = state.host
+    if host.boot_id is not None and snapshot.boot_id != host.boot_id:
+        end_all_lifetimes(state)
+    host.agent_id = snapshot.agent_id
+    host.boot_id = snapshot.boot_id
+    host.last_sequence = snapshot.sequence
+    host.last_seen_at = at
+    host.driver_version = snapshot.driver_version
+    host.cuda_driver_version = snapshot.cuda_driver_version
+    host.pid_namespace_isolated = snapshot.pid_namespace_isolated
+    host.fake = snapshot.fake
+
+    gpu_rows = {
+        gpu.uuid: _upsert_gpu(state, gpu, settings=settings, at=at) for gpu in snapshot.gpus
+    }
+    reconciled = [
+        gpu
+        for gpu in snapshot.gpus
+        if not gpu.lost and gpu.read_error is None and gpu.processes_visible
+    ]
+    _open_new_lifetimes(state, reconciled, gpu_rows, settings=settings, at=at)
+    trend_due: list[tuple[Gpu, GpuRow, LifetimeRow]] = []
+    for gpu in snapshot.gpus:
+        gpu_row = gpu_rows[gpu.uuid]
+        findings.check_gpu(state.events, gpu=gpu, gpu_row=gpu_row, settings=settings, at=at)
+    for gpu in reconciled:
+        gpu_row = gpu_rows[gpu.uuid]
+        listed: set[Identity] = set()
+        for process in gpu.processes:
+            lifetime = state.open[(gpu_row.id, process.pid, process.start_time)]
+            listed.add(lifetime.identity)
+            if _observe(lifetime, process, settings=settings, at=at, state=state):
+                trend_due.append((gpu, gpu_row, lifetime))
+            state.touch(lifetime)
+            findings.check_process(
+                state.events,
+                process=process,
+                gpu=gpu,
+                gpu_row=gpu_row,
+                lifetime=lifetime,
+                settings=settings,
+                at=at,
+            )
+        gone = [
+            lt for ident, lt in state.open.items() if ident[0] == gpu_row.id and ident not in listed
+        ]
+        for lifetime in gone:
+            _end(state, lifetime, at=at)
+    _check_trends(state, trend_due, settings=settings, at=at)
+
+
+def _upsert_gpu(state: HostState, gpu: Gpu, *, settings: ServerSettings, at: float) -> GpuRow:
+    row = state.gpus.get(gpu.uuid)
+    if row is None:
+        row = state.add_gpu(
+            {
+                "uuid": gpu.uuid,
+                "gpu_index": gpu.index,
+                "name": gpu.name,
+                "memory_total_bytes": gpu.memory_total_bytes,
+                "memory_used_bytes": None,
+                "memory_free_bytes": None,
+                "unattributed_bytes": None,
+                "utilization_ratio": None,
+                "lost": gpu.lost,
+                "read_error": gpu.read_error,
+                "last_seen_at": at,
+                "bucket_start_at": None,
+                "bucket_used_bytes": None,
+                "bucket_unattributed_bytes": None,
+            }
+        )
+    row.gpu_index = gpu.index
+    row.name = gpu.name or row.name
+    row.lost = gpu.lost
+    row.read_error = gpu.read_error
+    row.last_seen_at = at
+    if not gpu.lost and gpu.read_error is None:
+        # The total does not change; keep the last known one through a lost poll.
+        row.memory_total_bytes = gpu.memory_total_bytes or row.memory_total_bytes
+        row.memory_used_bytes = gpu.memory_used_bytes
+        row.memory_free_bytes = gpu.memory_free_bytes
+        row.unattributed_bytes = gpu.unattributed_bytes
+        row.utilization_ratio = gpu.utilization_ratio
+        bucket = _bucket(at, settings)
+        if row.bucket_start_at is not None and bucket > row.bucket_start_at:
+            state.add_gpu_sample(row)
+            row.bucket_start_at = None
+        if row.bucket_start_at is None:
+            row.bucket_start_at = bucket
+            row.bucket_used_bytes = gpu.memory_used_bytes
+            row.bucket_unattributed_bytes = gpu.unattributed_bytes
+        else:
+            row.bucket_used_bytes = _max(row.bucket_used_bytes, gpu.memory_used_bytes)
+            row.bucket_unattributed_bytes = _max(
+                row.bucket_unattributed_bytes, gpu.unattributed_bytes
+            )
+    state.touch(row)
+    return row
+
+
+def _open_new_lifetimes(
+    state: HostState,
+    gpus: list[Gpu],
+    gpu_rows: dict[str, GpuRow],
+    *,
+    settings: ServerSettings,
+    at: float,
+) -> None:
+    """Make sure every listed process has an open lifetime: reopen or insert."""
+    new: dict[Identity, tuple[Gpu, GpuProcess]] = {}
+    for gpu in gpus:
+        gpu_id = gpu_rows[gpu.uuid].id
+        for process in gpu.processes:
+            identity = (gpu_id, process.pid, process.start_time)
+            if identity not in state.open:
+                new[identity] = (gpu, process)
+    if not new:
+        return
+    # Same pid and start time is the same process: reopen its lifetime (a poll that
+    # missed it). Without a start time only a recent close is trusted to be the same.
+    reopen_after = at - 2 * max(
+        settings.sample_interval_seconds, settings.agent_push_interval_seconds
+    )
+    for lifetime in state.closed_matches(new):
+        identity = lifetime.identity
+        if identity not in new or identity in state.open:
+            continue
+        if lifetime.start_time is None and (lifetime.ended_at or 0.0) < reopen_after:
+            continue
+        lifetime.ended_at = None
+        state.open[identity] = lifetime
+        del new[identity]
+    state.add_lifetimes(
+        [_new_lifetime(gpu_id, process, at=at) for (gpu_id, _, _), (_, process) in new.items()]
+    )
+
+
+def _new_lifetime(gpu_id: int, process: GpuProcess, *, at: float) -> dict[str, Any]:
+    return {
+        "gpu_id": gpu_id,
+        "pid": process.pid,
+        "start_time": process.start_time,
+        "kind": process.kind,
+        "name": process.name,
+        "command": process.command,
+        "user": process.owner.user,
+        "uid": process.owner.uid,
+        "container_id": process.owner.container_id,
+        "pod_uid": process.owner.pod_uid,
+        "slurm_job_id": process.owner.slurm_job_id,
+        "orphaned": process.orphaned,
+        "first_seen_at": at,
+        "last_seen_at": at,
+        "ended_at": None,
+        "current_bytes": process.used_bytes,
+        "peak_bytes": process.used_bytes,
+        "sm_ratio": process.sm_ratio,
+        "idle_since": at if process.sm_ratio == 0 else None,
+        "bucket_start_at": None,
+        "bucket_min_bytes": None,
+        "bucket_max_bytes": None,
+        "bucket_max_sm_ratio": None,
+    }
+
+
+def _observe(
+    lifetime: LifetimeRow,
+    process: GpuProcess,
+    *,
+    settings: ServerSettings,
+    at: float,
+    state: HostState,
+) -> bool:
+    """Update a lifetime from its process; True when a bucket closed (trend is due)."""
+    lifetime.kind = process.kind
+    lifetime.name = process.name
+    lifetime.command = process.command
+    lifetime.user = process.owner.user
+    lifetime.uid = process.owner.uid
+    lifetime.container_id = process.owner.container_id
+    lifetime.pod_uid = process.owner.pod_uid
+    lifetime.slurm_job_id = process.owner.slurm_job_id
+    lifetime.orphaned = process.orphaned
+    lifetime.last_seen_at = at
+    lifetime.current_bytes = process.used_bytes
+    lifetime.peak_bytes = _max(lifetime.peak_bytes, process.used_bytes)
+    lifetime.sm_ratio = process.sm_ratio
+    # Unknown activity (None) breaks an idle run: idleness must be observed.
+    if process.sm_ratio == 0:
+        lifetime.idle_since = lifetime.idle_since if lifetime.idle_since is not None else at
+    else:
+        lifetime.idle_since = None
+    closed = False
+    bucket = _bucket(at, settings)
+    if lifetime.bucket_start_at is not None and bucket > lifetime.bucket_start_at:
+        state.add_process_sample(lifetime)
+        lifetime.bucket_start_at = None
+        closed = True
+    if lifetime.bucket_start_at is None:
+        lifetime.bucket_start_at = bucket
+        lifetime.bucket_min_bytes = process.used_bytes
+        lifetime.bucket_max_bytes = process.used_bytes
+        lifetime.bucket_max_sm_ratio = process.sm_ratio
+    else:
+        lifetime.bucket_min_bytes = _min(lifetime.bucket_min_bytes, process.used_bytes)
+        lifetime.bucket_max_bytes = _max(lifetime.bucket_max_bytes, process.used_bytes)
+        lifetime.bucket_max_sm_ratio = _max(lifetime.bucket_max_sm_ratio, process.sm_ratio)
+    return closed
+
+
+def _check_trends(
+    state: HostState,
+    due: list[tuple[Gpu, GpuRow, LifetimeRow]],
+    *,
+    settings: ServerSettings,
+    at: float,
+) -> None:
+    if not due:
+        return
+    since = at - findings.trend_window_seconds(settings) - settings.sample_interval_seconds
+    state.load_recent((lifetime.id for _, _, lifetime in due), since=since)
+    for gpu, gpu_row, lifetime in due:
+        samples = [s for s in state.recent[lifetime.id] if s.t >= since]
+        state.recent[lifetime.id] = samples  # keep the window bounded over a long batch
+        findings.check_trend(
+            state.events,
+            samples=samples,
+            gpu=gpu,
+            gpu_row=gpu_row,
+            lifetime=lifetime,
+            settings=settings,
+            at=at,
+        )
+
+
+def _end(state: HostState, lifetime: LifetimeRow, *, at: float) -> None:
+    if lifetime.bucket_start_at is not None:
+        state.add_process_sample(lifetime)
+        lifetime.bucket_start_at = None
+        lifetime.bucket_min_bytes = lifetime.bucket_max_bytes = None
+        lifetime.bucket_max_sm_ratio = None
+    lifetime.ended_at = at
+    state.open.pop(lifetime.identity, None)
+    state.touch(lifetime)
+    findings.clear_lifetime(state.events, lifetime, at=at)
+
+
+def end_all_lifetimes(state: HostState) -> int:
+    """End every open lifetime of the host at its own last observation (a reboot, or
+    a host gone silent); return how many ended."""
+    ending = list(state.open.values())
+    for lifetime in ending:
+        _end(state, lifetime, at=lifetime.last_seen_at)
+    return len(ending)
+
+
+def _bucket(at: float, settings: ServerSettings) -> float:
+    interval = settings.sample_interval_seconds
+    return math.floor(at / interval) * interval
+
+
+# None is "unknown", never zero: it neither wins nor loses a comparison.
+def _max(a: N | None, b: N | None) -> N | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _min(a: N | None, b: N | None) -> N | None:
+    return b if a is None else a if b is None else min(a, b)

@@ -1,0 +1,135 @@
+"""Ingest of snapshot batches: idempotency, then state, samples and events, in one transaction.
+
+What "accepted" promises: the snapshot's key is committed in ``snapshots_seen`` in
+the same transaction as everything derived from it, so a crash either keeps both or
+neither, and the agent's retry after a lost reply is answered ``duplicate``.
+
+Snapshots are applied oldest first. One older than the host's newest applied
+snapshot (a late spool drain) is recorded as seen but does not move the host's
+current state backwards: history keeps what the newer snapshots established.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sqlalchemy import Table
+from sqlalchemy.orm import Session
+
+from gpuwatch.errors import GpuwatchError
+from gpuwatch.server.database.dialects import insert_ignoring_conflicts
+from gpuwatch.server.ingest.apply import apply_snapshot
+from gpuwatch.server.ingest.models import SnapshotSeen
+from gpuwatch.server.ingest.schemas import IngestRequest, ItemResult
+from gpuwatch.server.ingest.state import HostState
+from gpuwatch.settings import ServerSettings
+from gpuwatch.snapshot import HostSnapshot
+
+log = logging.getLogger(__name__)
+
+# Agent clocks run ahead by seconds, not by this much. A snapshot further in the
+# future would pin the host's "newest applied" time and make every honest snapshot
+# after it look late, so it is refused (422) until the agent's clock is fixed.
+MAX_FUTURE_SKEW_SECONDS = 600.0
+
+_SEEN: Table = SnapshotSeen.__table__  # type: ignore[assignment]
+
+
+class SnapshotRejected(GpuwatchError):
+    """A well-formed snapshot the server will not store (answered 422)."""
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """Per-item outcome (in request order) and the events this request opened."""
+
+    results: list[ItemResult]
+    opened: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def accepted(self) -> int:
+        return self.results.count("accepted")
+
+    @property
+    def duplicate(self) -> int:
+        return self.results.count("duplicate")
+
+
+def ingest_snapshots(
+    *,
+    session: Session,
+    dialect: str,
+    host_id: int,
+    request: IngestRequest,
+    settings: ServerSettings,
+    now: float,
+) -> IngestResult:
+    """Store a batch of one host's snapshots; the caller commits.
+
+    ``now`` is the server's clock (epoch seconds). Raises :class:`SnapshotRejected`
+    for a snapshot from too far in the future; nothing is written then.
+    """
+    for snapshot in request.snapshots:
+        if snapshot.collected_at > now + MAX_FUTURE_SKEW_SECONDS:
+            raise SnapshotRejected(
+                f"snapshot {snapshot.sequence} was collected {snapshot.collected_at - now:.0f} s"
+                " in the future; fix the agent's clock"
+            )
+    # Lock the host first: on Postgres this queues a concurrent request of the same
+    # host here, before it can insert its keys.
+    state = HostState.load(session=session, dialect=dialect, host_id=host_id)
+    fresh = _record_seen(session, dialect, host_id, request.snapshots, now)
+    results: list[ItemResult] = []
+    to_apply: list[HostSnapshot] = []
+    for snapshot in request.snapshots:
+        if snapshot.idempotency_key in fresh:
+            fresh.discard(snapshot.idempotency_key)  # a repeat within the batch is a duplicate
+            results.append("accepted")
+            to_apply.append(snapshot)
+        else:
+            results.append("duplicate")
+    late = 0
+    for snapshot in sorted(to_apply, key=lambda s: s.collected_at):
+        newest = state.host.last_seen_at
+        if newest is not None and snapshot.collected_at <= newest:
+            late += 1
+            continue
+        apply_snapshot(state, snapshot, settings=settings)
+    if late:
+        log.info("host %s: %d late snapshot(s) recorded without replay", state.host.hostname, late)
+    state.host.last_received_at = now
+    if request.spool_dropped_total is not None:
+        state.host.spool_dropped_total = request.spool_dropped_total
+    state.events.clear("agent_silent", at=now)
+    state.flush()
+    return IngestResult(results=results, opened=state.events.opened)
+
+
+def _record_seen(
+    session: Session,
+    dialect: str,
+    host_id: int,
+    snapshots: list[HostSnapshot],
+    now: float,
+) -> set[tuple[str, str, int]]:
+    """Insert the batch's keys; return those that were new (one round trip)."""
+    rows = {
+        s.idempotency_key: {
+            "agent_id": s.agent_id,
+            "boot_id": s.boot_id,
+            "sequence": s.sequence,
+            "host_id": host_id,
+            "collected_at": s.collected_at,
+            "received_at": now,
+        }
+        for s in reversed(snapshots)  # the first occurrence of a key wins
+    }
+    inserted = session.execute(
+        insert_ignoring_conflicts(_SEEN, dialect).returning(
+            _SEEN.c.agent_id, _SEEN.c.boot_id, _SEEN.c.sequence
+        ),
+        list(rows.values()),
+    )
+    return {(agent_id, boot_id, sequence) for agent_id, boot_id, sequence in inserted}

@@ -1,0 +1,176 @@
+"""Periodic jobs. Each takes the database and ``now`` (epoch seconds) and opens its own
+sessions, so tests call them directly with an injected time; :mod:`.scheduler` runs
+them on a timer with a lock and an exception guard.
+
+All three are idempotent: running one twice, or on two replicas one after the other,
+changes nothing the first run did not.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import ColumnElement, Table, delete, func, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from gpuwatch.server.database.core import Database
+from gpuwatch.server.events.models import Event
+from gpuwatch.server.hosts.models import GpuSample, Host
+from gpuwatch.server.hosts.service import silence_threshold_seconds
+from gpuwatch.server.ingest.apply import end_all_lifetimes
+from gpuwatch.server.ingest.models import SnapshotSeen
+from gpuwatch.server.ingest.state import HostState
+from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
+from gpuwatch.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+# Rows deleted per retention transaction: small enough that SQLite's write lock is
+# held for milliseconds, so ingest keeps flowing while history is trimmed.
+RETENTION_BATCH = 5000
+
+
+def purge_expired(*, database: Database, settings: ServerSettings, now: float) -> dict[str, int]:
+    """Delete what is older than ``retention_days``; return rows deleted per table.
+
+    Samples by their time; events and process lifetimes once they have been closed
+    for that long (open ones are kept however old); idempotency keys by arrival.
+    """
+    cutoff = now - settings.retention_days * 86400
+    targets: list[tuple[Any, ColumnElement[bool]]] = [
+        (ProcessSample, ProcessSample.t < cutoff),
+        (GpuSample, GpuSample.t < cutoff),
+        (Event, Event.ended_at < cutoff),
+        (ProcessLifetime, ProcessLifetime.ended_at < cutoff),
+        (SnapshotSeen, SnapshotSeen.received_at < cutoff),
+    ]
+    deleted: dict[str, int] = {}
+    for model, condition in targets:
+        table: Table = model.__table__
+        deleted[table.name] = _delete_in_batches(database, table, condition)
+    if any(deleted.values()):
+        log.info("retention: deleted %s", deleted)
+    return deleted
+
+
+def _delete_in_batches(database: Database, table: Table, condition: ColumnElement[bool]) -> int:
+    key = tuple_(*table.primary_key.columns)
+    total = 0
+    while True:
+        with database.writer() as session, session.begin():
+            batch = select(*table.primary_key.columns).where(condition).limit(RETENTION_BATCH)
+            count = session.execute(delete(table).where(key.in_(batch))).rowcount  # type: ignore[attr-defined]
+        total += count
+        if count < RETENTION_BATCH:
+            return total
+
+
+def detect_silent_agents(*, database: Database, settings: ServerSettings, now: float) -> int:
+    """Open an ``agent_silent`` event per host that stopped pushing; return how many.
+
+    Silent: no snapshot received for ``agent_silent_intervals`` push intervals
+    (server clock). Hosts that never reported are left alone: a token was made, no
+    agent runs yet. Open events of hosts that report again are closed (ingest
+    closes them too; this catches an event opened while a push was in flight).
+    """
+    threshold = silence_threshold_seconds(settings)
+    opened = 0
+    with database.writer() as session, session.begin():
+        # FOR UPDATE (Postgres) serialises with ingest of the same host, which locks
+        # the host row first; the WHERE is re-checked once the lock is granted.
+        silent = session.scalars(
+            select(Host).where(Host.last_received_at < now - threshold).with_for_update()
+        ).all()
+        open_ids = set(
+            session.scalars(
+                select(Event.host_id).where(Event.kind == "agent_silent", Event.ended_at.is_(None))
+            )
+        )
+        for host in silent:
+            assert host.last_received_at is not None
+            if host.id in open_ids:
+                _touch_silent(session, host.id, now)
+                continue
+            session.add(_silent_event(host, threshold=threshold, now=now))
+            opened += 1
+        _close_recovered(session, now=now, threshold=threshold)
+    if opened:
+        log.warning("%d agent(s) went silent", opened)
+    return opened
+
+
+def _silent_event(host: Host, *, threshold: float, now: float) -> Event:
+    assert host.last_received_at is not None
+    quiet = now - host.last_received_at
+    return Event(
+        kind="agent_silent",
+        reason="no_snapshots",
+        host_id=host.id,
+        dedup_key="agent_silent",
+        summary=f"no snapshot from {host.hostname} for {quiet / 60:.1f} min",
+        evidence={
+            "last_received_at": host.last_received_at,
+            "last_seen_at": host.last_seen_at,
+            "threshold_seconds": threshold,
+        },
+        # Silent since the moment the threshold passed, not since this run noticed.
+        started_at=host.last_received_at + threshold,
+        last_seen_at=now,
+    )
+
+
+def _touch_silent(session: Session, host_id: int, now: float) -> None:
+    session.execute(
+        update(Event)
+        .where(Event.host_id == host_id, Event.kind == "agent_silent", Event.ended_at.is_(None))
+        .values(last_seen_at=now)
+    )
+
+
+def _close_recovered(session: Session, *, now: float, threshold: float) -> None:
+    recovered = select(Host.id).where(Host.last_received_at >= now - threshold)
+    session.execute(
+        update(Event)
+        .where(
+            Event.kind == "agent_silent",
+            Event.ended_at.is_(None),
+            Event.host_id.in_(recovered),
+        )
+        .values(ended_at=now)
+    )
+
+
+def close_stale_lifetimes(*, database: Database, settings: ServerSettings, now: float) -> int:
+    """End the open lifetimes of silent hosts at their last observation; return how many.
+
+    Nobody can see those processes any more, so "open" would be a claim without
+    evidence; their events end with them. A process with a known start time that
+    reappears when the agent returns reopens its lifetime. One transaction per host.
+    """
+    threshold = silence_threshold_seconds(settings)
+    with database.reader() as session:
+        host_ids = session.scalars(
+            select(Host.id)
+            .where(Host.last_received_at < now - threshold)
+            .where(
+                select(func.count(ProcessLifetime.id))
+                .where(ProcessLifetime.host_id == Host.id, ProcessLifetime.ended_at.is_(None))
+                .scalar_subquery()
+                > 0
+            )
+        ).all()
+    closed = 0
+    for host_id in host_ids:
+        with database.writer() as session, session.begin():
+            state = HostState.load(session=session, dialect=database.dialect, host_id=host_id)
+            if (
+                state.host.last_received_at is None
+                or state.host.last_received_at >= now - threshold
+            ):
+                continue  # it reported while we were looking
+            closed += end_all_lifetimes(state)
+            state.flush()
+    if closed:
+        log.info("closed %d lifetime(s) of silent hosts", closed)
+    return closed

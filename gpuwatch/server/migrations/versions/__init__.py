@@ -1,0 +1,1 @@
+"""Revisions, named by date (``YYYY_MM_DD_<rev>_<slug>.py``)."""

@@ -1,0 +1,23 @@
+"""Every table, imported in one place so ``Base.metadata`` is complete (Alembic, tests)."""
+
+from gpuwatch.server.auth.models import AgentToken
+from gpuwatch.server.database.core import Base
+from gpuwatch.server.events.models import Event
+from gpuwatch.server.hosts.models import Gpu, GpuSample, Host
+from gpuwatch.server.ingest.models import SnapshotSeen
+from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
+
+metadata = Base.metadata
+
+__all__ = [
+    "AgentToken",
+    "Base",
+    "Event",
+    "Gpu",
+    "GpuSample",
+    "Host",
+    "ProcessLifetime",
+    "ProcessSample",
+    "SnapshotSeen",
+    "metadata",
+]

@@ -1,0 +1,42 @@
+"""API shapes of process lifetimes. Sizes bytes, times Unix epoch seconds, ratios 0..1."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ProcessOut(BaseModel):
+    """One process's tenure on one GPU."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    hostname: str
+    gpu_index: int
+    gpu_uuid: str
+    pid: int
+    start_time: float | None = Field(description="Process start time; null when not visible.")
+    kind: str
+    name: str | None
+    command: str | None
+    user: str | None
+    uid: int | None
+    container_id: str | None
+    pod_uid: str | None
+    slurm_job_id: str | None
+    orphaned: bool
+    first_seen_at: float
+    last_seen_at: float
+    ended_at: float | None = Field(description="Null while the process still holds the GPU.")
+    current_bytes: int | None
+    peak_bytes: int | None
+    sm_ratio: float | None
+    idle_since: float | None = Field(description="Start of its current run of zero SM activity.")
+    idle_seconds: float | None = Field(description="last_seen_at - idle_since.")
+
+
+class ProcessPage(BaseModel):
+    """A page of lifetimes, newest first; pass ``next_cursor`` back for the next page."""
+
+    items: list[ProcessOut]
+    next_cursor: str | None
