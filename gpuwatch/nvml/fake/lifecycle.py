@@ -16,16 +16,19 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuwatch.errors import GpuwatchError
-from gpuwatch.nvml.fake.procfs import boot_id, identify, terminate
+from gpuwatch.nvml.fake.procfs import ProcessIdentity, boot_id, identify, terminate
 from gpuwatch.nvml.fake.runtime_state import (
     RuntimeState,
     locked,
     read_state,
     remove_state,
     state_path,
+    write_state,
 )
 from gpuwatch.nvml.fake.scenario import Attach, Ghost, Scenario, Spawn
 
@@ -97,24 +100,40 @@ def _attach_pid(target: int | str) -> int:
     return int(target)
 
 
-def _boot_plan(scenario: Scenario, path: Path, epoch: float) -> dict[str, object]:
-    deadline = epoch + scenario.lifetime
-    standins, attached = [], {}
+@dataclass
+class _BootPlan:
+    """What the supervisor gets on stdin (as JSON): everything to start and record."""
+
+    scenario: str
+    content_hash: str
+    boot_id: str
+    epoch: float
+    deadline: float
+    state_path: str
+    standins: list[dict[str, Any]] = field(default_factory=list)
+    attached: dict[str, ProcessIdentity] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        document = asdict(self)
+        document["attached"] = {k: [v.pid, v.start_ticks] for k, v in self.attached.items()}
+        return json.dumps(document)
+
+
+def _boot_plan(scenario: Scenario, path: Path, epoch: float) -> _BootPlan:
+    plan = _BootPlan(
+        scenario.name, scenario.content_hash, boot_id(), epoch, epoch + scenario.lifetime, str(path)
+    )
     for process in scenario.processes:
         origin = process.origin
         if isinstance(origin, Spawn):
-            ends = (
-                deadline
-                if process.exit is None
-                else min(deadline, epoch + process.exit / scenario.speed)
-            )
-            standins.append(
+            exits = plan.deadline if process.exit is None else epoch + process.exit / scenario.speed
+            plan.standins.append(
                 {
                     "key": process.key,
                     "argv": list(origin.argv),
                     "env": [list(pair) for pair in origin.env],
                     "orphan": origin.orphan,
-                    "deadline": ends,
+                    "deadline": min(plan.deadline, exits),
                 }
             )
         elif isinstance(origin, Attach):
@@ -123,21 +142,12 @@ def _boot_plan(scenario: Scenario, path: Path, epoch: float) -> dict[str, object
                 log.warning(
                     "fake GPUs: attach = %s: PID %s is not running", origin.target, identity.pid
                 )
-            attached[process.key] = [identity.pid, identity.start_ticks]
+            plan.attached[process.key] = identity
         elif isinstance(origin, Ghost) and identify(origin.pid).start_ticks is not None:
             log.warning(
-                "fake GPUs: ghost PID %s exists on this host; it is shown anyway", origin.pid
+                "fake GPUs: ghost PID %s exists on this host; it is listed anyway", origin.pid
             )
-    return {
-        "scenario": scenario.name,
-        "content_hash": scenario.content_hash,
-        "boot_id": boot_id(),
-        "epoch": epoch,
-        "deadline": deadline,
-        "state_path": str(path),
-        "standins": standins,
-        "attached": attached,
-    }
+    return plan
 
 
 def _supervisor_environment() -> dict[str, str]:
@@ -158,11 +168,24 @@ def _supervisor_environment() -> dict[str, str]:
 
 def _boot(scenario: Scenario, path: Path, epoch: float) -> RuntimeState:
     plan = _boot_plan(scenario, path, epoch)
-    log.info("fake GPUs: booting scenario %s (%d stand-ins)", scenario.name, len(plan["standins"]))  # type: ignore[arg-type]
+    if not plan.standins:
+        # Nothing to spawn or reap: record the state here, without a supervisor.
+        recorded = RuntimeState(
+            plan.scenario,
+            plan.content_hash,
+            plan.boot_id,
+            epoch,
+            plan.deadline,
+            ProcessIdentity(0, None),
+            plan.attached,
+        )
+        write_state(path, recorded)
+        return recorded
+    log.info("fake GPUs: booting scenario %s (%d stand-ins)", scenario.name, len(plan.standins))
     try:
         supervisor = subprocess.run(
             [sys.executable, "-m", "gpuwatch.nvml.fake.supervisor", scenario.name],
-            input=json.dumps(plan).encode(),
+            input=plan.to_json().encode(),
             capture_output=True,
             env=_supervisor_environment(),
             cwd="/",
@@ -174,12 +197,8 @@ def _boot(scenario: Scenario, path: Path, epoch: float) -> RuntimeState:
     lines = supervisor.stdout.decode(errors="replace").splitlines()
     report = json.loads(lines[0]) if lines and lines[0].startswith("{") else {}
     if not report.get("ok"):
-        reason = (
-            report.get("error")
-            or (supervisor.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[
-                -1
-            ]
-        )
+        stderr = supervisor.stderr.decode(errors="replace").strip().splitlines()
+        reason = report.get("error") or (stderr[-1] if stderr else "no output")
         raise GpuwatchError(f"fake GPUs: scenario {scenario.name} failed to start: {reason}")
     state = read_state(path)
     if state is None:

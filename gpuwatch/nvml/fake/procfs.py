@@ -76,6 +76,8 @@ def terminate(identities: list[ProcessIdentity], *, grace_seconds: float = 2.0) 
     handles: list[tuple[ProcessIdentity, int]] = []
     try:
         for identity in identities:
+            if identity.start_ticks is None:  # never seen alive (or "no supervisor")
+                continue
             fd = _open_pidfd(identity.pid)
             if fd is not None and is_alive(identity) and _signal(fd, signal.SIGTERM):
                 handles.append((identity, fd))
