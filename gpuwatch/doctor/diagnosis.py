@@ -71,6 +71,8 @@ class Context:
     def capacity(self) -> int | None:
         """What this process could have: the card, or a smaller per-process cap."""
         caps = [c for c in (self.figures.total, self.figures.limit) if c]
+        if not caps and self.live is not None and self.live.memory_total_bytes:
+            caps = [self.live.memory_total_bytes]  # messages without sizes: the card seen live
         return min(caps) if caps else None
 
     @property

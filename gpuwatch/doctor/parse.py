@@ -52,10 +52,8 @@ def parse_oom(text: str) -> OomFacts:
 def find_all(text: str) -> list[OomFacts]:
     """Every distinct OOM message in ``text``, in the order they appear."""
     messages: list[OomFacts] = []
-    for window in windows(text):
-        found: list[Found] = []
-        for family in FAMILIES:
-            found.extend(family(window))
+    for readings in windows(text):
+        window, found = max((_find_in(reading) for reading in readings), key=_richness)
         for start, facts in sorted(found, key=lambda f: f.start):
             if facts.phase is None and _LOADING.search(
                 window, max(0, start - LOADING_LOOKBACK_CHARS), start
@@ -63,6 +61,23 @@ def find_all(text: str) -> list[OomFacts]:
                 facts.phase = "model load"
             _add(messages, facts)
     return messages
+
+
+def _find_in(window: str) -> tuple[str, list[Found]]:
+    found: list[Found] = []
+    for family in FAMILIES:
+        found.extend(family(window))
+    return window, found
+
+
+def _richness(reading: tuple[str, list[Found]]) -> int:
+    """How much a reading of a window yielded: filled fields over all its messages."""
+    return sum(
+        1
+        for _, facts in reading[1]
+        for value in facts.model_dump(exclude={"message", "additional_messages"}).values()
+        if value not in (None, [])
+    ) + sum(len(facts.other_processes) for _, facts in reading[1])
 
 
 def _add(messages: list[OomFacts], facts: OomFacts) -> None:

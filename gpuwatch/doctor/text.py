@@ -39,6 +39,7 @@ ANCHORS = (
 
 CONTEXT_BEFORE_CHARS = 1500  # exception names, BFC stats dumps printed before the error
 CONTEXT_AFTER_CHARS = 6000  # 15 "Process N has ..." clauses plus advice fit easily
+LINE_SLACK_CHARS = 500  # how far to look for a line boundary at a window's edge
 MAX_WINDOW_CHARS = 64 * 1024
 MAX_WINDOWS = 32  # bounds the work on a log with thousands of OOM lines
 MAX_HITS_PER_ANCHOR = 256
@@ -58,21 +59,31 @@ _LINE_PREFIXES = tuple(
         r"^\s*SUBPROCESS:\s",
         r"^\s*\[(?:info|error|warning|debug)\]\s",  # Elixir logger
         r"^\s*>+\s?",  # e-mail / markdown quotes, Python REPL
-        # "uniq -c" counts and grep/paste line numbers, but not a size ("0 bytes is free")
-        r"^\s*\d{1,7}(?::|\s+)(?!\s*(?:[KMGTPE]i?B|[Bb]ytes?|B)(?![A-Za-z]))(?=\S)",
+        # "uniq -c" counts and pasted line numbers ("      2 [rank0]: ...", " 14 jpype..."),
+        # indented, and never a wrapped figure ("1246069 has ...", "0 bytes is free").
+        r"^\s+\d{1,7}\s+(?!has\b|is\b|(?:[KMGTPE]i?B|[Bb]ytes?|B)(?![A-Za-z]))(?=\S)",
+        r"^\d{1,7}:(?=\[)",  # grep -n: "6507:[2025-09-02 05:37:31] ..."
         r"^\s*`+",
     )
 )
 
 
-def windows(text: str) -> list[str]:
+def windows(text: str) -> list[list[str]]:
     """Repaired windows of ``text`` that contain an anchor word, in text order.
 
+    Each window comes as one or two readings: with lines that look hard-wrapped
+    re-joined, and (when that changed anything) without, because word-wrapped text
+    can look hard-wrapped too; the parser keeps the reading that yields more.
     Overlapping windows are merged (up to :data:`MAX_WINDOW_CHARS`); at most
     :data:`MAX_WINDOWS` are returned, so the cost is bounded for any input.
     """
     spans = _merge(_anchor_spans(text))
-    return [repair(text[start:end]) for start, end in spans[:MAX_WINDOWS]]
+    readings = []
+    for start, end in spans[:MAX_WINDOWS]:
+        joined = repair(text[start:end])
+        plain = repair(text[start:end], join_hard_wraps=False)
+        readings.append([joined] if joined == plain else [plain, joined])
+    return readings
 
 
 def _anchor_spans(text: str) -> list[tuple[int, int]]:
@@ -88,9 +99,12 @@ def _anchor_spans(text: str) -> list[tuple[int, int]]:
             pos = lowered.find(anchor, pos + CONTEXT_AFTER_CHARS // 2)
     spans = []
     for pos in sorted(set(hits)):
-        start = text.rfind("\n", 0, max(0, pos - CONTEXT_BEFORE_CHARS)) + 1
-        end = text.find("\n", min(len(text), pos + CONTEXT_AFTER_CHARS))
-        spans.append((start, len(text) if end == -1 else end))
+        # Cut at line boundaries when one is near; a log without newlines is cut anyway.
+        low = max(0, pos - CONTEXT_BEFORE_CHARS)
+        start = text.rfind("\n", max(0, low - LINE_SLACK_CHARS), low) + 1 or low
+        high = min(len(text), pos + CONTEXT_AFTER_CHARS)
+        end = text.find("\n", high, high + LINE_SLACK_CHARS)
+        spans.append((start, high if end == -1 else end))
     return spans
 
 
@@ -104,13 +118,15 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def repair(text: str) -> str:
+def repair(text: str, *, join_hard_wraps: bool = True) -> str:
     """Undo layout damage: line endings, literal ``\\n``, hard wraps, log prefixes."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     # Rust/JSON debug strings carry the newlines as the two characters "\n".
     text = text.replace("\\n", "\n").replace("\\t", " ")
     text = text.translate(_PUNCTUATION).replace("**", "")
-    lines = _join_hard_wraps(text.split("\n"))
+    lines = text.split("\n")
+    if join_hard_wraps:
+        lines = _join_hard_wraps(lines)
     return "\n".join(_strip_prefixes(line) for line in lines)
 
 

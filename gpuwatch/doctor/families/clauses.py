@@ -98,6 +98,11 @@ def exception_before(text: str, start: int) -> str | None:
     if match:
         return match["name"]
     prev_start = text.rfind("\n", 0, max(0, line_start - 1)) + 1
+    if not text[line_start:start].strip():
+        # Wrapped right after the name: "torch.cuda.OutOfMemoryError:\nCUDA out of ..."
+        match = _EXCEPTION_ON_LINE.search(text, prev_start, max(prev_start, line_start - 1))
+        if match:
+            return match["name"]
     for pattern in (_EXCEPTION_LINE_BEFORE, _EXCEPTION_TYPE_FIELD):
         match = pattern.search(text, prev_start, max(prev_start, line_start - 1))
         if match:

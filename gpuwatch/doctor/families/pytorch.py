@@ -41,7 +41,9 @@ _HEADER = re.compile(
 _REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
 _ABSURD = re.compile(r"Tried\s+to\s+allocate\s+more\s+than\s+1EB")
 _SENTENCE_GPU = re.compile(r"GPU\s+(\d+)\s+has\s+a\s+total\s+capac")
-_SENTENCE_FORM = re.compile(r"Tried\s+to\s+allocate\s+\S+\s+\S+\.\s+GPU\b|total\s+capaci?ty\s+of")
+# The 1.x wording puts its figures in parentheses after the size; without those
+# clauses (2.1+ sentences, or a message cut right after the size) it is the new form.
+_PAREN_FORM = re.compile(r"\(\s*GPU\s+\d+\s*;|total\s+capacity\s*;|already\s+allocated")
 _PAREN_GPU = re.compile(r"\(\s*GPU\s+(\d+)\s*;")
 _SENTENCE_TOTAL = compile_clause(r"total\s+capaci?ty\s+of\s+")
 _SENTENCE_FREE = compile_clause(r"of\s+which\s+", r"\s+is\s+free")
@@ -86,7 +88,7 @@ def _find_caching(window: str) -> list[Found]:
 
 
 def _caching_facts(span: Span, device_type: str) -> OomFacts:
-    sentences = span.has(_SENTENCE_FORM)
+    sentences = not span.has(_PAREN_FORM)
     cached = span.size(_PAREN_CACHED)
     if span.has(_ABSURD):
         category = "pytorch_caching_allocator_oom_absurd_size"

@@ -1,0 +1,1 @@
+"""Tests of the OOM doctor, gpuwatch fit and the in-process PyTorch reporter."""

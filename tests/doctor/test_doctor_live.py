@@ -1,0 +1,76 @@
+"""fetch_local_snapshot against a real HTTP server, and the live view explain adds."""
+
+from __future__ import annotations
+
+import time
+
+from doctor.fake_agent_server import COLLECTED_AT, FakeAgent
+from gpuwatch.doctor.explain import explain
+from gpuwatch.doctor.live import fetch_local_snapshot, live_gpu
+from gpuwatch.doctor.report import render
+
+# Another process holds the card: this one has 1.2 GiB and nothing is free.
+STARVED = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 23.65 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process "
+    "has 1.20 GiB memory in use. Of the allocated memory 800.00 MiB is allocated by PyTorch, and "
+    "100.00 MiB is reserved by PyTorch but unallocated."
+)
+
+
+def test_fetches_and_validates_the_snapshot(agent: FakeAgent) -> None:
+    snapshot = fetch_local_snapshot(agent.url)
+    assert snapshot is not None
+    assert snapshot.hostname == "gpu-box"
+    assert [p.pid for p in snapshot.gpus[0].processes] == [5151, 4242]
+
+
+def test_accepts_the_full_snapshot_url(agent: FakeAgent) -> None:
+    assert fetch_local_snapshot(agent.url + "/snapshot/") is not None
+
+
+def test_absent_agent_gives_none_quickly(no_agent_url: str) -> None:
+    started = time.monotonic()
+    assert fetch_local_snapshot(no_agent_url, timeout=0.5) is None
+    assert time.monotonic() - started < 2
+
+
+def test_http_error_and_garbage_give_none(agent: FakeAgent) -> None:
+    agent.snapshot = 503
+    assert fetch_local_snapshot(agent.url) is None
+    agent.snapshot = b'{"not": "a snapshot"}'
+    assert fetch_local_snapshot(agent.url) is None
+    agent.snapshot = b"\xff\xfe garbage"
+    assert fetch_local_snapshot(agent.url) is None
+
+
+def test_live_view_ages_processes_and_sorts_by_memory(agent: FakeAgent) -> None:
+    snapshot = fetch_local_snapshot(agent.url)
+    assert snapshot is not None
+    view = live_gpu(snapshot, 0, now=COLLECTED_AT)
+    assert view is not None
+    notebook = view.processes[0]
+    assert (notebook.pid, notebook.user, notebook.sm_ratio) == (4242, "alice", 0.0)
+    assert notebook.running_seconds == 3 * 3600 + 300
+    # A snapshot is one instant: idle duration is not knowable from it.
+    assert notebook.idle_seconds is None
+    assert live_gpu(snapshot, 3) is None
+
+
+def test_explain_names_the_live_holders_with_commands(agent: FakeAgent) -> None:
+    snapshot = fetch_local_snapshot(agent.url)
+    explanation = explain(STARVED, snapshot=snapshot, now=COLLECTED_AT)
+    first = explanation.diagnoses[0]
+    assert first.fix == "other_processes"
+    assert "gpuwatch reap --pid 4242   # or: kill 4242" in first.commands
+    assert any("alice" in c and "SM 0% now" in c and "running 3h05m" in c for c in first.commands)
+    text = render(explanation)
+    assert "Right now on gpu-box, GPU 0 (NVIDIA GeForce RTX 4090):" in text
+    assert "pid 4242 alice" in text
+
+
+def test_driver_error_uses_the_live_view_as_evidence(agent: FakeAgent) -> None:
+    snapshot = fetch_local_snapshot(agent.url)
+    explanation = explain("RuntimeError: CUDA error: out of memory", snapshot=snapshot)
+    assert [d.fix for d in explanation.diagnoses] == ["other_processes", "unknown"]
+    assert "live view" in explanation.diagnoses[0].evidence

@@ -1,0 +1,128 @@
+"""Bad input: random text, truncation, CRLF, wrapping, non-UTF-8, a 10 MB log, non-OOM logs.
+
+The parser must never raise anything but NotRecognized, must stay fast (every pattern
+is linear and only bounded windows are scanned), and must extract nothing from logs
+that merely talk about memory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuwatch.doctor.parse import parse_oom
+from gpuwatch.doctor.units import format_size, parse_size
+from gpuwatch.errors import NotRecognized
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NON_OOM_LOGS = sorted((FIXTURES / "non-oom").glob("*.log"))
+CORPUS = [json.loads(line) for line in (FIXTURES / "oom-messages.jsonl").read_text().splitlines()]
+MESSAGE = next(e["text"] for e in CORPUS if e["id"] == "pt2-new-005")
+FAST = settings(max_examples=60, deadline=1000)
+
+
+def parse_or_none(text: str) -> object:
+    try:
+        return parse_oom(text)
+    except NotRecognized:
+        return None
+
+
+@pytest.mark.parametrize("path", NON_OOM_LOGS, ids=[p.name for p in NON_OOM_LOGS])
+def test_non_oom_logs_are_not_recognised(path: Path) -> None:
+    with pytest.raises(NotRecognized):
+        parse_oom(path.read_text(encoding="utf-8"))
+
+
+@FAST
+@given(st.text(max_size=2000))
+def test_random_text_never_raises_anything_else(text: str) -> None:
+    parse_or_none(text)
+
+
+@FAST
+@given(st.integers(min_value=0, max_value=len(MESSAGE)))
+def test_truncated_messages_never_raise(cut: int) -> None:
+    facts = parse_or_none(MESSAGE[:cut])
+    if facts is not None:
+        # Whatever survives the cut must be what the full message says, never a guess.
+        full = parse_oom(MESSAGE)
+        for key, value in facts.model_dump(exclude={"message", "other_processes"}).items():  # type: ignore[attr-defined]
+            assert value in (None, [], getattr(full, key)), key
+
+
+@FAST
+@given(st.binary(max_size=3000))
+def test_non_utf8_bytes_decoded_at_the_boundary(raw: bytes) -> None:
+    parse_or_none((raw + MESSAGE.encode()).decode("utf-8", errors="replace"))
+
+
+@FAST
+@given(st.sampled_from([e["text"] for e in CORPUS]), st.sampled_from(["\r\n", "\n", "\r"]))
+def test_line_endings_do_not_change_the_numbers(text: str, ending: str) -> None:
+    assert parse_oom(text.replace("\n", ending)).requested_bytes == parse_oom(text).requested_bytes
+
+
+@FAST
+@given(st.integers(min_value=30, max_value=120))
+def test_word_wrapping_at_any_width_keeps_the_numbers(width: int) -> None:
+    words, lines, line = MESSAGE.replace("\n", " ").split(" "), [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    wrapped = parse_oom("\n".join([*lines, line]))
+    assert wrapped.model_dump(exclude={"message"}) == parse_oom(MESSAGE).model_dump(
+        exclude={"message"}
+    )
+
+
+def test_ten_megabyte_log_is_bounded_and_finds_the_oom() -> None:
+    noise = (FIXTURES / "non-oom" / "hf-trainer.log").read_text() * 8000
+    log = (
+        noise[: 5 * 2**20] + "\n[rank0]: " + MESSAGE.replace("\n", " ") + "\n" + noise[: 5 * 2**20]
+    )
+    assert len(log) > 10 * 2**20
+    started = time.perf_counter()
+    facts = parse_oom(log)
+    assert time.perf_counter() - started < 5
+    assert facts.requested_bytes == 144_703_488
+
+
+def test_ten_megabyte_log_of_anchor_words_is_bounded() -> None:
+    log = "out of memory Tried to allocate cudnn kv cache " * 250_000
+    started = time.perf_counter()
+    with pytest.raises(NotRecognized):
+        parse_oom(log)
+    assert time.perf_counter() - started < 5
+
+
+@FAST
+@given(st.integers(min_value=0, max_value=2**44))
+def test_format_then_parse_round_trips_within_printed_precision(num_bytes: int) -> None:
+    printed = format_size(num_bytes)
+    unit = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[printed.split()[1]]
+    assert abs(parse_size(printed) - num_bytes) <= unit * 0.005 + 0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1.19 GiB", 1_277_752_771),
+        ("1024.00 KiB", 2**20),
+        ("0 bytes", 0),
+        ("129.21 MB", 135_486_505),  # MPS's MB is binary
+        ("90.48M", 94_875_156),  # TF prints the exact 94873600 beside it
+        ("25,600,000 bytes", 25_600_000),
+        ("2.60GiB", 2_791_728_742),
+    ],
+)
+def test_parse_size_is_binary(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
