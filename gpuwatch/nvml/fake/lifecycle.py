@@ -89,7 +89,9 @@ def _stop_path(path: Path) -> list[int]:
 
 
 def _terminate_state(state: RuntimeState) -> list[int]:
-    return terminate([state.supervisor, *state.standin_identities()])
+    # Stand-ins first: the supervisor, once signalled, also kills them, and we want to
+    # have signalled (and so report) each one ourselves before that race can start.
+    return terminate([*state.standin_identities(), state.supervisor])
 
 
 def _attach_pid(target: int | str) -> int:
