@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Engine, text
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # What a 503 tells the agent: try again in this many seconds (it backs off further).
 RETRY_AFTER_SECONDS = 5
+# A 422 lists at most this many problems; one is usually enough to fix the client.
+MAX_REPORTED_ERRORS = 20
 
 
 def create_app(
@@ -138,9 +141,20 @@ def _add_error_handlers(app: FastAPI) -> None:
         log.error("%s %s: database error", request.method, request.url.path, exc_info=err)
         return JSONResponse({"detail": "internal error"}, status_code=500)
 
+    async def invalid_request(_request: Request, err: Exception) -> JSONResponse:
+        # FastAPI's default echoes each offending input back: a 100 kB string comes
+        # back whole, and NaN cannot be encoded at all (a 500). Say where and why only.
+        assert isinstance(err, RequestValidationError)
+        errors = [
+            {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")}
+            for e in err.errors()[:MAX_REPORTED_ERRORS]
+        ]
+        return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
     async def invalid_cursor(_request: Request, err: Exception) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     app.add_exception_handler(SQLAlchemyError, database_error)
     app.add_exception_handler(DatabaseError, database_error)
     app.add_exception_handler(InvalidCursor, invalid_cursor)
+    app.add_exception_handler(RequestValidationError, invalid_request)

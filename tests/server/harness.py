@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import uvicorn
@@ -48,7 +49,11 @@ class Live:
     def token(self, hostname: str = "host-1") -> str:
         return make_token(self.database, hostname, self.clock())
 
-    def push(self, token: str, body: object) -> httpx.Response:
+    def push(self, token: str, body: dict[str, Any]) -> httpx.Response:
+        """POST a batch, first moving the server clock up to its newest snapshot:
+        agents push what they just collected."""
+        newest = max((s["collected_at"] for s in body.get("snapshots", [])), default=0.0)
+        self.clock.now = max(self.clock.now, newest)
         return self.client.post(
             "/api/v1/snapshots", json=body, headers={"Authorization": f"Bearer {token}"}
         )
