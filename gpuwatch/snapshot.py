@@ -52,7 +52,12 @@ class TorchAllocatorStats(_Strict):
 
 
 class ProcessOwner(_Strict):
-    """Who a process belongs to: Unix user, and container / Kubernetes pod / Slurm job."""
+    """Who a process belongs to: Unix user, and container / Kubernetes pod / Slurm job.
+
+    Frozen, so the agent can share one instance between its cache and every snapshot.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     user: ShortStr | None = None
     uid: int | None = None

@@ -288,12 +288,18 @@ class NvmlSession:
     def _read_memory(self, handle: Any, reading: DeviceReading) -> None:
         # v2 reports the driver's reserved memory separately from "used"; v1 folds it in.
         if self._memory_v2 is not False:
-            mem = self._call(
-                "nvmlDeviceGetMemoryInfo",
-                handle,
-                self._nv.nvmlMemory_v2,
-                symbol="nvmlDeviceGetMemoryInfo_v2",
-            )
+            try:
+                mem = self._call(
+                    "nvmlDeviceGetMemoryInfo",
+                    handle,
+                    self._nv.nvmlMemory_v2,
+                    symbol="nvmlDeviceGetMemoryInfo_v2",
+                )
+            except TypeError:
+                # Another library in this process replaced pynvml's wrapper with a
+                # one-argument version (gpustat does, on import); use it as v1 below.
+                mem = None
+                self._memory_v2 = False
             if mem is not None:
                 self._memory_v2 = True
                 reading.memory_total_bytes = int(mem.total)
@@ -309,6 +315,8 @@ class NvmlSession:
             reading.memory_total_bytes = int(mem.total)
             reading.memory_used_bytes = int(mem.used)
             reading.memory_free_bytes = int(mem.free)
+            reserved = getattr(mem, "reserved", None)  # present when a v2 struct came back
+            reading.memory_reserved_bytes = None if reserved is None else int(reserved)
 
     def _read_activity(self, handle: Any, reading: DeviceReading) -> None:
         util = self._call("nvmlDeviceGetUtilizationRates", handle)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from pydantic import ValidationError
 
 from gpuwatch.agent.procinfo import (
     DEFAULT_SUBREAPERS,
@@ -160,7 +161,9 @@ def test_facts_fill_a_gpu_process(host: ProcInfo) -> None:
     assert process.command == facts.command
     assert process.jupyter_server_alive is True
     assert process.owner == facts.owner
-    assert process.owner is not facts.owner
+    # Shared with the cache, which is safe only because owners are frozen.
+    with pytest.raises(ValidationError):
+        process.owner.user = "mallory"  # type: ignore[misc]
 
 
 def test_boot_id_and_boot_time() -> None:

@@ -1,0 +1,212 @@
+"""Agent benchmark: 8 GPUs x 200 processes on the fake GPUs beneath pynvml.
+
+Reported, each as a ratio to a baseline measured side by side in the same run:
+
+* poll: one full ``Sampler.poll()`` (NVML reads + /proc attribution + snapshot) vs
+  (a) the bare pynvml calls that poll needs, made in a plain loop (the limit), and
+  (b) gpustat's ``new_query()`` on the same fake (a peer).
+  Targets: <= 1.5x the bare calls, <= 0.3x gpustat.
+* scrape: ``GET /metrics`` of a running agent (per-process series on) vs
+  ``GET /metrics`` of Debian's prometheus-node-exporter on the same machine, both over
+  loopback HTTP. Target: no slower than node_exporter.
+* memory: the agent process's RSS after start-up, and its growth over 10,000 scrapes.
+  Targets: <= 40 MiB, no growth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+from bench.common import interleaved, write_result
+
+SCENARIO = "big"
+SCRAPES = 10_000
+
+
+def _bare_calls(pynvml: Any, handles: list[Any]) -> None:
+    """Exactly the NVML calls one gpuwatch poll makes, with nothing around them."""
+    pynvml.nvmlDeviceGetCount()
+    for handle in handles:
+        pynvml.nvmlDeviceGetUUID(handle)
+        pynvml.nvmlDeviceGetName(handle)
+        pynvml.nvmlDeviceGetPciInfo(handle)
+        pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
+        pynvml.nvmlDeviceGetUtilizationRates(handle)
+        pynvml.nvmlDeviceGetTemperature(handle, 0)
+        pynvml.nvmlDeviceGetPowerUsage(handle)
+        pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)
+        pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+        pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
+        pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle)
+        try:
+            pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        except pynvml.NVMLError:
+            pass
+        try:
+            pynvml.nvmlDeviceGetMigMode(handle)
+        except pynvml.NVMLError:
+            pass
+
+
+def _gpustat_seconds(runtime_dir: Path, *, repeat: int, number: int) -> dict[str, Any]:
+    """gpustat's ``new_query()`` on the same fake GPUs, in its own process."""
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "fake-nvml", "exec", SCENARIO, "--",
+         sys.executable, "-m", "bench.gpustat_probe", str(repeat), str(number)],
+        env=env, capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def bench_poll(runtime_dir: Path) -> dict[str, Any]:
+    import pynvml
+
+    from gpuwatch.agent.assemble import build_sampler
+    from gpuwatch.agent.state import AgentState
+    from gpuwatch.nvml import fake
+    from gpuwatch.settings import AgentSettings
+
+    host = fake.install(SCENARIO, runtime_dir=runtime_dir / "gpuwatch-fake")
+    try:
+        settings = AgentSettings(fake_gpus=None)
+        sampler = build_sampler(settings, AgentState())  # fake already beneath pynvml
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        processes = sum(len(g.processes) for g in sampler.poll().gpus)
+        times = interleaved(
+            {"bare_pynvml": lambda: _bare_calls(pynvml, handles), "gpuwatch_poll": sampler.poll},
+            repeat=7,
+            number=5,
+        )
+        peer = _gpustat_seconds(runtime_dir, repeat=7, number=5)
+        times["gpustat_query"] = peer["seconds"]
+    finally:
+        fake.uninstall()
+        host.stop()
+    return {
+        "gpus": len(handles),
+        "processes": processes,
+        "gpustat_saw": {"gpus": peer["gpus"], "processes": peer["processes"]},
+        "seconds": times,
+        "ratio_poll_to_bare": times["gpuwatch_poll"] / times["bare_pynvml"],
+        "ratio_poll_to_gpustat": times["gpuwatch_poll"] / times["gpustat_query"],
+        "targets": {"ratio_poll_to_bare": 1.5, "ratio_poll_to_gpustat": 0.3},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_http(url: str, deadline_s: float = 30.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def bench_scrape_and_memory(runtime_dir: Path) -> dict[str, Any]:
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "GPUWATCH_CONFIG": "/nonexistent"}
+    port = _free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpuwatch", "agent", "--fake-gpus", SCENARIO,
+         "--listen", f"127.0.0.1:{port}", "--collector.processes"],
+        env=env, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    node_exporter = None
+    result: dict[str, Any] = {}
+    try:
+        agent_url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{agent_url}/healthz")
+        subjects = {}
+        with httpx.Client() as client:
+            subjects["gpuwatch_scrape"] = lambda: client.get(f"{agent_url}/metrics").content
+            binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+            if binary:
+                ne_port = _free_port()
+                node_exporter = subprocess.Popen(
+                    [binary, f"--web.listen-address=127.0.0.1:{ne_port}"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                _wait_http(f"http://127.0.0.1:{ne_port}/metrics")
+                subjects["node_exporter_scrape"] = lambda: (
+                    client.get(f"http://127.0.0.1:{ne_port}/metrics").content
+                )
+            body = client.get(f"{agent_url}/metrics").content
+            times = interleaved(subjects, repeat=7, number=20)
+            result["scrape_seconds"] = times
+            result["gpuwatch_scrape_bytes"] = len(body)
+            if "node_exporter_scrape" in times:
+                result["ratio_scrape_to_node_exporter"] = (
+                    times["gpuwatch_scrape"] / times["node_exporter_scrape"]
+                )
+            rss_start = _rss_bytes(agent.pid)
+            for _ in range(SCRAPES):
+                client.get(f"{agent_url}/metrics")
+            rss_end = _rss_bytes(agent.pid)
+        result["rss_after_start_bytes"] = rss_start
+        result["rss_after_scrapes_bytes"] = rss_end
+        result["rss_growth_bytes"] = rss_end - rss_start
+        result["scrapes"] = SCRAPES
+        result["targets"] = {
+            "ratio_scrape_to_node_exporter": 1.0,
+            "rss_bytes": 40 * 2**20,
+            "rss_growth_bytes": 0,
+        }
+    finally:
+        for proc in (agent, node_exporter):
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "fake-nvml", "stop", "--all"],
+            env=env, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+    return result
+
+
+def main() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gpuwatch-bench-") as tmp:
+        runtime = Path(tmp)
+        result = {
+            "poll": bench_poll(runtime / "poll"),
+            "scrape": bench_scrape_and_memory(runtime / "agent"),
+        }
+    path = write_result("agent", result)
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
