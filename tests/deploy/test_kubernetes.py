@@ -1,0 +1,267 @@
+"""deploy/kubernetes: manifests parse, every container is bounded and unprivileged, and the
+objects point at each other correctly (selectors, ports, job names the rules expect)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+IMAGE = "gpuwatch:0.1.0"
+# Needs the Prometheus Operator's CRDs, so it is applied separately, not via kustomize.
+OPERATOR_ONLY = "monitoring.yaml"
+
+Manifest = dict[str, Any]
+
+
+def _documents(path: Path) -> list[Manifest]:
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[Manifest]:
+    docs = [
+        d
+        for p in sorted(K8S.glob("*.yaml"))
+        if p.name != "kustomization.yaml"
+        for d in _documents(p)
+    ]
+    assert docs
+    return docs
+
+
+def _one(manifests: list[Manifest], kind: str, name: str) -> Manifest:
+    found = [m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def _workloads(manifests: list[Manifest]) -> list[Manifest]:
+    return [m for m in manifests if m["kind"] in {"DaemonSet", "Deployment", "StatefulSet", "Job"}]
+
+
+def _containers(workload: Manifest) -> list[Manifest]:
+    spec = workload["spec"]["template"]["spec"]
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+def test_every_object_is_namespaced_in_gpuwatch(manifests: list[Manifest]) -> None:
+    for m in manifests:
+        if m["kind"] != "Namespace":
+            assert m["metadata"].get("namespace") == "gpuwatch", (
+                f"{m['kind']}/{m['metadata']['name']}"
+            )
+
+
+def test_kustomization_lists_every_manifest_but_the_operator_ones() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", OPERATOR_ONLY}
+    assert set(kustomization["resources"]) == files
+    kinds = {d["apiVersion"].split("/")[0] for d in _documents(K8S / OPERATOR_ONLY)}
+    assert kinds == {"monitoring.coreos.com"}, "only operator objects belong in monitoring.yaml"
+
+
+def test_every_container_has_requests_and_a_memory_limit(manifests: list[Manifest]) -> None:
+    for workload in _workloads(manifests):
+        for c in _containers(workload):
+            resources = c.get("resources", {})
+            assert {"cpu", "memory"} <= set(resources.get("requests", {})), c["name"]
+            assert "memory" in resources.get("limits", {}), c["name"]
+
+
+def test_every_container_is_non_root_read_only_and_without_capabilities(
+    manifests: list[Manifest],
+) -> None:
+    for workload in _workloads(manifests):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        # Neither workload talks to the Kubernetes API: no token in the pod.
+        assert pod["automountServiceAccountToken"] is False
+        assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+        for c in _containers(workload):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, c["name"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc.get("privileged", False) is False, c["name"]
+            assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]
+            assert c["image"] == IMAGE, c["name"]
+
+
+def test_nothing_requests_a_gpu(manifests: list[Manifest]) -> None:
+    """The agent sees GPUs via NVIDIA_VISIBLE_DEVICES=all; requesting nvidia.com/gpu would
+    take a GPU away from the jobs on every node."""
+    for workload in _workloads(manifests):
+        for c in _containers(workload):
+            for section in ("requests", "limits"):
+                assert not any("gpu" in k for k in c["resources"].get(section, {})), c["name"]
+
+
+def test_agent_daemonset_sees_host_pids_on_gpu_nodes_only(manifests: list[Manifest]) -> None:
+    agent = _one(manifests, "DaemonSet", "gpuwatch-agent")
+    pod = agent["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True  # NVML reports host PIDs
+    assert pod["nodeSelector"], "the agent belongs on GPU nodes only"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["GPUWATCH_AGENT_AGENT_ID"]["value"] == "$(NODE_NAME)"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/var/lib/gpuwatch/spool" in mounts
+
+
+def test_agent_readiness_probe_is_healthz_on_the_metrics_port(manifests: list[Manifest]) -> None:
+    (container,) = _one(manifests, "DaemonSet", "gpuwatch-agent")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    probe = container["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[probe["port"]] == 9402
+
+
+def test_single_replica_sqlite_server_is_recreated_not_rolled(manifests: list[Manifest]) -> None:
+    server = _one(manifests, "Deployment", "gpuwatch-server")
+    assert server["spec"]["replicas"] == 1
+    assert server["spec"]["strategy"]["type"] == "Recreate"
+    pod = server["spec"]["template"]["spec"]
+    claims = {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    assert claims == {"gpuwatch-server-data"}
+    _one(manifests, "PersistentVolumeClaim", "gpuwatch-server-data")
+    (container,) = pod["containers"]
+    data = next(v["name"] for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    assert {"name": data, "mountPath": "/var/lib/gpuwatch"} in container["volumeMounts"]
+    for env in container["env"]:
+        # Secrets only by reference, and optional: SQLite and open reads work without them.
+        ref = env["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "gpuwatch-server" and ref["optional"] is True
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_service_and_monitors_select_the_pods_and_ports_that_exist(
+    manifests: list[Manifest],
+) -> None:
+    server = _one(manifests, "Deployment", "gpuwatch-server")["spec"]["template"]
+    service = _one(manifests, "Service", "gpuwatch-server")
+    assert _selects(service["spec"]["selector"], server["metadata"]["labels"])
+    server_ports = {p["name"] for p in server["spec"]["containers"][0]["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= server_ports
+
+    monitor = _one(manifests, "ServiceMonitor", "gpuwatch-server")
+    assert _selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {
+        p["name"] for p in service["spec"]["ports"]
+    }
+
+    agent = _one(manifests, "DaemonSet", "gpuwatch-agent")["spec"]["template"]
+    pod_monitor = _one(manifests, "PodMonitor", "gpuwatch-agent")
+    assert _selects(pod_monitor["spec"]["selector"]["matchLabels"], agent["metadata"]["labels"])
+    agent_ports = {p["name"] for p in agent["spec"]["containers"][0]["ports"]}
+    assert {e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]} <= agent_ports
+
+
+def test_monitors_produce_the_job_names_and_labels_the_rules_expect(
+    manifests: list[Manifest],
+) -> None:
+    (endpoint,) = _one(manifests, "PodMonitor", "gpuwatch-agent")["spec"]["podMetricsEndpoints"]
+    relabel = endpoint["relabelings"]
+    assert {"targetLabel": "job", "replacement": "gpuwatch-agent"} in relabel
+    assert {"action": "labeldrop", "regex": "pod|container"} in relabel
+    assert {"sourceLabels": ["exported_job"], "regex": "(.+)", "targetLabel": "slurm_job"} in (
+        endpoint["metricRelabelings"]
+    )
+    # A ServiceMonitor's job is the Service's name, unless jobLabel overrides it.
+    assert "jobLabel" not in _one(manifests, "ServiceMonitor", "gpuwatch-server")["spec"]
+    _one(manifests, "Service", "gpuwatch-server")
+
+
+def test_namespace_allows_host_pid_but_audits_everything_else(manifests: list[Manifest]) -> None:
+    labels = _one(manifests, "Namespace", "gpuwatch")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/audit"] == "restricted"
+
+
+AGENT_WRAPPER_CASES = [
+    (
+        "gpu-node-01",
+        "s3cret",
+        ["agent", "--server=http://gpuwatch-server.gpuwatch.svc:9403"],
+        "s3cret",
+    ),
+    ("gpu-node-02", None, ["agent"], ""),
+]
+
+
+@pytest.mark.parametrize(("node", "token", "argv", "env_token"), AGENT_WRAPPER_CASES)
+def test_agent_wrapper_pushes_only_with_this_nodes_token(
+    manifests: list[Manifest],
+    tmp_path: Path,
+    node: str,
+    token: str | None,
+    argv: list[str],
+    env_token: str,
+) -> None:
+    """Runs the DaemonSet's shell wrapper against a fake `gpuwatch` and token directory."""
+    (container,) = _one(manifests, "DaemonSet", "gpuwatch-agent")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["command"] == ["/bin/sh", "-ec"]
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    (tokens / "some-other-node").write_text("not-mine")
+    if token is not None:
+        (tokens / node).write_text(token)
+    script = container["args"][0].replace("/etc/gpuwatch/tokens", str(tokens))
+    fake = tmp_path / "bin" / "gpuwatch"
+    fake.parent.mkdir()
+    fake.write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$@"\nprintf "token=%s\\n" "${GPUWATCH_AGENT_TOKEN:-}"\n'
+    )
+    fake.chmod(0o755)
+    result = subprocess.run(
+        ["/bin/sh", "-ec", script],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={"PATH": f"{fake.parent}:{os.environ['PATH']}", "NODE_NAME": node},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [*argv, f"token={env_token}"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl missing")
+def test_kubectl_kustomize_renders_the_base() -> None:
+    # Offline: kustomize needs no cluster. (Schema validation would: not done here.)
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = [d for d in yaml.safe_load_all(result.stdout) if d]
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in rendered)
+    assert kinds == [
+        "DaemonSet/gpuwatch-agent",
+        "Deployment/gpuwatch-server",
+        "Namespace/gpuwatch",
+        "PersistentVolumeClaim/gpuwatch-server-data",
+        "Service/gpuwatch-server",
+    ]
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpuwatch" for d in rendered)
