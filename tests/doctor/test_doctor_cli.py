@@ -1,0 +1,131 @@
+"""``gpuwatch explain`` and ``gpuwatch fit`` through the real entry point (exit codes, JSON)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from doctor.fake_agent_server import FakeAgent
+from gpuwatch.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LLAMA = FIXTURES / "llama-3.1-8b" / "config.json"
+MESSAGE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 23.65 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process "
+    "has 1.20 GiB memory in use. Of the allocated memory 800.00 MiB is allocated by PyTorch, and "
+    "100.00 MiB is reserved by PyTorch but unallocated."
+)
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    out, err = capsys.readouterr()
+    code = exited.value.code
+    return (code if isinstance(code, int) else 0), out, err
+
+
+def test_explain_json_from_a_file_with_the_live_view(
+    tmp_path: Path, agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"step 10 loss 2.1\r\n\xff\xfe" + MESSAGE.encode() + b"\r\n")
+    code, out, _ = run(["explain", str(log), "--json", "--agent", agent.url], capsys)
+    assert code == 0
+    result = json.loads(out)
+    assert result["recognized"] is True
+    assert result["kind"] == "pytorch_allocator"
+    assert result["device"] == "cuda:0"
+    assert result["requested_bytes"] == 2 * 2**30
+    assert result["other_processes"] == []
+    assert result["diagnoses"][0]["fix"] == "other_processes"
+    assert result["live"]["processes"][0]["pid"] == 4242
+
+
+def test_explain_text_option_human_output(
+    capsys: pytest.CaptureFixture[str], no_agent_url: str
+) -> None:
+    code, out, _ = run(["explain", "--text", MESSAGE, "--agent", no_agent_url], capsys)
+    assert code == 0
+    assert out.startswith("Out of memory on cuda:0: PyTorch CUDA allocator")
+    assert "$ gpuwatch status" in out
+
+
+def test_explain_reads_stdin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(MESSAGE.encode())))
+    code, out, _ = run(["explain", "-", "--json", "--no-live"], capsys)
+    assert code == 0 and json.loads(out)["recognized"] is True
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_not_an_oom_exits_6_with_one_line(
+    as_json: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["explain", "--text", "epoch 3: loss 0.41, CUDA memory allocated 9.8 GiB", "--no-live"]
+    code, out, err = run([*args, "--json"] if as_json else args, capsys)
+    assert code == 6
+    assert err.strip().splitlines() == ["gpuwatch: error: not an OOM message I recognise"]
+    if as_json:
+        assert json.loads(out)["recognized"] is False
+    else:
+        assert out == ""
+
+
+def test_missing_file_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["explain", str(tmp_path / "absent.log"), "--no-live"], capsys)
+    assert code == 3
+    assert "Traceback" not in err
+
+
+def test_fit_json_breakdown_matches_published_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        ["fit", "--config", str(LLAMA), "--gpu", "H100-80GB", "--context", "8192", "--json"], capsys
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert result["model"]["params"] == 8_030_261_248
+    assert result["kv_cache_bytes_per_token"] == 131_072
+    assert result["breakdown"]["weights_bytes"] == 8_030_261_248 * 2
+    assert result["breakdown"]["kv_cache_bytes"] == 131_072 * 8192
+    assert result["gpus"][0]["verdict"] == "fits"
+
+
+def test_fit_human_output_names_what_makes_it_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["fit", "--params", "70B", "--gpu", "RTX4090"], capsys)
+    assert code == 0
+    assert "does NOT fit" in out
+    assert "makes it fit:" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fit", "--params", "8B", "--gpu", "RTX9999"],
+        ["fit", "--params", "eight", "--gpu", "RTX4090"],
+        ["fit", "--params", "8B", "--mode", "full", "--dtype", "int4", "--gpu", "RTX4090"],
+        ["fit", "--gpu", "RTX4090"],
+    ],
+)
+def test_fit_bad_options_exit_3(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(args, capsys)
+    assert code == 3
+    assert err.startswith("gpuwatch: error: ")
+
+
+def test_fit_local_uses_the_agents_gpus(
+    agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        ["fit", "--params", "8B", "--gpu", "local", "--agent", agent.url, "--json"], capsys
+    )
+    assert code == 0
+    gpu = json.loads(out)["gpus"][0]
+    assert gpu["name"] == "GPU 0 (NVIDIA GeForce RTX 4090)"
+    assert gpu["fits_free_now"] is False  # 2 GiB free: the notebook holds the rest
