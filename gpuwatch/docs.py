@@ -95,6 +95,7 @@ def configuration_markdown() -> str:
         for name, field in cls.model_fields.items():
             annotation = getattr(field.annotation, "__name__", None) or str(field.annotation)
             annotation = annotation.replace("typing.", "").replace("pydantic.types.", "")
+            annotation = annotation.replace(" | ", " or ")  # a bare pipe would split the table cell
             out.append(
                 f"| `{name}` | `{prefix}{name.upper()}` | {annotation} | {_default(field)} | "
                 f"{field.description or ''} |\n"
