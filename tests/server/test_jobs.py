@@ -1,0 +1,194 @@
+"""Scheduled jobs, called directly with an injected time, and their runner's guard and lock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+
+from gpuwatch.server.database import Database, create_database
+from gpuwatch.server.database.core import advisory_lock_key
+from gpuwatch.server.database.migrate import upgrade
+from gpuwatch.server.events.models import Event
+from gpuwatch.server.hosts.models import GpuSample
+from gpuwatch.server.ingest.schemas import IngestRequest
+from gpuwatch.server.ingest.service import ingest_snapshots
+from gpuwatch.server.jobs import close_stale_lifetimes, detect_silent_agents, purge_expired
+from gpuwatch.server.metrics import ServerStats
+from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
+from gpuwatch.server.scheduler import JobSpec, job_specs, run_job
+from gpuwatch.settings import ServerSettings
+from gpuwatch.snapshot import HostSnapshot
+from server.factories import T0, gpu, process, snapshot
+from server.harness import make_token
+
+DAY = 86400.0
+
+
+def ingest(database: Database, settings: ServerSettings, *snaps: HostSnapshot) -> None:
+    host = snaps[0].hostname
+    if not _host_exists(database, host):
+        make_token(database, host)
+    with database.writer() as session, session.begin():
+        host_id = session.scalar(text("SELECT id FROM hosts WHERE hostname = :h"), {"h": host})
+        ingest_snapshots(
+            session=session,
+            dialect=database.dialect,
+            host_id=host_id,
+            request=IngestRequest(snapshots=list(snaps)),
+            settings=settings,
+            now=max(s.collected_at for s in snaps),
+        )
+
+
+def _host_exists(database: Database, hostname: str) -> bool:
+    with database.reader() as session:
+        found = session.scalar(text("SELECT 1 FROM hosts WHERE hostname = :h"), {"h": hostname})
+    return found is not None
+
+
+def count(database: Database, model: Any, *where: Any) -> int:
+    with database.reader() as session:
+        return session.scalar(select(func.count()).select_from(model).where(*where)) or 0
+
+
+def test_retention_deletes_what_is_older_than_retention_and_keeps_the_rest(
+    database: Database, settings: ServerSettings
+) -> None:
+    settings = settings.model_copy(update={"retention_days": 1.0})
+    # Day 0: a process that comes and goes (closed lifetime, samples, an orphan event).
+    old = [snapshot(seq, [gpu(0, [process(1, orphaned=True)])]) for seq in range(10)]
+    old.append(snapshot(10, [gpu(0, [])]))
+    # Day 2: a process still running.
+    new = [
+        snapshot(seq, [gpu(0, [process(2)])], at=T0 + 2 * DAY + seq * 15) for seq in range(11, 21)
+    ]
+    ingest(database, settings, *old)
+    ingest(database, settings, *new)
+    assert count(database, ProcessSample, ProcessSample.t < T0 + DAY) > 0
+
+    deleted = purge_expired(database=database, settings=settings, now=T0 + 2 * DAY + 400)
+
+    assert deleted["process_lifetimes"] == 1 and deleted["events"] == 1
+    assert count(database, ProcessSample, ProcessSample.t < T0 + DAY) == 0
+    assert count(database, GpuSample, GpuSample.t < T0 + DAY) == 0
+    assert count(database, ProcessSample) > 0  # day 2's samples stay
+    assert count(database, ProcessLifetime) == 1
+    # Idempotent: nothing more to delete.
+    again = purge_expired(database=database, settings=settings, now=T0 + 2 * DAY + 400)
+    assert not any(again.values())
+
+
+def test_retention_deletes_in_batches(
+    database: Database, settings: ServerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snaps = [snapshot(seq, [gpu(0, [process(1)])], interval=60) for seq in range(12)]
+    ingest(database, settings, *snaps)
+    monkeypatch.setattr("gpuwatch.server.jobs.RETENTION_BATCH", 3)
+
+    deleted = purge_expired(database=database, settings=settings, now=T0 + 40 * DAY)
+
+    assert deleted["process_samples"] == 11 and deleted["gpu_samples"] == 11
+    assert count(database, ProcessSample) == 0
+
+
+def test_agent_silent_opens_one_event_and_a_new_snapshot_closes_it(
+    database: Database, settings: ServerSettings
+) -> None:
+    ingest(database, settings, snapshot(0, [gpu(0)]))
+    threshold = settings.agent_silent_intervals * settings.agent_push_interval_seconds
+
+    assert detect_silent_agents(database=database, settings=settings, now=T0 + threshold) == 0
+    assert detect_silent_agents(database=database, settings=settings, now=T0 + 100) == 1
+    assert detect_silent_agents(database=database, settings=settings, now=T0 + 200) == 0
+
+    with database.reader() as session:
+        (event,) = session.scalars(select(Event).where(Event.kind == "agent_silent")).all()
+    assert event.started_at == T0 + threshold
+    assert event.last_seen_at == T0 + 200 and event.ended_at is None
+
+    ingest(database, settings, snapshot(1, [gpu(0)], at=T0 + 300))
+
+    assert count(database, Event, Event.kind == "agent_silent", Event.ended_at.is_(None)) == 0
+
+
+def test_hosts_that_never_reported_are_not_called_silent(
+    database: Database, settings: ServerSettings
+) -> None:
+    make_token(database, "fresh-host")
+
+    assert detect_silent_agents(database=database, settings=settings, now=T0 + DAY) == 0
+
+
+def test_stale_lifetimes_of_a_silent_host_are_closed_at_their_last_sighting(
+    database: Database, settings: ServerSettings
+) -> None:
+    snaps = [snapshot(seq, [gpu(0, [process(1, orphaned=True), process(2)])]) for seq in range(3)]
+    ingest(database, settings, *snaps)
+
+    assert close_stale_lifetimes(database=database, settings=settings, now=T0 + 60) == 0
+    assert close_stale_lifetimes(database=database, settings=settings, now=T0 + 600) == 2
+
+    with database.reader() as session:
+        ended = session.scalars(select(ProcessLifetime.ended_at)).all()
+        orphan = session.scalars(select(Event).where(Event.kind == "orphaned")).one()
+    assert ended == [snaps[-1].collected_at] * 2
+    assert orphan.ended_at == snaps[-1].collected_at
+    assert close_stale_lifetimes(database=database, settings=settings, now=T0 + 900) == 0
+
+
+def test_a_failing_job_is_contained_and_counted(
+    database: Database, settings: ServerSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(**_: Any) -> None:
+        raise RuntimeError("boom")
+
+    stats = ServerStats()
+
+    result = run_job(
+        JobSpec("broken", broken, 60),
+        database=database,
+        settings=settings,
+        clock=lambda: T0,
+        stats=stats,
+    )
+
+    assert result == "failed"
+    assert stats.job_runs[("broken", "failed")] == 1
+    assert "job broken failed" in caplog.text
+
+
+def test_jobs_run_through_the_runner(database: Database, settings: ServerSettings) -> None:
+    stats = ServerStats()
+    for spec in job_specs(settings):
+        assert (
+            run_job(spec, database=database, settings=settings, clock=lambda: T0, stats=stats)
+            == "ok"
+        )
+
+
+@pytest.mark.postgres
+def test_a_job_another_replica_is_running_is_skipped(postgres_url: str) -> None:
+    settings = ServerSettings(database_url=postgres_url, scheduler=False)
+    database = create_database(postgres_url)
+    upgrade(database)
+    ran: list[float] = []
+    spec = JobSpec("agent_silent", lambda **kw: ran.append(kw["now"]), 15)
+    stats = ServerStats()
+    with database.engine.connect() as other_replica:
+        other_replica.execute(
+            text("SELECT pg_advisory_lock(:k)"), {"k": advisory_lock_key("job:agent_silent")}
+        )
+        assert (
+            run_job(spec, database=database, settings=settings, clock=lambda: T0, stats=stats)
+            == "skipped"
+        )
+        other_replica.execute(
+            text("SELECT pg_advisory_unlock(:k)"), {"k": advisory_lock_key("job:agent_silent")}
+        )
+    assert (
+        run_job(spec, database=database, settings=settings, clock=lambda: T0, stats=stats) == "ok"
+    )
+    assert ran == [T0]
+    database.dispose()
