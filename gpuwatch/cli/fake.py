@@ -46,6 +46,8 @@ def register(app: typer.Typer) -> None:
         runtime_dir: Path | None = _runtime_dir_option(),
     ) -> None:
         """Boot SCENARIO's stand-in processes (no-op if running) and print their PIDs."""
+        from datetime import datetime
+
         from gpuwatch.nvml.fake.library import is_implemented
         from gpuwatch.nvml.fake.lifecycle import ensure_running
         from gpuwatch.nvml.fake.runtime_state import prepare_runtime_dir
@@ -54,9 +56,8 @@ def register(app: typer.Typer) -> None:
 
         spec = load_scenario(scenario, known_symbols=is_implemented)
         state = ensure_running(spec, prepare_runtime_dir(runtime_dir))
-        typer.echo(
-            f"# scenario {spec.name}: {len(spec.gpus)} GPUs; stand-ins until {state.deadline:.0f} (Unix time)"
-        )
+        until = datetime.fromtimestamp(state.deadline).isoformat(sep=" ", timespec="seconds")
+        typer.echo(f"# scenario {spec.name}: {len(spec.gpus)} GPUs; stand-ins exit by {until}")
         typer.echo("# PID\tGPU\tCOMMAND")
         for process in spec.processes:
             if isinstance(process.origin, Spawn) and process.key in state.processes:

@@ -10,7 +10,7 @@ from typing import Any
 import pynvml as nv
 
 from gpuwatch.nvml.fake import cargs
-from gpuwatch.nvml.fake.calls_system import _short_bus_id
+from gpuwatch.nvml.fake.calls_system import short_bus_id
 from gpuwatch.nvml.fake.symbols import CallsBase, DeviceRef, nvml_symbol
 
 _ARCHITECTURES = {
@@ -94,7 +94,7 @@ class DeviceCalls(CallsBase):
         domain, bus, rest = bus_id.split(":")
         cargs.fill(
             cargs.target(info),
-            busIdLegacy=_short_bus_id(bus_id).encode(),
+            busIdLegacy=short_bus_id(bus_id).encode(),
             busId=bus_id.encode(),
             domain=int(domain, 16),
             bus=int(bus, 16),

@@ -11,7 +11,7 @@ from gpuwatch.nvml.fake import cargs
 from gpuwatch.nvml.fake.symbols import CallsBase, nvml_symbol
 
 
-def _short_bus_id(bus_id: str) -> str:
+def short_bus_id(bus_id: str) -> str:
     """``"00000000:01:00.0"`` -> ``"0000:01:00.0"`` (the legacy 16-byte form)."""
     domain, _, rest = bus_id.partition(":")
     return f"{domain[-4:]}:{rest}"
@@ -98,7 +98,7 @@ class SystemCalls(CallsBase):
         def matches(gpu: Any, mig: Any) -> bool:
             return mig is None and text in (
                 gpu.pci_bus_id.upper(),
-                _short_bus_id(gpu.pci_bus_id).upper(),
+                short_bus_id(gpu.pci_bus_id).upper(),
             )
 
         return self._handle_where(t, device, matches)

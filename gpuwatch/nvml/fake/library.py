@@ -30,6 +30,7 @@ from gpuwatch.nvml.fake.calls_mig import MigCalls
 from gpuwatch.nvml.fake.calls_processes import ProcessCalls
 from gpuwatch.nvml.fake.calls_system import SystemCalls
 from gpuwatch.nvml.fake.host import FakeHost
+from gpuwatch.nvml.fake.scenario import symbol_family
 from gpuwatch.nvml.fake.symbols import DeviceRef, SymbolInfo, nvml_symbol
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,6 @@ def implemented_symbols() -> dict[str, tuple[str, SymbolInfo]]:
 
 def is_implemented(symbol: str) -> bool:
     """True for a symbol (or a versionless family such as ``nvmlDeviceGetMemoryInfo``)."""
-    from gpuwatch.nvml.fake.scenario import symbol_family
-
     return any(name == symbol or symbol_family(name) == symbol for name in implemented_symbols())
 
 

@@ -55,7 +55,7 @@ def ensure_running(
     """
     path = state_path(runtime_dir, scenario.name, scenario.content_hash)
     with locked(path):
-        wall = time.time() if now is None else now
+        wall = time.time()
         state = read_state(path)
         if state is not None and _is_current(state, scenario, wall):
             return state

@@ -8,6 +8,7 @@ Unknown keys are errors too, so a typo never silently becomes a default.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import tomllib
@@ -114,6 +115,7 @@ class _ScenarioReader:
         if not 0 < lifetime <= MAX_LIFETIME_SECONDS:
             raise fake.error("lifetime", "must be longer than 0s and at most 7d")
         driver = fake.get("driver_version", values.string, "550.54.15")
+        # Processes and faults are checked against the GPUs, so they are added second.
         scenario = Scenario(
             name=name,
             description=fake.get("description", values.string, ""),
@@ -136,7 +138,7 @@ class _ScenarioReader:
         processes = self._processes(top.tables("process"), scenario)
         faults = tuple(self._fault(t, scenario) for t in top.tables("fault"))
         top.done()
-        return Scenario(**{**scenario.__dict__, "processes": processes, "faults": faults})
+        return dataclasses.replace(scenario, processes=processes, faults=faults)
 
     def _gpu(self, table: Table, index: int, scenario_name: str) -> GpuSpec:
         total = table.require("memory_total", parse_bytes)
