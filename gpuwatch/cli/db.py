@@ -1,9 +1,70 @@
-"""`gpuwatch db` commands (placeholder until its owner fills it in)."""
+"""``gpuwatch db``: the server database's schema revision, and upgrading it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
+
+from gpuwatch.cli.server import CONFIG_HELP, DATABASE_URL_HELP
+
+if TYPE_CHECKING:
+    from gpuwatch.server.database import Database
+
+db = typer.Typer(name="db", help="Server database schema (migrations).", no_args_is_help=True)
+
+
+def open_database(database_url: str | None, config: Path | None) -> Database:
+    """The configured server database (``--database-url`` over env over config file)."""
+    from gpuwatch.cli.agent import use_config_file
+    from gpuwatch.server.database import database_for
+    from gpuwatch.settings import ServerSettings, load
+
+    use_config_file(config)
+    return database_for(load(ServerSettings, database_url=database_url))
+
+
+@db.command("upgrade")
+def upgrade(
+    database_url: str | None = typer.Option(
+        None, "--database-url", metavar="URL", help=DATABASE_URL_HELP
+    ),
+    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+) -> None:
+    """Apply every pending migration (what `gpuwatch server` does on start)."""
+    from gpuwatch.server.database.migrate import current_revision, upgrade
+
+    database = open_database(database_url, config)
+    try:
+        upgrade(database)
+        typer.echo(f"database at revision {current_revision(database)} (head)")
+    finally:
+        database.dispose()
+
+
+@db.command("current")
+def current(
+    database_url: str | None = typer.Option(
+        None, "--database-url", metavar="URL", help=DATABASE_URL_HELP
+    ),
+    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+) -> None:
+    """Print the database's schema revision and whether it is this version's head."""
+    from gpuwatch.server.database.migrate import current_revision, head_revision
+
+    database = open_database(database_url, config)
+    try:
+        revision, head = current_revision(database), head_revision()
+    finally:
+        database.dispose()
+    if revision is None:
+        typer.echo(f"none (empty database; head is {head}; run `gpuwatch db upgrade`)")
+    elif revision == head:
+        typer.echo(f"{revision} (head)")
+    else:
+        typer.echo(f"{revision} (head is {head}; run `gpuwatch db upgrade`)")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.add_typer(db)

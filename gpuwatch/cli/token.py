@@ -1,9 +1,111 @@
-"""`gpuwatch token` commands (placeholder until its owner fills it in)."""
+"""``gpuwatch token``: per-host agent tokens (create, list, revoke).
+
+The database keeps only each token's SHA-256; ``create`` shows the token once, as its
+last line of output, so scripts can take it with ``| tail -n1``.
+"""
 
 from __future__ import annotations
 
+import time
+from datetime import datetime
+from pathlib import Path
+
 import typer
+
+from gpuwatch.cli.db import open_database
+from gpuwatch.cli.server import CONFIG_HELP, DATABASE_URL_HELP
+from gpuwatch.errors import GpuwatchError
+
+token = typer.Typer(name="token", help="Per-host agent tokens.", no_args_is_help=True)
+
+_URL = typer.Option(None, "--database-url", metavar="URL", help=DATABASE_URL_HELP)
+_CONFIG = typer.Option(None, "--config", help=CONFIG_HELP)
+
+
+def _hostname(value: str) -> str:
+    if not value or len(value) > 256 or any(c.isspace() for c in value):
+        raise typer.BadParameter("a host name: 1-256 characters, no spaces")
+    return value
+
+
+@token.command("create")
+def create(
+    host: str = typer.Argument(..., callback=_hostname, help="Host name the agent reports."),
+    database_url: str | None = _URL,
+    config: Path | None = _CONFIG,
+) -> None:
+    """Create a token for HOST (adding the host); prints the token as the last line."""
+    from gpuwatch.server.auth import service
+    from gpuwatch.server.database import translated_errors
+    from gpuwatch.server.database.migrate import require_head
+
+    database = open_database(database_url, config)
+    try:
+        require_head(database)
+        with translated_errors("cannot create the token"), database.writer() as session:
+            secret = service.create_token(session=session, hostname=host, now=time.time())
+            session.commit()
+    finally:
+        database.dispose()
+    typer.echo(f"token for {host} (shown once; set it as GPUWATCH_AGENT_TOKEN on that host):")
+    typer.echo(secret)
+
+
+@token.command("list")
+def list_(database_url: str | None = _URL, config: Path | None = _CONFIG) -> None:
+    """List tokens: host, created, revoked (never the tokens themselves)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuwatch.server.auth import service
+    from gpuwatch.server.database import translated_errors
+    from gpuwatch.server.database.migrate import require_head
+
+    database = open_database(database_url, config)
+    try:
+        require_head(database)
+        with translated_errors("cannot list tokens"), database.reader() as session:
+            tokens = service.list_tokens(session=session)
+    finally:
+        database.dispose()
+    table = Table("ID", "HOST", "CREATED", "REVOKED", box=None)
+    for info in tokens:
+        table.add_row(
+            str(info.id),
+            info.hostname,
+            _when(info.created_at),
+            "-" if info.revoked_at is None else _when(info.revoked_at),
+        )
+    Console(soft_wrap=True).print(table)
+
+
+@token.command("revoke")
+def revoke(
+    host: str = typer.Argument(..., callback=_hostname, help="Host whose tokens to revoke."),
+    database_url: str | None = _URL,
+    config: Path | None = _CONFIG,
+) -> None:
+    """Revoke every active token of HOST; its agent is refused (403) from now on."""
+    from gpuwatch.server.auth import service
+    from gpuwatch.server.database import translated_errors
+    from gpuwatch.server.database.migrate import require_head
+
+    database = open_database(database_url, config)
+    try:
+        require_head(database)
+        with translated_errors("cannot revoke tokens"), database.writer() as session:
+            revoked = service.revoke_tokens(session=session, hostname=host, now=time.time())
+            session.commit()
+    finally:
+        database.dispose()
+    if revoked == 0:
+        raise GpuwatchError(f"host {host} has no active token")
+    typer.echo(f"revoked {revoked} token(s) of {host}")
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.add_typer(token)

@@ -20,6 +20,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
 
+from gpuwatch.errors import DatabaseError
 from gpuwatch.server.database.core import (
     Database,
     advisory_lock_key,
@@ -54,6 +55,16 @@ def current_revision(db: Database) -> str | None:
     """
     with translated_errors("cannot read the schema revision"), db.engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def require_head(db: Database) -> None:
+    """Raise :class:`~gpuwatch.errors.DatabaseError` unless the schema is at head."""
+    current, head = current_revision(db), head_revision()
+    if current != head:
+        state = "empty" if current is None else f"at revision {current}"
+        raise DatabaseError(
+            f"the database is {state}, this gpuwatch needs {head}; run `gpuwatch db upgrade`"
+        )
 
 
 def upgrade(db: Database, revision: str = "head") -> None:
