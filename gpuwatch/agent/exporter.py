@@ -26,8 +26,6 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client.core import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from pydantic import ValidationError
 
 from gpuwatch.agent.state import AgentState
@@ -48,7 +46,7 @@ class Exporter:
         self,
         address: tuple[str, int],
         *,
-        registry: CollectorRegistry,
+        render_metrics: Callable[[str], tuple[bytes, str]],
         state: AgentState,
         torch_reports: TorchReports,
         poll_interval_seconds: float,
@@ -56,7 +54,7 @@ class Exporter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         handler = _handler_class(
-            registry=registry,
+            render_metrics=render_metrics,
             state=state,
             torch_reports=torch_reports,
             stale_after=poll_interval_seconds * STALE_POLL_INTERVALS,
@@ -88,7 +86,7 @@ class Exporter:
 
 def _handler_class(
     *,
-    registry: CollectorRegistry,
+    render_metrics: Callable[[str], tuple[bytes, str]],
     state: AgentState,
     torch_reports: TorchReports,
     stale_after: float,
@@ -166,8 +164,7 @@ def _handler_class(
         do_HEAD = do_GET
 
         def _metrics(self) -> None:
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            body = encoder(registry)
+            body, content_type = render_metrics(self.headers.get("Accept", ""))
             headers = {}
             if "gzip" in self.headers.get("Accept-Encoding", ""):
                 body = gzip.compress(body, compresslevel=1)

@@ -18,7 +18,7 @@ from gpuwatch.agent.collectors.agent import AgentCollector, PushStats
 from gpuwatch.agent.collectors.dcgm import DcgmCompatCollector
 from gpuwatch.agent.collectors.gpu import GpuCollector
 from gpuwatch.agent.collectors.process import ProcessCollector
-from gpuwatch.agent.collectors.registry import NamedCollector, build_registry
+from gpuwatch.agent.collectors.registry import NamedCollector, ScrapeRenderer
 from gpuwatch.agent.exporter import Exporter
 from gpuwatch.agent.sampler import Sampler
 from gpuwatch.agent.state import AgentState
@@ -68,7 +68,7 @@ class Agent:
         self._failing = False
         self.exporter = Exporter(
             parse_host_port(settings.listen),
-            registry=build_registry(self._collectors()),
+            render_metrics=self._renderer().render,
             state=state,
             torch_reports=torch_reports,
             poll_interval_seconds=settings.poll_interval_seconds,
@@ -76,24 +76,30 @@ class Agent:
             clock=clock,
         )
 
-    def _collectors(self) -> list[NamedCollector]:
+    def _renderer(self) -> ScrapeRenderer:
         source = lambda: self.state.latest  # noqa: E731 - read at scrape time
-        collectors: list[NamedCollector] = [
+        from_snapshot: list[NamedCollector] = [
             GpuCollector(source),
             ProcessCollector(
                 source,
                 enabled=self._settings.process_metrics,
                 max_series=self._settings.process_metrics_max_series,
             ),
+        ]
+        if self._settings.dcgm_compat:
+            from_snapshot.append(DcgmCompatCollector(source))
+        live: list[NamedCollector] = [
             AgentCollector(
                 self.state,
                 torch_reports_total=lambda: self._torch.received_total,
                 push_stats=self._sink.push_stats if self._sink else None,
-            ),
+            )
         ]
-        if self._settings.dcgm_compat:
-            collectors.append(DcgmCompatCollector(source))
-        return collectors
+        return ScrapeRenderer(from_snapshot, live, sequence=self._latest_sequence)
+
+    def _latest_sequence(self) -> int | None:
+        latest = self.state.latest
+        return None if latest is None else latest.sequence
 
     def poll_once(self) -> HostSnapshot | None:
         """One poll; the snapshot is recorded and offered to the sink. ``None`` on failure."""

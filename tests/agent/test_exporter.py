@@ -17,7 +17,7 @@ from gpuwatch.agent.collectors.agent import AgentCollector, PushStats
 from gpuwatch.agent.collectors.dcgm import DcgmCompatCollector
 from gpuwatch.agent.collectors.gpu import GpuCollector
 from gpuwatch.agent.collectors.process import ProcessCollector
-from gpuwatch.agent.collectors.registry import build_registry
+from gpuwatch.agent.collectors.registry import ScrapeRenderer, build_registry
 from gpuwatch.agent.exporter import Exporter
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
@@ -61,8 +61,38 @@ def _normalise(text: str) -> str:
     return re.sub(r'python_version="[^"]*"', 'python_version="<python>"', text)
 
 
+def _renderer(state: AgentState, calls: list[str] | None = None) -> ScrapeRenderer:
+    source = lambda: state.latest  # noqa: E731
+
+    class Counting(GpuCollector):
+        def collect(self):
+            if calls is not None:
+                calls.append("gpu")
+            return super().collect()
+
+    return ScrapeRenderer(
+        [
+            Counting(source),
+            ProcessCollector(source, enabled=True, max_series=100),
+            DcgmCompatCollector(source),
+        ],
+        [
+            AgentCollector(
+                state,
+                torch_reports_total=lambda: 3,
+                push_stats=lambda: PushStats(
+                    batches={"ok": 5}, dropped={"spool_full": 1}, pending=2, last_success_time=1.7e9
+                ),
+            )
+        ],
+        sequence=lambda: state.latest.sequence if state.latest else None,
+    )
+
+
 def test_metrics_match_golden_file() -> None:
-    text = _normalise(generate_latest(_registry(_state())).decode())
+    body, content_type = _renderer(_state()).render("")
+    assert content_type.startswith("text/plain; version=0.0.4")
+    text = _normalise(body.decode())
     if not GOLDEN.exists():
         GOLDEN.write_text(text)
         pytest.fail("golden file was missing and has been written: review it and commit")
@@ -71,9 +101,40 @@ def test_metrics_match_golden_file() -> None:
     )
 
 
+def test_snapshot_part_is_encoded_once_per_poll() -> None:
+    state = _state()
+    calls: list[str] = []
+    renderer = _renderer(state, calls)
+    first, _ = renderer.render("")
+    second, _ = renderer.render("")
+    assert calls == ["gpu"]  # the second scrape reused the encoded snapshot part
+    assert _normalise(first.decode()) == _normalise(second.decode())
+    state.record_poll(sample_snapshot().model_copy(update={"sequence": 8}))
+    renderer.render("")
+    assert calls == ["gpu", "gpu"]
+
+
+def test_openmetrics_document_has_one_eof() -> None:
+    body, content_type = _renderer(_state()).render("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.count(b"# EOF") == 1 and body.endswith(b"# EOF\n")
+    assert b"gpuwatch_scrape_collector_success" in body
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) missing")
 def test_promtool_accepts_native_exposition() -> None:
     result = _promtool(generate_latest(_registry(_state(), dcgm=False)))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert result.stdout.strip() == b"" and result.stderr.strip() == b""
+    # And what the exporter actually serves, snapshot part plus live part, in one document.
+    state = _state()
+    source = lambda: state.latest  # noqa: E731
+    renderer = ScrapeRenderer(
+        [GpuCollector(source), ProcessCollector(source, enabled=True, max_series=10)],
+        [AgentCollector(state)],
+        sequence=lambda: 1,
+    )
+    result = _promtool(renderer.render("")[0])
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert result.stdout.strip() == b"" and result.stderr.strip() == b""
 
@@ -179,9 +240,15 @@ def exporter():
     state = _state()
     reports = TorchReports()
     incidents: list[dict] = []
+    source = lambda: state.latest  # noqa: E731
+    renderer = ScrapeRenderer(
+        [GpuCollector(source), ProcessCollector(source, enabled=True, max_series=100)],
+        [AgentCollector(state)],
+        sequence=lambda: state.latest.sequence if state.latest else None,
+    )
     exp = Exporter(
         ("127.0.0.1", 0),
-        registry=_registry(state),
+        render_metrics=renderer.render,
         state=state,
         torch_reports=reports,
         poll_interval_seconds=5,
