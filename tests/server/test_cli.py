@@ -97,7 +97,8 @@ def test_unreachable_database_is_one_line_and_exit_7(env: dict[str, str]) -> Non
     assert result.stderr.startswith("gpuwatch: error: ") and result.stderr.count("\n") == 1
 
 
-def test_token_lifecycle_against_a_running_server(  # and a second server on its portenv: dict[str, str], server: str) -> None:
+def test_token_lifecycle_against_a_running_server(env: dict[str, str], server: str) -> None:
+    """create -> push -> list -> revoke -> 403; then a second server on the same port."""
     created = gw(env, "token", "create", "host-1")
     token = created.stdout.strip().splitlines()[-1]
     assert token.startswith("gwt_")
