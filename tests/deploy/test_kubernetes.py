@@ -186,9 +186,8 @@ def test_monitors_produce_the_job_names_and_labels_the_rules_expect(
     relabel = endpoint["relabelings"]
     assert {"targetLabel": "job", "replacement": "gpuwatch-agent"} in relabel
     assert {"action": "labeldrop", "regex": "pod|container"} in relabel
-    assert {"sourceLabels": ["exported_job"], "regex": "(.+)", "targetLabel": "slurm_job"} in (
-        endpoint["metricRelabelings"]
-    )
+    # No rename of a per-process `job` label is needed: the agent exports `slurm_job`.
+    assert "metricRelabelings" not in endpoint
     # A ServiceMonitor's job is the Service's name, unless jobLabel overrides it.
     assert "jobLabel" not in _one(manifests, "ServiceMonitor", "gpuwatch-server")["spec"]
     _one(manifests, "Service", "gpuwatch-server")

@@ -107,15 +107,13 @@ def test_the_job_names_the_rules_select_are_scraped(job: str, all_rules: Rules) 
     assert any(f'job="{job}"' in r["expr"] for r in all_rules)
 
 
-def test_slurm_job_label_is_renamed_not_left_as_exported_job() -> None:
-    """The agent's per-process `job` label collides with Prometheus's own `job`."""
-    config = _load(PROMETHEUS_DIR / "prometheus.yml")
-    agent = next(c for c in config["scrape_configs"] if c["job_name"] == "gpuwatch-agent")
-    relabels = agent["metric_relabel_configs"]
-    assert {"source_labels": ["exported_job"], "regex": "(.+)", "target_label": "slurm_job"} in (
-        relabels
-    )
-    assert {"regex": "exported_job", "action": "labeldrop"} in relabels
+def test_per_process_labels_never_collide_with_prometheus_job() -> None:
+    """The Slurm job is exported as `slurm_job`: a `job` label would clash with the target's."""
+    from gpuwatch.agent.collectors import process
+
+    for spec in process.METRICS:
+        assert "job" not in spec.labels and "instance" not in spec.labels
+    assert "slurm_job" in process.MEMORY.labels
 
 
 def test_metric_name_extraction_sees_metrics_and_nothing_else(metric_names: Names) -> None:

@@ -20,7 +20,8 @@ from prometheus_client.metrics_core import Metric
 from gpuwatch.agent.collectors.spec import Families, MetricSpec
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
-_L = ("gpu", "uuid", "pid", "user", "name", "container", "pod", "job")
+# `slurm_job`, not `job`: Prometheus reserves `job` for the scrape target.
+_L = ("gpu", "uuid", "pid", "user", "name", "container", "pod", "slurm_job")
 _OPT_IN = "opt-in: process_metrics"
 _TORCH = "processes running gpuwatch.torch"
 
