@@ -114,7 +114,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_http(url: str, deadline_s: float = 30.0) -> None:
+def _wait_http(url: str, deadline_s: float = 120.0) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         try:
