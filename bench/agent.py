@@ -15,6 +15,7 @@ Reported, each as a ratio to a baseline measured side by side in the same run:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,9 +30,9 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from bench.common import interleaved, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIO = "big"
 SCRAPES = 10_000
@@ -44,6 +45,7 @@ def _bare_calls(pynvml: Any, handles: list[Any]) -> None:
         pynvml.nvmlDeviceGetUUID(handle)
         pynvml.nvmlDeviceGetName(handle)
         pynvml.nvmlDeviceGetPciInfo(handle)
+        pynvml.nvmlDeviceGetAddressingMode(handle)
         pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
         pynvml.nvmlDeviceGetUtilizationRates(handle)
         pynvml.nvmlDeviceGetTemperature(handle, 0)
@@ -52,14 +54,10 @@ def _bare_calls(pynvml: Any, handles: list[Any]) -> None:
         pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle)
         pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
         pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle)
-        try:
+        with contextlib.suppress(pynvml.NVMLError):  # NOT_FOUND: no new samples
             pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
-        except pynvml.NVMLError:
-            pass
-        try:
+        with contextlib.suppress(pynvml.NVMLError):  # NOT_SUPPORTED off MIG-capable GPUs
             pynvml.nvmlDeviceGetMigMode(handle)
-        except pynvml.NVMLError:
-            pass
 
 
 def _gpustat_seconds(runtime_dir: Path, *, repeat: int, number: int) -> dict[str, Any]:

@@ -89,7 +89,9 @@ class Sampler:
         if reading.lost:
             return Gpu(index=reading.index, uuid=reading.uuid, name=reading.name, lost=True)
         processes = [self._process(reading, usage) for usage in reading.processes]
-        coherent = any(marker in (reading.name or "") for marker in _COHERENT_MARKERS)
+        coherent = reading.coherent_memory
+        if coherent is None:  # older drivers: go by the model name
+            coherent = any(marker in (reading.name or "") for marker in _COHERENT_MARKERS)
         visible = not self._isolated or any(p.visible for p in processes)
         return Gpu(
             index=reading.index,

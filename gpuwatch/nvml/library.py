@@ -137,6 +137,9 @@ class DeviceReading:
     temperature_celsius: float | None = None
     power_watts: float | None = None
     power_limit_watts: float | None = None
+    # True on ATS-addressed (cache-coherent, Grace Hopper style) GPUs; None when the
+    # driver cannot say (nvmlDeviceGetAddressingMode needs R570 or newer).
+    coherent_memory: bool | None = None
     processes: list[ProcessUsage] = field(default_factory=list)
     # pid -> SM busy ratio since the previous poll; None when the call itself failed.
     process_sm: dict[int, float] | None = None
@@ -267,6 +270,9 @@ class NvmlSession:
             if uuid is not None:
                 reading.uuid = _to_str(uuid)
             self._read_identity(handle, reading)
+            mode = self._call("nvmlDeviceGetAddressingMode", handle)
+            if mode is not None:
+                reading.coherent_memory = mode == self._nv.NVML_DEVICE_ADDRESSING_MODE_ATS
             self._read_memory(handle, reading)
             self._read_activity(handle, reading)
             reading.processes = self._read_processes(handle)

@@ -144,3 +144,27 @@ def test_no_library_is_a_clear_fatal_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(pynvml, "nvmlLib", None)
     with pytest.raises(NvmlUnavailable, match=r"libnvidia-ml\.so\.1"):
         NvmlSession.open()
+
+
+def test_coherent_memory_gpu_is_detected_and_unattributed_masked(fake_gpus) -> None:
+    fake_gpus(
+        """
+[fake]
+name = "coherent"
+
+[[gpu]]
+name = "NVIDIA GH200 480GB"
+memory_total = "96GiB"
+coherent = true
+unattributed = "5GiB"
+"""
+    )
+    from gpuwatch.agent.assemble import build_sampler
+    from gpuwatch.agent.state import AgentState
+    from gpuwatch.settings import AgentSettings
+
+    with _open() as session:
+        assert session.read_device(0).coherent_memory is True
+    gpu = build_sampler(AgentSettings(), AgentState()).poll().gpus[0]
+    assert gpu.coherent_memory is True
+    assert gpu.unattributed_bytes is None  # "used" there is not the sum of processes
