@@ -25,7 +25,8 @@ def test_every_family_a_collector_yields_is_declared() -> None:
         (dcgm.DcgmCompatCollector(source), dcgm.METRICS),
         (
             agent.AgentCollector(
-                state, push_stats=lambda: PushStats({"ok": 1}, {"spool_full": 1}, 1, 1.0)
+                state,
+                push_stats=lambda: PushStats({"ok": 1}, {"spool_full": 1}, 1, 1.0, {"accepted": 1}),
             ),
             agent.METRICS,
         ),

@@ -204,6 +204,7 @@ class Reporter:
         """:meth:`stats` in the shape the agent's metrics collector reads."""
         stats = self.stats()
         return PushStats(
+            pushed=stats.pushed_total,
             batches=stats.batches_total,
             dropped=stats.dropped_total,
             pending=stats.pending,

@@ -45,7 +45,11 @@ def _registry(
                 state,
                 torch_reports_total=lambda: 3,
                 push_stats=lambda: PushStats(
-                    batches={"ok": 5}, dropped={"spool_full": 1}, pending=2, last_success_time=1.7e9
+                    batches={"ok": 5},
+                    dropped={"spool_full": 1},
+                    pending=2,
+                    last_success_time=1.7e9,
+                    pushed={"accepted": 9},
                 ),
             ),
             *dcgm_collectors,
@@ -81,7 +85,11 @@ def _renderer(state: AgentState, calls: list[str] | None = None) -> ScrapeRender
                 state,
                 torch_reports_total=lambda: 3,
                 push_stats=lambda: PushStats(
-                    batches={"ok": 5}, dropped={"spool_full": 1}, pending=2, last_success_time=1.7e9
+                    batches={"ok": 5},
+                    dropped={"spool_full": 1},
+                    pending=2,
+                    last_success_time=1.7e9,
+                    pushed={"accepted": 9},
                 ),
             )
         ],

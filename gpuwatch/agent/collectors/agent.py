@@ -40,6 +40,11 @@ NVML_ERRORS = MetricSpec(
 TORCH_REPORTS = MetricSpec(
     "gpuwatch_agent_torch_reports", "counter", "Allocator reports received from gpuwatch.torch."
 )
+PUSHED = MetricSpec(
+    "gpuwatch_agent_snapshots_pushed", "counter",
+    "Snapshots the server acknowledged, by result (accepted, duplicate: it had them already).",
+    ("result",), availability="server_url set",
+)  # fmt: skip
 PUSHES = MetricSpec(
     "gpuwatch_agent_push_batches", "counter", "Snapshot batches sent to the server by result.", ("result",),
     availability="server_url set",
@@ -59,7 +64,7 @@ LAST_PUSH = MetricSpec(
 
 METRICS = (
     BUILD, POLLS, LAST_POLL, POLL_DURATION, FAKE, ISOLATED, NVML_ERRORS, TORCH_REPORTS,
-    PUSHES, DROPPED, PENDING, LAST_PUSH,
+    PUSHED, PUSHES, DROPPED, PENDING, LAST_PUSH,
 )  # fmt: skip
 
 
@@ -71,6 +76,7 @@ class PushStats:
     dropped: dict[str, int] = field(default_factory=dict)
     pending: int = 0
     last_success_time: float | None = None
+    pushed: dict[str, int] = field(default_factory=dict)
 
 
 class AgentCollector:
@@ -113,6 +119,8 @@ class AgentCollector:
         f.add(TORCH_REPORTS, (), self._torch_total())
         if self._push_stats is not None:
             stats = self._push_stats()
+            for result, n in sorted(stats.pushed.items()):
+                f.add(PUSHED, (result,), n)
             for result, n in sorted(stats.batches.items()):
                 f.add(PUSHES, (result,), n)
             for reason, n in sorted(stats.dropped.items()):
