@@ -9,6 +9,7 @@ streak; the loop keeps going, because a GPU that errors now may answer in a minu
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -156,10 +157,10 @@ class Agent:
             return
         event = {
             "kind": "oom",
-            "hostname": latest.hostname if latest else None,
+            "hostname": latest.hostname if latest else socket.gethostname(),
             "gpu_index": incident.get("device_index"),
             "pid": incident.get("pid"),
-            "summary": str(incident.get("message", ""))[:500],
+            "summary": str(incident.get("message", ""))[:1000],
             "evidence": {
                 "explanation": incident.get("explanation"),
                 "snapshot": latest.model_dump(mode="json") if latest else None,
