@@ -131,6 +131,18 @@ def _rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+def _import_floor_rss() -> int:
+    """RSS of a Python that only imports what the agent imports: the part no poll or
+    scrape adds, to read the agent's own RSS against."""
+    probe = (
+        "import re, gpuwatch.cli, gpuwatch.agent.assemble, gpuwatch.nvml.fake.library; "
+        "gpuwatch.cli._register_all(); "
+        "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip()) * 1024
+
+
 def bench_scrape_and_memory(runtime_dir: Path) -> dict[str, Any]:
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "GPUWATCH_CONFIG": "/nonexistent"}
     port = _free_port()
@@ -170,6 +182,7 @@ def bench_scrape_and_memory(runtime_dir: Path) -> dict[str, Any]:
             for _ in range(SCRAPES):
                 client.get(f"{agent_url}/metrics")
             rss_end = _rss_bytes(agent.pid)
+        result["rss_import_floor_bytes"] = _import_floor_rss()
         result["rss_after_start_bytes"] = rss_start
         result["rss_after_scrapes_bytes"] = rss_end
         result["rss_growth_bytes"] = rss_end - rss_start
