@@ -1,0 +1,86 @@
+"""Settings: defaults < TOML file < environment < command line, and clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.errors import ConfigError
+from gpuwatch.settings import AgentSettings, ServerSettings, load, parse_host_port
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "gpuwatch.toml"
+    path.write_text(
+        '[agent]\nlisten = "0.0.0.0:9500"\npoll_interval_seconds = 10\n\n'
+        '[server]\ndatabase_url = "sqlite:////tmp/x.db"\n'
+    )
+    monkeypatch.setenv("GPUWATCH_CONFIG", str(path))
+    for name in ("GPUWATCH_AGENT_LISTEN", "GPUWATCH_AGENT_POLL_INTERVAL_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    return path
+
+
+def test_precedence_file_then_env_then_cli(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load(AgentSettings).listen == "0.0.0.0:9500"
+    assert load(AgentSettings).poll_interval_seconds == 10
+    monkeypatch.setenv("GPUWATCH_AGENT_LISTEN", "127.0.0.1:9600")
+    assert load(AgentSettings).listen == "127.0.0.1:9600"
+    assert load(AgentSettings, listen="127.0.0.1:9700").listen == "127.0.0.1:9700"
+    # A None override (an option the user did not give) does not shadow the env.
+    assert load(AgentSettings, listen=None).listen == "127.0.0.1:9600"
+    assert load(ServerSettings).resolved_database_url() == "sqlite:////tmp/x.db"
+
+
+def test_token_is_secret_in_reprs(monkeypatch: pytest.MonkeyPatch, config: Path) -> None:
+    monkeypatch.setenv("GPUWATCH_AGENT_TOKEN", "s3cret-token")
+    settings = load(AgentSettings)
+    assert "s3cret-token" not in repr(settings) and "s3cret-token" not in str(settings)
+    assert settings.token is not None and settings.token.get_secret_value() == "s3cret-token"
+
+
+def test_invalid_values_are_one_line_config_errors(config: Path) -> None:
+    with pytest.raises(ConfigError, match="poll_interval_seconds"):
+        load(AgentSettings, poll_interval_seconds=-1)
+    with pytest.raises(ConfigError, match="expected HOST:PORT"):
+        load(AgentSettings, listen="nowhere")
+    config.write_text("[agent]\nno_such_setting = 1\n")
+    with pytest.raises(ConfigError, match="no_such_setting"):
+        load(AgentSettings)
+    config.write_text("[agent\n")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load(AgentSettings)
+
+
+def test_broken_config_file_from_the_cli_is_exit_3(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[agent]\npoll_interval_seconds = 'often'\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "status", "--fake-gpus", "workstation"],
+        env={"GPUWATCH_CONFIG": str(bad), "PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(tmp_path)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("\n") == 1 and "poll_interval_seconds" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:9402", ("127.0.0.1", 9402)),
+        ("[::1]:80", ("::1", 80)),
+        (":9402", ("0.0.0.0", 9402)),
+    ],
+)
+def test_parse_host_port(text: str, expected: tuple[str, int]) -> None:
+    assert parse_host_port(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9402", "host:", "host:99999", "host:abc"])
+def test_parse_host_port_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_host_port(text)
