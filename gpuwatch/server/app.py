@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response, status
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +22,7 @@ from gpuwatch.server.deps import Context, ServerContext, require_reader
 from gpuwatch.server.events.views import router as events_router
 from gpuwatch.server.fleet.views import router as fleet_router
 from gpuwatch.server.hosts.views import router as hosts_router
+from gpuwatch.server.ingest.views import openapi_schemas as ingest_openapi_schemas
 from gpuwatch.server.ingest.views import router as ingest_router
 from gpuwatch.server.metrics import IngestStatusMiddleware, ServerStats, build_registry
 from gpuwatch.server.pagination import InvalidCursor
@@ -86,7 +88,24 @@ def create_app(
     for router in (ingest_router, events_router, hosts_router, processes_router, fleet_router):
         app.include_router(router)
     app.include_router(_operations_router(context))
+    _document_raw_bodies(app)
     return app
+
+
+def _document_raw_bodies(app: FastAPI) -> None:
+    """Add the schemas of bodies that views validate themselves (see ingest/views.py)."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = default_openapi()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(
+                ingest_openapi_schemas()
+            )
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _operations_router(context: ServerContext) -> APIRouter:

@@ -20,7 +20,7 @@ from gpuwatch.server.database.migrate import upgrade
 from gpuwatch.server.ingest.models import SnapshotSeen
 from gpuwatch.settings import ServerSettings
 from server.factories import T0, body, gpu, process, snapshot
-from server.harness import FakeClock, Live, serve
+from server.harness import FakeClock, Live, make_token, serve
 
 
 def stored(database: Database) -> int:
@@ -146,20 +146,21 @@ class TestValidation:
 
 
 @pytest.fixture
-def small_limit_server(tmp_path: Path, clock: FakeClock) -> Iterator[tuple[str, Database]]:
+def small_limit_server(tmp_path: Path, clock: FakeClock) -> Iterator[tuple[str, str, Database]]:
     database = create_database(f"sqlite:///{tmp_path / 'limit.db'}")
     upgrade(database)
+    token = make_token(database, "host-1")
     settings = ServerSettings(data_dir=tmp_path, scheduler=False, max_body_bytes=64 * 1024)
     with serve(create_app(settings, clock=clock, engine=database.engine)) as url:
-        yield url, database
+        yield url, token, database
     database.dispose()
 
 
 class TestBodyLimit:
     def test_declared_oversized_body_is_413_without_being_sent(
-        self, small_limit_server: tuple[str, Database]
+        self, small_limit_server: tuple[str, str, Database]
     ) -> None:
-        url, _ = small_limit_server
+        url, _, _ = small_limit_server
         host, port = url.removeprefix("http://").split(":")
         # Announce 100 MiB, send none of it: the answer must come from the header alone.
         with socket.create_connection((host, int(port)), timeout=5) as conn:
@@ -170,9 +171,10 @@ class TestBodyLimit:
             reply = conn.recv(4096)
         assert reply.startswith(b"HTTP/1.1 413")
 
-    def test_streamed_oversized_body_is_413(self, small_limit_server: tuple[str, Database]) -> None:
-        url, database = small_limit_server
-        token = "gwt_irrelevant"
+    def test_streamed_oversized_body_is_413(
+        self, small_limit_server: tuple[str, str, Database]
+    ) -> None:
+        url, token, database = small_limit_server
 
         def chunks() -> Iterator[bytes]:
             yield b'{"snapshots": ["'

@@ -9,7 +9,7 @@ Rules worth knowing:
   no process survives a reboot.
 * Downsampling: a bucket is ``[k * interval, (k + 1) * interval)`` of snapshot time.
   Each lifetime and GPU accumulates the bucket it is in (process: lowest and highest
-  memory, highest SM ratio; GPU: highest used and unattributed) and writes it as one
+  memory, busiest SM ratio; GPU: highest used and unattributed) and writes it as one
   sample row when a snapshot falls into a later bucket, or when the lifetime ends.
   Bucket rows are stamped with the bucket's start, so a run of idle buckets can
   overstate idleness by less than one interval.
@@ -20,8 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
+from gpuwatch.server.detectors import Sample
 from gpuwatch.server.ingest import findings
 from gpuwatch.server.ingest.state import GpuRow, HostState, Identity, LifetimeRow
+from gpuwatch.server.processes import window
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
@@ -52,7 +54,7 @@ def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: Server
         if not gpu.lost and gpu.read_error is None and gpu.processes_visible
     ]
     _open_new_lifetimes(state, reconciled, gpu_rows, settings=settings, at=at)
-    trend_due: list[tuple[Gpu, GpuRow, LifetimeRow]] = []
+    trend_due: list[tuple[Gpu, GpuRow, LifetimeRow, Sample]] = []
     for gpu in snapshot.gpus:
         gpu_row = gpu_rows[gpu.uuid]
         findings.check_gpu(state.events, gpu=gpu, gpu_row=gpu_row, settings=settings, at=at)
@@ -62,8 +64,9 @@ def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: Server
         for process in gpu.processes:
             lifetime = state.open[(gpu_row.id, process.pid, process.start_time)]
             listed.add(lifetime.identity)
-            if _observe(lifetime, process, settings=settings, at=at, state=state):
-                trend_due.append((gpu, gpu_row, lifetime))
+            closed = _observe(lifetime, process, settings=settings, at=at, state=state)
+            if closed is not None:
+                trend_due.append((gpu, gpu_row, lifetime, closed))
             state.touch(lifetime)
             findings.check_process(
                 state.events,
@@ -204,8 +207,8 @@ def _observe(
     settings: ServerSettings,
     at: float,
     state: HostState,
-) -> bool:
-    """Update a lifetime from its process; True when a bucket closed (trend is due)."""
+) -> Sample | None:
+    """Update a lifetime from its process; return the sample of a bucket it closed."""
     lifetime.kind = process.kind
     lifetime.name = process.name
     lifetime.command = process.command
@@ -224,12 +227,11 @@ def _observe(
         lifetime.idle_since = lifetime.idle_since if lifetime.idle_since is not None else at
     else:
         lifetime.idle_since = None
-    closed = False
+    closed = None
     bucket = _bucket(at, settings)
     if lifetime.bucket_start_at is not None and bucket > lifetime.bucket_start_at:
-        state.add_process_sample(lifetime)
+        closed = state.add_process_sample(lifetime)
         lifetime.bucket_start_at = None
-        closed = True
     if lifetime.bucket_start_at is None:
         lifetime.bucket_start_at = bucket
         lifetime.bucket_min_bytes = process.used_bytes
@@ -238,27 +240,29 @@ def _observe(
     else:
         lifetime.bucket_min_bytes = _min(lifetime.bucket_min_bytes, process.used_bytes)
         lifetime.bucket_max_bytes = _max(lifetime.bucket_max_bytes, process.used_bytes)
-        lifetime.bucket_max_sm_ratio = _max(lifetime.bucket_max_sm_ratio, process.sm_ratio)
+        lifetime.bucket_max_sm_ratio = _busiest(lifetime.bucket_max_sm_ratio, process.sm_ratio)
     return closed
 
 
 def _check_trends(
     state: HostState,
-    due: list[tuple[Gpu, GpuRow, LifetimeRow]],
+    due: list[tuple[Gpu, GpuRow, LifetimeRow, Sample]],
     *,
     settings: ServerSettings,
     at: float,
 ) -> None:
+    """Append each closed bucket to its lifetime's window and run the trend detectors."""
     if not due:
         return
-    since = at - findings.trend_window_seconds(settings) - settings.sample_interval_seconds
-    state.load_recent((lifetime.id for _, _, lifetime in due), since=since)
-    for gpu, gpu_row, lifetime in due:
-        samples = [s for s in state.recent[lifetime.id] if s.t >= since]
-        state.recent[lifetime.id] = samples  # keep the window bounded over a long batch
+    keep_after = at - findings.trend_window_seconds(settings) - 2 * settings.sample_interval_seconds
+    windows = state.windows(lifetime.id for _, _, lifetime, _ in due)
+    for gpu, gpu_row, lifetime, sample in due:
+        blob = window.append(windows[lifetime.id], sample, keep_after=keep_after)
+        state.set_window(lifetime.id, blob)
         findings.check_trend(
             state.events,
-            samples=samples,
+            recent=blob,
+            newest=sample,
             gpu=gpu,
             gpu_row=gpu_row,
             lifetime=lifetime,
@@ -291,6 +295,14 @@ def end_all_lifetimes(state: HostState) -> int:
 def _bucket(at: float, settings: ServerSettings) -> float:
     interval = settings.sample_interval_seconds
     return math.floor(at / interval) * interval
+
+
+def _busiest(a: float | None, b: float | None) -> float | None:
+    """A bucket's SM activity from two polls: any activity wins; otherwise one unknown
+    poll makes the bucket unknown, so only polls all observed at zero make it idle."""
+    if (a or 0.0) > 0 or (b or 0.0) > 0:
+        return max(a or 0.0, b or 0.0)
+    return None if a is None or b is None else 0.0
 
 
 # None is "unknown", never zero: it neither wins nor loses a comparison.

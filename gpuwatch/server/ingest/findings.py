@@ -4,7 +4,8 @@ Per snapshot, on every readable GPU whose processes are visible: ``detect_orphan
 ``detect_share`` per process, ``detect_unattributed`` per GPU. ``detect_idle`` and
 ``detect_leak`` need a trend, so they run only when a process's downsampling bucket
 closes (once per ``sample_interval_seconds``), over its coarse samples of the last
-``max(idle_window_seconds, leak_min_duration_seconds)`` seconds.
+``idle_window_seconds`` and ``leak_min_duration_seconds`` respectively (plus two
+intervals of slack), read from its packed recent window (processes/window.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gpuwatch.server.detectors import (
 )
 from gpuwatch.server.events.book import Condition, EventBook
 from gpuwatch.server.ingest.state import GpuRow, LifetimeRow
+from gpuwatch.server.processes import window
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import Gpu, GpuProcess
 
@@ -59,34 +61,80 @@ def check_process(
 def check_trend(
     book: EventBook,
     *,
-    samples: list[Sample],
+    recent: bytes,
+    newest: Sample,
     gpu: Gpu,
     gpu_row: GpuRow,
     lifetime: LifetimeRow,
     settings: ServerSettings,
     at: float,
 ) -> None:
-    """Run the trend detectors on a lifetime's coarse samples and reconcile their events."""
+    """Run the trend detectors on a lifetime's recent window (whose last sample is
+    ``newest``, the bucket that just closed) and reconcile their events.
+
+    Each detector is skipped when a cheap necessary condition already rules its
+    finding out (the result would be None), so most lifetimes decode only the part
+    of their window the leak detector reads.
+    """
+    interval = settings.sample_interval_seconds
     # Consecutive coarse samples are one interval apart, or one push apart when the
     # agent reports less often; two of those without a sample is a gap in evidence.
-    max_gap = 2 * max(settings.sample_interval_seconds, settings.agent_push_interval_seconds)
-    idle = detect_idle(
-        samples,
-        now=at,
-        window_seconds=settings.idle_window_seconds,
-        min_bytes=settings.idle_min_bytes,
-        max_gap_seconds=max_gap,
-    )
+    max_gap = 2 * max(interval, settings.agent_push_interval_seconds)
+    idle = None
+    # An idle bucket needs every poll in it observed at zero SM, so a bucket run of
+    # window length implies a poll-level run (idle_since) of at least window - interval;
+    # and a holder seen busy at this very poll (idle_since None) is not called idle.
+    if (
+        lifetime.idle_since is not None
+        and at - lifetime.idle_since > settings.idle_window_seconds - interval
+    ):
+        idle = detect_idle(
+            window.samples_since(recent, at - settings.idle_window_seconds - 2 * interval),
+            now=at,
+            window_seconds=settings.idle_window_seconds,
+            min_bytes=settings.idle_min_bytes,
+            max_gap_seconds=max_gap,
+        )
     _reconcile(book, "idle", idle, gpu_row, lifetime, at)
-    leak = detect_leak(
-        samples,
-        now=at,
-        gpu_total_bytes=gpu.memory_total_bytes,
-        gpu_free_bytes=gpu.memory_free_bytes,
-        min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
-        min_duration_seconds=settings.leak_min_duration_seconds,
-    )
+    leak = None
+    if _leak_possible(book, recent, newest, lifetime, settings=settings, at=at):
+        leak = detect_leak(
+            window.samples_since(recent, _leak_since(settings, at)),
+            now=at,
+            gpu_total_bytes=gpu.memory_total_bytes,
+            gpu_free_bytes=gpu.memory_free_bytes,
+            min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
+            min_duration_seconds=settings.leak_min_duration_seconds,
+        )
     _reconcile(book, "leak", leak, gpu_row, lifetime, at)
+
+
+def _leak_since(settings: ServerSettings, at: float) -> float:
+    return at - settings.leak_min_duration_seconds - 2 * settings.sample_interval_seconds
+
+
+def _leak_possible(
+    book: EventBook,
+    recent: bytes,
+    newest: Sample,
+    lifetime: LifetimeRow,
+    *,
+    settings: ServerSettings,
+    at: float,
+) -> bool:
+    """False only when ``detect_leak`` is certain to find nothing (and no leak event is
+    open that it would have to close)."""
+    if book.is_open(lifetime_key("leak", lifetime)):
+        return True
+    # Samples exist only since the lifetime began: a younger one cannot span the window.
+    if at - lifetime.first_seen_at + settings.sample_interval_seconds < (
+        settings.leak_min_duration_seconds
+    ):
+        return False
+    # Each quarter's floor must exceed the one before, so the newest sample (which is in
+    # the last quarter) must be above the window's floor: flat memory is no leak.
+    floor = window.floor_since(recent, _leak_since(settings, at))
+    return newest.used_bytes is None or floor is None or newest.used_bytes > floor
 
 
 def check_gpu(

@@ -2,20 +2,24 @@
 
 Ingest is the hot path (hundreds of snapshots a second), and per-object ORM costs
 about 15x what Core does on it (docs: performance-anchors.md, §7.2), so this module
-reads plain column tuples into small dataclasses and writes them back with Core
-``executemany``: per request, one UPDATE per table plus one INSERT per sample table,
-however many snapshots the request carried. The typed models stay the schema's source.
+reads plain column tuples into small dataclasses and writes them back with driver
+``executemany`` (:class:`~gpuwatch.server.database.bulk.BulkStatement`): per request,
+one UPDATE per table plus one INSERT per sample table, however many snapshots the
+request carried. The typed models stay the schema's source.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from functools import cache, partial
+from operator import attrgetter
+from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Executable, Select, Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from gpuwatch.server.database.bulk import BulkStatement
 from gpuwatch.server.database.dialects import insert_ignoring_conflicts
 from gpuwatch.server.detectors import Sample
 from gpuwatch.server.events.book import EventBook
@@ -99,15 +103,11 @@ class LifetimeRow:
         return (self.gpu_id, self.pid, self.start_time)
 
 
-R = TypeVar("R", HostRow, GpuRow, LifetimeRow)
-
-
 class HostState:
     """The rows of one host that ingest changes, plus the samples it produced.
 
     Callers mutate the rows in place and call :meth:`touch` on the ones they changed;
-    :meth:`flush` writes exactly those. Samples the request produced are kept in
-    :attr:`recent` too, so detectors see them before they are written.
+    :meth:`flush` writes exactly those, and the samples the request produced.
     """
 
     def __init__(
@@ -128,23 +128,20 @@ class HostState:
         self.events = events
         self._dirty_gpus: dict[int, GpuRow] = {}
         self._dirty_lifetimes: dict[int, LifetimeRow] = {}
-        self._process_samples: list[dict[str, Any]] = []
-        self._gpu_samples: list[dict[str, Any]] = []
-        self.recent: dict[int, list[Sample]] = {}
+        self._process_samples: list[tuple[Any, ...]] = []
+        self._gpu_samples: list[tuple[Any, ...]] = []
+        self._windows: dict[int, bytes | None] = {}
+        self._dirty_windows: set[int] = set()
 
     @classmethod
     def load(cls, *, session: Session, dialect: str, host_id: int) -> HostState:
         """Lock the host row (Postgres: ``FOR UPDATE``, which serialises concurrent
         requests of one host; SQLite's ``BEGIN IMMEDIATE`` already serialises all
         writers) and read its GPUs, open lifetimes and open events."""
-        host = _read(session, HostRow, _HOSTS, _HOSTS.c.id == host_id, for_update=True)[0]
-        gpus = _read(session, GpuRow, _GPUS, _GPUS.c.host_id == host_id)
-        lifetimes = _read(
-            session,
-            LifetimeRow,
-            _LIFETIMES,
-            (_LIFETIMES.c.host_id == host_id) & _LIFETIMES.c.ended_at.is_(None),
-        )
+        params = {"host_id": host_id}
+        (host,) = [HostRow(*row) for row in session.execute(_host_query(), params)]
+        gpus = [GpuRow(*row) for row in session.execute(_gpus_query(), params)]
+        lifetimes = [LifetimeRow(*row) for row in session.execute(_lifetimes_query(), params)]
         events = EventBook.load(session=session, host_id=host_id)
         return cls(
             session=session,
@@ -175,15 +172,13 @@ class HostState:
         wanted = list(identities)
         if not wanted:
             return []
-        return _read(
-            self.session,
-            LifetimeRow,
-            _LIFETIMES,
-            (_LIFETIMES.c.host_id == self.host.id)
-            & _LIFETIMES.c.ended_at.is_not(None)
-            & _LIFETIMES.c.gpu_id.in_({gpu_id for gpu_id, _, _ in wanted})
-            & _LIFETIMES.c.pid.in_({pid for _, pid, _ in wanted}),
+        query = _select(LifetimeRow, _LIFETIMES).where(
+            _LIFETIMES.c.host_id == self.host.id,
+            _LIFETIMES.c.ended_at.is_not(None),
+            _LIFETIMES.c.gpu_id.in_({gpu_id for gpu_id, _, _ in wanted}),
+            _LIFETIMES.c.pid.in_({pid for _, pid, _ in wanted}),
         )
+        return [LifetimeRow(*row) for row in self.session.execute(query)]
 
     def add_lifetimes(self, values: Sequence[dict[str, Any]]) -> list[LifetimeRow]:
         """Insert new lifetimes in one statement, returning them with their ids."""
@@ -198,104 +193,135 @@ class HostState:
             self.open[lifetime.identity] = lifetime
         return created
 
-    def add_process_sample(self, lifetime: LifetimeRow) -> None:
-        """Close the lifetime's current bucket into a sample row."""
+    def add_process_sample(self, lifetime: LifetimeRow) -> Sample:
+        """Close the lifetime's current bucket into a sample row; return it as the
+        detectors see it (the bucket's floor, and its busiest poll)."""
         assert lifetime.bucket_start_at is not None
-        self._process_samples.append(
-            {
-                "lifetime_id": lifetime.id,
-                "t": lifetime.bucket_start_at,
-                "used_bytes": lifetime.bucket_min_bytes,
-                "peak_bytes": lifetime.bucket_max_bytes,
-                "sm_ratio": lifetime.bucket_max_sm_ratio,
-            }
+        sample = Sample(
+            t=lifetime.bucket_start_at,
+            used_bytes=lifetime.bucket_min_bytes,
+            sm_ratio=lifetime.bucket_max_sm_ratio,
         )
-        # Detectors see the bucket's floor (leak) and its busiest poll (idle).
-        recent = self.recent.get(lifetime.id)
-        if recent is not None:
-            recent.append(
-                Sample(
-                    t=lifetime.bucket_start_at,
-                    used_bytes=lifetime.bucket_min_bytes,
-                    sm_ratio=lifetime.bucket_max_sm_ratio,
-                )
-            )
+        self._process_samples.append(
+            (lifetime.id, sample.t, sample.used_bytes, lifetime.bucket_max_bytes, sample.sm_ratio)
+        )
+        return sample
 
     def add_gpu_sample(self, gpu: GpuRow) -> None:
         assert gpu.bucket_start_at is not None
         self._gpu_samples.append(
-            {
-                "gpu_id": gpu.id,
-                "t": gpu.bucket_start_at,
-                "used_bytes": gpu.bucket_used_bytes,
-                "total_bytes": gpu.memory_total_bytes,
-                "unattributed_bytes": gpu.bucket_unattributed_bytes,
-            }
-        )
-
-    def load_recent(self, lifetime_ids: Iterable[int], *, since: float) -> None:
-        """Make :attr:`recent` hold the stored samples since ``since`` for these ids.
-
-        Called before their first detector run in this request; samples this request
-        produced later are appended by :meth:`add_process_sample`.
-        """
-        missing = [lt_id for lt_id in lifetime_ids if lt_id not in self.recent]
-        if not missing:
-            return
-        for lt_id in missing:
-            self.recent[lt_id] = []
-        rows = self.session.execute(
-            select(
-                _PROCESS_SAMPLES.c.lifetime_id,
-                _PROCESS_SAMPLES.c.t,
-                _PROCESS_SAMPLES.c.used_bytes,
-                _PROCESS_SAMPLES.c.sm_ratio,
+            (
+                gpu.id,
+                gpu.bucket_start_at,
+                gpu.bucket_used_bytes,
+                gpu.memory_total_bytes,
+                gpu.bucket_unattributed_bytes,
             )
-            .where(_PROCESS_SAMPLES.c.lifetime_id.in_(missing), _PROCESS_SAMPLES.c.t >= since)
-            .order_by(_PROCESS_SAMPLES.c.t)
         )
-        for lt_id, t, used, sm in rows:
-            self.recent[lt_id].append(Sample(t=t, used_bytes=used, sm_ratio=sm))
-        # Samples already produced by this request (before the first load) count too.
-        for row in self._process_samples:
-            if row["lifetime_id"] in missing and row["t"] >= since:
-                self.recent[row["lifetime_id"]].append(
-                    Sample(t=row["t"], used_bytes=row["used_bytes"], sm_ratio=row["sm_ratio"])
+
+    def windows(self, lifetime_ids: Iterable[int]) -> dict[int, bytes | None]:
+        """The packed recent windows of these lifetimes (read once per request)."""
+        missing = [lt_id for lt_id in lifetime_ids if lt_id not in self._windows]
+        if missing:
+            rows = self.session.execute(
+                select(_LIFETIMES.c.id, _LIFETIMES.c.recent_window).where(
+                    _LIFETIMES.c.id.in_(missing)
                 )
+            )
+            self._windows.update({lt_id: blob for lt_id, blob in rows})
+        return self._windows
+
+    def set_window(self, lifetime_id: int, blob: bytes) -> None:
+        self._windows[lifetime_id] = blob
+        self._dirty_windows.add(lifetime_id)
 
     def flush(self) -> None:
-        """Write every touched row and every produced sample."""
-        _write(self.session, _HOSTS, [self.host])
-        _write(self.session, _GPUS, list(self._dirty_gpus.values()))
-        _write(self.session, _LIFETIMES, list(self._dirty_lifetimes.values()))
-        for table, rows in (
-            (_PROCESS_SAMPLES, self._process_samples),
-            (_GPU_SAMPLES, self._gpu_samples),
-        ):
-            if rows:
-                # A lifetime that closes and reopens within one interval closes the
-                # same bucket twice; the first row stands.
-                self.session.execute(insert_ignoring_conflicts(table, self.dialect), rows)
-        self.events.flush(session=self.session)
+        """Write every touched row, window and produced sample."""
+        session = self.session
+        _UPDATE_HOST.execute(session, [_HOST_VALUES(self.host)])
+        _UPDATE_GPUS.execute(session, [_GPU_VALUES(row) for row in self._dirty_gpus.values()])
+        _UPDATE_LIFETIMES.execute(
+            session, [_LIFETIME_VALUES(row) for row in self._dirty_lifetimes.values()]
+        )
+        _UPDATE_WINDOWS.execute(
+            session,
+            [(self._windows[lt_id], lt_id) for lt_id in self._dirty_windows],
+        )
+        # A lifetime that closes and reopens within one interval closes the same
+        # bucket twice; the first row stands.
+        _INSERT_PROCESS_SAMPLES[self.dialect].execute(session, self._process_samples)
+        _INSERT_GPU_SAMPLES[self.dialect].execute(session, self._gpu_samples)
+        self.events.flush(session=session)
 
 
-def _read(
-    session: Session, cls: type[R], table: Table, where: Any, *, for_update: bool = False
-) -> list[R]:
-    names = [f.name for f in fields(cls)]
-    query = select(*(table.c[name] for name in names)).where(where)
-    if for_update:
-        query = query.with_for_update()
-    return [cls(*row) for row in session.execute(query)]
+def _select(cls: type, table: Table) -> Select[Any]:
+    return select(*(table.c[f.name] for f in fields(cls)))
 
 
-def _write(session: Session, table: Table, rows: Sequence[HostRow | GpuRow | LifetimeRow]) -> None:
-    if not rows:
-        return
-    names = [f.name for f in fields(rows[0]) if f.name != "id"]
-    session.execute(
-        update(table)
-        .where(table.c.id == bindparam("row_id"))
-        .values({name: bindparam(name) for name in names}),
-        [{"row_id": row.id, **{name: getattr(row, name) for name in names}} for row in rows],
+# Built once: a reused statement object skips SQLAlchemy's cache-key generation.
+@cache
+def _host_query() -> Select[Any]:
+    return _select(HostRow, _HOSTS).where(_HOSTS.c.id == bindparam("host_id")).with_for_update()
+
+
+@cache
+def _gpus_query() -> Select[Any]:
+    return _select(GpuRow, _GPUS).where(_GPUS.c.host_id == bindparam("host_id"))
+
+
+@cache
+def _lifetimes_query() -> Select[Any]:
+    return _select(LifetimeRow, _LIFETIMES).where(
+        _LIFETIMES.c.host_id == bindparam("host_id"), _LIFETIMES.c.ended_at.is_(None)
     )
+
+
+# Set once at insert; leaving them out of UPDATE spares SQLite index maintenance.
+_IMMUTABLE = {"id", "gpu_id", "pid", "start_time", "first_seen_at", "uuid", "hostname"}
+
+
+def _columns(cls: type) -> list[str]:
+    return [f.name for f in fields(cls) if f.name not in _IMMUTABLE]
+
+
+def _update_by_id(table: Table, cls: type) -> BulkStatement:
+    names = _columns(cls)
+
+    def build() -> Executable:
+        return (
+            update(table)
+            .where(table.c.id == bindparam("row_id"))
+            .values({name: bindparam(name) for name in names})
+        )
+
+    return BulkStatement(build, [*names, "row_id"])
+
+
+def _insert_ignoring(table: Table, names: Sequence[str]) -> dict[str, BulkStatement]:
+    return {
+        dialect: BulkStatement(partial(insert_ignoring_conflicts, table, dialect), names)
+        for dialect in ("sqlite", "postgresql")
+    }
+
+
+# Compiled on first use, once per dialect. Row tuples: the columns, then the id.
+_UPDATE_HOST = _update_by_id(_HOSTS, HostRow)
+_UPDATE_GPUS = _update_by_id(_GPUS, GpuRow)
+_UPDATE_LIFETIMES = _update_by_id(_LIFETIMES, LifetimeRow)
+_HOST_VALUES = attrgetter(*_columns(HostRow), "id")
+_GPU_VALUES = attrgetter(*_columns(GpuRow), "id")
+_LIFETIME_VALUES = attrgetter(*_columns(LifetimeRow), "id")
+_UPDATE_WINDOWS = BulkStatement(
+    lambda: (
+        update(_LIFETIMES)
+        .where(_LIFETIMES.c.id == bindparam("row_id"))
+        .values(recent_window=bindparam("recent_window"))
+    ),
+    ["recent_window", "row_id"],
+)
+_INSERT_PROCESS_SAMPLES = _insert_ignoring(
+    _PROCESS_SAMPLES, ["lifetime_id", "t", "used_bytes", "peak_bytes", "sm_ratio"]
+)
+_INSERT_GPU_SAMPLES = _insert_ignoring(
+    _GPU_SAMPLES, ["gpu_id", "t", "used_bytes", "total_bytes", "unattributed_bytes"]
+)

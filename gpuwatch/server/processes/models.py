@@ -19,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     UniqueConstraint,
 )
@@ -38,6 +39,8 @@ class ProcessLifetime(Base):
     ``idle_since`` is when its run of polls with zero SM activity began (NULL when it is
     active or its activity is unknown). ``bucket_*`` accumulate the current
     downsampling interval, written to ``process_samples`` when the next one starts.
+    Ingest reads and writes all columns but ``recent_window`` on every snapshot; that
+    one only when a bucket closes.
     """
 
     __tablename__ = "process_lifetimes"
@@ -75,6 +78,8 @@ class ProcessLifetime(Base):
     bucket_min_bytes: Mapped[int | None] = mapped_column(BigInteger)
     bucket_max_bytes: Mapped[int | None] = mapped_column(BigInteger)
     bucket_max_sm_ratio: Mapped[float | None] = mapped_column(Double)
+    # The trend detectors' recent samples, packed (see processes/window.py).
+    recent_window: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class ProcessSample(Base):

@@ -137,6 +137,7 @@ def upgrade() -> None:
         sa.Column("bucket_min_bytes", sa.BigInteger(), nullable=True),
         sa.Column("bucket_max_bytes", sa.BigInteger(), nullable=True),
         sa.Column("bucket_max_sm_ratio", sa.Double(), nullable=True),
+        sa.Column("recent_window", sa.LargeBinary(), nullable=True),
         sa.ForeignKeyConstraint(
             ["gpu_id"],
             ["gpus.id"],

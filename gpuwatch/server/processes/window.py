@@ -1,0 +1,71 @@
+"""The idle and leak detectors' working set: a lifetime's recent coarse samples, packed.
+
+Kept in ``process_lifetimes.recent_window`` so a trend check reads one value per
+lifetime instead of an hour of ``process_samples`` rows (reading those was most of the
+cost of an ingest request). ``process_samples`` stays the history; this is a bounded
+copy of its newest part, rewritten when a bucket closes.
+
+Format: fixed-size little-endian records ``(t: f64, used_bytes: i64, sm_ratio: f32)``
+in increasing ``t``; ``used_bytes == -1`` and a NaN ``sm_ratio`` stand for None. Fixed
+size and order let :func:`append` trim and :func:`samples_since` slice by binary
+search on the bytes, without decoding what they skip.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from gpuwatch.server.detectors import Sample
+
+_RECORD = struct.Struct("<dqf")
+# Bound on one window whatever the settings: 1024 samples are 17 h at 60 s (20 KiB).
+MAX_SAMPLES = 1024
+
+
+def append(blob: bytes | None, sample: Sample, *, keep_after: float) -> bytes:
+    """``blob`` without samples before ``keep_after`` (or at/after ``sample.t``, which a
+    reopened lifetime can repeat), plus ``sample``, capped at :data:`MAX_SAMPLES`."""
+    data = blob or b""
+    start = _first_at_or_after(data, keep_after)
+    end = _first_at_or_after(data, sample.t)
+    start = max(start, end - (MAX_SAMPLES - 1))
+    record = _RECORD.pack(
+        sample.t,
+        -1 if sample.used_bytes is None else sample.used_bytes,
+        math.nan if sample.sm_ratio is None else sample.sm_ratio,
+    )
+    return data[start * _RECORD.size : end * _RECORD.size] + record
+
+
+def samples_since(blob: bytes | None, since: float) -> list[Sample]:
+    """The samples with ``t >= since``, oldest first."""
+    if not blob:
+        return []
+    start = _first_at_or_after(blob, since) * _RECORD.size
+    return [
+        Sample(t=t, used_bytes=None if used < 0 else used, sm_ratio=None if math.isnan(sm) else sm)
+        for t, used, sm in _RECORD.iter_unpack(blob[start:])
+    ]
+
+
+def floor_since(blob: bytes | None, since: float) -> int | None:
+    """The lowest known ``used_bytes`` among samples with ``t >= since`` (no decoding
+    into :class:`Sample`; a cheap pre-check for the leak detector)."""
+    if not blob:
+        return None
+    start = _first_at_or_after(blob, since) * _RECORD.size
+    known = [used for _, used, _ in _RECORD.iter_unpack(blob[start:]) if used >= 0]
+    return min(known) if known else None
+
+
+def _first_at_or_after(data: bytes, t: float) -> int:
+    """Index of the first record with time >= ``t`` (bisection on the raw bytes)."""
+    low, high = 0, len(data) // _RECORD.size
+    while low < high:
+        middle = (low + high) // 2
+        if _RECORD.unpack_from(data, middle * _RECORD.size)[0] < t:
+            low = middle + 1
+        else:
+            high = middle
+    return low
