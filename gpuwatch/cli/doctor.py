@@ -11,10 +11,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from gpuwatch.doctor.live import DEFAULT_AGENT_URL
+
+if TYPE_CHECKING:
+    from gpuwatch.doctor.history import PastEvent
+    from gpuwatch.snapshot import HostSnapshot
 
 # A 10 MB log is normal; past this the input is not a log a person pasted.
 MAX_INPUT_BYTES = 256 * 2**20
@@ -37,6 +42,12 @@ def explain(
     no_live: bool = typer.Option(
         False, "--no-live", help="Do not ask the agent who is on the GPU now."
     ),
+    server: str | None = typer.Option(
+        None,
+        "--server",
+        metavar="URL",
+        help="Central server for the GPU's last hour (default: the agent's server_url setting).",
+    ),
 ) -> None:
     """Explain a GPU out-of-memory message: the numbers, the likely cause, the exact fix."""
     from gpuwatch.doctor.explain import Explanation
@@ -56,10 +67,31 @@ def explain(
         typer.echo(Explanation.not_recognized().model_dump_json())
         print(f"gpuwatch: error: {NOT_RECOGNISED}", file=sys.stderr)
         raise typer.Exit(NotRecognized.exit_code) from None
+    explanation.history = _server_history(server, explanation.device, snapshot)
     if as_json:
         typer.echo(explanation.model_dump_json(indent=2))
     else:
         typer.echo(render(explanation), nl=False)
+
+
+def _server_history(
+    server: str | None, device: str | None, snapshot: HostSnapshot | None
+) -> list[PastEvent] | None:
+    """The server's last hour on this GPU, when a server is configured; else None."""
+    import socket
+    import time
+
+    from gpuwatch.doctor.history import fetch_gpu_history
+    from gpuwatch.settings import AgentSettings, load
+
+    url = server or load(AgentSettings).server_url
+    if url is None or device is None or not device.startswith("cuda:"):
+        return None
+    index = device.removeprefix("cuda:")
+    if not index.isdigit():
+        return None
+    hostname = snapshot.hostname if snapshot is not None else socket.gethostname()
+    return fetch_gpu_history(url, hostname=hostname, gpu_index=int(index), now=time.time())
 
 
 def _read_input(source: str | None) -> str:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuwatch.doctor.diagnosis import Diagnosis, diagnose
 from gpuwatch.doctor.facts import Kind, OomFacts
 from gpuwatch.doctor.figures import read_figures
+from gpuwatch.doctor.history import PastEvent
 from gpuwatch.doctor.live import LiveGpu, live_gpu
 from gpuwatch.doctor.parse import parse_oom
 from gpuwatch.snapshot import HostSnapshot
@@ -56,6 +57,9 @@ class Explanation(BaseModel):
     other_processes: list[OtherProcess] = Field(default_factory=list)
     diagnoses: list[Diagnosis] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    # The central server's events on this GPU over the last hour (None: not asked or
+    # no answer; see gpuwatch.doctor.history).
+    history: list[PastEvent] | None = None
     live: LiveGpu | None = None  # the agent's view of that GPU now, if an agent answered
     printed: OomFacts | None = None  # the message's figures exactly as printed
 

@@ -38,6 +38,7 @@ def render(explanation: Explanation) -> str:
         lines.append(f"   evidence: {diagnosis.evidence}")
         lines.extend(_command_line(command) for command in diagnosis.commands)
     lines.extend(_live(explanation))
+    lines.extend(_history(explanation))
     if explanation.notes:
         lines.append("")
         lines.extend(f"note: {note}" for note in explanation.notes)
@@ -102,4 +103,16 @@ def _live(explanation: Explanation) -> list[str]:
         lines.append("  no processes")
     lines.extend(f"  {remedies.describe(p)}" for p in live.processes)
     lines.append("  (idle time needs the agent's history: SM share is for this instant)")
+    return lines
+
+
+def _history(explanation: Explanation) -> list[str]:
+    if explanation.history is None:
+        return []
+    if not explanation.history:
+        return ["", "In the last hour the gpuwatch server recorded nothing on this GPU."]
+    lines = ["", "In the last hour on this GPU (gpuwatch server):"]
+    for event in explanation.history:
+        state = "still open" if event.ended_at is None else "ended"
+        lines.append(f"  - {event.kind}/{event.reason}: {event.summary} ({state})")
     return lines

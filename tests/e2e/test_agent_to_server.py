@@ -8,6 +8,7 @@ as dropped, and here nothing was dropped.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -182,6 +183,13 @@ def test_orphan_reaches_the_server_and_an_outage_loses_nothing(stack: Stack) -> 
     events = _wait(orphaned_events, "an orphaned event for the stand-in")
     assert events[0]["hostname"] == hostname  # type: ignore[index]
     assert events[0]["reason"] == "reparented" and events[0]["open"] is True  # type: ignore[index]
+
+    # `gpuwatch explain` on this host brings the server's last hour on that GPU along.
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 20.00 MiB is free."
+    explained = json.loads(
+        stack.cli("explain", "--no-live", "--server", server, "--json", "--text", oom)
+    )
+    assert any(e["kind"] == "orphaned" and e["pid"] == orphan_pid for e in explained["history"])
 
     # Outage: the agent keeps polling and spools what it cannot send.
     stack.stop_server()
