@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuwatch.server.database.core import Database, describe
 from gpuwatch.server.events.models import Event
+from gpuwatch.server.fleet.service import gpus_by_fullness
 from gpuwatch.server.hosts.models import Host
 from gpuwatch.server.hosts.service import silence_threshold_seconds
 from gpuwatch.settings import ServerSettings
@@ -161,6 +162,7 @@ class FleetCollector(Collector):
         now = self.clock()
         silent_before = now - silence_threshold_seconds(self.settings)
         with self.database.reader() as session:
+            fullness = gpus_by_fullness(session=session, settings=self.settings, now=now)
             open_by_kind = session.execute(
                 select(Event.kind, func.count(Event.id))
                 .where(Event.ended_at.is_(None))
@@ -213,7 +215,14 @@ class FleetCollector(Collector):
         for hostname, spool_dropped, is_silent in sorted(hosts):
             dropped.add_metric([hostname], spool_dropped)
             silent.add_metric([hostname], is_silent)
-        yield from (open_events, orphaned, idle, dropped, silent)
+        gpus = GaugeMetricFamily(
+            "gpuwatch_fleet_gpus",
+            "GPUs by memory fullness (used/total); 'unknown' for lost, unread or stale.",
+            labels=["fullness"],
+        )
+        for bucket, count in fullness.items():
+            gpus.add_metric([bucket], count)
+        yield from (open_events, orphaned, idle, dropped, silent, gpus)
 
 
 def build_registry(

@@ -203,9 +203,13 @@ class TestOutage:
                 headers={"Authorization": "Bearer gwt_whatever"},
             )
             health = httpx.get(f"{url}/healthz")
+            metrics = httpx.get(f"{url}/metrics")
         assert push.status_code == 503
         assert push.headers["retry-after"] == "5"
         assert health.status_code == 503
+        # The scrape still works, and says the database is down.
+        assert metrics.status_code == 200
+        assert "gpuwatch_server_database_up 0.0" in metrics.text
 
     def test_sqlite_write_lock_held_elsewhere_is_503(
         self, tmp_path: Path, clock: FakeClock

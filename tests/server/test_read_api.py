@@ -53,6 +53,7 @@ class TestMetrics:
         assert metrics[("gpuwatch_server_ingest_snapshots_total", (("result", "accepted"),))] == 1
         assert metrics[("gpuwatch_server_ingest_snapshots_total", (("result", "duplicate"),))] == 1
         assert metrics[("gpuwatch_server_events_opened_total", (("kind", "orphaned"),))] == 1
+        assert metrics[("gpuwatch_fleet_gpus", (("fullness", "25-50%"),))] == 1  # 34 of 80 GiB
         assert metrics[("gpuwatch_server_database_up", ())] == 1
 
     def test_openapi_documents_every_route_with_a_summary(self, live: Live) -> None:

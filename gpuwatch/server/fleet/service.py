@@ -20,31 +20,40 @@ from gpuwatch.settings import ServerSettings
 TOP_IDLE = 10
 
 
-def fleet_summary(
-    *, session: Session, settings: ServerSettings, now: float, top: int = TOP_IDLE
-) -> FleetOut:
-    """Aggregated in SQL: a handful of grouped queries whatever the history size."""
-    silent_before = now - silence_threshold_seconds(settings)
-    reporting = Host.last_received_at >= silent_before
-    ratio = cast(Gpu.memory_used_bytes, Float) / Gpu.memory_total_bytes
+def gpus_by_fullness(*, session: Session, settings: ServerSettings, now: float) -> dict[str, int]:
+    """GPU count per used/total bucket, every bucket present (one grouped query).
+
+    GPUs of silent hosts count as unknown: their last reading is stale.
+    """
+    reporting = func.coalesce(Host.last_received_at, 0.0) >= now - silence_threshold_seconds(
+        settings
+    )
     known = (
         reporting
         & ~Gpu.lost
         & Gpu.memory_used_bytes.is_not(None)
         & (func.coalesce(Gpu.memory_total_bytes, 0) > 0)
     )
+    ratio = cast(Gpu.memory_used_bytes, Float) / Gpu.memory_total_bytes
     bucket = case(
         (~known, UNKNOWN_BUCKET),
         *((ratio < bound, name) for name, bound in FULLNESS_BUCKETS),
         else_=FULL_BUCKET,
     )
-    by_bucket: dict[str, int] = dict(
-        session.execute(
-            select(bucket, func.count(Gpu.id)).join(Host, Host.id == Gpu.host_id).group_by(bucket)
-        ).all()
-    )
+    counts = session.execute(
+        select(bucket, func.count(Gpu.id)).join(Host, Host.id == Gpu.host_id).group_by(bucket)
+    ).all()
     fullness = {name: 0 for name, _ in FULLNESS_BUCKETS} | {FULL_BUCKET: 0, UNKNOWN_BUCKET: 0}
-    fullness.update(by_bucket)
+    fullness.update({name: count for name, count in counts})
+    return fullness
+
+
+def fleet_summary(
+    *, session: Session, settings: ServerSettings, now: float, top: int = TOP_IDLE
+) -> FleetOut:
+    """Aggregated in SQL: a handful of grouped queries whatever the history size."""
+    silent_before = now - silence_threshold_seconds(settings)
+    fullness = gpus_by_fullness(session=session, settings=settings, now=now)
     held = {
         kind: int(total or 0)
         for kind, total in session.execute(
