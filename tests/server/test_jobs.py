@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text
 
+from gpuwatch.server.app import create_app
 from gpuwatch.server.database import Database, create_database
 from gpuwatch.server.database.core import advisory_lock_key
 from gpuwatch.server.database.migrate import upgrade
@@ -21,7 +23,7 @@ from gpuwatch.server.scheduler import JobSpec, job_specs, run_job
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import HostSnapshot
 from server.factories import T0, gpu, process, snapshot
-from server.harness import make_token
+from server.harness import FakeClock, make_token, serve
 
 DAY = 86400.0
 
@@ -192,3 +194,19 @@ def test_a_job_another_replica_is_running_is_skipped(postgres_url: str) -> None:
     )
     assert ran == [T0]
     database.dispose()
+
+
+def test_the_app_runs_the_jobs_on_its_scheduler(
+    database: Database, settings: ServerSettings, clock: FakeClock
+) -> None:
+    # A 0.1 s push interval makes the agent_silent job run every 0.1 s.
+    settings = settings.model_copy(update={"scheduler": True, "agent_push_interval_seconds": 0.1})
+    ingest(database, settings, snapshot(0, [gpu(0)]))
+    clock.now = T0 + 60
+    app = create_app(settings, clock=clock, engine=database.engine)
+
+    with serve(app):
+        deadline = time.monotonic() + 10
+        while count(database, Event, Event.kind == "agent_silent") == 0:
+            assert time.monotonic() < deadline, "the scheduler never ran agent_silent"
+            time.sleep(0.05)

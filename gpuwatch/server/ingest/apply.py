@@ -28,6 +28,8 @@ from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 N = TypeVar("N", int, float)
+# A lifetime whose bucket just closed, with its GPU and the closed bucket's sample.
+TrendDue = tuple[Gpu, GpuRow, LifetimeRow, Sample]
 
 
 def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: ServerSettings) -> None:
@@ -54,35 +56,45 @@ def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: Server
         if not gpu.lost and gpu.read_error is None and gpu.processes_visible
     ]
     _open_new_lifetimes(state, reconciled, gpu_rows, settings=settings, at=at)
-    trend_due: list[tuple[Gpu, GpuRow, LifetimeRow, Sample]] = []
     for gpu in snapshot.gpus:
-        gpu_row = gpu_rows[gpu.uuid]
-        findings.check_gpu(state.events, gpu=gpu, gpu_row=gpu_row, settings=settings, at=at)
+        findings.check_gpu(
+            state.events, gpu=gpu, gpu_row=gpu_rows[gpu.uuid], settings=settings, at=at
+        )
+    trend_due: list[TrendDue] = []
     for gpu in reconciled:
-        gpu_row = gpu_rows[gpu.uuid]
-        listed: set[Identity] = set()
-        for process in gpu.processes:
-            lifetime = state.open[(gpu_row.id, process.pid, process.start_time)]
-            listed.add(lifetime.identity)
-            closed = _observe(lifetime, process, settings=settings, at=at, state=state)
-            if closed is not None:
-                trend_due.append((gpu, gpu_row, lifetime, closed))
-            state.touch(lifetime)
-            findings.check_process(
-                state.events,
-                process=process,
-                gpu=gpu,
-                gpu_row=gpu_row,
-                lifetime=lifetime,
-                settings=settings,
-                at=at,
-            )
-        gone = [
-            lt for ident, lt in state.open.items() if ident[0] == gpu_row.id and ident not in listed
-        ]
-        for lifetime in gone:
-            _end(state, lifetime, at=at)
+        trend_due += _reconcile_processes(state, gpu, gpu_rows[gpu.uuid], settings=settings, at=at)
     _check_trends(state, trend_due, settings=settings, at=at)
+
+
+def _reconcile_processes(
+    state: HostState, gpu: Gpu, gpu_row: GpuRow, *, settings: ServerSettings, at: float
+) -> list[TrendDue]:
+    """Update the lifetimes of the GPU's listed processes and end the unlisted ones;
+    return the lifetimes whose bucket closed (their trend check is due)."""
+    due: list[TrendDue] = []
+    listed: set[Identity] = set()
+    for process in gpu.processes:
+        lifetime = state.open[(gpu_row.id, process.pid, process.start_time)]
+        listed.add(lifetime.identity)
+        closed = _observe(lifetime, process, settings=settings, at=at, state=state)
+        if closed is not None:
+            due.append((gpu, gpu_row, lifetime, closed))
+        state.touch(lifetime)
+        findings.check_process(
+            state.events,
+            process=process,
+            gpu=gpu,
+            gpu_row=gpu_row,
+            lifetime=lifetime,
+            settings=settings,
+            at=at,
+        )
+    gone = [
+        lt for ident, lt in state.open.items() if ident[0] == gpu_row.id and ident not in listed
+    ]
+    for lifetime in gone:
+        _end(state, lifetime, at=at)
+    return due
 
 
 def _upsert_gpu(state: HostState, gpu: Gpu, *, settings: ServerSettings, at: float) -> GpuRow:
@@ -144,13 +156,13 @@ def _open_new_lifetimes(
     at: float,
 ) -> None:
     """Make sure every listed process has an open lifetime: reopen or insert."""
-    new: dict[Identity, tuple[Gpu, GpuProcess]] = {}
+    new: dict[Identity, GpuProcess] = {}
     for gpu in gpus:
         gpu_id = gpu_rows[gpu.uuid].id
         for process in gpu.processes:
             identity = (gpu_id, process.pid, process.start_time)
             if identity not in state.open:
-                new[identity] = (gpu, process)
+                new[identity] = process
     if not new:
         return
     # Same pid and start time is the same process: reopen its lifetime (a poll that
@@ -168,7 +180,7 @@ def _open_new_lifetimes(
         state.open[identity] = lifetime
         del new[identity]
     state.add_lifetimes(
-        [_new_lifetime(gpu_id, process, at=at) for (gpu_id, _, _), (_, process) in new.items()]
+        [_new_lifetime(gpu_id, process, at=at) for (gpu_id, _, _), process in new.items()]
     )
 
 
@@ -246,7 +258,7 @@ def _observe(
 
 def _check_trends(
     state: HostState,
-    due: list[tuple[Gpu, GpuRow, LifetimeRow, Sample]],
+    due: list[TrendDue],
     *,
     settings: ServerSettings,
     at: float,
