@@ -37,16 +37,14 @@ AGENT_METRIC_GROUPS: list[tuple[str, str, tuple[MetricSpec, ...]]] = [
 
 
 def _server_metric_groups() -> list[tuple[str, str, tuple[MetricSpec, ...]]]:
-    """The central server's metrics, when the server package declares them."""
-    try:
-        from gpuwatch.server import metrics as server_metrics  # type: ignore[attr-defined]
-    except ImportError:
-        return []
-    specs = getattr(server_metrics, "METRICS", ())
-    if not specs:
-        return []
+    from gpuwatch.server import metrics as server_metrics
+
     return [
-        ("Server (fleet)", "Exported by `gpuwatch server` on its own `/metrics`.", tuple(specs))
+        (
+            "Server (fleet)",
+            "Exported by `gpuwatch server` on its own `/metrics`.",
+            server_metrics.METRICS,
+        )
     ]
 
 

@@ -18,12 +18,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpuwatch.agent.collectors.spec import MetricSpec
 from gpuwatch.server.database.core import Database, describe
 from gpuwatch.server.events.models import Event
 from gpuwatch.server.fleet.service import gpus_by_fullness
@@ -32,6 +33,82 @@ from gpuwatch.server.hosts.service import silence_threshold_seconds
 from gpuwatch.settings import ServerSettings
 
 log = logging.getLogger(__name__)
+
+SERVER_DATABASE_UP = MetricSpec(
+    "gpuwatch_server_database_up", "gauge", "1 when the last scrape could read the database.", ()
+)
+SERVER_SCRAPE_DURATION_SECONDS = MetricSpec(
+    "gpuwatch_server_scrape_duration_seconds", "gauge", "Time this scrape took to build.", ()
+)
+SERVER_INGEST_REQUESTS = MetricSpec(
+    "gpuwatch_server_ingest_requests",
+    "counter",
+    "Snapshot push requests answered, by result.",
+    ("result",),
+)
+SERVER_INGEST_SNAPSHOTS = MetricSpec(
+    "gpuwatch_server_ingest_snapshots",
+    "counter",
+    "Snapshots in accepted requests: accepted (stored) or duplicate (a retry).",
+    ("result",),
+)
+SERVER_EVENTS_OPENED = MetricSpec(
+    "gpuwatch_server_events_opened", "counter", "Events this process opened, by kind.", ("kind",)
+)
+SERVER_JOB_RUNS = MetricSpec(
+    "gpuwatch_server_job_runs",
+    "counter",
+    "Scheduled job runs, by job and result (ok, failed, skipped: another replica).",
+    ("job", "result"),
+)
+FLEET_OPEN_EVENTS = MetricSpec(
+    "gpuwatch_fleet_open_events", "gauge", "Events open now, by kind.", ("kind",)
+)
+FLEET_ORPHANED_MEMORY_BYTES = MetricSpec(
+    "gpuwatch_fleet_orphaned_memory_bytes",
+    "gauge",
+    "GPU memory held by orphaned holders (open orphaned events), by host.",
+    ("host",),
+)
+FLEET_IDLE_MEMORY_BYTES = MetricSpec(
+    "gpuwatch_fleet_idle_memory_bytes",
+    "gauge",
+    "GPU memory held by idle holders (open idle events), by host.",
+    ("host",),
+)
+FLEET_AGENT_SPOOL_DROPPED = MetricSpec(
+    "gpuwatch_fleet_agent_spool_dropped",
+    "counter",
+    "Snapshots each host's agent reported dropping from its spool.",
+    ("host",),
+)
+FLEET_AGENT_SILENT = MetricSpec(
+    "gpuwatch_fleet_agent_silent",
+    "gauge",
+    "1 when the host's agent has not pushed for agent_silent_intervals intervals.",
+    ("host",),
+)
+FLEET_GPUS = MetricSpec(
+    "gpuwatch_fleet_gpus",
+    "gauge",
+    "GPUs by memory fullness (used/total); 'unknown' for lost, unread or stale.",
+    ("fullness",),
+)
+
+METRICS = (
+    SERVER_DATABASE_UP,
+    SERVER_SCRAPE_DURATION_SECONDS,
+    SERVER_INGEST_REQUESTS,
+    SERVER_INGEST_SNAPSHOTS,
+    SERVER_EVENTS_OPENED,
+    SERVER_JOB_RUNS,
+    FLEET_OPEN_EVENTS,
+    FLEET_ORPHANED_MEMORY_BYTES,
+    FLEET_IDLE_MEMORY_BYTES,
+    FLEET_AGENT_SPOOL_DROPPED,
+    FLEET_AGENT_SILENT,
+    FLEET_GPUS,
+)  # the reference in docs/metrics.md
 
 INGEST_PATH = "/api/v1/snapshots"
 _RESULT_BY_STATUS = {
@@ -110,9 +187,7 @@ class FleetCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         yield from self._server_families()
-        up = GaugeMetricFamily(
-            "gpuwatch_server_database_up", "1 when the last scrape could read the database."
-        )
+        up = SERVER_DATABASE_UP.gauge()
         try:
             fleet = list(self._fleet_families())
         except SQLAlchemyError as err:
@@ -122,38 +197,22 @@ class FleetCollector(Collector):
             up.add_metric([], 1)
             yield from fleet
         yield up
-        duration = GaugeMetricFamily(
-            "gpuwatch_server_scrape_duration_seconds", "Time this scrape took to build."
-        )
+        duration = SERVER_SCRAPE_DURATION_SECONDS.gauge()
         duration.add_metric([], time.perf_counter() - started)
         yield duration
 
     def _server_families(self) -> Iterator[Metric]:
         counts = self.stats.snapshot()
-        requests = CounterMetricFamily(
-            "gpuwatch_server_ingest_requests",
-            "Snapshot push requests answered, by result.",
-            labels=["result"],
-        )
+        requests = SERVER_INGEST_REQUESTS.counter()
         for result, n in sorted(counts["ingest_requests"].items()):
             requests.add_metric([result], n)
-        snapshots = CounterMetricFamily(
-            "gpuwatch_server_ingest_snapshots",
-            "Snapshots in accepted requests: accepted (stored) or duplicate (a retry).",
-            labels=["result"],
-        )
+        snapshots = SERVER_INGEST_SNAPSHOTS.counter()
         for result in ("accepted", "duplicate"):
             snapshots.add_metric([result], counts["ingest_snapshots"].get(result, 0))
-        opened = CounterMetricFamily(
-            "gpuwatch_server_events_opened", "Events this process opened, by kind.", labels=["kind"]
-        )
+        opened = SERVER_EVENTS_OPENED.counter()
         for kind, n in sorted(counts["events_opened"].items()):
             opened.add_metric([kind], n)
-        jobs = CounterMetricFamily(
-            "gpuwatch_server_job_runs",
-            "Scheduled job runs, by job and result (ok, failed, skipped: another replica).",
-            labels=["job", "result"],
-        )
+        jobs = SERVER_JOB_RUNS.counter()
         for (job, result), n in sorted(counts["job_runs"].items()):
             jobs.add_metric([job, result], n)
         yield from (requests, snapshots, opened, jobs)
@@ -185,41 +244,19 @@ class FleetCollector(Collector):
                     ),
                 )
             ).all()
-        open_events = GaugeMetricFamily(
-            "gpuwatch_fleet_open_events", "Events open now, by kind.", labels=["kind"]
-        )
+        open_events = FLEET_OPEN_EVENTS.gauge()
         for kind, n in sorted(open_by_kind):
             open_events.add_metric([kind], n)
-        orphaned = GaugeMetricFamily(
-            "gpuwatch_fleet_orphaned_memory_bytes",
-            "GPU memory held by orphaned holders (open orphaned events), by host.",
-            labels=["host"],
-        )
-        idle = GaugeMetricFamily(
-            "gpuwatch_fleet_idle_memory_bytes",
-            "GPU memory held by idle holders (open idle events), by host.",
-            labels=["host"],
-        )
+        orphaned = FLEET_ORPHANED_MEMORY_BYTES.gauge()
+        idle = FLEET_IDLE_MEMORY_BYTES.gauge()
         for hostname, kind, total in sorted(held):
             (orphaned if kind == "orphaned" else idle).add_metric([hostname], total or 0)
-        dropped = CounterMetricFamily(
-            "gpuwatch_fleet_agent_spool_dropped",
-            "Snapshots each host's agent reported dropping from its spool.",
-            labels=["host"],
-        )
-        silent = GaugeMetricFamily(
-            "gpuwatch_fleet_agent_silent",
-            "1 when the host's agent has not pushed for agent_silent_intervals intervals.",
-            labels=["host"],
-        )
+        dropped = FLEET_AGENT_SPOOL_DROPPED.counter()
+        silent = FLEET_AGENT_SILENT.gauge()
         for hostname, spool_dropped, is_silent in sorted(hosts):
             dropped.add_metric([hostname], spool_dropped)
             silent.add_metric([hostname], is_silent)
-        gpus = GaugeMetricFamily(
-            "gpuwatch_fleet_gpus",
-            "GPUs by memory fullness (used/total); 'unknown' for lost, unread or stale.",
-            labels=["fullness"],
-        )
+        gpus = FLEET_GPUS.gauge()
         for bucket, count in fullness.items():
             gpus.add_metric([bucket], count)
         yield from (open_events, orphaned, idle, dropped, silent, gpus)

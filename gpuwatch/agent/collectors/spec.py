@@ -31,6 +31,18 @@ class MetricSpec:
             self.kind
         ]
 
+    def gauge(self) -> GaugeMetricFamily:
+        """A fresh gauge family (for callers that build families by hand)."""
+        if self.kind != "gauge":
+            raise TypeError(f"{self.name} is a {self.kind}")
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+    def counter(self) -> CounterMetricFamily:
+        """A fresh counter family (for callers that build families by hand)."""
+        if self.kind != "counter":
+            raise TypeError(f"{self.name} is a {self.kind}")
+        return CounterMetricFamily(self.name, self.help, labels=self.labels)
+
     def family(self) -> GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily:
         if self.kind == "gauge":
             return GaugeMetricFamily(self.name, self.help, labels=self.labels)
