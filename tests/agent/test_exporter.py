@@ -44,16 +44,20 @@ def _registry(
             AgentCollector(
                 state,
                 torch_reports_total=lambda: 3,
-                push_stats=lambda: PushStats(
-                    batches={"ok": 5},
-                    dropped={"spool_full": 1},
-                    pending=2,
-                    last_success_time=1.7e9,
-                    pushed={"accepted": 9},
-                ),
+                push_stats=_push_stats,
             ),
             *dcgm_collectors,
         ]
+    )
+
+
+def _push_stats() -> PushStats:
+    return PushStats(
+        batches={"ok": 5},
+        dropped={"spool_full": 1},
+        pending=2,
+        last_success_time=1.7e9,
+        pushed={"accepted": 9},
     )
 
 
@@ -84,13 +88,7 @@ def _renderer(state: AgentState, calls: list[str] | None = None) -> ScrapeRender
             AgentCollector(
                 state,
                 torch_reports_total=lambda: 3,
-                push_stats=lambda: PushStats(
-                    batches={"ok": 5},
-                    dropped={"spool_full": 1},
-                    pending=2,
-                    last_success_time=1.7e9,
-                    pushed={"accepted": 9},
-                ),
+                push_stats=_push_stats,
             )
         ],
         sequence=lambda: state.latest.sequence if state.latest else None,

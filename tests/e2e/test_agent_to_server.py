@@ -128,6 +128,14 @@ class Stack:
         _wait(lambda: httpx.get(f"{url}/healthz").status_code == 200, "agent health")
         return url
 
+    def boot(self, hostname: str) -> tuple[str, str]:
+        """Migrate, make this host's token, start server then agent; their base URLs."""
+        self.cli("db", "upgrade", "--database-url", self.db_url)
+        created = self.cli("token", "create", hostname, "--database-url", self.db_url)
+        token = created.strip().splitlines()[-1]  # the token is the last line, by contract
+        server = self.start_server()
+        return server, self.start_agent(server, token)
+
     def close(self) -> None:
         for proc in self.processes:
             if proc.poll() is None:
@@ -159,14 +167,7 @@ def _metric(agent_url: str, name: str, labels: str = "") -> float:
 
 def test_orphan_reaches_the_server_and_an_outage_loses_nothing(stack: Stack) -> None:
     hostname = socket.gethostname()
-    stack.cli("db", "upgrade", "--database-url", stack.db_url)
-    token = (
-        stack.cli("token", "create", hostname, "--database-url", stack.db_url)
-        .strip()
-        .splitlines()[-1]
-    )
-    server = stack.start_server()
-    agent = stack.start_agent(server, token)
+    server, agent = stack.boot(hostname)
 
     # The reparented stand-in is a real process whose parent exited: an orphaned event.
     orphan_pid = next(
@@ -224,14 +225,7 @@ def test_orphan_reaches_the_server_and_an_outage_loses_nothing(stack: Stack) -> 
 
 def test_oom_incident_from_a_training_process_is_recorded_with_who_was_there(stack: Stack) -> None:
     hostname = socket.gethostname()
-    stack.cli("db", "upgrade", "--database-url", stack.db_url)
-    token = (
-        stack.cli("token", "create", hostname, "--database-url", stack.db_url)
-        .strip()
-        .splitlines()[-1]
-    )
-    server = stack.start_server()
-    agent = stack.start_agent(server, token)
+    server, agent = stack.boot(hostname)
     message = (
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
         "total capacity of 79.15 GiB of which 120.00 MiB is free."
