@@ -17,7 +17,9 @@ Until then it is ``pending``. Delivery is at least once; the server stores each
 ``(agent_id, boot_id, sequence)`` once, so a retry after a lost response is harmless.
 
 Protocol: ``POST {server_url}/api/v1/snapshots`` with ``Authorization: Bearer <token>``
-and ``{"snapshots": [HostSnapshot, ...]}`` (1..500). 2xx acknowledges the batch
+and ``{"snapshots": [HostSnapshot, ...], "spool_dropped_total": d}`` (1..500 snapshots;
+``d`` is how many this agent has dropped so far, all reasons, which the server keeps per
+host for its spool-drop metric). 2xx acknowledges the batch
 (``{"accepted": n, "duplicates": m}``). 413 and 422 split the batch in halves until
 the offending snapshot stands alone, which is then dropped and counted. 401/403 keep
 everything spooled and raise the ``auth_failed`` flag. Anything else (429, 5xx, other
@@ -200,6 +202,11 @@ class Reporter:
                 auth_failed=self._failing == "auth_failed",
             )
 
+    def _dropped_total(self) -> int:
+        """Snapshots dropped so far, all reasons (the sum of ``dropped_total``)."""
+        with self._lock:
+            return sum(self._spool.dropped().values()) + self._write_failures
+
     def push_stats(self) -> PushStats:
         """:meth:`stats` in the shape the agent's metrics collector reads."""
         stats = self.stats()
@@ -231,7 +238,14 @@ class Reporter:
             return DrainResult(total.delivered, total.dropped, self._spool.pending_count())
 
     def _send(self, batch: Sequence[SpooledSnapshot]) -> _Sent:
-        body = b'{"snapshots":[' + b",".join(r.body for r in batch) + b"]}"
+        # The drop count as of this request: a counter since the agent started, which
+        # the server stores per host (a restart resets it, as Prometheus counters do).
+        dropped = self._dropped_total()
+        body = (
+            b'{"snapshots":['
+            + b",".join(r.body for r in batch)
+            + b'],"spool_dropped_total":%d}' % dropped
+        )
         try:
             response = self._client.post(self._url, content=body, headers=self._headers)
         except httpx.TransportError as err:

@@ -48,6 +48,7 @@ class Ingest(ThreadingHTTPServer):
         self.script: deque[tuple[int, dict[str, str], bool]] = deque()
         self.max_body_bytes: int | None = None
         self.poison: set[int] = set()  # sequences answered with 422
+        self.dropped_reports: list[object] = []  # each request's "spool_dropped_total"
         self.stored_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -72,6 +73,7 @@ class Ingest(ThreadingHTTPServer):
     def answer(self, body: bytes, authorization: str | None) -> tuple[int, dict[str, str], bytes]:
         with self._lock:
             status, headers, store = self.script.popleft() if self.script else (200, {}, True)
+            self.dropped_reports.append(json.loads(body).get("spool_dropped_total"))
             if status == 200 and authorization != f"Bearer {self.token}":
                 status, store = 401, False
             if status == 200 and self.max_body_bytes and len(body) > self.max_body_bytes:
@@ -254,6 +256,30 @@ def test_a_response_lost_after_storing_is_resent_and_stored_once(
     stats = reporter.stats()
     assert stats.pushed_total == {"accepted": 0, "duplicate": 5}
     assert accounted(stats) == 5
+    reporter.close()
+
+
+def test_every_push_reports_the_snapshots_dropped_so_far(
+    ingest: Ingest, tmp_path: Path, clock: FakeClock
+) -> None:
+    # While the server is down a 64 KiB spool evicts ~4 KiB snapshots (spool_full); once
+    # it is up, one snapshot is refused (rejected). Each request carries the total so far.
+    reporter = reporter_for(settings_for(ingest, tmp_path, max_bytes=2**16), clock)
+    for i in range(20):
+        reporter.offer(snapshot(i, padding=4000))
+    evicted = reporter.stats().dropped_total["spool_full"]
+    assert evicted > 0
+    ingest.up()
+    ingest.poison = {19}
+    clock.now += BACKOFF_MAX_SECONDS
+    drain_until_empty(reporter, clock)
+    reporter.offer(snapshot(20))
+    drain_until_empty(reporter, clock)
+    assert reporter.stats().dropped_total == {"spool_full": evicted, "rejected": 1}
+    # Before the refusal the eviction alone; the request after it, both.
+    assert ingest.dropped_reports[0] == evicted
+    assert ingest.dropped_reports[-1] == evicted + 1
+    assert ingest.dropped_reports == sorted(ingest.dropped_reports)
     reporter.close()
 
 
