@@ -90,7 +90,7 @@ def _start_server(settings: Any) -> tuple[Any, str]:
     """Migrate, then serve the API from a thread; returns the uvicorn server and its URL."""
     import uvicorn
 
-    from gpuwatch.cli.server import _bind
+    from gpuwatch.cli.server import bind_listen_socket
     from gpuwatch.server.app import create_app
     from gpuwatch.server.database import database_for
     from gpuwatch.server.database.migrate import upgrade
@@ -100,7 +100,7 @@ def _start_server(settings: Any) -> tuple[Any, str]:
     upgrade(database)
     database.dispose()
     host, port = parse_host_port(settings.listen)
-    sock = _bind(host, port)
+    sock = bind_listen_socket(host, port)
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), log_config=None, lifespan="on", ws="none")
     )

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
                 "fleet's history; set GPUWATCH_SERVER_READ_TOKEN",
                 host,
             )
-        sock = _bind(host, port)
+        sock = bind_listen_socket(host, port)
         bound = sock.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
         print(f"gpuwatch server listening on http://{shown}:{bound}", file=sys.stderr, flush=True)
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         ).run(sockets=[sock])
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_listen_socket(host: str, port: int) -> socket.socket:
     """Bind first, so a busy port is one clear error (and port 0 can be reported)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
