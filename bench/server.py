@@ -756,6 +756,7 @@ def export_tree(ref: str, into: Path) -> Path:
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", ref, "gpuwatch"], capture_output=True, check=True
     ).stdout
+    into.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 

@@ -1,7 +1,9 @@
 """Request dependencies: the server context, sessions, the clock, and authentication.
 
-The context (settings, database, clock, counters) is built by :func:`create_app` and
-kept on ``app.state``; nothing here is global. Routers use the ``Annotated`` aliases.
+The context (settings, database, clock, counters, verified tokens) is built by
+:func:`create_app` and kept on ``app.state``; nothing here is global. Routers use the
+``Annotated`` aliases. Dependencies that touch no database are ``async``: FastAPI runs
+a plain ``def`` dependency in the thread pool, a hop that costs more than the work.
 """
 
 from __future__ import annotations
@@ -9,14 +11,21 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
-from gpuwatch.server.auth.service import AgentIdentity, authenticate_agent
+from gpuwatch.server.auth.cache import VerifiedTokens
+from gpuwatch.server.auth.service import (
+    AgentIdentity,
+    authenticate_agent,
+    identity_of_digest,
+    token_digest,
+)
 from gpuwatch.server.database.core import Database
 from gpuwatch.server.metrics import ServerStats
 from gpuwatch.settings import ServerSettings
@@ -34,9 +43,10 @@ class ServerContext:
     database: Database
     clock: Clock
     stats: ServerStats
+    tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 
-def get_context(request: Request) -> ServerContext:
+async def get_context(request: Request) -> ServerContext:
     context: ServerContext = request.app.state.gpuwatch
     return context
 
@@ -91,9 +101,89 @@ def require_agent(
     with context.database.reader() as session:
         identity = authenticate_agent(session=session, token=credentials.credentials)
     if identity is None:
-        log.warning("refused agent request from %s: unknown or revoked token", _client(request))
-        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="unknown or revoked token")
+        raise _refused(_client(request))
     return identity
+
+
+def _refused(client: str) -> HTTPException:
+    log.warning("refused agent request from %s: unknown or revoked token", client)
+    return HTTPException(status.HTTP_403_FORBIDDEN, detail="unknown or revoked token")
+
+
+@dataclass(frozen=True)
+class PushCredential:
+    """An agent token let through to ingest, which must still :func:`confirm_push` it
+    in the transaction that stores the push.
+
+    ``cached`` is true when no read session of this request checked it: it was taken
+    from the context's :class:`~gpuwatch.server.auth.cache.VerifiedTokens`.
+    """
+
+    identity: AgentIdentity
+    token_sha256: str = field(repr=False)
+    cached: bool
+    client: str
+
+
+async def require_pushing_agent(
+    request: Request,
+    context: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_agent_bearer)],
+) -> PushCredential:
+    """:func:`require_agent` for ingest, the hot path: 401 without a token, 403 for an
+    unknown or revoked one.
+
+    A token this process verified before is let through without a read session (and
+    without leaving the event loop); one it has not is checked in a read session in a
+    worker thread, as :func:`require_agent` does, and remembered when valid. Either way
+    the token only authorises the write after :func:`confirm_push` finds it, unrevoked,
+    in the writing transaction itself (see gpuwatch/server/auth/cache.py).
+    """
+    if credentials is None:
+        raise _unauthorized("agent token")
+    digest = token_digest(credentials.credentials)
+    if digest is None:
+        raise _refused(_client(request))
+    identity = context.tokens.get(digest)
+    cached = identity is not None
+    if identity is None:
+        identity = await run_in_threadpool(verify_token_digest, context, digest)
+    if identity is None:
+        raise _refused(_client(request))
+    return PushCredential(
+        identity=identity, token_sha256=digest, cached=cached, client=_client(request)
+    )
+
+
+def verify_token_digest(context: ServerContext, digest: str) -> AgentIdentity | None:
+    """Check a token digest in a short read session of its own (so bad tokens never
+    take SQLite's write lock); remember it in ``context.tokens`` when it is valid and
+    forget it when it is not."""
+    with context.database.reader() as session:
+        identity = identity_of_digest(session=session, digest=digest)
+    if identity is None:
+        context.tokens.discard(digest)
+    else:
+        context.tokens.add(digest, identity)
+    return identity
+
+
+def reverify_push(context: ServerContext, credential: PushCredential) -> None:
+    """For a push about to be refused for its body: 403 instead when the token came
+    from the cache and is no longer valid, exactly as an uncached one would have been
+    answered (a 422 makes the agent drop the snapshot, a 403 keeps it spooled)."""
+    if credential.cached and verify_token_digest(context, credential.token_sha256) is None:
+        raise _refused(credential.client)
+
+
+def confirm_push(session: Session, context: ServerContext, credential: PushCredential) -> None:
+    """403, and the token forgotten, unless it is still unrevoked and still names the
+    same host, read in ``session``: the transaction that stores the push. This is what
+    makes revocation immediate on every replica, cache or not."""
+    found = identity_of_digest(session=session, digest=credential.token_sha256)
+    if found != credential.identity:
+        context.tokens.discard(credential.token_sha256)
+        raise _refused(credential.client)
 
 
 def require_reader(
@@ -115,6 +205,7 @@ def require_reader(
 
 
 Agent = Annotated[AgentIdentity, Depends(require_agent)]
+PushingAgent = Annotated[PushCredential, Depends(require_pushing_agent)]
 Reader = Depends(require_reader)
 
 

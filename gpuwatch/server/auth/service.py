@@ -13,9 +13,10 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import CursorResult, Select, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.auth.models import AgentToken
@@ -83,16 +84,33 @@ def revoke_tokens(*, session: Session, hostname: str, now: float) -> int:
     return result.rowcount or 0
 
 
-def authenticate_agent(*, session: Session, token: str) -> AgentIdentity | None:
-    """The host an unrevoked ``token`` belongs to, or None for an unknown/revoked one."""
+def token_digest(token: str) -> str | None:
+    """:func:`hash_token` of a token of our shape; None for one that cannot be ours."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_LENGTH:
         return None
-    digest = hash_token(token)
-    row = session.execute(
-        select(AgentToken.token_sha256, Host.id, Host.hostname)
-        .join(Host, Host.id == AgentToken.host_id)
-        .where(AgentToken.token_sha256 == digest, AgentToken.revoked_at.is_(None))
-    ).first()
+    return hash_token(token)
+
+
+def authenticate_agent(*, session: Session, token: str) -> AgentIdentity | None:
+    """The host an unrevoked ``token`` belongs to, or None for an unknown/revoked one."""
+    digest = token_digest(token)
+    return None if digest is None else identity_of_digest(session=session, digest=digest)
+
+
+def identity_of_digest(*, session: Session, digest: str) -> AgentIdentity | None:
+    """The host whose unrevoked token hashes to ``digest``, or None."""
+    row = session.execute(_identity_query(), {"digest": digest}).first()
     if row is None or not hmac.compare_digest(row.token_sha256, digest):
         return None
     return AgentIdentity(host_id=row.id, hostname=row.hostname)
+
+
+@cache
+def _identity_query() -> Select[str, int, str]:
+    # Built once: a reused statement object skips SQLAlchemy's cache-key generation,
+    # and ingest runs this on every request.
+    return (
+        select(AgentToken.token_sha256, Host.id, Host.hostname)
+        .join(Host, Host.id == AgentToken.host_id)
+        .where(AgentToken.token_sha256 == bindparam("digest"), AgentToken.revoked_at.is_(None))
+    )

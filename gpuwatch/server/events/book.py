@@ -19,15 +19,29 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Insert, Select, Table, Update, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.events.models import Event
 
 _TABLE: Table = Event.__table__  # type: ignore[assignment]
 _MUTABLE = ("kind", "reason", "held_bytes", "summary", "evidence", "last_seen_at", "ended_at")
+# What load reads: _Row's fields up to ended_at, in order.
+_LOADED = (
+    "id",
+    "dedup_key",
+    "kind",
+    "reason",
+    "held_bytes",
+    "summary",
+    "evidence",
+    "started_at",
+    "last_seen_at",
+    "ended_at",
+)
 _MAX_SUMMARY = 1024
 
 
@@ -79,20 +93,9 @@ class EventBook:
     @classmethod
     def load(cls, *, session: Session, host_id: int) -> EventBook:
         """Read the open events of ``host_id``."""
-        rows = session.execute(
-            select(
-                Event.id,
-                Event.dedup_key,
-                Event.kind,
-                Event.reason,
-                Event.held_bytes,
-                Event.summary,
-                Event.evidence,
-                Event.started_at,
-                Event.last_seen_at,
-                Event.ended_at,
-            ).where(Event.host_id == host_id, Event.ended_at.is_(None))
-        ).all()
+        # Core statements on the connection: ingest runs this on every request, and
+        # the ORM's execution path cost more than the query (see _open_query).
+        rows = session.connection().execute(_open_query(), {"host_id": host_id})
         return cls(host_id, [_Row(*row) for row in rows])
 
     def is_open(self, key: str) -> bool:
@@ -160,9 +163,10 @@ class EventBook:
         """
         new = [row for row in self._pending if row.id is None]
         changed = [row for row in self._pending if row.id is not None]
+        connection = session.connection()
         if new:
-            session.execute(
-                insert(_TABLE),
+            connection.execute(
+                _insert_statement(),
                 [
                     {
                         "host_id": self.host_id,
@@ -179,10 +183,8 @@ class EventBook:
                 ],
             )
         if changed:
-            session.execute(
-                update(_TABLE)
-                .where(_TABLE.c.id == bindparam("row_id"))
-                .values({name: bindparam(name) for name in _MUTABLE}),
+            connection.execute(
+                _update_statement(),
                 [
                     {"row_id": row.id, **{name: getattr(row, name) for name in _MUTABLE}}
                     for row in changed
@@ -194,3 +196,27 @@ class EventBook:
         if not row.dirty and row.id is not None:
             self._pending.append(row)
         row.dirty = True
+
+
+# Built once: a reused statement object skips SQLAlchemy's cache-key generation. Plain
+# Core (not the driver-level BulkStatement): evidence is JSON, which needs the
+# dialect's type processing.
+@cache
+def _open_query() -> Select[Any]:
+    return select(*(_TABLE.c[name] for name in _LOADED)).where(
+        _TABLE.c.host_id == bindparam("host_id"), _TABLE.c.ended_at.is_(None)
+    )
+
+
+@cache
+def _insert_statement() -> Insert:
+    return insert(_TABLE)
+
+
+@cache
+def _update_statement() -> Update:
+    return (
+        update(_TABLE)
+        .where(_TABLE.c.id == bindparam("row_id"))
+        .values({name: bindparam(name) for name in _MUTABLE})
+    )

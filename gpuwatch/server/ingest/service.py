@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache
 
 from sqlalchemy import Table
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningInsert
 
 from gpuwatch.errors import GpuwatchError
 from gpuwatch.server.database.dialects import insert_ignoring_conflicts
@@ -126,10 +128,14 @@ def _record_seen(
         }
         for s in reversed(snapshots)  # the first occurrence of a key wins
     }
-    inserted = session.execute(
-        insert_ignoring_conflicts(_SEEN, dialect).returning(
-            _SEEN.c.agent_id, _SEEN.c.boot_id, _SEEN.c.sequence
-        ),
-        list(rows.values()),
-    )
+    inserted = session.connection().execute(_insert_seen(dialect), list(rows.values()))
     return {(agent_id, boot_id, sequence) for agent_id, boot_id, sequence in inserted}
+
+
+@cache
+def _insert_seen(dialect: str) -> ReturningInsert[str, str, int]:
+    # Built once per dialect: a reused statement object skips SQLAlchemy's cache-key
+    # generation, on every ingest request.
+    return insert_ignoring_conflicts(_SEEN, dialect).returning(
+        _SEEN.c.agent_id, _SEEN.c.boot_id, _SEEN.c.sequence
+    )

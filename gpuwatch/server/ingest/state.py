@@ -139,9 +139,12 @@ class HostState:
         requests of one host; SQLite's ``BEGIN IMMEDIATE`` already serialises all
         writers) and read its GPUs, open lifetimes and open events."""
         params = {"host_id": host_id}
-        (host,) = [HostRow(*row) for row in session.execute(_host_query(), params)]
-        gpus = [GpuRow(*row) for row in session.execute(_gpus_query(), params)]
-        lifetimes = [LifetimeRow(*row) for row in session.execute(_lifetimes_query(), params)]
+        # On the connection: these are Core statements, and the ORM session's execution
+        # path around them cost as much as the queries.
+        connection = session.connection()
+        (host,) = [HostRow(*row) for row in connection.execute(_host_query(), params)]
+        gpus = [GpuRow(*row) for row in connection.execute(_gpus_query(), params)]
+        lifetimes = [LifetimeRow(*row) for row in connection.execute(_lifetimes_query(), params)]
         events = EventBook.load(session=session, host_id=host_id)
         return cls(
             session=session,
@@ -223,11 +226,7 @@ class HostState:
         """The packed recent windows of these lifetimes (read once per request)."""
         missing = [lt_id for lt_id in lifetime_ids if lt_id not in self._windows]
         if missing:
-            rows = self.session.execute(
-                select(_LIFETIMES.c.id, _LIFETIMES.c.recent_window).where(
-                    _LIFETIMES.c.id.in_(missing)
-                )
-            )
+            rows = self.session.connection().execute(_windows_query(), {"ids": missing})
             self._windows.update({lt_id: blob for lt_id, blob in rows})
         return self._windows
 
@@ -267,6 +266,13 @@ def _host_query() -> Select[Any]:
 @cache
 def _gpus_query() -> Select[Any]:
     return _select(GpuRow, _GPUS).where(_GPUS.c.host_id == bindparam("host_id"))
+
+
+@cache
+def _windows_query() -> Select[Any]:
+    return select(_LIFETIMES.c.id, _LIFETIMES.c.recent_window).where(
+        _LIFETIMES.c.id.in_(bindparam("ids", expanding=True))
+    )
 
 
 @cache
