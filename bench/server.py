@@ -242,15 +242,16 @@ class Target:
 
 
 @contextlib.contextmanager
-def fresh_database(kind: str, tmp: Path, name: str) -> Iterator[Target]:
+def fresh_database(kind: str, tmp: Path, name: str, *, migrate: bool = True) -> Iterator[Target]:
     """A migrated SQLite file, or a migrated schema of its own on Postgres (dropped
-    afterwards)."""
+    afterwards). Unmigrated with ``migrate=False``: the server migrates it on start."""
     from gpuwatch.server.database.migrate import upgrade
 
     if kind == "sqlite":
         path = tmp / f"{name}.db"
         target = Target(kind, f"sqlite:///{path}", path=path)
-        _migrate(target, upgrade)
+        if migrate:
+            _migrate(target, upgrade)
         yield target
         return
     from sqlalchemy import create_engine, text
@@ -261,7 +262,8 @@ def fresh_database(kind: str, tmp: Path, name: str) -> Iterator[Target]:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
     try:
         target = Target(kind, f"{POSTGRES_URL}?options=-csearch_path%3D{schema}", schema=schema)
-        _migrate(target, upgrade)
+        if migrate:
+            _migrate(target, upgrade)
         yield target
     finally:
         with admin.connect() as conn:
@@ -763,14 +765,16 @@ def export_tree(ref: str, into: Path) -> Path:
 
 def bench_compare(kind: str, tmp: Path, ref: str) -> dict[str, Any]:
     """Single-snapshot ingest: the code at ``ref`` and this checkout, each its own
-    server and database, in alternating rounds."""
+    server and database, in alternating rounds. Tokens are made with this checkout's
+    code, so ``ref`` must share its ``hosts`` and ``agent_tokens`` tables."""
     old_code = export_tree(ref, tmp / "before")
     hosts, per_round = COMPARE_SHAPE
     rates: dict[str, list[float]] = {"before": [], "after": []}
     with contextlib.ExitStack() as stack:
         clients, rounds = {}, {}
         for name, code in (("before", old_code), ("after", ROOT)):
-            target = stack.enter_context(fresh_database(kind, tmp, f"cmp{name}"))
+            # Migrated by its own server: the schema may differ between the two.
+            target = stack.enter_context(fresh_database(kind, tmp, f"cmp{name}", migrate=False))
             clients[name] = stack.enter_context(running_server(target, tmp, code=code))
             tokens = make_tokens(target, [f"cmp-{i}" for i in range(hosts)])
             base = history_base(WARM_HISTORY + COMPARE_ROUNDS * per_round)

@@ -5,7 +5,7 @@ from gpuwatch.server.database.core import Base
 from gpuwatch.server.events.models import Event
 from gpuwatch.server.hosts.models import Gpu, GpuSample, Host
 from gpuwatch.server.ingest.models import SnapshotSeen
-from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
+from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
 metadata = Base.metadata
 
@@ -18,6 +18,7 @@ __all__ = [
     "Host",
     "ProcessLifetime",
     "ProcessSample",
+    "ProcessWindow",
     "SnapshotSeen",
     "metadata",
 ]

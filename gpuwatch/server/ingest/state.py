@@ -20,17 +20,18 @@ from sqlalchemy import Executable, Select, Table, bindparam, insert, select, upd
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.database.bulk import BulkStatement
-from gpuwatch.server.database.dialects import insert_ignoring_conflicts
+from gpuwatch.server.database.dialects import insert_ignoring_conflicts, upsert
 from gpuwatch.server.detectors import Sample
 from gpuwatch.server.events.book import EventBook
 from gpuwatch.server.hosts.models import Gpu, GpuSample, Host
-from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
+from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
 _HOSTS: Table = Host.__table__  # type: ignore[assignment]
 _GPUS: Table = Gpu.__table__  # type: ignore[assignment]
 _LIFETIMES: Table = ProcessLifetime.__table__  # type: ignore[assignment]
 _PROCESS_SAMPLES: Table = ProcessSample.__table__  # type: ignore[assignment]
 _GPU_SAMPLES: Table = GpuSample.__table__  # type: ignore[assignment]
+_WINDOWS: Table = ProcessWindow.__table__  # type: ignore[assignment]
 
 # Identity of a lifetime within its host: (gpu row id, pid, process start time).
 Identity = tuple[int, int, float | None]
@@ -227,6 +228,7 @@ class HostState:
         missing = [lt_id for lt_id in lifetime_ids if lt_id not in self._windows]
         if missing:
             rows = self.session.connection().execute(_windows_query(), {"ids": missing})
+            self._windows.update(dict.fromkeys(missing))  # no row yet: no samples yet
             self._windows.update({lt_id: blob for lt_id, blob in rows})
         return self._windows
 
@@ -242,9 +244,9 @@ class HostState:
         _UPDATE_LIFETIMES.execute(
             session, [_LIFETIME_VALUES(row) for row in self._dirty_lifetimes.values()]
         )
-        _UPDATE_WINDOWS.execute(
+        _UPSERT_WINDOWS[self.dialect].execute(
             session,
-            [(self._windows[lt_id], lt_id) for lt_id in self._dirty_windows],
+            [(lt_id, self._windows[lt_id]) for lt_id in self._dirty_windows],
         )
         # A lifetime that closes and reopens within one interval closes the same
         # bucket twice; the first row stands.
@@ -270,8 +272,8 @@ def _gpus_query() -> Select[Any]:
 
 @cache
 def _windows_query() -> Select[Any]:
-    return select(_LIFETIMES.c.id, _LIFETIMES.c.recent_window).where(
-        _LIFETIMES.c.id.in_(bindparam("ids", expanding=True))
+    return select(_WINDOWS.c.lifetime_id, _WINDOWS.c.recent_window).where(
+        _WINDOWS.c.lifetime_id.in_(bindparam("ids", expanding=True))
     )
 
 
@@ -317,14 +319,14 @@ _UPDATE_LIFETIMES = _update_by_id(_LIFETIMES, LifetimeRow)
 _HOST_VALUES = attrgetter(*_columns(HostRow), "id")
 _GPU_VALUES = attrgetter(*_columns(GpuRow), "id")
 _LIFETIME_VALUES = attrgetter(*_columns(LifetimeRow), "id")
-_UPDATE_WINDOWS = BulkStatement(
-    lambda: (
-        update(_LIFETIMES)
-        .where(_LIFETIMES.c.id == bindparam("row_id"))
-        .values(recent_window=bindparam("recent_window"))
-    ),
-    ["recent_window", "row_id"],
-)
+# A lifetime has no window row until its first bucket closes.
+_UPSERT_WINDOWS = {
+    dialect: BulkStatement(
+        partial(upsert, _WINDOWS, dialect, key=["lifetime_id"], columns=["recent_window"]),
+        ["lifetime_id", "recent_window"],
+    )
+    for dialect in ("sqlite", "postgresql")
+}
 _INSERT_PROCESS_SAMPLES = _insert_ignoring(
     _PROCESS_SAMPLES, ["lifetime_id", "t", "used_bytes", "peak_bytes", "sm_ratio"]
 )

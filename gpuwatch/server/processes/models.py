@@ -39,8 +39,8 @@ class ProcessLifetime(Base):
     ``idle_since`` is when its run of polls with zero SM activity began (NULL when it is
     active or its activity is unknown). ``bucket_*`` accumulate the current
     downsampling interval, written to ``process_samples`` when the next one starts.
-    Ingest reads and writes all columns but ``recent_window`` on every snapshot; that
-    one only when a bucket closes.
+    Ingest reads and writes every column of an open lifetime on every snapshot, so the
+    row stays small: its recent samples live in :class:`ProcessWindow`.
     """
 
     __tablename__ = "process_lifetimes"
@@ -78,8 +78,26 @@ class ProcessLifetime(Base):
     bucket_min_bytes: Mapped[int | None] = mapped_column(BigInteger)
     bucket_max_bytes: Mapped[int | None] = mapped_column(BigInteger)
     bucket_max_sm_ratio: Mapped[float | None] = mapped_column(Double)
-    # The trend detectors' recent samples, packed (see processes/window.py).
-    recent_window: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+class ProcessWindow(Base):
+    """A lifetime's recent coarse samples, packed (processes/window.py): what the idle
+    and leak detectors read, one value per lifetime, when one of its buckets closes.
+
+    A table of its own rather than a column of ``process_lifetimes``: SQLite and
+    Postgres both rewrite a whole row to update it, and ingest updates every open
+    lifetime on every snapshot, so an inline kilobyte of samples multiplied the bytes
+    each of those updates (and the commit) wrote. A window changes only once per
+    ``sample_interval_seconds``. The row appears when the lifetime's first bucket closes
+    and goes with the lifetime.
+    """
+
+    __tablename__ = "process_windows"
+
+    lifetime_id: Mapped[int] = mapped_column(
+        ForeignKey("process_lifetimes.id", ondelete="CASCADE"), primary_key=True
+    )
+    recent_window: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class ProcessSample(Base):

@@ -1,6 +1,6 @@
 """The idle and leak detectors' working set: a lifetime's recent coarse samples, packed.
 
-Kept in ``process_lifetimes.recent_window`` so a trend check reads one value per
+Kept in ``process_windows.recent_window`` so a trend check reads one value per
 lifetime instead of an hour of ``process_samples`` rows (reading those was most of the
 cost of an ingest request). ``process_samples`` stays the history; this is a bounded
 copy of its newest part, rewritten when a bucket closes.
