@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Executable
+from sqlalchemy import Connection, Executable
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import Compiled
 
 
@@ -32,11 +31,11 @@ class BulkStatement:
         # None for a named one, which takes dicts)
         self._compiled: dict[str, tuple[str, tuple[int, ...] | None]] = {}
 
-    def execute(self, session: Session, rows: Sequence[Sequence[Any]]) -> None:
-        """Run the statement for every row, in one executemany."""
+    def execute(self, connection: Connection, rows: Sequence[Sequence[Any]]) -> None:
+        """Run the statement for every row, in one executemany, on ``connection`` (the
+        session's, taken once per request: ``Session.connection()`` is not free)."""
         if not rows:
             return
-        connection = session.connection()
         sql, order = self._compile(connection.dialect)
         params: Sequence[Any]
         if order is None:

@@ -22,11 +22,13 @@ def detect_share(process: GpuProcess, gpu: Gpu, *, share_ratio: float) -> Findin
     used, total = process.used_bytes, gpu.memory_total_bytes
     if used is None or not total or gpu.mig_instances:
         return None
+    share = used / total
+    # Before the sharing test: this runs for every process of every snapshot, and
+    # nearly all of them hold less than the threshold.
+    if share <= share_ratio:
+        return None
     pids = {p.pid for p in gpu.processes} | {process.pid}
     if len(pids) < 2:
-        return None
-    share = used / total
-    if share <= share_ratio:
         return None
     users = sorted({p.owner.user for p in (*gpu.processes, process) if p.owner.user is not None})
     return Finding(

@@ -122,6 +122,9 @@ class HostState:
         events: EventBook,
     ) -> None:
         self.session = session
+        # Taken once: every statement below runs on it, and ``Session.connection()``
+        # costs about as much as a small statement.
+        self.connection = session.connection()
         self.dialect = dialect
         self.host = host
         self.gpus = {gpu.uuid: gpu for gpu in gpus}
@@ -141,11 +144,13 @@ class HostState:
         writers) and read its GPUs, open lifetimes and open events."""
         params = {"host_id": host_id}
         # On the connection: these are Core statements, and the ORM session's execution
-        # path around them cost as much as the queries.
+        # path around them cost as much as the queries. ``all()`` fetches in one call.
         connection = session.connection()
-        (host,) = [HostRow(*row) for row in connection.execute(_host_query(), params)]
-        gpus = [GpuRow(*row) for row in connection.execute(_gpus_query(), params)]
-        lifetimes = [LifetimeRow(*row) for row in connection.execute(_lifetimes_query(), params)]
+        (host,) = [HostRow(*row) for row in connection.execute(_host_query(), params).all()]
+        gpus = [GpuRow(*row) for row in connection.execute(_gpus_query(), params).all()]
+        lifetimes = [
+            LifetimeRow(*row) for row in connection.execute(_lifetimes_query(), params).all()
+        ]
         events = EventBook.load(session=session, host_id=host_id)
         return cls(
             session=session,
@@ -164,7 +169,7 @@ class HostState:
 
     def add_gpu(self, values: dict[str, Any]) -> GpuRow:
         """Insert a GPU seen for the first time (its id is needed at once)."""
-        gpu_id = self.session.execute(
+        gpu_id = self.connection.execute(
             insert(_GPUS).values(host_id=self.host.id, **values).returning(_GPUS.c.id)
         ).scalar_one()
         gpu = GpuRow(id=gpu_id, **values)
@@ -182,13 +187,13 @@ class HostState:
             _LIFETIMES.c.gpu_id.in_({gpu_id for gpu_id, _, _ in wanted}),
             _LIFETIMES.c.pid.in_({pid for _, pid, _ in wanted}),
         )
-        return [LifetimeRow(*row) for row in self.session.execute(query)]
+        return [LifetimeRow(*row) for row in self.connection.execute(query).all()]
 
     def add_lifetimes(self, values: Sequence[dict[str, Any]]) -> list[LifetimeRow]:
         """Insert new lifetimes in one statement, returning them with their ids."""
         if not values:
             return []
-        ids = self.session.execute(
+        ids = self.connection.execute(
             insert(_LIFETIMES).returning(_LIFETIMES.c.id, sort_by_parameter_order=True),
             [{"host_id": self.host.id, **row} for row in values],
         ).scalars()
@@ -227,7 +232,7 @@ class HostState:
         """The packed recent windows of these lifetimes (read once per request)."""
         missing = [lt_id for lt_id in lifetime_ids if lt_id not in self._windows]
         if missing:
-            rows = self.session.connection().execute(_windows_query(), {"ids": missing})
+            rows = self.connection.execute(_windows_query(), {"ids": missing}).all()
             self._windows.update(dict.fromkeys(missing))  # no row yet: no samples yet
             self._windows.update({lt_id: blob for lt_id, blob in rows})
         return self._windows
@@ -238,21 +243,21 @@ class HostState:
 
     def flush(self) -> None:
         """Write every touched row, window and produced sample."""
-        session = self.session
-        _UPDATE_HOST.execute(session, [_HOST_VALUES(self.host)])
-        _UPDATE_GPUS.execute(session, [_GPU_VALUES(row) for row in self._dirty_gpus.values()])
+        connection = self.connection
+        _UPDATE_HOST.execute(connection, [_HOST_VALUES(self.host)])
+        _UPDATE_GPUS.execute(connection, [_GPU_VALUES(row) for row in self._dirty_gpus.values()])
         _UPDATE_LIFETIMES.execute(
-            session, [_LIFETIME_VALUES(row) for row in self._dirty_lifetimes.values()]
+            connection, [_LIFETIME_VALUES(row) for row in self._dirty_lifetimes.values()]
         )
         _UPSERT_WINDOWS[self.dialect].execute(
-            session,
+            connection,
             [(lt_id, self._windows[lt_id]) for lt_id in self._dirty_windows],
         )
         # A lifetime that closes and reopens within one interval closes the same
         # bucket twice; the first row stands.
-        _INSERT_PROCESS_SAMPLES[self.dialect].execute(session, self._process_samples)
-        _INSERT_GPU_SAMPLES[self.dialect].execute(session, self._gpu_samples)
-        self.events.flush(session=session)
+        _INSERT_PROCESS_SAMPLES[self.dialect].execute(connection, self._process_samples)
+        _INSERT_GPU_SAMPLES[self.dialect].execute(connection, self._gpu_samples)
+        self.events.flush(session=self.session)
 
 
 def _select(cls: type, table: Table) -> Select[Any]:
