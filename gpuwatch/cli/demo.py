@@ -141,7 +141,8 @@ def _print_events(server_url: str) -> None:
 
 def _print_guide(scenario: str, agent_url: str, server_url: str, duration: float | None) -> None:
     typer.echo(
-        f"\nsimulated GPUs ({scenario}); the agent pushes to the server every 2 s:\n"
+        f"\nsimulated GPUs ({scenario}); the agent pushes to the server every 2 s, and the\n"
+        f"server calls a holder idle after 30 s without SM activity (an hour by default):\n"
         f"  metrics    {agent_url}/metrics\n"
         f"  snapshot   {agent_url}/snapshot\n"
         f"  events     {server_url}/api/v1/events      (orphaned, idle, runaway, ...)\n"
