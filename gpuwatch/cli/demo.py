@@ -46,11 +46,16 @@ def register(app: typer.Typer) -> None:
             signal.signal(sig, lambda *_: stop.set())
         with tempfile.TemporaryDirectory(prefix="gpuwatch-demo-") as tmp:
             data = Path(tmp)
+            # Demo thresholds: a holder is idle after 30 s rather than an hour, with samples
+            # every 5 s rather than every minute, so the forgotten notebook shows up while
+            # you watch.
             server_settings = load(
                 ServerSettings,
                 listen=server_listen,
                 data_dir=data / "server",
                 agent_push_interval_seconds=2.0,
+                idle_window_seconds=30.0,
+                sample_interval_seconds=5.0,
             )
             server, server_url = _start_server(server_settings)
             try:
