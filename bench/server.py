@@ -16,8 +16,9 @@ Reported, each next to a baseline measured side by side in the same run:
   per request, against the limit: the stdlib ``sqlite3`` (or psycopg) ``executemany``
   of one row per process, one per GPU and the snapshot key into the same tables, one
   transaction per batch. Rounds alternate between the two. Also recorded: the rows the
-  server itself writes per snapshot, counted from its SQL. Targets: >= 0.3x the limit,
-  and >= 300 snapshots/s on SQLite for single-snapshot requests.
+  server itself writes per snapshot, counted from its SQL, and single-snapshot ingest
+  with ``CONCURRENT_CLIENTS`` agents pushing at once. Targets: >= 0.3x the limit, and
+  >= 300 snapshots/s on SQLite for single-snapshot requests.
 * fleet: median latency of ``GET /api/v1/fleet`` at 1,000 hosts populated through
   ingest, against ``GET /healthz`` on the same server (the HTTP floor), requests
   alternating. Target: <= 50 ms.
@@ -45,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -77,8 +79,13 @@ WARM_HISTORY = 250
 # the limit; each round is 200-300 snapshots, fresh ones (a resend would be a duplicate).
 ROUNDS = 3
 INGEST_SHAPES = {1: (5, 40), 10: (5, 4), 100: (2, 1)}
+# The single-snapshot shape again with this many agents pushing at once (a thread and a
+# connection each, hosts split between them): what one server process sustains, where
+# the sequential figure is bounded by one request's latency.
+CONCURRENT_CLIENTS = 4
+CONCURRENT_SHAPE = (8, 25)
 FLEET_HOSTS = 1000
-FLEET_SNAPSHOTS = 4  # per host: enough 15 s buckets for the 30 s idle window below
+FLEET_SNAPSHOTS = 3  # per host: the fewest 15 s buckets that prove the 30 s idle window below
 FLEET_REQUESTS = 60  # of each endpoint, alternating
 STORAGE_HOSTS = 8
 STORAGE_WARM = 280  # snapshots per host (70 min): recent windows reach their 1 h size
@@ -220,6 +227,45 @@ def send(client: httpx.Client, requests: Sequence[Push]) -> float:
     for push, reply in zip(requests, replies, strict=True):
         if reply.status_code != 200 or reply.json()["accepted"] != len(push.snapshots):
             raise RuntimeError(f"ingest answered {reply.status_code}: {reply.text[:300]}")
+    return elapsed
+
+
+def send_concurrently(client: httpx.Client, requests: Sequence[Push], clients: int) -> float:
+    """:func:`send` from ``clients`` threads at once, each with its own connection and
+    its own hosts (so each host's snapshots still arrive in order); the seconds until
+    the last is answered."""
+    by_thread: list[list[Push]] = [[] for _ in range(clients)]
+    owner: dict[str, int] = {}
+    for push in requests:
+        token = push.headers["Authorization"]
+        by_thread[owner.setdefault(token, len(owner) % clients)].append(push)
+    connections = [httpx.Client(base_url=client.base_url, timeout=120) for _ in range(clients)]
+    errors: list[BaseException] = []
+
+    def run(connection: httpx.Client, part: list[Push]) -> None:
+        try:
+            send(connection, part)
+        except BaseException as err:  # reported below, on the main thread
+            errors.append(err)
+
+    threads = [
+        threading.Thread(target=run, args=(connection, part))
+        for connection, part in zip(connections, by_thread, strict=True)
+    ]
+    try:
+        for connection in connections:
+            connection.get("/healthz")  # connect before the clock starts
+        began = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - began
+    finally:
+        for connection in connections:
+            connection.close()
+    if errors:
+        raise errors[0]
     return elapsed
 
 
@@ -491,6 +537,16 @@ def bench_ingest(kind: str, tmp: Path) -> dict[str, Any]:
                 result[f"batch_{batch}"] = _ingest_one_shape(
                     target, client, raw, batch=batch, hosts=hosts, per_round=per_round
                 )
+            hosts, per_round = CONCURRENT_SHAPE
+            result[f"batch_1_{CONCURRENT_CLIENTS}_clients"] = _ingest_one_shape(
+                target,
+                client,
+                raw,
+                batch=1,
+                hosts=hosts,
+                per_round=per_round,
+                clients=CONCURRENT_CLIENTS,
+            )
         finally:
             raw.close()
     return result
@@ -504,8 +560,9 @@ def _ingest_one_shape(
     batch: int,
     hosts: int,
     per_round: int,
+    clients: int = 1,
 ) -> dict[str, Any]:
-    tokens = make_tokens(target, [f"b{batch}-{i}" for i in range(hosts)])
+    tokens = make_tokens(target, [f"b{batch}x{clients}-{i}" for i in range(hosts)])
     per_round_host = per_round * batch
     base = history_base(WARM_HISTORY + ROUNDS * per_round_host)
     warm_up(client, tokens, base=base)
@@ -522,10 +579,14 @@ def _ingest_one_shape(
     e2e, limit = [], []
     for requests in rounds:
         n = sum(len(p.snapshots) for p in requests)
-        e2e.append(n / send(client, requests))
+        seconds = (
+            send(client, requests) if clients == 1 else send_concurrently(client, requests, clients)
+        )
+        e2e.append(n / seconds)
         limit.append(n / raw_seconds(raw, requests))
     rate, raw_rate = statistics.median(e2e), statistics.median(limit)
     return {
+        "clients": clients,
         "hosts": hosts,
         "snapshots": sum(len(p.snapshots) for requests in rounds for p in requests),
         "body_bytes_per_snapshot": round(len(rounds[0][0].body) / batch),
@@ -628,6 +689,8 @@ def bench_fleet(kind: str, tmp: Path) -> dict[str, Any]:
         "hosts": summary["hosts"],
         "gpus": summary["gpus"],
         "open_idle_events_in_top": len(summary["top_idle"]),
+        "idle_bytes": summary["idle_bytes"],
+        "orphaned_bytes": summary["orphaned_bytes"],
         "populate_seconds": round(populate_seconds, 1),
         "median_ms": {"fleet": round(fleet_ms, 2), "healthz": round(healthz_ms, 2)},
         "p90_ms": {
@@ -699,7 +762,7 @@ def _vacuum(target: Target) -> None:
     engine = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as connection:
-            for table in ("hosts", "gpus", "process_lifetimes", "events"):
+            for table in ("hosts", "gpus", "process_lifetimes", "process_windows", "events"):
                 connection.execute(text(f'VACUUM "{target.schema}".{table}'))
     finally:
         engine.dispose()
@@ -794,8 +857,12 @@ def bench_compare(kind: str, tmp: Path, ref: str) -> dict[str, Any]:
                 requests = rounds[name][r]
                 rates[name].append(len(requests) / send(clients[name], requests))
     before, after = statistics.median(rates["before"]), statistics.median(rates["after"])
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True
+    ).stdout.strip()
     return {
         "ref": ref,
+        "commit": commit,
         "snapshots_per_second": {"before": round(before, 1), "after": round(after, 1)},
         "ratio_after_to_before": round(after / before, 2),
     }
