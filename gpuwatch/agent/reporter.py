@@ -20,7 +20,7 @@ Protocol: ``POST {server_url}/api/v1/snapshots`` with ``Authorization: Bearer <t
 and ``{"snapshots": [HostSnapshot, ...], "spool_dropped_total": d}`` (1..500 snapshots;
 ``d`` is how many this agent has dropped so far, all reasons, which the server keeps per
 host for its spool-drop metric). 2xx acknowledges the batch
-(``{"accepted": n, "duplicates": m}``). 413 and 422 split the batch in halves until
+(``{"accepted": n, "duplicate": m, ...}``, as the server's ingest answers). 413 and 422 split the batch in halves until
 the offending snapshot stands alone, which is then dropped and counted. 401/403 keep
 everything spooled and raise the ``auth_failed`` flag. Anything else (429, 5xx, other
 statuses, connection errors) is retried after exponential backoff with jitter, and
@@ -401,10 +401,10 @@ def _snapshots_url(server_url: str | None) -> tuple[str, str]:
 
 
 def _duplicates(response: httpx.Response, sent: int) -> int:
-    """The server's ``duplicates`` figure, clamped to the batch; 0 when it gives none."""
+    """The server's ``duplicate`` count, clamped to the batch; 0 when it gives none."""
     try:
         counts = json.loads(response.content)
-        duplicates = int(counts.get("duplicates", 0)) if isinstance(counts, dict) else 0
+        duplicates = int(counts.get("duplicate", 0)) if isinstance(counts, dict) else 0
     except (ValueError, TypeError):
         duplicates = 0
     return min(max(duplicates, 0), sent)

@@ -94,7 +94,7 @@ class Ingest(ThreadingHTTPServer):
                     accepted += 1
             if snapshots:
                 self.stored_event.set()
-            reply = {"accepted": accepted, "duplicates": duplicates} if status == 200 else {}
+            reply = {"accepted": accepted, "duplicate": duplicates} if status == 200 else {}
             return status, headers, json.dumps(reply).encode()
 
 
