@@ -7,8 +7,11 @@ last line of output, so scripts can take it with ``| tail -n1``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -16,10 +19,26 @@ from gpuwatch.cli.db import open_database
 from gpuwatch.cli.server import CONFIG_HELP, DATABASE_URL_HELP
 from gpuwatch.errors import GpuwatchError
 
+if TYPE_CHECKING:
+    from gpuwatch.server.database import Database
+
 token = typer.Typer(name="token", help="Per-host agent tokens.", no_args_is_help=True)
 
 _URL = typer.Option(None, "--database-url", metavar="URL", help=DATABASE_URL_HELP)
 _CONFIG = typer.Option(None, "--config", help=CONFIG_HELP)
+
+
+@contextmanager
+def _migrated(database_url: str | None, config: Path | None) -> Iterator[Database]:
+    """The configured database, refused unless migrated to head; disposed afterwards."""
+    from gpuwatch.server.database.migrate import require_head
+
+    database = open_database(database_url, config)
+    try:
+        require_head(database)
+        yield database
+    finally:
+        database.dispose()
 
 
 def _hostname(value: str) -> str:
@@ -37,16 +56,14 @@ def create(
     """Create a token for HOST (adding the host); prints the token as the last line."""
     from gpuwatch.server.auth import service
     from gpuwatch.server.database import translated_errors
-    from gpuwatch.server.database.migrate import require_head
 
-    database = open_database(database_url, config)
-    try:
-        require_head(database)
-        with translated_errors("cannot create the token"), database.writer() as session:
-            secret = service.create_token(session=session, hostname=host, now=time.time())
-            session.commit()
-    finally:
-        database.dispose()
+    with (
+        _migrated(database_url, config) as database,
+        translated_errors("cannot create the token"),
+        database.writer() as session,
+    ):
+        secret = service.create_token(session=session, hostname=host, now=time.time())
+        session.commit()
     typer.echo(f"token for {host} (shown once; set it as GPUWATCH_AGENT_TOKEN on that host):")
     typer.echo(secret)
 
@@ -59,15 +76,13 @@ def list_(database_url: str | None = _URL, config: Path | None = _CONFIG) -> Non
 
     from gpuwatch.server.auth import service
     from gpuwatch.server.database import translated_errors
-    from gpuwatch.server.database.migrate import require_head
 
-    database = open_database(database_url, config)
-    try:
-        require_head(database)
-        with translated_errors("cannot list tokens"), database.reader() as session:
-            tokens = service.list_tokens(session=session)
-    finally:
-        database.dispose()
+    with (
+        _migrated(database_url, config) as database,
+        translated_errors("cannot list tokens"),
+        database.reader() as session,
+    ):
+        tokens = service.list_tokens(session=session)
     table = Table("ID", "HOST", "CREATED", "REVOKED", box=None)
     for info in tokens:
         table.add_row(
@@ -88,16 +103,14 @@ def revoke(
     """Revoke every active token of HOST; its agent is refused (403) from now on."""
     from gpuwatch.server.auth import service
     from gpuwatch.server.database import translated_errors
-    from gpuwatch.server.database.migrate import require_head
 
-    database = open_database(database_url, config)
-    try:
-        require_head(database)
-        with translated_errors("cannot revoke tokens"), database.writer() as session:
-            revoked = service.revoke_tokens(session=session, hostname=host, now=time.time())
-            session.commit()
-    finally:
-        database.dispose()
+    with (
+        _migrated(database_url, config) as database,
+        translated_errors("cannot revoke tokens"),
+        database.writer() as session,
+    ):
+        revoked = service.revoke_tokens(session=session, hostname=host, now=time.time())
+        session.commit()
     if revoked == 0:
         raise GpuwatchError(f"host {host} has no active token")
     typer.echo(f"revoked {revoked} token(s) of {host}")
