@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from gpuwatch.doctor.live import DEFAULT_AGENT_URL
+from gpuwatch.doctor import DEFAULT_AGENT_URL
 
 if TYPE_CHECKING:
     from gpuwatch.doctor.history import PastEvent

@@ -11,3 +11,7 @@ Data flows one way::
 
 ``live`` fetches the local agent's snapshot for both. Nothing here imports torch.
 """
+
+# The agent's default --listen address. Defined here, not in ``live``, so the CLI can
+# show it as an option default without importing httpx (and ssl) on every command.
+DEFAULT_AGENT_URL = "http://127.0.0.1:9402"

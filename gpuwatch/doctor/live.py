@@ -23,7 +23,6 @@ from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 log = logging.getLogger(__name__)
 
-DEFAULT_AGENT_URL = "http://127.0.0.1:9402"
 SNAPSHOT_PATH = "/snapshot"
 
 
