@@ -51,8 +51,9 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
+from gpuwatch.doctor import DEFAULT_AGENT_URL
 from gpuwatch.doctor.explain import Explanation, explain_facts
-from gpuwatch.doctor.live import DEFAULT_AGENT_URL, fetch_local_snapshot
+from gpuwatch.doctor.live import fetch_local_snapshot
 from gpuwatch.doctor.parse import parse_oom
 from gpuwatch.doctor.report import render
 from gpuwatch.doctor.units import format_size
