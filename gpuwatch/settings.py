@@ -102,7 +102,7 @@ class AgentSettings(_Base):
         2.0,
         gt=0,
         le=60,
-        description="Bound on one whole poll; a hung NVML call is abandoned after this.",
+        description="Bound on reading one GPU; a GPU whose NVML call hangs past it is reported as timed out and skipped while stuck.",
     )
     fake_gpus: str | None = Field(
         None,
