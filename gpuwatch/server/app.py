@@ -22,6 +22,7 @@ from gpuwatch.server.deps import Context, ServerContext, require_reader
 from gpuwatch.server.events.views import router as events_router
 from gpuwatch.server.fleet.views import router as fleet_router
 from gpuwatch.server.hosts.views import router as hosts_router
+from gpuwatch.server.ingest.cache import HostStateCache
 from gpuwatch.server.ingest.views import openapi_schemas as ingest_openapi_schemas
 from gpuwatch.server.ingest.views import router as ingest_router
 from gpuwatch.server.metrics import IngestStatusMiddleware, ServerStats, build_registry
@@ -55,7 +56,13 @@ def create_app(
     owned = engine is None
     database = database_for(settings) if engine is None else Database.from_engine(engine)
     stats = ServerStats()
-    context = ServerContext(settings=settings, database=database, clock=clock, stats=stats)
+    context = ServerContext(
+        settings=settings,
+        database=database,
+        clock=clock,
+        stats=stats,
+        host_states=HostStateCache(settings.state_cache_hosts),
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -27,6 +27,7 @@ from gpuwatch.server.auth.service import (
     token_digest,
 )
 from gpuwatch.server.database.core import Database
+from gpuwatch.server.ingest.cache import HostStateCache
 from gpuwatch.server.metrics import ServerStats
 from gpuwatch.settings import ServerSettings
 
@@ -44,6 +45,7 @@ class ServerContext:
     clock: Clock
     stats: ServerStats
     tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
+    host_states: HostStateCache = field(default_factory=lambda: HostStateCache(0))
 
 
 async def get_context(request: Request) -> ServerContext:

@@ -95,6 +95,15 @@ def detect_silent_agents(*, database: Database, settings: ServerSettings, now: f
             session.add(_silent_event(host, threshold=threshold, now=now))
             opened += 1
         _close_recovered(session, now=now, threshold=threshold)
+        # Open events are part of the ingest state that server processes keep.
+        affected = open_ids | {host.id for host in silent}
+        if affected:
+            session.execute(
+                update(Host)
+                .where(Host.id.in_(affected))
+                .values(state_version=Host.state_version + 1)
+                .execution_options(synchronize_session=False)
+            )
     if opened:
         log.warning("%d agent(s) went silent", opened)
     return opened

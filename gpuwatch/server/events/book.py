@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Insert, Select, Table, Update, bindparam, insert, select, update
+from sqlalchemy import Select, Table, Update, bindparam, insert, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningInsert
 
 from gpuwatch.server.events.models import Event
 
 _TABLE: Table = Event.__table__  # type: ignore[assignment]
 _MUTABLE = ("kind", "reason", "held_bytes", "summary", "evidence", "last_seen_at", "ended_at")
-# What load reads: _Row's fields up to ended_at, in order.
+# What load reads: EventRow's fields up to ended_at, in order.
 _LOADED = (
     "id",
     "dedup_key",
@@ -61,8 +62,10 @@ class Condition:
     user: str | None = None
 
 
-@dataclass
-class _Row:
+@dataclass(eq=False)
+class EventRow:
+    """An event as ingest holds it (``dirty``: changed since it was last written)."""
+
     id: int | None
     dedup_key: str
     kind: str
@@ -84,10 +87,10 @@ class _Row:
 class EventBook:
     """Open events of one host keyed by slot; new and changed rows are kept for flush."""
 
-    def __init__(self, host_id: int, rows: list[_Row]) -> None:
+    def __init__(self, host_id: int, rows: list[EventRow]) -> None:
         self.host_id = host_id
-        self._open: dict[str, _Row] = {row.dedup_key: row for row in rows}
-        self._pending: list[_Row] = []  # rows to write: new, changed or closed
+        self._open: dict[str, EventRow] = {row.dedup_key: row for row in rows}
+        self._pending: list[EventRow] = []  # rows to write: new, changed or closed
         self.opened: Counter[str] = Counter()
 
     @classmethod
@@ -96,7 +99,12 @@ class EventBook:
         # Core statements on the connection: ingest runs this on every request, and
         # the ORM's execution path cost more than the query (see _open_query).
         rows = session.connection().execute(_open_query(), {"host_id": host_id})
-        return cls(host_id, [_Row(*row) for row in rows])
+        return cls(host_id, [EventRow(*row) for row in rows])
+
+    def open_rows(self) -> list[EventRow]:
+        """The open events, as :meth:`flush` left them (each with its id): what a
+        later request may start from instead of :meth:`load`."""
+        return list(self._open.values())
 
     def is_open(self, key: str) -> bool:
         return key in self._open
@@ -109,7 +117,7 @@ class EventBook:
         """The condition holds at ``at``: open its event, or refresh the open one."""
         row = self._open.get(key)
         if row is None:
-            row = _Row(
+            row = EventRow(
                 id=None,
                 dedup_key=key,
                 kind=condition.kind,
@@ -159,13 +167,14 @@ class EventBook:
     def flush(self, *, session: Session) -> None:
         """Write new events (one INSERT) and changed ones (one UPDATE executemany).
 
-        A book serves one request: call this once, at its end.
+        A book serves one request: call this once, at its end. Afterwards every row
+        has its id and is clean, so :meth:`open_rows` can seed the next request's book.
         """
         new = [row for row in self._pending if row.id is None]
         changed = [row for row in self._pending if row.id is not None]
         connection = session.connection()
         if new:
-            connection.execute(
+            ids = connection.execute(
                 _insert_statement(),
                 [
                     {
@@ -181,7 +190,9 @@ class EventBook:
                     }
                     for row in new
                 ],
-            )
+            ).scalars()
+            for row, row_id in zip(new, ids, strict=True):
+                row.id = row_id
         if changed:
             connection.execute(
                 _update_statement(),
@@ -190,9 +201,11 @@ class EventBook:
                     for row in changed
                 ],
             )
+        for row in self._pending:
+            row.dirty = False
         self._pending.clear()
 
-    def _mark(self, row: _Row) -> None:
+    def _mark(self, row: EventRow) -> None:
         if not row.dirty and row.id is not None:
             self._pending.append(row)
         row.dirty = True
@@ -209,8 +222,8 @@ def _open_query() -> Select[Any]:
 
 
 @cache
-def _insert_statement() -> Insert:
-    return insert(_TABLE)
+def _insert_statement() -> ReturningInsert[Any]:
+    return insert(_TABLE).returning(_TABLE.c.id, sort_by_parameter_order=True)
 
 
 @cache

@@ -45,6 +45,10 @@ class Host(Base):
     fake: Mapped[bool] = mapped_column(Boolean, default=False)
     # Cumulative count the agent reports of snapshots its spool had to drop.
     spool_dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Bumped by every write to the host's ingest state (this row, its GPUs, open
+    # lifetimes, open events, windows), so a server process can tell whether the copy
+    # it kept from its last ingest of the host is still current (ingest/cache.py).
+    state_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Gpu(Base):

@@ -23,6 +23,7 @@ from sqlalchemy.sql.dml import ReturningInsert
 from gpuwatch.errors import GpuwatchError
 from gpuwatch.server.database.dialects import insert_ignoring_conflicts
 from gpuwatch.server.ingest.apply import apply_snapshot
+from gpuwatch.server.ingest.cache import HostStateCache, KeptState
 from gpuwatch.server.ingest.models import SnapshotSeen
 from gpuwatch.server.ingest.schemas import IngestRequest, ItemResult
 from gpuwatch.server.ingest.state import HostState
@@ -49,6 +50,8 @@ class IngestResult:
 
     results: list[ItemResult]
     opened: Counter[str] = field(default_factory=Counter)
+    # The host's state as this request wrote it: for the cache, once committed.
+    kept: KeptState | None = None
 
     @property
     def accepted(self) -> int:
@@ -67,8 +70,10 @@ def ingest_snapshots(
     request: IngestRequest,
     settings: ServerSettings,
     now: float,
+    cache: HostStateCache | None = None,
 ) -> IngestResult:
-    """Store a batch of one host's snapshots; the caller commits.
+    """Store a batch of one host's snapshots; the caller commits, and then may keep
+    ``result.kept`` in ``cache`` (the host's state is taken from it when current).
 
     ``now`` is the server's clock (epoch seconds). Raises :class:`SnapshotRejected`
     for a snapshot from too far in the future; nothing is written then.
@@ -81,7 +86,7 @@ def ingest_snapshots(
             )
     # Lock the host first: on Postgres this queues a concurrent request of the same
     # host here, before it can insert its keys.
-    state = HostState.load(session=session, dialect=dialect, host_id=host_id)
+    state = HostState.load(session=session, dialect=dialect, host_id=host_id, cache=cache)
     fresh = _record_seen(session, dialect, host_id, request.snapshots, now)
     results: list[ItemResult] = []
     to_apply: list[HostSnapshot] = []
@@ -106,7 +111,7 @@ def ingest_snapshots(
         state.host.spool_dropped_total = request.spool_dropped_total
     state.events.clear("agent_silent", at=now)
     state.flush()
-    return IngestResult(results=results, opened=state.events.opened)
+    return IngestResult(results=results, opened=state.events.opened, kept=state.kept())
 
 
 def _record_seen(

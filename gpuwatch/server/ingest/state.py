@@ -24,6 +24,7 @@ from gpuwatch.server.database.dialects import insert_ignoring_conflicts, upsert
 from gpuwatch.server.detectors import Sample
 from gpuwatch.server.events.book import EventBook
 from gpuwatch.server.hosts.models import Gpu, GpuSample, Host
+from gpuwatch.server.ingest.cache import HostStateCache, KeptState
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
 _HOSTS: Table = Host.__table__  # type: ignore[assignment]
@@ -51,6 +52,7 @@ class HostRow:
     pid_namespace_isolated: bool
     fake: bool
     spool_dropped_total: int
+    state_version: int
 
 
 @dataclass(eq=False)
@@ -138,15 +140,35 @@ class HostState:
         self._dirty_windows: set[int] = set()
 
     @classmethod
-    def load(cls, *, session: Session, dialect: str, host_id: int) -> HostState:
+    def load(
+        cls,
+        *,
+        session: Session,
+        dialect: str,
+        host_id: int,
+        cache: HostStateCache | None = None,
+    ) -> HostState:
         """Lock the host row (Postgres: ``FOR UPDATE``, which serialises concurrent
         requests of one host; SQLite's ``BEGIN IMMEDIATE`` already serialises all
-        writers) and read its GPUs, open lifetimes and open events."""
+        writers) and read its GPUs, open lifetimes and open events, or take them from
+        ``cache`` when its copy is at the host's current ``state_version``."""
         params = {"host_id": host_id}
         # On the connection: these are Core statements, and the ORM session's execution
         # path around them cost as much as the queries. ``all()`` fetches in one call.
         connection = session.connection()
         (host,) = [HostRow(*row) for row in connection.execute(_host_query(), params).all()]
+        kept = cache.take(host_id, host.state_version) if cache is not None else None
+        if kept is not None:
+            state = cls(
+                session=session,
+                dialect=dialect,
+                host=host,
+                gpus=kept.gpus,
+                lifetimes=kept.lifetimes,
+                events=EventBook(host_id, kept.events),
+            )
+            state._windows.update(kept.windows)
+            return state
         gpus = [GpuRow(*row) for row in connection.execute(_gpus_query(), params).all()]
         lifetimes = [
             LifetimeRow(*row) for row in connection.execute(_lifetimes_query(), params).all()
@@ -159,6 +181,17 @@ class HostState:
             gpus=gpus,
             lifetimes=lifetimes,
             events=events,
+        )
+
+    def kept(self) -> KeptState:
+        """This state as :meth:`flush` wrote it, for :meth:`HostStateCache.put` once
+        the transaction has committed."""
+        return KeptState.of(
+            self.host,
+            list(self.gpus.values()),
+            list(self.open.values()),
+            self.events.open_rows(),
+            self._windows,
         )
 
     def touch(self, row: GpuRow | LifetimeRow) -> None:
@@ -242,8 +275,10 @@ class HostState:
         self._dirty_windows.add(lifetime_id)
 
     def flush(self) -> None:
-        """Write every touched row, window and produced sample."""
+        """Write every touched row, window and produced sample, and bump the host's
+        ``state_version`` (which tells other processes their copies are stale)."""
         connection = self.connection
+        self.host.state_version += 1
         _UPDATE_HOST.execute(connection, [_HOST_VALUES(self.host)])
         _UPDATE_GPUS.execute(connection, [_GPU_VALUES(row) for row in self._dirty_gpus.values()])
         _UPDATE_LIFETIMES.execute(

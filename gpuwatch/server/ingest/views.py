@@ -115,10 +115,13 @@ def _store(raw: bytes, credential: PushCredential, context: ServerContext) -> Re
                 request=body,
                 settings=context.settings,
                 now=context.clock(),
+                cache=context.host_states,
             )
         except service.SnapshotRejected as err:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(err)) from err
         session.commit()
+    if result.kept is not None:
+        context.host_states.put(identity.host_id, result.kept)
     stats = context.stats
     stats.count(stats.ingest_snapshots, "accepted", result.accepted)
     stats.count(stats.ingest_snapshots, "duplicate", result.duplicate)
