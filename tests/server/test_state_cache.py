@@ -126,3 +126,14 @@ def test_cache_forgets_the_least_recently_used_host_and_can_be_off() -> None:
     off = HostStateCache(max_hosts=0)
     off.put(1, kept(0))
     assert len(off) == 0
+
+
+def test_a_changed_owner_is_written_though_most_pushes_write_only_what_moves(live: Live) -> None:
+    token = live.token()
+    for sequence, user in enumerate(["alice", "alice", "bob", "bob"]):
+        procs = [process(100, user=user, used_gib=4 + sequence)]
+        assert live.push(token, body(snapshot(sequence, [gpu(0, procs)]))).is_success
+
+    row = lifetime(live.database, 100)
+    assert (row.user, row.current_bytes, row.peak_bytes) == ("bob", 7 * 2**30, 7 * 2**30)
+    assert row.last_seen_at == snapshot(3, []).collected_at

@@ -131,6 +131,9 @@ class HostState:
         self.host = host
         self.gpus = {gpu.uuid: gpu for gpu in gpus}
         self.open = {lt.identity: lt for lt in lifetimes}
+        # What each lifetime's rarely changing columns hold in the database now: flush
+        # writes those columns only for the lifetimes whose values moved.
+        self._stored_cold = {lt.id: _LIFETIME_COLD(lt) for lt in lifetimes}
         self.events = events
         self._dirty_gpus: dict[int, GpuRow] = {}
         self._dirty_lifetimes: dict[int, LifetimeRow] = {}
@@ -233,6 +236,7 @@ class HostState:
         created = [LifetimeRow(id=lt_id, **row) for lt_id, row in zip(ids, values, strict=True)]
         for lifetime in created:
             self.open[lifetime.identity] = lifetime
+            self._stored_cold[lifetime.id] = _LIFETIME_COLD(lifetime)
         return created
 
     def add_process_sample(self, lifetime: LifetimeRow) -> Sample:
@@ -281,9 +285,16 @@ class HostState:
         self.host.state_version += 1
         _UPDATE_HOST.execute(connection, [_HOST_VALUES(self.host)])
         _UPDATE_GPUS.execute(connection, [_GPU_VALUES(row) for row in self._dirty_gpus.values()])
-        _UPDATE_LIFETIMES.execute(
-            connection, [_LIFETIME_VALUES(row) for row in self._dirty_lifetimes.values()]
-        )
+        hot, full = [], []
+        for row in self._dirty_lifetimes.values():
+            cold = _LIFETIME_COLD(row)
+            if self._stored_cold.get(row.id) == cold:
+                hot.append(_LIFETIME_HOT_VALUES(row))
+            else:
+                full.append(_LIFETIME_VALUES(row))
+                self._stored_cold[row.id] = cold
+        _UPDATE_LIFETIMES_HOT.execute(connection, hot)
+        _UPDATE_LIFETIMES.execute(connection, full)
         _UPSERT_WINDOWS[self.dialect].execute(
             connection,
             [(lt_id, self._windows[lt_id]) for lt_id in self._dirty_windows],
@@ -332,8 +343,8 @@ def _columns(cls: type) -> list[str]:
     return [f.name for f in fields(cls) if f.name not in _IMMUTABLE]
 
 
-def _update_by_id(table: Table, cls: type) -> BulkStatement:
-    names = _columns(cls)
+def _update_by_id(table: Table, cls: type, names: Sequence[str] | None = None) -> BulkStatement:
+    names = _columns(cls) if names is None else names
 
     def build() -> Executable:
         return (
@@ -359,6 +370,25 @@ _UPDATE_LIFETIMES = _update_by_id(_LIFETIMES, LifetimeRow)
 _HOST_VALUES = attrgetter(*_columns(HostRow), "id")
 _GPU_VALUES = attrgetter(*_columns(GpuRow), "id")
 _LIFETIME_VALUES = attrgetter(*_columns(LifetimeRow), "id")
+# What a snapshot of a running process changes. The other columns (owner, command,
+# ended_at) rarely change, and two of them are indexed: SQLite rewrites the entries of
+# every index whose columns an UPDATE sets, changed or not, so the every-snapshot
+# UPDATE leaves them out.
+_LIFETIME_HOT = [
+    "orphaned",
+    "last_seen_at",
+    "current_bytes",
+    "peak_bytes",
+    "sm_ratio",
+    "idle_since",
+    "bucket_start_at",
+    "bucket_min_bytes",
+    "bucket_max_bytes",
+    "bucket_max_sm_ratio",
+]
+_LIFETIME_COLD = attrgetter(*(name for name in _columns(LifetimeRow) if name not in _LIFETIME_HOT))
+_UPDATE_LIFETIMES_HOT = _update_by_id(_LIFETIMES, LifetimeRow, _LIFETIME_HOT)
+_LIFETIME_HOT_VALUES = attrgetter(*_LIFETIME_HOT, "id")
 # A lifetime has no window row until its first bucket closes.
 _UPSERT_WINDOWS = {
     dialect: BulkStatement(
