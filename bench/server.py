@@ -340,6 +340,20 @@ def postgres_unavailable() -> str | None:
     return None
 
 
+def make_tokens_with(code: Path, target: Target, hostnames: Sequence[str]) -> dict[str, str]:
+    """A token per host made by ``gpuwatch token create`` of the tree at ``code``, so
+    the rows fit that code's schema (one process per host: only for a comparison)."""
+    env = {**os.environ, "PYTHONPATH": str(code), "GPUWATCH_CONFIG": "/nonexistent"}
+    tokens = {}
+    for name in hostnames:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "token", "create", name, "--database-url", target.url],
+            cwd=code, env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        tokens[name] = done.stdout.strip().splitlines()[-1]
+    return tokens
+
+
 def make_tokens(target: Target, hostnames: Sequence[str]) -> dict[str, str]:
     """A token per host (creating the hosts), in one transaction."""
     from gpuwatch.server.auth import service as auth_service
@@ -828,8 +842,8 @@ def export_tree(ref: str, into: Path) -> Path:
 
 def bench_compare(kind: str, tmp: Path, ref: str) -> dict[str, Any]:
     """Single-snapshot ingest: the code at ``ref`` and this checkout, each its own
-    server and database, in alternating rounds. Tokens are made with this checkout's
-    code, so ``ref`` must share its ``hosts`` and ``agent_tokens`` tables."""
+    server and database, in alternating rounds. Each side's tokens are made by its own
+    code's ``gpuwatch token create``, so the schemas may differ."""
     old_code = export_tree(ref, tmp / "before")
     hosts, per_round = COMPARE_SHAPE
     rates: dict[str, list[float]] = {"before": [], "after": []}
@@ -839,7 +853,7 @@ def bench_compare(kind: str, tmp: Path, ref: str) -> dict[str, Any]:
             # Migrated by its own server: the schema may differ between the two.
             target = stack.enter_context(fresh_database(kind, tmp, f"cmp{name}", migrate=False))
             clients[name] = stack.enter_context(running_server(target, tmp, code=code))
-            tokens = make_tokens(target, [f"cmp-{i}" for i in range(hosts)])
+            tokens = make_tokens_with(code, target, [f"cmp-{i}" for i in range(hosts)])
             base = history_base(WARM_HISTORY + COMPARE_ROUNDS * per_round)
             warm_up(clients[name], tokens, base=base)
             rounds[name] = [
