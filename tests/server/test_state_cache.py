@@ -109,7 +109,7 @@ def kept(version: int) -> KeptState:
 
 
 def test_cache_hands_out_a_copy_once_and_only_at_its_version() -> None:
-    cache = HostStateCache(max_hosts=8)
+    cache = HostStateCache(max_entries=8)
     cache.put(1, kept(3))
     assert cache.take(1, 4) is None  # stale: dropped
     assert cache.take(1, 3) is None
@@ -119,11 +119,11 @@ def test_cache_hands_out_a_copy_once_and_only_at_its_version() -> None:
 
 
 def test_cache_forgets_the_least_recently_used_host_and_can_be_off() -> None:
-    cache = HostStateCache(max_hosts=2)
+    cache = HostStateCache(max_entries=2)
     for host_id in (1, 2, 3):
         cache.put(host_id, kept(0))
     assert len(cache) == 2 and cache.take(1, 0) is None
-    off = HostStateCache(max_hosts=0)
+    off = HostStateCache(max_entries=0)
     off.put(1, kept(0))
     assert len(off) == 0
 

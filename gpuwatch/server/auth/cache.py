@@ -19,10 +19,8 @@ is refused from the read session again.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 from gpuwatch.server.auth.service import AgentIdentity
+from gpuwatch.server.lru import BoundedLru
 
 # ~300 bytes an entry: 16,384 entries are ~5 MiB, and cover a fleet of 16,384 hosts
 # (one token each). Past that, the least recently used are forgotten and cost a read
@@ -30,43 +28,18 @@ from gpuwatch.server.auth.service import AgentIdentity
 MAX_ENTRIES = 16_384
 
 
-class VerifiedTokens:
-    """A bounded, thread-safe LRU map of token digest -> the identity it verified as.
-
-    Used from the event loop (lookups) and from worker threads (additions, evictions).
-    """
+class VerifiedTokens(BoundedLru[str, AgentIdentity]):
+    """Token digest -> the identity it verified as; least recently used forgotten first."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
-        self._max = max_entries
-        self._entries: OrderedDict[str, AgentIdentity] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, digest: str) -> AgentIdentity | None:
-        with self._lock:
-            identity = self._entries.get(digest)
-            if identity is not None:
-                self._entries.move_to_end(digest)
-            return identity
+        super().__init__(max_entries)
 
     def add(self, digest: str, identity: AgentIdentity) -> None:
         """Remember a token the database just confirmed."""
-        with self._lock:
-            self._entries[digest] = identity
-            self._entries.move_to_end(digest)
-            while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
+        self.put(digest, identity)
 
     def discard(self, digest: str) -> None:
         """Forget a token the database no longer confirms (revoked, or its host gone)."""
-        with self._lock:
-            self._entries.pop(digest, None)
-
-    def __contains__(self, digest: object) -> bool:
-        with self._lock:
-            return digest in self._entries
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
+        self.pop(digest)

@@ -21,10 +21,10 @@ Bounded (least recently used first out): about 40 KiB a host of 50 processes.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from gpuwatch.server.lru import BoundedLru
 
 if TYPE_CHECKING:
     from gpuwatch.server.events.book import EventRow
@@ -62,29 +62,10 @@ class KeptState:
         )
 
 
-class HostStateCache:
-    """A bounded, thread-safe LRU map of host id -> :class:`KeptState`."""
-
-    def __init__(self, max_hosts: int) -> None:
-        self._max = max_hosts
-        self._kept: OrderedDict[int, KeptState] = OrderedDict()
-        self._lock = threading.Lock()
+class HostStateCache(BoundedLru[int, KeptState]):
+    """Host id -> :class:`KeptState`, least recently used forgotten first."""
 
     def take(self, host_id: int, version: int) -> KeptState | None:
         """Remove and return the host's copy if it is at ``version``; drop it if not."""
-        with self._lock:
-            kept = self._kept.pop(host_id, None)
+        kept = self.pop(host_id)
         return kept if kept is not None and kept.version == version else None
-
-    def put(self, host_id: int, kept: KeptState) -> None:
-        """Keep a committed state (a no-op when the cache holds no hosts)."""
-        if self._max < 1:
-            return
-        with self._lock:
-            self._kept[host_id] = kept
-            self._kept.move_to_end(host_id)
-            while len(self._kept) > self._max:
-                self._kept.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._kept)
