@@ -377,7 +377,6 @@ def running_server(
 
     The scheduler is off, so no retention or silence job runs during a measurement.
     """
-    log_path = logs / f"server-{uuid.uuid4().hex[:8]}.log"
     env = {
         **os.environ,
         "PYTHONPATH": str(code),
@@ -387,17 +386,35 @@ def running_server(
         "GPUWATCH_SERVER_SCHEDULER": "false",
         **(env or {}),
     }
+    argv = [sys.executable, "-m", "gpuwatch", "server", "--listen", "127.0.0.1:0"]
+    with _serving(argv, cwd=code, env=env, logs=logs) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def running_floor(logs: Path) -> Iterator[httpx.Client]:
+    """``bench/http_floor.py``: the same uvicorn, with an app that does no work."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "bench.http_floor"]
+    with _serving(argv, cwd=ROOT, env=env, logs=logs) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def _serving(
+    argv: list[str], *, cwd: Path, env: dict[str, str], logs: Path
+) -> Iterator[httpx.Client]:
+    """Start ``argv`` (which logs ``listening on URL`` to stderr); a client once its
+    ``/healthz`` answers 200; SIGTERM on the way out."""
+    log_path = logs / f"server-{uuid.uuid4().hex[:8]}.log"
     with open(log_path, "w") as log:
-        # cwd=code: ``python -m`` puts the working directory first on sys.path.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuwatch", "server", "--listen", "127.0.0.1:0"],
-            cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
+        # cwd: ``python -m`` puts the working directory first on sys.path.
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
         base = _wait_listening(proc, log_path)
         with httpx.Client(base_url=base, timeout=120) as client:
             deadline = time.monotonic() + 30
-            while client.get("/healthz").status_code != 200:
+            while not _healthy(client):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the server's /healthz never answered 200")
                 time.sleep(0.1)
@@ -409,6 +426,15 @@ def running_server(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _healthy(client: httpx.Client) -> bool:
+    # The socket is bound before "listening on" is logged, but uvicorn calls listen()
+    # only once the app has started: until then a connection is refused.
+    try:
+        return client.get("/healthz").status_code == 200
+    except httpx.ConnectError:
+        return False
 
 
 def _wait_listening(proc: subprocess.Popen[bytes], log_path: Path) -> str:
@@ -561,9 +587,39 @@ def bench_ingest(kind: str, tmp: Path) -> dict[str, Any]:
                 per_round=per_round,
                 clients=CONCURRENT_CLIENTS,
             )
+            floor = stack.enter_context(running_floor(tmp))
+            hosts, per_round = INGEST_SHAPES[1]
+            result["http_floor_batch_1"] = _floor_one_shape(
+                floor, raw, hosts=hosts, per_round=per_round
+            )
         finally:
             raw.close()
     return result
+
+
+def _floor_one_shape(
+    floor: httpx.Client, raw: RawSqlite | RawPostgres, *, hosts: int, per_round: int
+) -> dict[str, Any]:
+    """Single-snapshot requests of the ingest workload to the HTTP floor, rounds
+    alternating with the raw inserts of the same rows: the most any server on this
+    HTTP stack could reach, as a ratio to the same limit."""
+    names = {f"floor-{i}": "unused" for i in range(hosts)}
+    base = history_base(ROUNDS * per_round)
+    rounds = [
+        pushes(names, first=r * per_round, per_host=per_round, batch=1, base=base)
+        for r in range(ROUNDS)
+    ]
+    send(floor, rounds[0][:20])  # connect and warm up, untimed
+    e2e, limit = [], []
+    for requests in rounds:
+        e2e.append(len(requests) / send(floor, requests))
+        limit.append(len(requests) / raw_seconds(raw, requests))
+    rate, raw_rate = statistics.median(e2e), statistics.median(limit)
+    return {
+        "snapshots_per_second": round(rate, 1),
+        "raw_insert_snapshots_per_second": round(raw_rate, 1),
+        "ratio_to_raw_insert": round(rate / raw_rate, 3),
+    }
 
 
 def _ingest_one_shape(

@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
         from gpuwatch.server.app import create_app
         from gpuwatch.server.database import database_for
         from gpuwatch.server.database.migrate import upgrade
+        from gpuwatch.server.runtime import tune_gc
         from gpuwatch.settings import ServerSettings, load, parse_host_port
 
         use_config_file(config)
@@ -57,6 +58,7 @@ def register(app: typer.Typer) -> None:
         shown = f"[{host}]" if ":" in host else host
         print(f"gpuwatch server listening on http://{shown}:{bound}", file=sys.stderr, flush=True)
         app_ = create_app(settings)
+        tune_gc()
         # Our logging config stays in charge (log_config=None); the access log goes to
         # logger "uvicorn.access" at INFO, visible with --log-level info.
         uvicorn.Server(
@@ -65,7 +67,12 @@ def register(app: typer.Typer) -> None:
 
 
 def bind_listen_socket(host: str, port: int) -> socket.socket:
-    """Bind first, so a busy port is one clear error (and port 0 can be reported)."""
+    """Bind first, so a busy port is one clear error (and port 0 can be reported).
+
+    The socket takes its protocol from getaddrinfo (IPPROTO_TCP), not 0: asyncio sets
+    TCP_NODELAY only on connections of a socket that names it, and with Nagle on a
+    keep-alive client waits ~40 ms for each reply's delayed ACK.
+    """
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
