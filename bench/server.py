@@ -19,13 +19,17 @@ Reported, each next to a baseline measured side by side in the same run:
   server itself writes per snapshot, counted from its SQL, and single-snapshot ingest
   with ``CONCURRENT_CLIENTS`` agents pushing at once. Targets: >= 0.3x the limit, and
   >= 300 snapshots/s on SQLite for single-snapshot requests.
+* the HTTP floor: the same single-snapshot requests to ``bench/http_floor.py`` (the
+  same uvicorn, an app that reads the body and answers), against the same limit: what
+  the HTTP stack alone allows before the server does any work.
 * fleet: median latency of ``GET /api/v1/fleet`` at 1,000 hosts populated through
   ingest, against ``GET /healthz`` on the same server (the HTTP floor), requests
   alternating. Target: <= 50 ms.
 * storage: bytes the database grows per host per day at the default 15 s push
   interval, extrapolated linearly from one measured hour (see :func:`bench_storage`).
-* compare (``--compare REF``, optional): single-snapshot ingest of the code at git
-  ``REF`` against this checkout, in alternating rounds: a before/after figure.
+* compare (``--compare REF``, optional): ingest at 1 and at 100 snapshots per request
+  of the code at git ``REF`` against this checkout, in alternating rounds: a
+  before/after figure.
 
 Run: ``./dev bench server`` or ``.venv/bin/python -m bench server``; with a comparison,
 ``.venv/bin/python -m bench.server --compare HEAD~1``. Postgres parts need the server at
@@ -92,7 +96,8 @@ STORAGE_WARM = 280  # snapshots per host (70 min): recent windows reach their 1 
 STORAGE_MEASURED = 240  # snapshots per host (the measured hour)
 STORAGE_BATCH = 8
 COMPARE_ROUNDS = 3
-COMPARE_SHAPE = (10, 15)  # hosts, single-snapshot requests per host per round
+# Batch size -> (hosts, requests per host per round): single pushes and a spool drain.
+COMPARE_SHAPES = {1: (10, 15), 100: (2, 1)}
 
 _OWNERS: dict[int, Any] = {}
 _HOST_NUMBERS: dict[str, int] = {}  # hostname -> a small int, for the baseline's ids
@@ -897,45 +902,52 @@ def export_tree(ref: str, into: Path) -> Path:
 
 
 def bench_compare(kind: str, tmp: Path, ref: str) -> dict[str, Any]:
-    """Single-snapshot ingest: the code at ``ref`` and this checkout, each its own
-    server and database, in alternating rounds. Each side's tokens are made by its own
-    code's ``gpuwatch token create``, so the schemas may differ."""
+    """Ingest at each of :data:`COMPARE_SHAPES`: the code at ``ref`` and this checkout,
+    each its own server and database, in alternating rounds. Each side's tokens are
+    made by its own code's ``gpuwatch token create``, so the schemas may differ."""
     old_code = export_tree(ref, tmp / "before")
-    hosts, per_round = COMPARE_SHAPE
-    rates: dict[str, list[float]] = {"before": [], "after": []}
-    with contextlib.ExitStack() as stack:
-        clients, rounds = {}, {}
-        for name, code in (("before", old_code), ("after", ROOT)):
-            # Migrated by its own server: the schema may differ between the two.
-            target = stack.enter_context(fresh_database(kind, tmp, f"cmp{name}", migrate=False))
-            clients[name] = stack.enter_context(running_server(target, tmp, code=code))
-            tokens = make_tokens_with(code, target, [f"cmp-{i}" for i in range(hosts)])
-            base = history_base(WARM_HISTORY + COMPARE_ROUNDS * per_round)
-            warm_up(clients[name], tokens, base=base)
-            rounds[name] = [
-                pushes(
-                    tokens,
-                    first=WARM_HISTORY + r * per_round,
-                    per_host=per_round,
-                    batch=1,
-                    base=base,
-                )
-                for r in range(COMPARE_ROUNDS)
-            ]
-        for r in range(COMPARE_ROUNDS):
-            for name in ("before", "after"):
-                requests = rounds[name][r]
-                rates[name].append(len(requests) / send(clients[name], requests))
-    before, after = statistics.median(rates["before"]), statistics.median(rates["after"])
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True
     ).stdout.strip()
-    return {
-        "ref": ref,
-        "commit": commit,
-        "snapshots_per_second": {"before": round(before, 1), "after": round(after, 1)},
-        "ratio_after_to_before": round(after / before, 2),
-    }
+    result: dict[str, Any] = {"ref": ref, "commit": commit}
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for name, code in (("before", old_code), ("after", ROOT)):
+            # Migrated by its own server: the schema may differ between the two.
+            target = stack.enter_context(fresh_database(kind, tmp, f"cmp{name}", migrate=False))
+            clients[name] = (
+                stack.enter_context(running_server(target, tmp, code=code)),
+                code,
+                target,
+            )
+        for batch, (hosts, per_round) in COMPARE_SHAPES.items():
+            rates: dict[str, list[float]] = {"before": [], "after": []}
+            rounds = {}
+            for name, (client, code, target) in clients.items():
+                tokens = make_tokens_with(code, target, [f"cmp{batch}-{i}" for i in range(hosts)])
+                per_host = per_round * batch
+                base = history_base(WARM_HISTORY + COMPARE_ROUNDS * per_host)
+                warm_up(client, tokens, base=base)
+                rounds[name] = [
+                    pushes(
+                        tokens,
+                        first=WARM_HISTORY + r * per_host,
+                        per_host=per_round,
+                        batch=batch,
+                        base=base,
+                    )
+                    for r in range(COMPARE_ROUNDS)
+                ]
+            for r in range(COMPARE_ROUNDS):
+                for name, (client, _, _) in clients.items():
+                    requests = rounds[name][r]
+                    rates[name].append(len(requests) * batch / send(client, requests))
+            before, after = statistics.median(rates["before"]), statistics.median(rates["after"])
+            result[f"batch_{batch}"] = {
+                "snapshots_per_second": {"before": round(before, 1), "after": round(after, 1)},
+                "ratio_after_to_before": round(after / before, 2),
+            }
+    return result
 
 
 # --- main ----------------------------------------------------------------------------------------------
