@@ -6,7 +6,9 @@ survives an application crash; see docs/server.md for power loss), ``foreign_key
 and a ``busy_timeout``. pysqlite's own transaction handling is switched off and we emit
 ``BEGIN`` ourselves, so that write sessions start with ``BEGIN IMMEDIATE``: a deferred
 transaction that reads and then writes can fail with ``SQLITE_BUSY_SNAPSHOT`` no matter
-the busy timeout, while an immediate one queues for the write lock up front.
+the busy timeout, while an immediate one queues for the write lock up front. Within one
+process, writers first take turns on a lock (:class:`WriteTurns`), which wakes the next
+one as soon as the lock is free, where SQLite's busy handler sleeps.
 
 Nothing here runs at import; :func:`create_database` is called by the app factory,
 the CLI and tests, each with its own settings.
@@ -15,8 +17,10 @@ the CLI and tests, each with its own settings.
 from __future__ import annotations
 
 import hashlib
+import threading
+import weakref
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,40 +54,113 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+class WriteTurns:
+    """SQLite admits one writer at a time; this process's writers take turns here first.
+
+    A writer that finds SQLite's lock taken waits in its busy handler, which sleeps in
+    steps of up to 100 ms and so keeps sleeping after the lock is free. A thread
+    waiting here instead wakes the moment the writer before it is done. Writers in
+    other processes (a separate scheduler, the CLI) still queue on the busy timeout.
+    """
+
+    def __init__(self, timeout_seconds: float) -> None:
+        self.timeout_seconds = timeout_seconds
+        self._lock = threading.Lock()
+        self._count = threading.Lock()
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Writers of this process waiting for their turn now."""
+        return self._waiting
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Hold the process's write turn; :class:`DatabaseError` after the timeout.
+
+        Not reentrant: a thread that opens a second writer while holding one would
+        deadlock on SQLite's lock anyway, and here it gets the timeout's error.
+        """
+        with self._count:
+            self._waiting += 1
+        try:
+            got = self._lock.acquire(timeout=self.timeout_seconds)
+        finally:
+            with self._count:
+                self._waiting -= 1
+        if not got:
+            raise DatabaseError(f"database busy: no write turn within {self.timeout_seconds:g} s")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
+# One set of turns per SQLite engine (its connection pool), however many Database
+# wrappers share it: the app's and a test's, say.
+_TURNS: weakref.WeakKeyDictionary[Engine, WriteTurns] = weakref.WeakKeyDictionary()
+
+
 @dataclass(frozen=True)
 class Database:
-    """An engine plus the two session factories the server uses.
+    """An engine plus the two kinds of session the server uses.
 
-    ``writer()`` sessions begin with ``BEGIN IMMEDIATE`` on SQLite (one writer at a
-    time, queued by ``busy_timeout``); ``reader()`` sessions begin deferred, so reads
-    run concurrently with the writer under WAL. On Postgres both are ordinary
-    READ COMMITTED sessions.
+    ``writer()`` sessions begin with ``BEGIN IMMEDIATE`` on SQLite, one at a time: in
+    this process they take turns (:class:`WriteTurns`), across processes SQLite's
+    ``busy_timeout`` queues them. ``reader()`` sessions begin deferred, so reads run
+    concurrently with the writer under WAL. On Postgres both are ordinary READ
+    COMMITTED sessions, and writers run concurrently.
     """
 
     engine: Engine
-    writer: sessionmaker[Session]
     reader: sessionmaker[Session]
+    _writers: sessionmaker[Session]
+    _turns: WriteTurns | None
 
     @classmethod
-    def from_engine(cls, engine: Engine) -> Database:
-        """Wrap an engine (installing the SQLite hooks if it lacks them)."""
+    def from_engine(cls, engine: Engine, *, write_wait_seconds: float = 5.0) -> Database:
+        """Wrap an engine (installing the SQLite hooks if it lacks them). On SQLite a
+        writer waits up to ``write_wait_seconds`` for its turn in this process; the
+        first wrapper of an engine sets that for all of them."""
         _install_sqlite_hooks(engine)
+        turns = None
+        if engine.dialect.name == "sqlite":
+            turns = _TURNS.setdefault(engine, WriteTurns(write_wait_seconds))
         return cls(
             engine=engine,
-            writer=sessionmaker(
+            reader=sessionmaker(bind=engine, expire_on_commit=False),
+            _writers=sessionmaker(
                 bind=engine.execution_options(**{_WRITE_OPTION: True}), expire_on_commit=False
             ),
-            reader=sessionmaker(bind=engine, expire_on_commit=False),
+            _turns=turns,
         )
+
+    @property
+    def write_turns(self) -> WriteTurns | None:
+        """The in-process write turns (SQLite), or None (Postgres: writers run at once)."""
+        return self._turns
 
     @property
     def dialect(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return self.engine.dialect.name
 
-    def begin_write(self) -> AbstractContextManager[Connection]:
-        """A connection in a write transaction (``BEGIN IMMEDIATE`` on SQLite)."""
-        return self.engine.execution_options(**{_WRITE_OPTION: True}).begin()
+    @contextmanager
+    def writer(self) -> Iterator[Session]:
+        """A write session, closed (rolled back unless committed) on the way out,
+        before the next writer of this process gets its turn."""
+        with self._turn(), self._writers() as session:
+            yield session
+
+    @contextmanager
+    def begin_write(self) -> Iterator[Connection]:
+        """A connection in a write transaction (``BEGIN IMMEDIATE`` on SQLite),
+        committed on success."""
+        with self._turn(), self.engine.execution_options(**{_WRITE_OPTION: True}).begin() as conn:
+            yield conn
+
+    def _turn(self) -> AbstractContextManager[None]:
+        return nullcontext() if self._turns is None else self._turns.turn()
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -112,7 +189,7 @@ def create_database(url: str, *, sqlite_busy_timeout_seconds: float = 5.0) -> Da
             engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
         raise DatabaseError(f"unusable database URL {_safe(url)}: {err}") from err
-    return Database.from_engine(engine)
+    return Database.from_engine(engine, write_wait_seconds=sqlite_busy_timeout_seconds)
 
 
 def database_for(settings: ServerSettings) -> Database:
