@@ -60,7 +60,8 @@ def register(app: typer.Typer) -> None:
         app_ = create_app(settings)
         tune_gc()
         # Our logging config stays in charge (log_config=None); the access log goes to
-        # logger "uvicorn.access" at INFO, visible with --log-level info.
+        # logger "uvicorn.access" at INFO, visible with --log-level info. HTTP parsing
+        # is httptools (a dependency), which uvicorn's default "auto" picks.
         uvicorn.Server(
             uvicorn.Config(app_, log_config=None, lifespan="on", ws="none", proxy_headers=False)
         ).run(sockets=[sock])
