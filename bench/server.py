@@ -216,6 +216,20 @@ def warm_up(client: httpx.Client, hosts: dict[str, str], *, base: float) -> None
         send(client, pushes(hosts, first=first, per_host=1, batch=batch, base=base))
 
 
+def warmed_rounds(
+    client: httpx.Client, hosts: dict[str, str], *, batch: int, per_round: int, count: int
+) -> list[list[Push]]:
+    """Warm the hosts up (:func:`warm_up`), then build ``count`` rounds of ``per_round``
+    requests of ``batch`` snapshots per host, continuing each host's history, due now."""
+    per_host = per_round * batch
+    base = history_base(WARM_HISTORY + count * per_host)
+    warm_up(client, hosts, base=base)
+    return [
+        pushes(hosts, first=WARM_HISTORY + r * per_host, per_host=per_round, batch=batch, base=base)
+        for r in range(count)
+    ]
+
+
 def history_base(snapshots: int) -> float:
     """The ``base`` that makes a host's snapshot number ``snapshots`` fall due now."""
     return time.time() - snapshots * INTERVAL
@@ -638,19 +652,7 @@ def _ingest_one_shape(
     clients: int = 1,
 ) -> dict[str, Any]:
     tokens = make_tokens(target, [f"b{batch}x{clients}-{i}" for i in range(hosts)])
-    per_round_host = per_round * batch
-    base = history_base(WARM_HISTORY + ROUNDS * per_round_host)
-    warm_up(client, tokens, base=base)
-    rounds = [
-        pushes(
-            tokens,
-            first=WARM_HISTORY + r * per_round_host,
-            per_host=per_round,
-            batch=batch,
-            base=base,
-        )
-        for r in range(ROUNDS)
-    ]
+    rounds = warmed_rounds(client, tokens, batch=batch, per_round=per_round, count=ROUNDS)
     e2e, limit = [], []
     for requests in rounds:
         n = sum(len(p.snapshots) for p in requests)
@@ -925,19 +927,9 @@ def bench_compare(kind: str, tmp: Path, ref: str) -> dict[str, Any]:
             rounds = {}
             for name, (client, code, target) in clients.items():
                 tokens = make_tokens_with(code, target, [f"cmp{batch}-{i}" for i in range(hosts)])
-                per_host = per_round * batch
-                base = history_base(WARM_HISTORY + COMPARE_ROUNDS * per_host)
-                warm_up(client, tokens, base=base)
-                rounds[name] = [
-                    pushes(
-                        tokens,
-                        first=WARM_HISTORY + r * per_host,
-                        per_host=per_round,
-                        batch=batch,
-                        base=base,
-                    )
-                    for r in range(COMPARE_ROUNDS)
-                ]
+                rounds[name] = warmed_rounds(
+                    client, tokens, batch=batch, per_round=per_round, count=COMPARE_ROUNDS
+                )
             for r in range(COMPARE_ROUNDS):
                 for name, (client, _, _) in clients.items():
                     requests = rounds[name][r]
