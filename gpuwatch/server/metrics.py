@@ -61,6 +61,14 @@ SERVER_JOB_RUNS = MetricSpec(
     "Scheduled job runs, by job and result (ok, failed, skipped: another replica).",
     ("job", "result"),
 )
+SERVER_WRITE_TURN_WAIT_SECONDS = MetricSpec(
+    "gpuwatch_server_write_turn_wait_seconds",
+    "counter",
+    "Time this process's writers waited for their turn at SQLite's one write lock; its"
+    " rate is how many wait on average.",
+    (),
+    availability="SQLite (Postgres writers do not take turns)",
+)
 FLEET_OPEN_EVENTS = MetricSpec(
     "gpuwatch_fleet_open_events", "gauge", "Events open now, by kind.", ("kind",)
 )
@@ -102,6 +110,7 @@ METRICS = (
     SERVER_INGEST_SNAPSHOTS,
     SERVER_EVENTS_OPENED,
     SERVER_JOB_RUNS,
+    SERVER_WRITE_TURN_WAIT_SECONDS,
     FLEET_OPEN_EVENTS,
     FLEET_ORPHANED_MEMORY_BYTES,
     FLEET_IDLE_MEMORY_BYTES,
@@ -216,6 +225,11 @@ class FleetCollector(Collector):
         for (job, result), n in sorted(counts["job_runs"].items()):
             jobs.add_metric([job, result], n)
         yield from (requests, snapshots, opened, jobs)
+        turns = self.database.write_turns
+        if turns is not None:
+            waited = SERVER_WRITE_TURN_WAIT_SECONDS.counter()
+            waited.add_metric([], turns.wait_seconds)
+            yield waited
 
     def _fleet_families(self) -> Iterator[Metric]:
         now = self.clock()

@@ -55,6 +55,8 @@ class TestMetrics:
         assert metrics[("gpuwatch_server_events_opened_total", (("kind", "orphaned"),))] == 1
         assert metrics[("gpuwatch_fleet_gpus", (("fullness", "25-50%"),))] == 1  # 34 of 80 GiB
         assert metrics[("gpuwatch_server_database_up", ())] == 1
+        # One request at a time: no writer waited for its turn (SQLite).
+        assert metrics[("gpuwatch_server_write_turn_wait_seconds_total", ())] < 1
 
     def test_openapi_documents_every_route_with_a_summary(self, live: Live) -> None:
         spec = live.client.get("/openapi.json").json()

@@ -64,6 +64,7 @@ def test_second_writer_waits_for_its_turn_not_for_sqlites_lock(sqlite_db: Databa
     thread.join()
     assert errors == []
     assert begins[-1] == "second"
+    assert turns.wait_seconds > 0  # the second writer's wait, counted
     with sqlite_db.reader() as session:
         assert session.execute(text("SELECT writer FROM t ORDER BY rowid")).scalars().all() == [
             "first",

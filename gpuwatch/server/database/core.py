@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -68,11 +69,18 @@ class WriteTurns:
         self._lock = threading.Lock()
         self._count = threading.Lock()
         self._waiting = 0
+        self._waited = 0.0
 
     @property
     def waiting(self) -> int:
         """Writers of this process waiting for their turn now."""
         return self._waiting
+
+    @property
+    def wait_seconds(self) -> float:
+        """Seconds writers of this process have spent waiting for a turn, in all (a
+        counter: its rate is the average number of writers waiting)."""
+        return self._waited
 
     @contextmanager
     def turn(self) -> Iterator[None]:
@@ -83,11 +91,14 @@ class WriteTurns:
         """
         with self._count:
             self._waiting += 1
+        began = time.monotonic()
         try:
             got = self._lock.acquire(timeout=self.timeout_seconds)
         finally:
+            waited = time.monotonic() - began
             with self._count:
                 self._waiting -= 1
+                self._waited += waited
         if not got:
             raise DatabaseError(f"database busy: no write turn within {self.timeout_seconds:g} s")
         try:
