@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import interleaved, write_result
+from bench.common import interleaved, terminate, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -203,11 +202,7 @@ def bench_scrape_and_memory(runtime_dir: Path) -> dict[str, Any]:
     finally:
         for proc in (agent, node_exporter):
             if proc is not None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                terminate(proc, grace_seconds=20)
         subprocess.run(
             [sys.executable, "-m", "gpuwatch", "fake-nvml", "stop", "--all"],
             env=env, capture_output=True, timeout=60, check=False,

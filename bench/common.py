@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,3 +82,13 @@ def write_result(name: str, result: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def terminate(proc: subprocess.Popen[Any], *, grace_seconds: float) -> None:
+    """SIGTERM, then SIGKILL if ``proc`` has not exited within ``grace_seconds``; reaped."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
