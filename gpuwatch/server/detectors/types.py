@@ -7,7 +7,7 @@ Detectors are pure functions over these and over the snapshot schema
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 FindingKind = Literal["orphaned", "runaway", "idle"]
 FindingReason = Literal[
@@ -22,13 +22,15 @@ FindingReason = Literal[
 ]
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
     """One observation of one process's GPU memory and activity.
 
     ``t`` is Unix epoch seconds, ``used_bytes`` the memory it held (bytes) and
     ``sm_ratio`` its SM utilisation (0..1). ``None`` means "not known at that time",
     never zero: detectors treat it as missing evidence.
+
+    A named tuple rather than a frozen dataclass: ingest builds an hour of these per
+    trend check, and a frozen dataclass's ``__init__`` costs about four times as much.
     """
 
     t: float
