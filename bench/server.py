@@ -16,8 +16,10 @@ Reported, each next to a baseline measured side by side in the same run:
   per request, against the limit: the stdlib ``sqlite3`` (or psycopg) ``executemany``
   of one row per process, one per GPU and the snapshot key into the same tables, one
   transaction per batch. Rounds alternate between the two. Also recorded: the rows the
-  server itself writes per snapshot, counted from its SQL, and single-snapshot ingest
-  with ``CONCURRENT_CLIENTS`` agents pushing at once. Targets: >= 0.3x the limit, and
+  server itself writes per snapshot, counted from its SQL, single-snapshot ingest
+  with ``CONCURRENT_CLIENTS`` agents pushing at once, and on SQLite the share of the
+  timed seconds the server's writers held the write lock (from its own
+  ``gpuwatch_server_write_turn_held_seconds_total``). Targets: >= 0.3x the limit, and
   >= 300 snapshots/s on SQLite for single-snapshot requests.
 * the HTTP floor: the same single-snapshot requests to ``bench/http_floor.py`` (the
   same uvicorn, an app that reads the body and answers), against the same limit: what
@@ -659,18 +661,41 @@ def _ingest_one_shape(
     tokens = make_tokens(target, [f"b{batch}x{clients}-{i}" for i in range(hosts)])
     rounds = warmed_rounds(client, tokens, batch=batch, per_round=per_round, count=ROUNDS)
 
-    def post(requests: list[Push]) -> float:
-        if clients == 1:
-            return send(client, requests)
-        return send_concurrently(client, requests, clients)
+    timed = {"seconds": 0.0, "held": 0.0}
 
-    return {
+    def post(requests: list[Push]) -> float:
+        held = writer_held_seconds(client)
+        if clients == 1:
+            seconds = send(client, requests)
+        else:
+            seconds = send_concurrently(client, requests, clients)
+        if held is not None:
+            timed["held"] += (writer_held_seconds(client) or 0.0) - held
+        timed["seconds"] += seconds
+        return seconds
+
+    result = {
         "clients": clients,
         "hosts": hosts,
         "snapshots": sum(len(p.snapshots) for requests in rounds for p in requests),
         "body_bytes_per_snapshot": round(len(rounds[0][0].body) / batch),
         **_against_limit(rounds, raw, post),
     }
+    if target.kind == "sqlite":
+        # How much of the time the one SQLite writer was busy: the rest went to HTTP,
+        # validation and the reply, outside the write lock.
+        result["writer_busy_share"] = round(timed["held"] / timed["seconds"], 2)
+    return result
+
+
+def writer_held_seconds(client: httpx.Client) -> float | None:
+    """The server's ``gpuwatch_server_write_turn_held_seconds_total`` (None on Postgres)."""
+    found = re.search(
+        r"^gpuwatch_server_write_turn_held_seconds_total (\S+)$",
+        client.get("/metrics").text,
+        re.MULTILINE,
+    )
+    return float(found.group(1)) if found else None
 
 
 def count_server_writes(tmp: Path) -> dict[str, Any]:

@@ -69,6 +69,14 @@ SERVER_WRITE_TURN_WAIT_SECONDS = MetricSpec(
     (),
     availability="SQLite (Postgres writers do not take turns)",
 )
+SERVER_WRITE_TURN_HELD_SECONDS = MetricSpec(
+    "gpuwatch_server_write_turn_held_seconds",
+    "counter",
+    "Time this process's writers held SQLite's one write lock; its rate is the share of"
+    " time the database's writer is busy, and near 1 ingest is at this machine's capacity.",
+    (),
+    availability="SQLite (Postgres writers do not take turns)",
+)
 FLEET_OPEN_EVENTS = MetricSpec(
     "gpuwatch_fleet_open_events", "gauge", "Events open now, by kind.", ("kind",)
 )
@@ -111,6 +119,7 @@ METRICS = (
     SERVER_EVENTS_OPENED,
     SERVER_JOB_RUNS,
     SERVER_WRITE_TURN_WAIT_SECONDS,
+    SERVER_WRITE_TURN_HELD_SECONDS,
     FLEET_OPEN_EVENTS,
     FLEET_ORPHANED_MEMORY_BYTES,
     FLEET_IDLE_MEMORY_BYTES,
@@ -229,7 +238,9 @@ class FleetCollector(Collector):
         if turns is not None:
             waited = SERVER_WRITE_TURN_WAIT_SECONDS.counter()
             waited.add_metric([], turns.wait_seconds)
-            yield waited
+            held = SERVER_WRITE_TURN_HELD_SECONDS.counter()
+            held.add_metric([], turns.held_seconds)
+            yield from (waited, held)
 
     def _fleet_families(self) -> Iterator[Metric]:
         now = self.clock()

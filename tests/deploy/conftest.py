@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuwatch.server.metrics import METRICS as SERVER_METRICS
+
 RULES_FILE = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "gpuwatch.rules.yml"
 
 # Series that Prometheus itself writes, which a dashboard or rule may use.
@@ -75,11 +77,12 @@ def all_rules(rule_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def metric_catalogue() -> frozenset[str]:
-    """Every metric name the agent can expose, from the collectors' own declarations."""
+    """Every metric name the agent or the server can expose, from their own declarations."""
     names: set[str] = set()
     for module_name in _COLLECTOR_MODULES:
         module = importlib.import_module(f"gpuwatch.agent.collectors.{module_name}")
         names.update(spec.exposed_name for spec in module.METRICS)
+    names.update(spec.exposed_name for spec in SERVER_METRICS)
     assert "gpuwatch_gpu_memory_used_bytes" in names, "catalogue looks wrong"
     return frozenset(names)
 

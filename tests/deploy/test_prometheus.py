@@ -67,7 +67,7 @@ def test_every_alert_has_a_severity_and_says_what_and_why(all_rules: Rules) -> N
         assert annotations.get("summary") and annotations.get("description"), rule["alert"]
 
 
-def test_rules_use_only_metrics_the_agent_exposes(
+def test_rules_use_only_metrics_gpuwatch_exposes(
     all_rules: Rules, metric_names: Names, known_series: frozenset[str]
 ) -> None:
     for rule in all_rules:

@@ -57,6 +57,7 @@ class TestMetrics:
         assert metrics[("gpuwatch_server_database_up", ())] == 1
         # One request at a time: no writer waited for its turn (SQLite).
         assert metrics[("gpuwatch_server_write_turn_wait_seconds_total", ())] < 1
+        assert metrics[("gpuwatch_server_write_turn_held_seconds_total", ())] > 0  # the pushes
 
     def test_openapi_documents_every_route_with_a_summary(self, live: Live) -> None:
         spec = live.client.get("/openapi.json").json()

@@ -12,6 +12,7 @@ from sqlalchemy import event, text
 
 from gpuwatch.errors import DatabaseError
 from gpuwatch.server.database import Database, create_database
+from gpuwatch.server.database.core import WriteTurns
 
 
 @pytest.fixture
@@ -96,6 +97,31 @@ def test_wrappers_of_one_engine_share_its_turns(sqlite_db: Database) -> None:
     assert other.write_turns is sqlite_db.write_turns
     with sqlite_db.writer(), pytest.raises(DatabaseError, match="no write turn"), other.writer():
         pass
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_held_time_counts_each_turn_from_taking_it_to_giving_it_back() -> None:
+    clock = _Clock()
+    turns = WriteTurns(timeout_seconds=0.05, clock=clock)
+    with turns.turn():
+        clock.now += 2.5
+    clock.now += 60.0  # between turns: the writer is idle, not counted
+    with pytest.raises(RuntimeError), turns.turn():
+        clock.now += 0.25
+        raise RuntimeError("a failed writer held its turn too")
+    assert turns.held_seconds == 2.75
+    assert turns.wait_seconds == 0.0  # every turn was free when asked for
+
+    with turns.turn(), pytest.raises(DatabaseError), turns.turn():  # refused: held nothing
+        pass
+    assert turns.held_seconds == 2.75
 
 
 @pytest.mark.postgres

@@ -20,7 +20,7 @@ import hashlib
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -64,12 +64,16 @@ class WriteTurns:
     other processes (a separate scheduler, the CLI) still queue on the busy timeout.
     """
 
-    def __init__(self, timeout_seconds: float) -> None:
+    def __init__(
+        self, timeout_seconds: float, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.timeout_seconds = timeout_seconds
+        self._clock = clock
         self._lock = threading.Lock()
         self._count = threading.Lock()
         self._waiting = 0
         self._waited = 0.0
+        self._held = 0.0
 
     @property
     def waiting(self) -> int:
@@ -82,6 +86,12 @@ class WriteTurns:
         counter: its rate is the average number of writers waiting)."""
         return self._waited
 
+    @property
+    def held_seconds(self) -> float:
+        """Seconds writers of this process have held a turn, in all (a counter: its rate
+        is the share of time this process keeps SQLite's one writer busy)."""
+        return self._held
+
     @contextmanager
     def turn(self) -> Iterator[None]:
         """Hold the process's write turn; :class:`DatabaseError` after the timeout.
@@ -91,19 +101,22 @@ class WriteTurns:
         """
         with self._count:
             self._waiting += 1
-        began = time.monotonic()
+        began = self._clock()
         try:
             got = self._lock.acquire(timeout=self.timeout_seconds)
         finally:
-            waited = time.monotonic() - began
+            waited = self._clock() - began
             with self._count:
                 self._waiting -= 1
                 self._waited += waited
         if not got:
             raise DatabaseError(f"database busy: no write turn within {self.timeout_seconds:g} s")
+        taken = self._clock()
         try:
             yield
         finally:
+            # Added while the turn is still held: turns never overlap, so no other lock.
+            self._held += self._clock() - taken
             self._lock.release()
 
 
