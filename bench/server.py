@@ -82,7 +82,7 @@ MIB = 2**20
 WARM_HISTORY = 250
 # Ingest: batch size -> (hosts, requests per host per round). Rounds alternate with
 # the limit; each round is 200-300 snapshots, fresh ones (a resend would be a duplicate).
-ROUNDS = 3
+ROUNDS = 4  # even: each side runs first in half of them (in_turn)
 INGEST_SHAPES = {1: (5, 40), 10: (5, 4), 100: (2, 1)}
 # The single-snapshot shape again with this many agents pushing at once (a thread and a
 # connection each, hosts split between them): what one server process sustains, where
@@ -96,7 +96,7 @@ STORAGE_HOSTS = 8
 STORAGE_WARM = 280  # snapshots per host (70 min): recent windows reach their 1 h size
 STORAGE_MEASURED = 240  # snapshots per host (the measured hour)
 STORAGE_BATCH = 8
-COMPARE_ROUNDS = 3
+COMPARE_ROUNDS = 4  # even, as ROUNDS
 # Batch size -> (hosts, requests per host per round): single pushes and a spool drain.
 COMPARE_SHAPES = {1: (10, 15), 100: (2, 1)}
 
@@ -564,6 +564,13 @@ class RawPostgres:
         self.conn.close()
 
 
+def in_turn(round_index: int, sides: tuple[str, str]) -> tuple[str, str]:
+    """The order two measurements take in round ``round_index``: swapped every other
+    round. Whichever runs second in a round ran 10-15% slower on this VM (a server
+    compared against itself, in a fixed order), so a fixed order biases the ratio."""
+    return sides if round_index % 2 == 0 else (sides[1], sides[0])
+
+
 def raw_seconds(raw: RawSqlite | RawPostgres, requests: Sequence[Push]) -> float:
     batches = [baseline_rows(push.snapshots) for push in requests]  # built off the clock
     began = time.perf_counter()
@@ -633,14 +640,16 @@ def _against_limit(
     raw: RawSqlite | RawPostgres,
     post: Callable[[list[Push]], float],
 ) -> dict[str, float]:
-    """Each round through ``post`` (returning its seconds), then the same rows as raw
-    inserts; the median rates of both and their ratio."""
-    e2e, limit = [], []
-    for requests in rounds:
+    """Each round through ``post`` (returning its seconds) and as raw inserts of the
+    same rows, the two in turn (:func:`in_turn`); the median rates of both and their
+    ratio."""
+    rates: dict[str, list[float]] = {"e2e": [], "raw": []}
+    measure = {"e2e": post, "raw": lambda requests: raw_seconds(raw, requests)}
+    for r, requests in enumerate(rounds):
         n = sum(len(p.snapshots) for p in requests)
-        e2e.append(n / post(requests))
-        limit.append(n / raw_seconds(raw, requests))
-    rate, raw_rate = statistics.median(e2e), statistics.median(limit)
+        for side in in_turn(r, ("e2e", "raw")):
+            rates[side].append(n / measure[side](requests))
+    rate, raw_rate = statistics.median(rates["e2e"]), statistics.median(rates["raw"])
     return {
         "snapshots_per_second": round(rate, 1),
         "raw_insert_snapshots_per_second": round(raw_rate, 1),
@@ -956,7 +965,8 @@ def bench_compare(kind: str, tmp: Path, ref: str) -> dict[str, Any]:
                     client, tokens, batch=batch, per_round=per_round, count=COMPARE_ROUNDS
                 )
             for r in range(COMPARE_ROUNDS):
-                for name, (client, _, _) in clients.items():
+                for name in in_turn(r, ("before", "after")):
+                    client = clients[name][0]
                     requests = rounds[name][r]
                     rates[name].append(len(requests) * batch / send(client, requests))
             before, after = statistics.median(rates["before"]), statistics.median(rates["after"])
