@@ -13,6 +13,7 @@ from sqlalchemy import event, text
 from gpuwatch.errors import DatabaseError
 from gpuwatch.server.database import Database, create_database
 from gpuwatch.server.database.core import WriteTurns
+from server.harness import FakeClock
 
 
 @pytest.fixture
@@ -99,22 +100,14 @@ def test_wrappers_of_one_engine_share_its_turns(sqlite_db: Database) -> None:
         pass
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_held_time_counts_each_turn_from_taking_it_to_giving_it_back() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     turns = WriteTurns(timeout_seconds=0.05, clock=clock)
     with turns.turn():
-        clock.now += 2.5
-    clock.now += 60.0  # between turns: the writer is idle, not counted
+        clock.advance(2.5)
+    clock.advance(60.0)  # between turns: the writer is idle, not counted
     with pytest.raises(RuntimeError), turns.turn():
-        clock.now += 0.25
+        clock.advance(0.25)
         raise RuntimeError("a failed writer held its turn too")
     assert turns.held_seconds == 2.75
     assert turns.wait_seconds == 0.0  # every turn was free when asked for

@@ -30,7 +30,7 @@ class Sample(NamedTuple):
     never zero: detectors treat it as missing evidence.
 
     A named tuple rather than a frozen dataclass: ingest builds an hour of these per
-    trend check, and a frozen dataclass's ``__init__`` costs about four times as much.
+    trend check, and a frozen dataclass's ``__init__`` costs about three times as much.
     """
 
     t: float
