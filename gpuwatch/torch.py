@@ -13,16 +13,18 @@ Use it from a training script::
 What it does:
 
 1. A daemon thread posts PyTorch's own allocator view every ``interval_seconds`` to
-   ``POST {agent_url}/torch``: allocated, reserved, reserved-but-unallocated and the
-   peak since the previous report (``reset_peak_memory_stats`` after each read), for
-   every device on which this process's allocator holds memory. NVML cannot see this
-   split; the agent attaches it to the process in its snapshot. The training loop
-   never waits on it, and an absent agent costs one refused connection per interval.
+   ``POST {agent_url}/torch`` (a :class:`gpuwatch.wire.TorchReport`): allocated,
+   reserved, reserved-but-unallocated and the peak since the previous report
+   (``reset_peak_memory_stats`` after each read), for every device on which this
+   process's allocator holds memory. NVML cannot see this split; the agent attaches it
+   to the process in its snapshot. The training loop never waits on it, and an absent
+   agent costs one refused connection per interval.
 2. On ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``) or an older
    ``RuntimeError("CUDA out of memory...")``, through ``sys.excepthook`` (chained to
    the previous hook) or :func:`guard`, it prints the ``gpuwatch explain`` diagnosis to
-   stderr, posts an incident to ``POST {agent_url}/incidents/oom`` (the agent adds who
-   was on the GPU and forwards it to the central server) and lets the exception go on.
+   stderr, posts an incident (a :class:`gpuwatch.wire.OomIncident`) to
+   ``POST {agent_url}/incidents/oom`` (the agent adds who was on the GPU and forwards
+   it to the central server) and lets the exception go on.
 
 The agent URL is ``agent_url``, else the environment variable ``GPUWATCH_AGENT_URL``,
 else ``http://127.0.0.1:9402``. This is the one place outside gpuwatch.settings that
@@ -50,6 +52,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from gpuwatch.doctor import DEFAULT_AGENT_URL
 from gpuwatch.doctor.explain import Explanation, explain_facts
@@ -58,6 +61,13 @@ from gpuwatch.doctor.parse import parse_oom
 from gpuwatch.doctor.report import render
 from gpuwatch.doctor.units import format_size
 from gpuwatch.errors import NotRecognized
+from gpuwatch.wire import (
+    INCIDENTS_OOM_PATH,
+    MAX_OOM_MESSAGE_CHARS,
+    TORCH_PATH,
+    OomIncident,
+    TorchReport,
+)
 
 __all__ = [
     "AllocatorSample",
@@ -243,22 +253,30 @@ class Reporter:
         try:
             for sample in samples:
                 self._remember(sample)
-                posted += self._post(own, "/torch", self._payload(sample), quiet=True)
+                report = self._report(sample)
+                if report is not None:
+                    posted += self._post(own, TORCH_PATH, report, quiet=True)
         finally:
             if client is None:
                 own.close()
         return posted
 
-    def _payload(self, sample: AllocatorSample) -> dict[str, Any]:
-        return {
-            "pid": os.getpid(),
-            "device_index": sample.device_index,
-            "allocated_bytes": sample.allocated_bytes,
-            "reserved_bytes": sample.reserved_bytes,
-            "reserved_unallocated_bytes": sample.reserved_unallocated_bytes,
-            "peak_allocated_bytes": sample.peak_allocated_bytes,
-            "reported_at": self._clock(),
-        }
+    def _report(self, sample: AllocatorSample) -> TorchReport | None:
+        """``sample`` as the agent's ``/torch`` body; ``None`` (logged) if out of bounds."""
+        try:
+            return TorchReport(
+                pid=os.getpid(),
+                device_index=sample.device_index,
+                allocated_bytes=sample.allocated_bytes,
+                reserved_bytes=sample.reserved_bytes,
+                reserved_unallocated_bytes=sample.reserved_unallocated_bytes,
+                peak_allocated_bytes=sample.peak_allocated_bytes,
+                reported_at=self._clock(),
+            )
+        except ValidationError as err:
+            # Never kill the reporting thread over one odd figure.
+            log.debug("allocator figures not reportable: %s", err)
+            return None
 
     def _remember(self, sample: AllocatorSample) -> None:
         with self._lock:
@@ -268,9 +286,13 @@ class Reporter:
             peak = max(self._epoch_peak.get(sample.device_index, 0), sample.peak_allocated_bytes)
             self._epoch_peak[sample.device_index] = peak
 
-    def _post(self, client: httpx.Client, path: str, body: dict[str, Any], *, quiet: bool) -> int:
+    def _post(self, client: httpx.Client, path: str, body: BaseModel, *, quiet: bool) -> int:
         try:
-            client.post(self.agent_url + path, json=body).raise_for_status()
+            client.post(
+                self.agent_url + path,
+                content=body.model_dump_json().encode(),
+                headers={"Content-Type": "application/json"},
+            ).raise_for_status()
         except httpx.HTTPError as err:
             # No agent is normal (a laptop, a job on a host without one): say it once.
             level = logging.DEBUG if quiet and self._warned_unreachable else logging.INFO
@@ -312,15 +334,22 @@ class Reporter:
             file=out,
             end="",
         )
-        incident = {
-            "pid": os.getpid(),
-            "device_index": self._incident_device(device),
-            "message": message[:65536],
-            "explanation": explanation.model_dump(mode="json"),
-            "occurred_at": self._clock(),
-        }
-        with httpx.Client(timeout=INCIDENT_TIMEOUT_SECONDS, transport=self._transport) as client:
-            self._post(client, "/incidents/oom", incident, quiet=False)
+        try:
+            incident: OomIncident | None = OomIncident(
+                pid=os.getpid(),
+                device_index=self._incident_device(device),
+                message=message[:MAX_OOM_MESSAGE_CHARS],
+                explanation=explanation.model_dump(mode="json"),
+                occurred_at=self._clock(),
+            )
+        except ValidationError as err:  # e.g. a device index past what the agent takes
+            log.info("gpuwatch cannot report this out-of-memory error to the agent: %s", err)
+            incident = None
+        if incident is not None:
+            with httpx.Client(
+                timeout=INCIDENT_TIMEOUT_SECONDS, transport=self._transport
+            ) as client:
+                self._post(client, INCIDENTS_OOM_PATH, incident, quiet=False)
         # Marks it so guard() and the excepthook do not report it twice; an exception
         # type with __slots__ refuses the attribute, and a second report is harmless.
         with suppress(AttributeError):

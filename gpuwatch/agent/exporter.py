@@ -8,6 +8,9 @@
 ``POST /incidents/oom`` an OOM incident from ``gpuwatch.torch`` (loopback only)
 =====================  ==========================================================
 
+The POST bodies are :class:`~gpuwatch.wire.TorchReport` and
+:class:`~gpuwatch.wire.OomIncident`, bounded by the limits in :mod:`gpuwatch.wire`.
+
 The POST endpoints accept only loopback clients: they take data from processes on
 this host, and a remote peer must not be able to invent allocator figures or
 incidents even when ``/metrics`` listens on all interfaces for Prometheus.
@@ -24,17 +27,25 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpuwatch.agent.state import AgentState
-from gpuwatch.agent.torch_reports import TorchReport, TorchReports
+from gpuwatch.agent.torch_reports import TorchReports
+from gpuwatch.wire import (
+    INCIDENTS_OOM_PATH,
+    MAX_INCIDENT_BODY,
+    MAX_TORCH_BODY,
+    TORCH_PATH,
+    OomIncident,
+    TorchReport,
+)
 
 log = logging.getLogger(__name__)
 
-MAX_TORCH_BODY = 16 * 2**10
-MAX_INCIDENT_BODY = 1 * 2**20
+_Body = TypeVar("_Body", bound=BaseModel)
+
 # /healthz turns unhealthy when the newest poll is older than this many intervals.
 STALE_POLL_INTERVALS = 3
 
@@ -50,7 +61,7 @@ class Exporter:
         state: AgentState,
         torch_reports: TorchReports,
         poll_interval_seconds: float,
-        on_oom: Callable[[dict[str, Any]], None] | None = None,
+        on_oom: Callable[[OomIncident], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         handler = _handler_class(
@@ -90,7 +101,7 @@ def _handler_class(
     state: AgentState,
     torch_reports: TorchReports,
     stale_after: float,
-    on_oom: Callable[[dict[str, Any]], None] | None,
+    on_oom: Callable[[OomIncident], None] | None,
     clock: Callable[[], float],
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -120,8 +131,8 @@ def _handler_class(
         def _error(self, status: int, message: str) -> None:
             self._send(status, json.dumps({"error": message}).encode() + b"\n", "application/json")
 
-        def _read_json(self, limit: int) -> Any:
-            """The request body as JSON, or ``None`` after answering with an error."""
+        def _read_body(self, limit: int) -> bytes | None:
+            """The request body, or ``None`` after answering with an error."""
             if not _is_loopback(self.client_address[0]):
                 self._error(403, "only local processes may post to the agent")
                 return None
@@ -135,10 +146,23 @@ def _handler_class(
                 self.close_connection = True
                 self._error(413, f"body larger than {limit} bytes")
                 return None
+            return self.rfile.read(length)
+
+        def _read_model(self, model: type[_Body], limit: int) -> _Body | None:
+            """The body validated as ``model``, or ``None`` after answering with an error:
+            400 when it is not JSON, 422 when it is JSON of another shape."""
+            raw = self._read_body(limit)
+            if raw is None:
+                return None
             try:
-                return json.loads(self.rfile.read(length))
+                data = json.loads(raw)
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 self._error(400, f"body is not JSON: {err}")
+                return None
+            try:
+                return model.model_validate(data)
+            except ValidationError as err:
+                self._error(422, _first_error(err))
                 return None
 
         # -- routes --------------------------------------------------------------------
@@ -176,25 +200,18 @@ def _handler_class(
 
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path == "/torch":
-                data = self._read_json(MAX_TORCH_BODY)
-                if data is None:
+            if path == TORCH_PATH:
+                report = self._read_model(TorchReport, MAX_TORCH_BODY)
+                if report is None:
                     return
-                try:
-                    torch_reports.record(TorchReport.model_validate(data))
-                except ValidationError as err:
-                    self._error(422, _first_error(err))
-                    return
+                torch_reports.record(report)
                 self._send(204, b"", "text/plain")
-            elif path == "/incidents/oom":
-                data = self._read_json(MAX_INCIDENT_BODY)
-                if data is None:
-                    return
-                if not isinstance(data, dict) or not isinstance(data.get("message", ""), str):
-                    self._error(422, "expected a JSON object with a string 'message'")
+            elif path == INCIDENTS_OOM_PATH:
+                incident = self._read_model(OomIncident, MAX_INCIDENT_BODY)
+                if incident is None:
                     return
                 if on_oom is not None:
-                    on_oom(data)
+                    on_oom(incident)
                 self._send(202, b'{"accepted": true}\n', "application/json")
             else:
                 self._error(404, f"no such endpoint: {path}")

@@ -2,10 +2,11 @@
 
 Snapshots go through :class:`~gpuwatch.agent.reporter.Reporter` and its on-disk spool,
 with its "stored exactly once or counted as dropped" promise. Events the agent relays
-(OOM incidents from ``gpuwatch.torch``) are rarer and time-critical: each is POSTed to
-``/api/v1/events`` from a background thread, tried up to :data:`EVENT_ATTEMPTS` times
-with backoff, and, if the server stays away, logged locally with the incident's
-summary. That path promises *at most once*, and says so in the log when it gives up.
+(OOM incidents from ``gpuwatch.torch``) are rarer and time-critical: each, a
+:class:`~gpuwatch.wire.ReportedEvent`, is POSTed to ``/api/v1/events`` from a
+background thread, tried up to :data:`EVENT_ATTEMPTS` times with backoff, and, if the
+server stays away, logged locally with the incident's summary. That path promises *at
+most once*, and says so in the log when it gives up.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 import httpx
 
@@ -21,10 +21,10 @@ from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.reporter import Reporter
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.wire import EVENTS_PATH, ReportedEvent
 
 log = logging.getLogger(__name__)
 
-EVENTS_PATH = "/api/v1/events"
 EVENT_ATTEMPTS = 3
 EVENT_BACKOFF_SECONDS = 2.0
 
@@ -39,7 +39,9 @@ class ServerSink:
         base = (settings.server_url or "").rstrip("/")
         self._events_url = base + EVENTS_PATH
         token = settings.token.get_secret_value() if settings.token else None
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
         self._transport = transport
 
     def offer(self, snapshot: HostSnapshot) -> None:
@@ -54,7 +56,7 @@ class ServerSink:
     def stop(self) -> None:
         self.reporter.stop()
 
-    def send_event(self, event: dict[str, Any]) -> threading.Thread:
+    def send_event(self, event: ReportedEvent) -> threading.Thread:
         """POST ``event`` in the background; returns the thread (tests join it)."""
         thread = threading.Thread(
             target=self._send, args=(event,), name="gpuwatch-event", daemon=True
@@ -62,11 +64,12 @@ class ServerSink:
         thread.start()
         return thread
 
-    def _send(self, event: dict[str, Any]) -> None:
+    def _send(self, event: ReportedEvent) -> None:
+        body = event.model_dump_json().encode()
         with httpx.Client(transport=self._transport, timeout=10.0) as client:
             for attempt in range(1, EVENT_ATTEMPTS + 1):
                 try:
-                    response = client.post(self._events_url, json=event, headers=self._headers)
+                    response = client.post(self._events_url, content=body, headers=self._headers)
                 except httpx.HTTPError as err:
                     problem = f"unreachable ({type(err).__name__})"
                 else:
@@ -79,8 +82,8 @@ class ServerSink:
                     time.sleep(EVENT_BACKOFF_SECONDS * attempt)
         log.error(
             "could not record %s event for pid %s on the server (%s); it is only in this log: %s",
-            event.get("kind"),
-            event.get("pid"),
+            event.kind,
+            event.pid,
             problem,
-            event.get("summary"),
+            event.summary,
         )

@@ -17,20 +17,20 @@ Until then it is ``pending``. Delivery is at least once; the server stores each
 ``(agent_id, boot_id, sequence)`` once, so a retry after a lost response is harmless.
 
 Protocol: ``POST {server_url}/api/v1/snapshots`` with ``Authorization: Bearer <token>``
-and ``{"snapshots": [HostSnapshot, ...], "spool_dropped_total": d}`` (1..500 snapshots;
-``d`` is how many this agent has dropped so far, all reasons, which the server keeps per
-host for its spool-drop metric). 2xx acknowledges the batch
-(``{"accepted": n, "duplicate": m, ...}``, as the server's ingest answers). 413 and 422 split the batch in halves until
-the offending snapshot stands alone, which is then dropped and counted. 401/403 keep
-everything spooled and raise the ``auth_failed`` flag. Anything else (429, 5xx, other
-statuses, connection errors) is retried after exponential backoff with jitter, and
-never before the server's ``Retry-After``. The token is never logged.
+and an :class:`~gpuwatch.wire.IngestRequest`, ``{"snapshots": [HostSnapshot, ...],
+"spool_dropped_total": d}`` (1..500 snapshots; ``d`` is how many this agent has dropped
+so far, all reasons, which the server keeps per host for its spool-drop metric). 2xx
+acknowledges the batch with an :class:`~gpuwatch.wire.IngestResponse`
+(``{"accepted": n, "duplicate": m, "results": [...]}``). 413 and 422 split the batch in
+halves until the offending snapshot stands alone, which is then dropped and counted.
+401/403 keep everything spooled and raise the ``auth_failed`` flag. Anything else (429,
+5xx, other statuses, connection errors) is retried after exponential backoff with
+jitter, and never before the server's ``Retry-After``. The token is never logged.
 """
 
 from __future__ import annotations
 
 import email.utils
-import json
 import logging
 import random
 import threading
@@ -41,17 +41,22 @@ from dataclasses import dataclass
 from datetime import UTC
 
 import httpx
+from pydantic import ValidationError
 
 from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.spool import Spool, SpooledSnapshot
 from gpuwatch.errors import ConfigError
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.wire import (
+    MAX_SNAPSHOTS_PER_REQUEST,
+    SNAPSHOTS_PATH,
+    IngestResponse,
+    ingest_request_json,
+)
 
 log = logging.getLogger(__name__)
 
-SNAPSHOTS_PATH = "/api/v1/snapshots"
-MAX_BATCH_ITEMS = 500  # the server's limit per request
 # Half the server's default max_body_bytes (8 MiB): room for its own overhead. A
 # smaller server limit is learnt from its 413s.
 MAX_BATCH_BYTES = 4 * 2**20
@@ -227,7 +232,7 @@ class Reporter:
             if wait > 0:
                 return DrainResult(0, 0, self._spool.pending_count(), "backoff", wait)
             total = _Sent()
-            while batch := self._spool.peek_batch(MAX_BATCH_ITEMS, self._max_batch_bytes):
+            while batch := self._spool.peek_batch(MAX_SNAPSHOTS_PER_REQUEST, self._max_batch_bytes):
                 total = total.then(self._send(batch))
                 if total.failure is not None:
                     delay = self._record_failure(total)
@@ -240,12 +245,9 @@ class Reporter:
     def _send(self, batch: Sequence[SpooledSnapshot]) -> _Sent:
         # The drop count as of this request: a counter since the agent started, which
         # the server stores per host (a restart resets it, as Prometheus counters do).
-        dropped = self._dropped_total()
-        body = (
-            b'{"snapshots":['
-            + b",".join(r.body for r in batch)
-            + b'],"spool_dropped_total":%d}' % dropped
-        )
+        # The spool holds each snapshot as JSON already: the body is built from those
+        # bytes, not by parsing them back into models.
+        body = ingest_request_json([r.body for r in batch], self._dropped_total())
         try:
             response = self._client.post(self._url, content=body, headers=self._headers)
         except httpx.TransportError as err:
@@ -401,11 +403,11 @@ def _snapshots_url(server_url: str | None) -> tuple[str, str]:
 
 
 def _duplicates(response: httpx.Response, sent: int) -> int:
-    """The server's ``duplicate`` count, clamped to the batch; 0 when it gives none."""
+    """The server's ``duplicate`` count, clamped to the batch; 0 when the answer is not
+    an :class:`~gpuwatch.wire.IngestResponse` (the batch is delivered all the same)."""
     try:
-        counts = json.loads(response.content)
-        duplicates = int(counts.get("duplicate", 0)) if isinstance(counts, dict) else 0
-    except (ValueError, TypeError):
+        duplicates = IngestResponse.model_validate_json(response.content).duplicate
+    except ValidationError:
         duplicates = 0
     return min(max(duplicates, 0), sent)
 

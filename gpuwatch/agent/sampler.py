@@ -145,16 +145,37 @@ def _unattributed(reading: DeviceReading, *, masked: bool) -> int | None:
     """Memory NVML counts as used that no listed process accounts for (bytes).
 
     ``None`` when it cannot be known: masked (coherent memory, processes not visible),
-    MIG (the parent's "used" spans instances), or a process whose usage NVML withholds.
+    MIG (the parent's "used" spans instances), a process whose usage NVML withholds,
+    or a read that was not consistent.
+
+    Consistent: NVML has no call that returns a GPU's memory and its process list
+    together, so the library reads the process list, then the memory, then the process
+    list again. When the two lists differ (a process came or went, or the memory the
+    listed processes hold changed), the memory figure may belong to either list: a
+    large free between the reads would show up as gigabytes no process holds, and the
+    server would open a false "unattributed" event on it. Such a poll reports ``None``
+    (unknown) rather than a figure made up from one of the lists. It is not re-read:
+    the next poll comes within seconds, a process that allocates steadily would likely
+    change again during a re-read, and a second read would lengthen every poll that
+    races a change and add another chance to meet a hung NVML call.
     """
     if masked or reading.mig or reading.memory_used_bytes is None:
         return None
-    if any(p.used_bytes is None for p in reading.processes):
+    held = _held_bytes(reading.processes)
+    if held is None or reading.processes_before_memory is None:
         return None
+    if _held_bytes(reading.processes_before_memory) != held:
+        return None
+    return max(0, reading.memory_used_bytes - sum(held.values()))
+
+
+def _held_bytes(processes: list[ProcessUsage]) -> dict[int, int] | None:
+    """Bytes held per PID; ``None`` when NVML withholds any process's usage."""
     # A process with both a compute and a graphics context is listed twice with the same
     # memory; count each PID once.
     per_pid: dict[int, int] = {}
-    for p in reading.processes:
-        per_pid[p.pid] = max(per_pid.get(p.pid, 0), p.used_bytes or 0)
-    held = sum(per_pid.values())
-    return max(0, reading.memory_used_bytes - held)
+    for p in processes:
+        if p.used_bytes is None:
+            return None
+        per_pid[p.pid] = max(per_pid.get(p.pid, 0), p.used_bytes)
+    return per_pid

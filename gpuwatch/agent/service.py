@@ -4,6 +4,10 @@ Data flows one way: NVML -> :class:`~gpuwatch.agent.sampler.Sampler` -> snapshot
 {:class:`~gpuwatch.agent.state.AgentState` (read by ``/metrics`` and ``/snapshot``),
 reporter -> central server}. A failed poll is counted and logged once per failure
 streak; the loop keeps going, because a GPU that errors now may answer in a minute.
+
+Polls and pushes keep fixed deadlines on a monotonic clock
+(:mod:`gpuwatch.agent.cadence`): pushed snapshots are ``push_interval_seconds`` apart
+however long each poll takes.
 """
 
 from __future__ import annotations
@@ -13,22 +17,31 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
+from gpuwatch.agent.cadence import PollSchedule, PushSchedule
 from gpuwatch.agent.collectors.agent import AgentCollector, PushStats
 from gpuwatch.agent.collectors.dcgm import DcgmCompatCollector
 from gpuwatch.agent.collectors.gpu import GpuCollector
 from gpuwatch.agent.collectors.process import ProcessCollector
 from gpuwatch.agent.collectors.registry import NamedCollector, ScrapeRenderer
 from gpuwatch.agent.exporter import Exporter
-from gpuwatch.agent.sampler import Sampler
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.errors import GpuwatchError
 from gpuwatch.settings import AgentSettings, parse_host_port
 from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.wire import MAX_EVENT_SUMMARY_CHARS, OomIncident, ReportedEvent
 
 log = logging.getLogger(__name__)
+
+
+class Poller(Protocol):
+    """One poll of the host (:class:`~gpuwatch.agent.sampler.Sampler` in production)."""
+
+    def poll(self) -> HostSnapshot:
+        """Raises :class:`~gpuwatch.errors.GpuwatchError` when the host cannot be read."""
+        ...
 
 
 class SnapshotSink(Protocol):
@@ -38,7 +51,7 @@ class SnapshotSink(Protocol):
 
     def push_stats(self) -> PushStats: ...
 
-    def send_event(self, event: dict[str, Any]) -> object: ...
+    def send_event(self, event: ReportedEvent) -> object: ...
 
     def start(self) -> None: ...
 
@@ -46,17 +59,26 @@ class SnapshotSink(Protocol):
 
 
 class Agent:
-    """Owns the poll loop and the exporter; everything it needs is passed in."""
+    """Owns the poll loop and the exporter; everything it needs is passed in.
+
+    ``clock`` is Unix epoch seconds (for incidents without a time of their own);
+    ``monotonic`` is the clock polls and pushes are scheduled on; ``wait(seconds)``
+    sleeps up to ``seconds`` and returns True when the agent is to stop (default: the
+    wait on :meth:`stop`'s event). A test passes a fake ``monotonic`` and ``wait`` and
+    runs hours of polling without sleeping.
+    """
 
     def __init__(
         self,
         settings: AgentSettings,
         *,
-        sampler: Sampler,
+        sampler: Poller,
         state: AgentState,
         torch_reports: TorchReports,
         sink: SnapshotSink | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], bool] | None = None,
     ) -> None:
         self._settings = settings
         self._sampler = sampler
@@ -64,8 +86,13 @@ class Agent:
         self._torch = torch_reports
         self._sink = sink
         self._clock = clock
+        self._monotonic = monotonic
         self._stop = threading.Event()
-        self._last_offer = float("-inf")
+        self._wait = wait if wait is not None else self._stop.wait
+        self._pushes = PushSchedule(
+            settings.push_interval_seconds,
+            tolerance_seconds=settings.poll_interval_seconds / 2,
+        )
         self._failing = False
         self.exporter = Exporter(
             parse_host_port(settings.listen),
@@ -103,7 +130,12 @@ class Agent:
         return None if latest is None else latest.sequence
 
     def poll_once(self) -> HostSnapshot | None:
-        """One poll; the snapshot is recorded and offered to the sink. ``None`` on failure."""
+        """Poll now, outside the schedule; the snapshot is recorded, and offered to the
+        sink when a push is due. ``None`` on failure."""
+        return self._poll(scheduled=self._monotonic())
+
+    def _poll(self, *, scheduled: float) -> HostSnapshot | None:
+        """The poll scheduled at ``scheduled`` (monotonic seconds); see :meth:`poll_once`."""
         try:
             snapshot = self._sampler.poll()
         except GpuwatchError as err:
@@ -116,13 +148,11 @@ class Agent:
             log.warning("polls succeed again")
             self._failing = False
         self.state.record_poll(snapshot)
-        now = self._clock()
-        if (
-            self._sink is not None
-            and now - self._last_offer >= self._settings.push_interval_seconds
-        ):
+        # Judged by when the poll was due, not when it ended: a poll's duration must
+        # not decide whether its snapshot is pushed.
+        if self._sink is not None and self._pushes.due(scheduled):
             self._sink.offer(snapshot)
-            self._last_offer = now
+            self._pushes.offered(scheduled)
         return snapshot
 
     def run(self) -> None:
@@ -132,39 +162,43 @@ class Agent:
             self._sink.start()
         log.info("agent serving on %s", self.exporter.url)
         try:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                self.poll_once()
-                elapsed = time.monotonic() - started
-                self._stop.wait(max(0.0, self._settings.poll_interval_seconds - elapsed))
+            self._poll_loop()
         finally:
             if self._sink is not None:
                 self._sink.stop()
             self.exporter.stop()
 
+    def _poll_loop(self) -> None:
+        polls = PollSchedule(self._settings.poll_interval_seconds, start=self._monotonic())
+        while not self._stop.is_set():
+            wait = polls.next_at - self._monotonic()
+            if wait > 0:
+                if self._wait(wait):
+                    return
+                continue  # re-read the clock: a wait may end early
+            self._poll(scheduled=polls.claim(self._monotonic()))
+
     def stop(self) -> None:
         self._stop.set()
 
-    def _on_oom(self, incident: dict[str, Any]) -> None:
+    def _on_oom(self, incident: OomIncident) -> None:
         """An OOM incident from ``gpuwatch.torch``: attach who was on the GPU, forward it."""
         latest = self.state.latest
         log.warning(
-            "OOM incident reported by pid %s on GPU %s",
-            incident.get("pid"),
-            incident.get("device_index"),
+            "OOM incident reported by pid %s on GPU %s", incident.pid, incident.device_index
         )
         if self._sink is None:
             return
-        event = {
-            "kind": "oom",
-            "hostname": latest.hostname if latest else socket.gethostname(),
-            "gpu_index": incident.get("device_index"),
-            "pid": incident.get("pid"),
-            "summary": str(incident.get("message", ""))[:1000],
-            "evidence": {
-                "explanation": incident.get("explanation"),
+        event = ReportedEvent(
+            kind="oom",
+            hostname=latest.hostname if latest else socket.gethostname(),
+            gpu_index=incident.device_index,
+            pid=incident.pid,
+            summary=incident.message[:MAX_EVENT_SUMMARY_CHARS],
+            evidence={
+                "explanation": incident.explanation,
                 "snapshot": latest.model_dump(mode="json") if latest else None,
             },
-            "occurred_at": incident.get("occurred_at") or self._clock(),
-        }
+            occurred_at=self._clock() if incident.occurred_at is None else incident.occurred_at,
+        )
         self._sink.send_event(event)

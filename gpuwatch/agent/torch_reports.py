@@ -2,9 +2,10 @@
 
 NVML sees only what the driver gave a process. The caching allocator inside it knows
 more: how much is really allocated, how much is cached but free (fragmentation), and
-the peak. ``gpuwatch.torch`` POSTs those figures to the agent's ``/torch`` endpoint;
-this store keeps the latest per (pid, device) until they go stale, so the sampler can
-attach them to the matching :class:`~gpuwatch.snapshot.GpuProcess`.
+the peak. ``gpuwatch.torch`` POSTs those figures to the agent's ``/torch`` endpoint
+(a :class:`~gpuwatch.wire.TorchReport`); this store keeps the latest per (pid, device)
+until they go stale, so the sampler can attach them to the matching
+:class:`~gpuwatch.snapshot.GpuProcess`.
 """
 
 from __future__ import annotations
@@ -14,29 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from gpuwatch.snapshot import MAX_BYTES, MAX_GPUS, MAX_PID, TorchAllocatorStats
+from gpuwatch.snapshot import TorchAllocatorStats
+from gpuwatch.wire import TorchReport
 
 # Reports older than this are dropped: the reporter sends every ~10 s by default, so
 # a minute of silence means the process stopped reporting (or exited).
 STALE_AFTER_SECONDS = 60.0
 # Bound on distinct (pid, device) entries, so a misbehaving client cannot grow memory.
 MAX_ENTRIES = 4096
-
-
-class TorchReport(BaseModel):
-    """The body of ``POST /torch`` (what ``gpuwatch.torch`` sends)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    pid: int = Field(ge=1, le=MAX_PID)
-    device_index: int = Field(ge=0, lt=MAX_GPUS)
-    allocated_bytes: int = Field(ge=0, le=MAX_BYTES)
-    reserved_bytes: int = Field(ge=0, le=MAX_BYTES)
-    reserved_unallocated_bytes: int = Field(ge=0, le=MAX_BYTES)
-    peak_allocated_bytes: int = Field(ge=0, le=MAX_BYTES)
-    reported_at: float = Field(ge=0, le=2**33)
 
 
 @dataclass

@@ -16,9 +16,10 @@ import logging
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpuwatch.wire import EVENTS_PATH
+
 log = logging.getLogger(__name__)
 
-EVENTS_PATH = "/api/v1/events"
 WINDOW_SECONDS = 3600.0
 MAX_EVENTS = 20
 

@@ -141,6 +141,9 @@ class DeviceReading:
     # driver cannot say (nvmlDeviceGetAddressingMode needs R570 or newer).
     coherent_memory: bool | None = None
     processes: list[ProcessUsage] = field(default_factory=list)
+    # The process list read just before the memory figures (``processes`` is read just
+    # after them), so a reader can tell whether the two describe the same moment.
+    processes_before_memory: list[ProcessUsage] | None = None
     # pid -> SM busy ratio since the previous poll; None when the call itself failed.
     process_sm: dict[int, float] | None = None
     mig: list[MigReading] = field(default_factory=list)
@@ -273,9 +276,11 @@ class NvmlSession:
             mode = self._call("nvmlDeviceGetAddressingMode", handle)
             if mode is not None:
                 reading.coherent_memory = mode == self._nv.NVML_DEVICE_ADDRESSING_MODE_ATS
+            # Processes, memory, processes again, back to back: see processes_before_memory.
+            reading.processes_before_memory = self._read_processes(handle)
             self._read_memory(handle, reading)
-            self._read_activity(handle, reading)
             reading.processes = self._read_processes(handle)
+            self._read_activity(handle, reading)
             reading.process_sm = self._read_process_sm(index, handle)
             reading.mig = self._read_mig(handle)
         except GpuLost:

@@ -21,6 +21,7 @@ from gpuwatch.agent.collectors.registry import ScrapeRenderer, build_registry
 from gpuwatch.agent.exporter import Exporter
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
+from gpuwatch.wire import OomIncident
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
 
@@ -245,7 +246,7 @@ def test_a_failing_collector_does_not_empty_the_scrape() -> None:
 def exporter():
     state = _state()
     reports = TorchReports()
-    incidents: list[dict] = []
+    incidents: list[OomIncident] = []
     source = lambda: state.latest  # noqa: E731
     renderer = ScrapeRenderer(
         [GpuCollector(source), ProcessCollector(source, enabled=True, max_series=100)],
@@ -304,5 +305,8 @@ def test_oom_incident_is_handed_to_the_agent(exporter) -> None:
         json={"pid": 1, "device_index": 0, "message": "CUDA out of memory"},
     )
     assert response.status_code == 202
-    assert incidents == [{"pid": 1, "device_index": 0, "message": "CUDA out of memory"}]
+    assert incidents == [OomIncident(pid=1, device_index=0, message="CUDA out of memory")]
     assert json.loads(httpx.post(f"{exp.url}/incidents/oom", json=[1]).text)["error"]
+    unknown = httpx.post(f"{exp.url}/incidents/oom", json={"pid": 1, "message": "x", "extra": 1})
+    assert unknown.status_code == 422 and "extra" in unknown.json()["error"]
+    assert len(incidents) == 1

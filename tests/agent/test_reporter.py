@@ -17,11 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from support.clock import FakeClock
 
 from gpuwatch.agent.reporter import BACKOFF_MAX_SECONDS, Reporter, ReporterStats
 from gpuwatch.errors import ConfigError
 from gpuwatch.settings import AgentSettings, load
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
+from gpuwatch.wire import SNAPSHOTS_PATH, IngestRequest, IngestResponse, ItemResult
 
 TOKEN = "s3cret-token-value"
 EPOCH = 1_700_000_000.0
@@ -78,24 +80,32 @@ class Ingest(ThreadingHTTPServer):
                 status, store = 401, False
             if status == 200 and self.max_body_bytes and len(body) > self.max_body_bytes:
                 status, store = 413, False
+            if store:
+                # The body must be the wire model, as the real server reads it.
+                IngestRequest.model_validate_json(body)
             snapshots = json.loads(body)["snapshots"] if store else []
-            assert 1 <= len(snapshots) <= 500 or not store
             if status == 200 and any(s["sequence"] in self.poison for s in snapshots):
                 status, store, snapshots = 422, False, []
             self.statuses.append(status)
-            accepted = duplicates = 0
+            results: list[ItemResult] = []
             for s in snapshots:
                 key = (s["agent_id"], s["boot_id"], s["sequence"])
                 self.received[key] += 1
                 if key in self.stored:
-                    duplicates += 1
+                    results.append("duplicate")
                 else:
                     self.stored[key] = s
-                    accepted += 1
+                    results.append("accepted")
             if snapshots:
                 self.stored_event.set()
-            reply = {"accepted": accepted, "duplicate": duplicates} if status == 200 else {}
-            return status, headers, json.dumps(reply).encode()
+            if status != 200:
+                return status, headers, b"{}"
+            reply = IngestResponse(
+                accepted=results.count("accepted"),
+                duplicate=results.count("duplicate"),
+                results=results,
+            )
+            return status, headers, reply.model_dump_json().encode()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -104,7 +114,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         headers: dict[str, str] = {}
-        if self.path != "/api/v1/snapshots":
+        if self.path != SNAPSHOTS_PATH:
             status, reply = 404, b"{}"
         else:
             status, headers, reply = self.server.answer(body, self.headers.get("Authorization"))
@@ -118,14 +128,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # keep test output quiet
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -7,20 +7,13 @@ import stat
 from pathlib import Path
 
 import pytest
+from support.clock import FakeClock
 
 from gpuwatch.agent.spool import Spool
 from gpuwatch.errors import ConfigError
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 EPOCH = 1_700_000_000.0
-
-
-class FakeClock:
-    def __init__(self, now: float = EPOCH) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def snapshot(sequence: int, *, padding: int = 0) -> HostSnapshot:
@@ -176,7 +169,7 @@ def test_foreign_files_are_left_alone(tmp_path: Path) -> None:
 
 
 def test_oldest_age_comes_from_the_injected_clock_and_survives_restart(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(EPOCH)
     spool = Spool(tmp_path, max_bytes=2**20, clock=clock)
     assert spool.oldest_age_seconds() is None
     spool.append(snapshot(0))

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from gpuwatch.agent import torch_reports
-from gpuwatch.agent.torch_reports import TorchReport, TorchReports
+from gpuwatch.agent.torch_reports import TorchReports
+from gpuwatch.wire import TorchReport
 
 
 def _report(pid: int = 10, device: int = 0, at: float = 1000.0) -> TorchReport:

@@ -19,6 +19,7 @@ import pytest
 import gpuwatch.torch as gt
 from doctor.fake_agent_server import FakeAgent
 from gpuwatch.torch import AllocatorSample
+from gpuwatch.wire import INCIDENTS_OOM_PATH, TORCH_PATH, OomIncident, TorchReport
 
 torch = pytest.importorskip("torch")
 
@@ -75,17 +76,23 @@ def wait_for(agent: FakeAgent, path: str, count: int = 1) -> list[dict[str, obje
 def test_reports_allocator_figures_from_a_daemon_thread(agent: FakeAgent) -> None:
     stats = ScriptedStats()
     gt.install(agent_url=agent.url, interval_seconds=0.02, stats=stats)
-    posts = wait_for(agent, "/torch", count=2)
+    posts = wait_for(agent, TORCH_PATH, count=2)
     assert len(posts) >= 2
-    first = posts[0]
-    assert set(first) == {
-        "pid", "device_index", "allocated_bytes", "reserved_bytes",
-        "reserved_unallocated_bytes", "peak_allocated_bytes", "reported_at",
-    }  # fmt: skip
-    assert first["device_index"] == 0
-    assert first["allocated_bytes"] == 11 * GIB
-    assert first["reserved_unallocated_bytes"] == GIB
+    first = TorchReport.model_validate(posts[0])  # what the agent's /torch accepts
+    assert first.device_index == 0
+    assert first.allocated_bytes == 11 * GIB
+    assert first.reserved_unallocated_bytes == GIB
     assert stats.resets >= 2  # peak is "since the last report"
+
+
+def test_a_figure_the_wire_model_refuses_is_skipped_not_fatal(agent: FakeAgent) -> None:
+    class Negative(ScriptedStats):
+        def sample(self, device: int) -> AllocatorSample:
+            return AllocatorSample(device, -1, 0, 0)  # a broken allocator reading
+
+    reporter = gt.Reporter(agent_url=agent.url, stats=Negative())
+    assert reporter.report_once() == 0
+    assert TORCH_PATH not in agent.posts
 
 
 def test_unreachable_agent_costs_the_caller_nothing(no_agent_url: str) -> None:
@@ -125,10 +132,10 @@ def test_guard_reports_and_reraises(
     with pytest.raises(type(exc)) as raised, gt.guard(reporter):
         raise exc
     assert raised.value is exc
-    incident = wait_for(agent, "/incidents/oom")[0]
-    assert incident["message"] == str(exc)
-    assert incident["device_index"] == 0
-    explanation = incident["explanation"]
+    incident = OomIncident.model_validate(wait_for(agent, INCIDENTS_OOM_PATH)[0])
+    assert incident.message == str(exc)
+    assert incident.device_index == 0
+    explanation = incident.explanation
     assert isinstance(explanation, dict) and explanation["recognized"] is True
     assert explanation["diagnoses"]
     assert "gpuwatch: diagnosis of this out-of-memory error" in capsys.readouterr().err

@@ -41,7 +41,7 @@ from gpuwatch.server.deps import (
     reverify_push,
 )
 from gpuwatch.server.ingest import service
-from gpuwatch.server.ingest.schemas import IngestRequest, IngestResponse
+from gpuwatch.wire import SNAPSHOTS_PATH, IngestRequest, IngestResponse
 
 
 class IngestRoute(APIRoute):
@@ -76,7 +76,7 @@ _BODY = {
 
 
 @router.post(
-    "/api/v1/snapshots",
+    SNAPSHOTS_PATH,
     summary="Push a batch of host snapshots",
     response_model=IngestResponse,
     responses=_ERRORS,
