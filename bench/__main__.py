@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("agent", "server")
+BENCHMARKS = ("agent", "server", "detection", "detection_share")
 
 
 def main(argv: list[str]) -> int:

@@ -718,8 +718,8 @@ def count_server_writes(tmp: Path) -> dict[str, Any]:
 
     from gpuwatch.server.auth import service as auth_service
     from gpuwatch.server.ingest import service
-    from gpuwatch.server.ingest.schemas import IngestRequest
     from gpuwatch.settings import ServerSettings
+    from gpuwatch.wire import IngestRequest
 
     warm, measured = WARM_HISTORY, 80
     with fresh_database("sqlite", tmp, "count") as target:

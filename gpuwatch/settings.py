@@ -225,6 +225,11 @@ class ServerSettings(_Base):
         gt=0,
         description="Memory growth must last this long before it is reported as a leak.",
     )
+    filling_horizon_seconds: float = Field(
+        7200.0,
+        gt=0,
+        description="A GPU whose memory trend reaches full within this is 'filling up'.",
+    )
     unattributed_min_bytes: int = Field(
         1 * 2**30,
         ge=0,

@@ -12,9 +12,9 @@ import logging
 from typing import Any
 
 from sqlalchemy import ColumnElement, Table, delete, func, select, tuple_, update
-from sqlalchemy.orm import Session
 
 from gpuwatch.server.database.core import Database
+from gpuwatch.server.events.book import SILENT_KEY, Condition, EventBook
 from gpuwatch.server.events.models import Event
 from gpuwatch.server.hosts.models import GpuSample, Host
 from gpuwatch.server.hosts.service import silence_threshold_seconds
@@ -72,7 +72,9 @@ def detect_silent_agents(*, database: Database, settings: ServerSettings, now: f
     Silent: no snapshot received for ``agent_silent_intervals`` push intervals
     (server clock). Hosts that never reported are left alone: a token was made, no
     agent runs yet. Open events of hosts that report again are closed (ingest
-    closes them too; this catches an event opened while a push was in flight).
+    closes them too; this catches an event opened while a push was in flight). Events
+    go through each host's :class:`EventBook`, the one path that writes events and
+    their outbox rows.
     """
     threshold = silence_threshold_seconds(settings)
     opened = 0
@@ -82,6 +84,7 @@ def detect_silent_agents(*, database: Database, settings: ServerSettings, now: f
         silent = session.scalars(
             select(Host).where(Host.last_received_at < now - threshold).with_for_update()
         ).all()
+        silent_ids = {host.id for host in silent}
         open_ids = set(
             session.scalars(
                 select(Event.host_id).where(Event.kind == "agent_silent", Event.ended_at.is_(None))
@@ -89,14 +92,20 @@ def detect_silent_agents(*, database: Database, settings: ServerSettings, now: f
         )
         for host in silent:
             assert host.last_received_at is not None
-            if host.id in open_ids:
-                _touch_silent(session, host.id, now)
-                continue
-            session.add(_silent_event(host, threshold=threshold, now=now))
-            opened += 1
-        _close_recovered(session, now=now, threshold=threshold)
+            book = EventBook.load(session=session, host_id=host.id)
+            condition = _silent_condition(host, threshold=threshold, now=now)
+            if not book.is_open(SILENT_KEY):
+                # Silent since the moment the threshold passed, not since this run noticed.
+                book.observe(SILENT_KEY, condition, at=host.last_received_at + threshold)
+                opened += 1
+            book.observe(SILENT_KEY, condition, at=now)
+            book.flush(session=session)
+        for host_id in open_ids - silent_ids:
+            book = EventBook.load(session=session, host_id=host_id)
+            book.clear(SILENT_KEY, at=now)
+            book.flush(session=session)
         # Open events are part of the ingest state that server processes keep.
-        affected = open_ids | {host.id for host in silent}
+        affected = open_ids | silent_ids
         if affected:
             session.execute(
                 update(Host)
@@ -109,44 +118,18 @@ def detect_silent_agents(*, database: Database, settings: ServerSettings, now: f
     return opened
 
 
-def _silent_event(host: Host, *, threshold: float, now: float) -> Event:
+def _silent_condition(host: Host, *, threshold: float, now: float) -> Condition:
     assert host.last_received_at is not None
     quiet = now - host.last_received_at
-    return Event(
+    return Condition(
         kind="agent_silent",
         reason="no_snapshots",
-        host_id=host.id,
-        dedup_key="agent_silent",
         summary=f"no snapshot from {host.hostname} for {quiet / 60:.1f} min",
         evidence={
             "last_received_at": host.last_received_at,
             "last_seen_at": host.last_seen_at,
             "threshold_seconds": threshold,
         },
-        # Silent since the moment the threshold passed, not since this run noticed.
-        started_at=host.last_received_at + threshold,
-        last_seen_at=now,
-    )
-
-
-def _touch_silent(session: Session, host_id: int, now: float) -> None:
-    session.execute(
-        update(Event)
-        .where(Event.host_id == host_id, Event.kind == "agent_silent", Event.ended_at.is_(None))
-        .values(last_seen_at=now)
-    )
-
-
-def _close_recovered(session: Session, *, now: float, threshold: float) -> None:
-    recovered = select(Host.id).where(Host.last_received_at >= now - threshold)
-    session.execute(
-        update(Event)
-        .where(
-            Event.kind == "agent_silent",
-            Event.ended_at.is_(None),
-            Event.host_id.in_(recovered),
-        )
-        .values(ended_at=now)
     )
 
 

@@ -3,7 +3,8 @@
 from gpuwatch.server.auth.models import AgentToken
 from gpuwatch.server.database.core import Base
 from gpuwatch.server.events.models import Event
-from gpuwatch.server.hosts.models import Gpu, GpuSample, Host
+from gpuwatch.server.events.outbox import OutboxRow
+from gpuwatch.server.hosts.models import Gpu, GpuSample, GpuWindow, Host
 from gpuwatch.server.ingest.models import SnapshotSeen
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
@@ -15,7 +16,9 @@ __all__ = [
     "Event",
     "Gpu",
     "GpuSample",
+    "GpuWindow",
     "Host",
+    "OutboxRow",
     "ProcessLifetime",
     "ProcessSample",
     "ProcessWindow",

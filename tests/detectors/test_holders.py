@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwatch.server.detectors import detect_orphan, detect_share, detect_unattributed
+from gpuwatch.detectors import detect_orphan, detect_share, detect_unattributed
 from gpuwatch.snapshot import Gpu, GpuProcess, MigInstance, ProcessOwner
 
 GIB = 2**30

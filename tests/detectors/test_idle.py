@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gpuwatch.server.detectors import Finding, Sample, detect_idle
+from gpuwatch.detectors import Finding, Sample, detect_idle
 
 GIB = 2**30
 HOUR = 3600.0

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwatch.server.detectors import Finding, Sample, detect_leak
-from gpuwatch.server.detectors.leak import MAX_SAMPLES
+from gpuwatch.detectors import Finding, Sample, bucketize, detect_leak
+from gpuwatch.detectors.leak import MAX_SAMPLES
 
 MIB = 2**20
 GIB = 2**30
@@ -197,3 +197,69 @@ def test_memory_that_never_grows_is_never_a_leak(points: list[tuple[float, int]]
     values = sorted((used for _, used in ordered), reverse=True)
     falling = [(t, used) for (t, _), used in zip(ordered, values, strict=True)]
     assert leak(as_samples(falling)) is None
+
+
+# --- the growth evidence -------------------------------------------------------------
+
+
+def bucketed(samples: list[Sample]) -> list[Sample]:
+    return bucketize(samples, 60)
+
+
+def trailing(samples: list[Sample], minutes: float) -> list[Sample]:
+    return [s for s in samples if s.t >= samples[-1].t - minutes * MINUTE]
+
+
+def test_a_found_leak_agrees_with_every_number_of_its_evidence() -> None:
+    finding = leak(bucketed(trace(40, 5, lambda e: 2 * GIB + LEAK_RATE * e)))
+    assert finding is not None
+    e = finding.evidence
+    assert e["current_floor_bytes"] > e["reference_peak_bytes"]  # type: ignore[operator]
+    assert e["clearance_bytes"] == e["net_growth_bytes"] - e["envelope_bytes"]  # type: ignore[operator]
+    assert e["r_squared"] >= e["r_squared_min"]  # type: ignore[operator]
+    assert e["monotonic_fraction"] >= e["monotonic_fraction_min"]  # type: ignore[operator]
+    assert e["confidence"] == pytest.approx(1.0, abs=0.1)
+    assert e["period_bound_seconds"] == e["window_seconds"]
+
+
+def test_the_issues_saw_tooth_between_18_and_58_gib_is_never_a_leak() -> None:
+    # A 60 s saw-tooth pushed every 15.002 s: the polls' phase creeps, so the bucket
+    # floors walk upward for hours. They never rise above the earlier peaks.
+    polls = [
+        Sample(
+            T0 + i * 15.002, int(saw_tooth(i * 15.002, low=18 * GIB, high=58 * GIB, period=60)), 0.9
+        )
+        for i in range(4 * 240)
+    ]
+    buckets = bucketed(polls)
+    for end in range(30, len(buckets)):
+        window = [b for b in buckets[: end + 1] if b.t >= buckets[end].t - MIN_DURATION - 120]
+        assert leak(window) is None
+
+
+def test_an_allocator_that_keeps_stepping_leaks_and_one_step_does_not() -> None:
+    chunks = trace(60, 15, lambda e: 4 * GIB + 2 * GIB * (e // (5 * MINUTE)))
+    assert leak(bucketed(chunks)) is not None
+    once = trace(60, 15, lambda e: 4 * GIB + (2 * GIB if e > 31 * MINUTE else 0))
+    for minutes in (20, 30, 45, 60):
+        assert leak(bucketed(trailing(once, minutes))) is None
+
+
+def test_a_warm_up_is_no_longer_a_leak_once_it_has_levelled_off() -> None:
+    def warm_up(e: float) -> float:
+        return 2 * GIB + LEAK_RATE * 4 * min(e, 30 * MINUTE)
+
+    ramp = bucketed(trace(90, 5, warm_up))
+    assert leak([s for s in ramp if s.t <= T0 + 30 * MINUTE]) is not None
+    # Just over half a window after it levelled off, the floors no longer follow a line.
+    levelled = [s for s in ramp if s.t <= T0 + 47 * MINUTE]
+    assert leak(trailing(levelled, 31)) is None
+
+
+def test_a_leak_under_a_saw_tooth_is_found_once_its_floor_clears_the_earlier_peaks() -> None:
+    def loop(e: float) -> float:
+        return saw_tooth(e, low=10 * GIB, high=14 * GIB, period=2 * MINUTE) + 4 * LEAK_RATE * e
+
+    finding = leak(bucketed(trace(60, 5, loop)))
+    assert finding is not None
+    assert finding.evidence["slope_mib_per_minute"] == pytest.approx(200, rel=0.05)

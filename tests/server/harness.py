@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import support.clock
 import uvicorn
 from fastapi import FastAPI
 
@@ -19,17 +20,11 @@ from gpuwatch.server.database import Database
 from server.factories import T0
 
 
-class FakeClock:
-    """An injectable clock: epoch seconds that only move when a test says so."""
+class FakeClock(support.clock.FakeClock):
+    """The shared fake clock, starting at the server tests' fixed epoch."""
 
     def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+        super().__init__(now)
 
 
 def make_token(database: Database, hostname: str, now: float = T0) -> str:

@@ -90,11 +90,12 @@ def test_runaway_share_and_unattributed_memory(live: Live) -> None:
     token = live.token("host-1")
     hog = process(1, used_gib=75, user="dave")
     small = process(2, used_gib=1, user="erin")
-    snap = snapshot(
-        0, [gpu(0, [hog, small]), gpu(1, [process(3, used_gib=1)], extra_bytes=8 * GIB)]
-    )
+    snaps = [
+        snapshot(seq, [gpu(0, [hog, small]), gpu(1, [process(3, used_gib=1)], extra_bytes=8 * GIB)])
+        for seq in range(2)  # unattributed memory must show twice in a row
+    ]
 
-    live.push(token, body(snap))
+    live.push(token, body(*snaps))
 
     (runaway,) = events(live, kind="runaway")
     assert (runaway["reason"], runaway["pid"], runaway["user"]) == ("share", 1, "dave")

@@ -14,7 +14,6 @@ from gpuwatch.server.database.core import advisory_lock_key
 from gpuwatch.server.database.migrate import upgrade
 from gpuwatch.server.events.models import Event
 from gpuwatch.server.hosts.models import GpuSample
-from gpuwatch.server.ingest.schemas import IngestRequest
 from gpuwatch.server.ingest.service import ingest_snapshots
 from gpuwatch.server.jobs import close_stale_lifetimes, detect_silent_agents, purge_expired
 from gpuwatch.server.metrics import ServerStats
@@ -22,6 +21,7 @@ from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
 from gpuwatch.server.scheduler import JobSpec, job_specs, run_job
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.wire import IngestRequest
 from server.factories import T0, gpu, process, snapshot
 from server.harness import FakeClock, make_token, serve
 

@@ -105,7 +105,7 @@ def test_events_opened_from_a_kept_copy_are_updated_not_inserted_again(live: Liv
 
 
 def kept(version: int) -> KeptState:
-    return KeptState(version=version, gpus=[], lifetimes=[], events=[], windows={})
+    return KeptState(version=version, gpus=[], lifetimes=[], events=[], windows={}, gpu_windows={})
 
 
 def test_cache_hands_out_a_copy_once_and_only_at_its_version() -> None:

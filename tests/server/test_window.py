@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuwatch.server.detectors import Sample
+from gpuwatch.detectors import Sample
 from gpuwatch.server.processes import window
 
 samples = st.lists(

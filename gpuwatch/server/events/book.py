@@ -6,12 +6,19 @@ concluded for each snapshot (:meth:`EventBook.observe` when a condition holds,
 result with one INSERT and one UPDATE executemany (:meth:`EventBook.flush`). A
 condition that continues over a thousand snapshots is one row, updated.
 
+This is the one path that writes events: ingest, the scheduled jobs (``agent_silent``)
+and reported events all go through a book, and :meth:`EventBook.flush` writes one
+outbox row per change (server/events/outbox.py) in the same transaction. A change is
+an event opened, closed, or moved to another kind or reason; refreshing the evidence
+of an open event is not a change.
+
 Keys name the *slot* a condition comes from, not the finding: the orphan detector can
 move from ``reparented`` to ``dead_pid`` for the same process and that stays one
 ``orphaned`` event whose reason is updated. Slots:
 
-* ``<detector>:lt<lifetime id>`` for per-process detectors (orphan, share, leak, idle),
-* ``<detector>:gpu<gpu id>`` for per-GPU ones (unattributed, gpu_lost, gpu_back),
+* ``<slot>:lt<lifetime id>`` per process: ``orphan``, ``runaway`` (share or leak) and
+  ``idle``, one per event kind,
+* ``<slot>:gpu<gpu id>`` per GPU: unattributed, filling_up, gpu_lost, gpu_back,
 * ``agent_silent`` for the host.
 """
 
@@ -27,6 +34,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningInsert
 
 from gpuwatch.server.events.models import Event
+from gpuwatch.server.events.outbox import Change, PendingChange, write_changes
 
 _TABLE: Table = Event.__table__  # type: ignore[assignment]
 _MUTABLE = ("kind", "reason", "held_bytes", "summary", "evidence", "last_seen_at", "ended_at")
@@ -44,6 +52,8 @@ _LOADED = (
     "ended_at",
 )
 _MAX_SUMMARY = 1024
+# The slot of a host's agent_silent event (ingest closes it, the scheduled job opens it).
+SILENT_KEY = "agent_silent"
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,7 @@ class EventBook:
         self.host_id = host_id
         self._open: dict[str, EventRow] = {row.dedup_key: row for row in rows}
         self._pending: list[EventRow] = []  # rows to write: new, changed or closed
+        self._changes: list[PendingChange] = []  # outbox rows to write with them
         self.opened: Counter[str] = Counter()
 
     @classmethod
@@ -108,6 +119,11 @@ class EventBook:
 
     def is_open(self, key: str) -> bool:
         return key in self._open
+
+    def open_reason(self, key: str) -> str | None:
+        """The reason of the open event in slot ``key`` (None when none is open)."""
+        row = self._open.get(key)
+        return None if row is None else row.reason
 
     def open_keys(self, prefix: str) -> list[str]:
         """Keys of open events whose slot starts with ``prefix``."""
@@ -137,10 +153,13 @@ class EventBook:
             self._open[key] = row
             self._pending.append(row)
             self.opened[condition.kind] += 1
+            self._change(row, "opened", at)
             return
         if at < row.last_seen_at:
             return
-        row.kind, row.reason = condition.kind, condition.reason
+        if (row.kind, row.reason) != (condition.kind, condition.reason):
+            row.kind, row.reason = condition.kind, condition.reason
+            self._change(row, "updated", at)
         row.held_bytes, row.evidence = condition.held_bytes, condition.evidence
         row.summary = condition.summary[:_MAX_SUMMARY]
         row.last_seen_at = at
@@ -156,13 +175,18 @@ class EventBook:
             return False
         row.ended_at = max(at, row.last_seen_at)
         self._mark(row)
+        self._change(row, "closed", row.ended_at)
         return True
 
     def record_point(self, key: str, condition: Condition, *, at: float) -> None:
-        """A point event (e.g. ``gpu_back``): stored closed, ``ended_at == started_at``."""
+        """A point event (e.g. ``gpu_back``): stored closed, ``ended_at == started_at``,
+        with one ``recorded`` change."""
         # Unique by (host, key, started_at), so a replay of the same point is one row.
         self.observe(key, condition, at=at)
         self.clear(key, at=at)
+        row = self._changes[-1].row
+        del self._changes[-2:]
+        self._change(row, "recorded", at)
 
     def flush(self, *, session: Session) -> None:
         """Write new events (one INSERT) and changed ones (one UPDATE executemany).
@@ -201,9 +225,14 @@ class EventBook:
                     for row in changed
                 ],
             )
+        write_changes(connection, self.host_id, self._changes)
         for row in self._pending:
             row.dirty = False
         self._pending.clear()
+        self._changes.clear()
+
+    def _change(self, row: EventRow, change: Change, at: float) -> None:
+        self._changes.append(PendingChange(row, change, row.kind, row.reason, at))
 
     def _mark(self, row: EventRow) -> None:
         if not row.dirty and row.id is not None:

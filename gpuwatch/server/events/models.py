@@ -1,9 +1,9 @@
 """Events: conditions the server detected (or agents reported) about hosts, GPUs, processes.
 
-A *condition* event (orphaned, runaway, idle, gpu_lost, agent_silent) stays open while
-the condition lasts: each snapshot that still shows it updates ``last_seen_at``,
-``held_bytes``, ``summary`` and ``evidence`` of the one open row, and the first that
-no longer shows it sets ``ended_at``. ``dedup_key`` names the condition within its host
+A *condition* event (orphaned, runaway, idle, filling_up, gpu_lost, agent_silent) stays
+open while the condition lasts: each snapshot that still shows it updates
+``last_seen_at``, ``held_bytes``, ``summary`` and ``evidence`` of the one open row, and
+the first that no longer shows it sets ``ended_at``. ``dedup_key`` names the condition within its host
 (which detector, on which GPU or process lifetime), so it finds the open row.
 *Point* events (gpu_back, reaped, oom) are stored closed: ``ended_at == started_at``.
 The unique ``(host, dedup_key, started_at)`` makes a retried POST of the same point
@@ -32,6 +32,7 @@ EVENT_KINDS = (
     "orphaned",
     "runaway",
     "idle",
+    "filling_up",
     "gpu_lost",
     "gpu_back",
     "agent_silent",

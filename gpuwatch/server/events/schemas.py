@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from gpuwatch.snapshot import MAX_BYTES, MAX_PID, Epoch, ShortStr
-
+# The bodies an agent posts (reaped, oom) are part of the wire contract: gpuwatch/wire.py.
 EventKind = Literal[
-    "orphaned", "runaway", "idle", "gpu_lost", "gpu_back", "agent_silent", "reaped", "oom"
+    "orphaned",
+    "runaway",
+    "idle",
+    "filling_up",
+    "gpu_lost",
+    "gpu_back",
+    "agent_silent",
+    "reaped",
+    "oom",
 ]
-ReportedKind = Literal["reaped", "oom"]
 
 
 class EventOut(BaseModel):
@@ -39,29 +45,6 @@ class EventPage(BaseModel):
 
     items: list[EventOut]
     next_cursor: str | None
-
-
-class ReportedEvent(BaseModel):
-    """An event an agent observed itself: a process the reaper killed, or an OOM."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: ReportedKind
-    hostname: ShortStr
-    gpu_index: int | None = Field(None, ge=0, lt=64)
-    pid: int | None = Field(None, ge=0, le=MAX_PID)
-    user: ShortStr | None = None
-    held_bytes: int | None = Field(None, ge=0, le=MAX_BYTES)
-    summary: str = Field(max_length=1024)
-    evidence: dict[str, Any] = Field(default_factory=dict)
-    occurred_at: Epoch
-
-
-class ReportedEventResult(BaseModel):
-    """``duplicate`` is true when the same event was already recorded (a retried POST)."""
-
-    id: int | None
-    duplicate: bool
 
 
 class IdleHolderOut(BaseModel):

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.database.dialects import insert_ignoring_conflicts
 from gpuwatch.server.events.models import Event
-from gpuwatch.server.events.schemas import (
-    EventOut,
-    EventPage,
-    IdleHolderOut,
-    ReportedEvent,
-    ReportedEventResult,
-)
+from gpuwatch.server.events.outbox import PendingChange, write_changes
+from gpuwatch.server.events.schemas import EventOut, EventPage, IdleHolderOut
 from gpuwatch.server.hosts.models import Host
 from gpuwatch.server.pagination import Cursor, after
+from gpuwatch.wire import ReportedEvent, ReportedEventResult
 
 
 def list_events(
@@ -27,7 +25,7 @@ def list_events(
     kind: str | None = None,
     since: float | None = None,
     until: float | None = None,
-    open_only: bool = False,
+    is_open: bool | None = None,
     limit: int = 100,
     cursor: Cursor | None = None,
 ) -> EventPage:
@@ -49,8 +47,8 @@ def list_events(
         query = query.where(or_(Event.ended_at.is_(None), Event.ended_at >= since))
     if until is not None:
         query = query.where(Event.started_at <= until)
-    if open_only:
-        query = query.where(Event.ended_at.is_(None))
+    if is_open is not None:
+        query = query.where(Event.ended_at.is_(None) if is_open else Event.ended_at.is_not(None))
     clause = after(cursor, Event.started_at, Event.id)
     if clause is not None:
         query = query.where(clause)
@@ -67,7 +65,8 @@ def list_events(
 def record_reported_event(
     *, session: Session, host_id: int, report: ReportedEvent, dialect: str
 ) -> ReportedEventResult:
-    """Store a point event an agent reported; a retry of the same one stores nothing.
+    """Store a point event an agent reported, with its outbox row; a retry of the
+    same one stores nothing.
 
     "The same" is the same kind, GPU, PID and ``occurred_at`` on the same host.
     """
@@ -91,7 +90,16 @@ def record_reported_event(
         )
         .returning(Event.__table__.c.id)
     ).scalar()
+    if inserted is not None:
+        change = PendingChange(
+            _Written(inserted), "recorded", report.kind, report.kind, report.occurred_at
+        )
+        write_changes(session.connection(), host_id, [change])
     return ReportedEventResult(id=inserted, duplicate=inserted is None)
+
+
+class _Written(NamedTuple):
+    id: int
 
 
 def top_idle_users(

@@ -15,16 +15,11 @@ from gpuwatch.server.deps import (
     forbid_other_host,
 )
 from gpuwatch.server.events import service
-from gpuwatch.server.events.schemas import (
-    EventKind,
-    EventPage,
-    IdleHolderOut,
-    ReportedEvent,
-    ReportedEventResult,
-)
+from gpuwatch.server.events.schemas import EventKind, EventPage, IdleHolderOut
 from gpuwatch.server.pagination import MAX_LIMIT, Cursor
+from gpuwatch.wire import EVENTS_PATH, ReportedEvent, ReportedEventResult
 
-router = APIRouter(prefix="/api/v1/events", tags=["events"])
+router = APIRouter(prefix=EVENTS_PATH, tags=["events"])
 
 _KINDS = ", ".join(get_args(EventKind))
 
@@ -38,7 +33,10 @@ def list_events(
     kind: EventKind | None = Query(None, description=f"One of {_KINDS}."),
     since: float | None = Query(None, ge=0, description="Epoch s: still open or ended after."),
     until: float | None = Query(None, ge=0, description="Epoch s: started at or before."),
-    open: bool = Query(False, description="Only events whose condition still holds."),
+    open: bool | None = Query(
+        None,
+        description="true: only events whose condition still holds; false: only ended ones.",
+    ),
     limit: int = Query(100, ge=1, le=MAX_LIMIT),
     cursor: str | None = Query(None, max_length=200, description="next_cursor of a page."),
 ) -> EventPage:
@@ -51,7 +49,7 @@ def list_events(
         kind=kind,
         since=since,
         until=until,
-        open_only=open,
+        is_open=open,
         limit=limit,
         cursor=None if cursor is None else Cursor.decode(cursor),
     )

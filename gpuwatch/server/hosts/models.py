@@ -11,6 +11,7 @@ from sqlalchemy import (
     Double,
     ForeignKey,
     Integer,
+    LargeBinary,
     String,
     UniqueConstraint,
 )
@@ -77,6 +78,24 @@ class Gpu(Base):
     bucket_start_at: Mapped[float | None] = mapped_column(Double)
     bucket_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     bucket_unattributed_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # The bucket's lowest used memory: with bucket_used_bytes (its highest) the
+    # filling-up detector sees the GPU's envelope, which oscillation cannot leave.
+    bucket_low_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # collected_at of the first snapshot of the current run that showed unattributed
+    # memory above the threshold: one snapshot alone never opens the event.
+    unattributed_since: Mapped[float | None] = mapped_column(Double)
+
+
+class GpuWindow(Base):
+    """A GPU's recent coarse memory samples, packed like a process's
+    (processes/window.py): what the filling-up detector reads when a bucket closes.
+    A table of its own for the reason ``process_windows`` is (the GPU row is updated on
+    every snapshot; the window once per ``sample_interval_seconds``)."""
+
+    __tablename__ = "gpu_windows"
+
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True)
+    recent_window: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class GpuSample(Base):

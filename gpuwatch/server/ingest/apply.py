@@ -9,7 +9,8 @@ Rules worth knowing:
   no process survives a reboot.
 * Downsampling: a bucket is ``[k * interval, (k + 1) * interval)`` of snapshot time.
   Each lifetime and GPU accumulates the bucket it is in (process: lowest and highest
-  memory, busiest SM ratio; GPU: highest used and unattributed) and writes it as one
+  memory, busiest SM ratio; GPU: lowest and highest used, highest unattributed) and
+  writes it as one
   sample row when a snapshot falls into a later bucket, or when the lifetime ends.
   Bucket rows are stamped with the bucket's start, so a run of idle buckets can
   overstate idleness by less than one interval.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
-from gpuwatch.server.detectors import Sample
+from gpuwatch.detectors import Sample
 from gpuwatch.server.ingest import findings
 from gpuwatch.server.ingest.state import GpuRow, HostState, Identity, LifetimeRow
 from gpuwatch.server.processes import window
@@ -30,6 +31,8 @@ from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 N = TypeVar("N", int, float)
 # A lifetime whose bucket just closed, with its GPU and the closed bucket's sample.
 TrendDue = tuple[Gpu, GpuRow, LifetimeRow, Sample]
+# A GPU whose bucket just closed, and the closed bucket's sample.
+FillingDue = tuple[Gpu, GpuRow, Sample]
 
 
 def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: ServerSettings) -> None:
@@ -47,9 +50,12 @@ def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: Server
     host.pid_namespace_isolated = snapshot.pid_namespace_isolated
     host.fake = snapshot.fake
 
-    gpu_rows = {
-        gpu.uuid: _upsert_gpu(state, gpu, settings=settings, at=at) for gpu in snapshot.gpus
-    }
+    filling_due: list[FillingDue] = []
+    gpu_rows: dict[str, GpuRow] = {}
+    for gpu in snapshot.gpus:
+        gpu_rows[gpu.uuid], closed = _upsert_gpu(state, gpu, settings=settings, at=at)
+        if closed is not None:
+            filling_due.append((gpu, gpu_rows[gpu.uuid], closed))
     reconciled = [
         gpu
         for gpu in snapshot.gpus
@@ -64,6 +70,8 @@ def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: Server
     for gpu in reconciled:
         trend_due += _reconcile_processes(state, gpu, gpu_rows[gpu.uuid], settings=settings, at=at)
     _check_trends(state, trend_due, settings=settings, at=at)
+    # After the trends: the culprit ranking reads the process windows they just extended.
+    _check_filling(state, filling_due, settings=settings, at=at)
 
 
 def _reconcile_processes(
@@ -97,7 +105,11 @@ def _reconcile_processes(
     return due
 
 
-def _upsert_gpu(state: HostState, gpu: Gpu, *, settings: ServerSettings, at: float) -> GpuRow:
+def _upsert_gpu(
+    state: HostState, gpu: Gpu, *, settings: ServerSettings, at: float
+) -> tuple[GpuRow, Sample | None]:
+    """Update (or insert) the GPU's row; return it and the sample of a bucket it closed."""
+    closed = None
     row = state.gpus.get(gpu.uuid)
     if row is None:
         row = state.add_gpu(
@@ -116,6 +128,8 @@ def _upsert_gpu(state: HostState, gpu: Gpu, *, settings: ServerSettings, at: flo
                 "bucket_start_at": None,
                 "bucket_used_bytes": None,
                 "bucket_unattributed_bytes": None,
+                "bucket_low_bytes": None,
+                "unattributed_since": None,
             }
         )
     row.gpu_index = gpu.index
@@ -132,19 +146,20 @@ def _upsert_gpu(state: HostState, gpu: Gpu, *, settings: ServerSettings, at: flo
         row.utilization_ratio = gpu.utilization_ratio
         bucket = _bucket(at, settings)
         if row.bucket_start_at is not None and bucket > row.bucket_start_at:
-            state.add_gpu_sample(row)
+            closed = state.add_gpu_sample(row)
             row.bucket_start_at = None
         if row.bucket_start_at is None:
             row.bucket_start_at = bucket
-            row.bucket_used_bytes = gpu.memory_used_bytes
+            row.bucket_used_bytes = row.bucket_low_bytes = gpu.memory_used_bytes
             row.bucket_unattributed_bytes = gpu.unattributed_bytes
         else:
             row.bucket_used_bytes = _max(row.bucket_used_bytes, gpu.memory_used_bytes)
+            row.bucket_low_bytes = _min(row.bucket_low_bytes, gpu.memory_used_bytes)
             row.bucket_unattributed_bytes = _max(
                 row.bucket_unattributed_bytes, gpu.unattributed_bytes
             )
     state.touch(row)
-    return row
+    return row, closed
 
 
 def _open_new_lifetimes(
@@ -278,6 +293,30 @@ def _check_trends(
             gpu=gpu,
             gpu_row=gpu_row,
             lifetime=lifetime,
+            settings=settings,
+            at=at,
+        )
+
+
+def _check_filling(
+    state: HostState, due: list[FillingDue], *, settings: ServerSettings, at: float
+) -> None:
+    """Append each closed GPU bucket to the GPU's window and run the filling-up check
+    over it and the windows of the GPU's open lifetimes (the culprit candidates)."""
+    if not due:
+        return
+    keep_after = at - findings.trend_window_seconds(settings) - 2 * settings.sample_interval_seconds
+    for gpu, gpu_row, sample in due:
+        blob = window.append(state.gpu_window(gpu_row.id), sample, keep_after=keep_after)
+        state.set_gpu_window(gpu_row.id, blob)
+        on_gpu = [lt for ident, lt in state.open.items() if ident[0] == gpu_row.id]
+        windows = state.windows(lt.id for lt in on_gpu)
+        findings.check_filling(
+            state.events,
+            recent=blob,
+            gpu=gpu,
+            gpu_row=gpu_row,
+            lifetimes=[(lt, windows[lt.id]) for lt in on_gpu],
             settings=settings,
             at=at,
         )

@@ -41,6 +41,7 @@ class KeptState:
     lifetimes: list[LifetimeRow]
     events: list[EventRow]
     windows: dict[int, bytes | None]
+    gpu_windows: dict[int, bytes | None]
 
     @classmethod
     def of(
@@ -50,6 +51,7 @@ class KeptState:
         lifetimes: list[LifetimeRow],
         events: list[EventRow],
         windows: dict[int, bytes | None],
+        gpu_windows: dict[int, bytes | None],
     ) -> KeptState:
         open_ids = {lifetime.id for lifetime in lifetimes}
         return cls(
@@ -59,6 +61,7 @@ class KeptState:
             events=events,
             # Windows of lifetimes that ended are never read again.
             windows={k: v for k, v in windows.items() if k in open_ids},
+            gpu_windows=dict(gpu_windows),
         )
 
 

@@ -5,14 +5,25 @@ Per snapshot, on every readable GPU whose processes are visible: ``detect_orphan
 ``detect_leak`` need a trend, so they run only when a process's downsampling bucket
 closes (once per ``sample_interval_seconds``), over its coarse samples of the last
 ``idle_window_seconds`` and ``leak_min_duration_seconds`` respectively (plus two
-intervals of slack), read from its packed recent window (processes/window.py).
+intervals of slack), read from its packed recent window (processes/window.py);
+``detect_filling`` likewise when a GPU's bucket closes, over the GPU's window and
+those of its processes.
+
+Precedence, per process (docs/detection.md): ``orphaned`` > ``runaway`` > ``idle``. At
+most one of the three is open for a lifetime at a time, so every byte it holds is
+counted once in fleet totals: a dead PID is orphaned, not also idle or runaway; an
+idle holder that grows or hogs a shared GPU is runaway. A verdict of higher rank
+closes the lower ones at once, not at the next bucket close.
 """
 
 from __future__ import annotations
 
-from gpuwatch.server.detectors import (
+from dataclasses import replace
+
+from gpuwatch.detectors import (
     Finding,
     Sample,
+    detect_filling,
     detect_idle,
     detect_leak,
     detect_orphan,
@@ -25,8 +36,11 @@ from gpuwatch.server.processes import window
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import Gpu, GpuProcess
 
-# Per-process detector slots; closing a lifetime clears all of them.
-PROCESS_SLOTS = ("orphan", "share", "idle", "leak")
+# Per-process slots, one per event kind (so one open event per process and kind);
+# closing a lifetime clears all of them. The runaway slot is fed by two rules: share,
+# checked every snapshot, and leak, checked when a bucket closes; an open leak stands
+# until a bucket close says otherwise.
+PROCESS_SLOTS = ("orphan", "runaway", "idle")
 
 
 def lifetime_key(slot: str, lifetime: LifetimeRow) -> str:
@@ -53,9 +67,16 @@ def check_process(
     at: float,
 ) -> None:
     """Run the per-snapshot process detectors and reconcile their events."""
-    _reconcile(book, "orphan", detect_orphan(process), gpu_row, lifetime, at)
-    share = detect_share(process, gpu, share_ratio=settings.runaway_share_ratio)
-    _reconcile(book, "share", share, gpu_row, lifetime, at)
+    orphan = detect_orphan(process)
+    _reconcile(book, "orphan", orphan, gpu_row, lifetime, at)
+    runaway = lifetime_key("runaway", lifetime)
+    if orphan is not None:
+        book.clear(runaway, at=at)
+    elif book.open_reason(runaway) != "leak":
+        share = detect_share(process, gpu, share_ratio=settings.runaway_share_ratio)
+        _reconcile(book, "runaway", share, gpu_row, lifetime, at)
+    if orphan is not None or book.is_open(runaway):
+        book.clear(lifetime_key("idle", lifetime), at=at)
 
 
 def check_trend(
@@ -80,12 +101,32 @@ def check_trend(
     # Consecutive coarse samples are one interval apart, or one push apart when the
     # agent reports less often; two of those without a sample is a gap in evidence.
     max_gap = 2 * max(interval, settings.agent_push_interval_seconds)
+    orphaned = book.is_open(lifetime_key("orphan", lifetime))
+    runaway = lifetime_key("runaway", lifetime)
+    leak = None
+    if not orphaned and _leak_possible(book, recent, newest, lifetime, settings=settings, at=at):
+        leak = detect_leak(
+            window.samples_since(recent, _leak_since(settings, at)),
+            now=at,
+            gpu_total_bytes=gpu.memory_total_bytes,
+            gpu_free_bytes=gpu.memory_free_bytes,
+            min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
+            min_duration_seconds=settings.leak_min_duration_seconds,
+        )
+    if leak is not None:
+        _reconcile(book, "runaway", leak, gpu_row, lifetime, at)
+    elif book.open_reason(runaway) == "leak":
+        # The leak ended; if the process also hogs a shared GPU, the next snapshot's
+        # share check opens that as a new runaway event.
+        book.clear(runaway, at=at)
     idle = None
     # An idle bucket needs every poll in it observed at zero SM, so a bucket run of
     # window length implies a poll-level run (idle_since) of at least window - interval;
     # and a holder seen busy at this very poll (idle_since None) is not called idle.
     if (
-        lifetime.idle_since is not None
+        not orphaned
+        and not book.is_open(runaway)
+        and lifetime.idle_since is not None
         and at - lifetime.idle_since > settings.idle_window_seconds - interval
     ):
         idle = detect_idle(
@@ -96,17 +137,6 @@ def check_trend(
             max_gap_seconds=max_gap,
         )
     _reconcile(book, "idle", idle, gpu_row, lifetime, at)
-    leak = None
-    if _leak_possible(book, recent, newest, lifetime, settings=settings, at=at):
-        leak = detect_leak(
-            window.samples_since(recent, _leak_since(settings, at)),
-            now=at,
-            gpu_total_bytes=gpu.memory_total_bytes,
-            gpu_free_bytes=gpu.memory_free_bytes,
-            min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
-            min_duration_seconds=settings.leak_min_duration_seconds,
-        )
-    _reconcile(book, "leak", leak, gpu_row, lifetime, at)
 
 
 def _leak_since(settings: ServerSettings, at: float) -> float:
@@ -124,7 +154,7 @@ def _leak_possible(
 ) -> bool:
     """False only when ``detect_leak`` is certain to find nothing (and no leak event is
     open that it would have to close)."""
-    if book.is_open(lifetime_key("leak", lifetime)):
+    if book.open_reason(lifetime_key("runaway", lifetime)) == "leak":
         return True
     # Samples exist only since the lifetime began: a younger one cannot span the window.
     if at - lifetime.first_seen_at + settings.sample_interval_seconds < (
@@ -140,11 +170,19 @@ def _leak_possible(
 def check_gpu(
     book: EventBook, *, gpu: Gpu, gpu_row: GpuRow, settings: ServerSettings, at: float
 ) -> None:
-    """GPU-level conditions: unattributed memory, and a GPU fallen off the bus."""
+    """GPU-level conditions: unattributed memory, and a GPU fallen off the bus.
+
+    Unattributed memory opens its event only when two consecutive snapshots show it:
+    the agent reads the process list and the GPU's memory in separate NVML calls, and a
+    large free between them makes one snapshot's difference a false alarm.
+    """
     finding = detect_unattributed(gpu, min_bytes=settings.unattributed_min_bytes)
     key = gpu_key("unattributed", gpu_row)
     if finding is None:
+        gpu_row.unattributed_since = None
         book.clear(key, at=at)
+    elif gpu_row.unattributed_since is None or gpu_row.unattributed_since >= at:
+        gpu_row.unattributed_since = at
     else:
         book.observe(key, _condition(finding, gpu_row), at=at)
     lost_key = gpu_key("gpu_lost", gpu_row)
@@ -172,6 +210,61 @@ def check_gpu(
             ),
             at=at,
         )
+
+
+def check_filling(
+    book: EventBook,
+    *,
+    recent: bytes,
+    gpu: Gpu,
+    gpu_row: GpuRow,
+    lifetimes: list[tuple[LifetimeRow, bytes | None]],
+    settings: ServerSettings,
+    at: float,
+) -> None:
+    """Run the filling-up detector on a GPU's recent window (its bucket just closed)
+    and reconcile its event; culprits are named from their lifetimes."""
+    finding = None
+    masked = gpu.lost or gpu.read_error is not None or bool(gpu.mig_instances)
+    if not masked and gpu.memory_total_bytes:
+        since = _leak_since(settings, at)
+        by_pid = {lt.pid: lt for lt, _ in lifetimes}
+        finding = detect_filling(
+            window.samples_since(recent, since),
+            now=at,
+            total_bytes=gpu.memory_total_bytes,
+            free_bytes=gpu.memory_free_bytes,
+            horizon_seconds=settings.filling_horizon_seconds,
+            min_duration_seconds=settings.leak_min_duration_seconds,
+            min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
+            processes={lt.pid: window.samples_since(blob, since) for lt, blob in lifetimes},
+        )
+        if finding is not None:
+            finding = _name_culprits(finding, by_pid)
+    key = gpu_key("filling_up", gpu_row)
+    if finding is None:
+        book.clear(key, at=at)
+    else:
+        book.observe(key, _condition(finding, gpu_row), at=at)
+
+
+def _name_culprits(finding: Finding, by_pid: dict[int, LifetimeRow]) -> Finding:
+    """The detector ranks culprits by pid; say whose they are (what alerts print)."""
+    culprits = []
+    for culprit in finding.evidence.get("culprits", []):  # type: ignore[attr-defined]
+        lifetime = by_pid.get(culprit["pid"])
+        if lifetime is not None:
+            culprit = {
+                **culprit,
+                "user": lifetime.user,
+                "command": lifetime.command or lifetime.name,
+                "memory_bytes": lifetime.current_bytes,
+                "container_id": lifetime.container_id,
+                "pod_uid": lifetime.pod_uid,
+                "slurm_job_id": lifetime.slurm_job_id,
+            }
+        culprits.append(culprit)
+    return replace(finding, evidence={**finding.evidence, "culprits": culprits})
 
 
 def clear_lifetime(book: EventBook, lifetime: LifetimeRow, *, at: float) -> None:

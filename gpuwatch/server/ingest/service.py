@@ -22,13 +22,14 @@ from sqlalchemy.sql.dml import ReturningInsert
 
 from gpuwatch.errors import GpuwatchError
 from gpuwatch.server.database.dialects import insert_ignoring_conflicts
+from gpuwatch.server.events.book import SILENT_KEY
 from gpuwatch.server.ingest.apply import apply_snapshot
 from gpuwatch.server.ingest.cache import HostStateCache, KeptState
 from gpuwatch.server.ingest.models import SnapshotSeen
-from gpuwatch.server.ingest.schemas import IngestRequest, ItemResult
 from gpuwatch.server.ingest.state import HostState
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.wire import IngestRequest, ItemResult
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def ingest_snapshots(
     state.host.last_received_at = now
     if request.spool_dropped_total is not None:
         state.host.spool_dropped_total = request.spool_dropped_total
-    state.events.clear("agent_silent", at=now)
+    state.events.clear(SILENT_KEY, at=now)
     state.flush()
     return IngestResult(results=results, opened=state.events.opened, kept=state.kept())
 

@@ -19,11 +19,11 @@ from typing import Any
 from sqlalchemy import Executable, Select, Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from gpuwatch.detectors import Sample
 from gpuwatch.server.database.bulk import BulkStatement
 from gpuwatch.server.database.dialects import insert_ignoring_conflicts, upsert
-from gpuwatch.server.detectors import Sample
 from gpuwatch.server.events.book import EventBook
-from gpuwatch.server.hosts.models import Gpu, GpuSample, Host
+from gpuwatch.server.hosts.models import Gpu, GpuSample, GpuWindow, Host
 from gpuwatch.server.ingest.cache import HostStateCache, KeptState
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
@@ -33,6 +33,7 @@ _LIFETIMES: Table = ProcessLifetime.__table__  # type: ignore[assignment]
 _PROCESS_SAMPLES: Table = ProcessSample.__table__  # type: ignore[assignment]
 _GPU_SAMPLES: Table = GpuSample.__table__  # type: ignore[assignment]
 _WINDOWS: Table = ProcessWindow.__table__  # type: ignore[assignment]
+_GPU_WINDOWS: Table = GpuWindow.__table__  # type: ignore[assignment]
 
 # Identity of a lifetime within its host: (gpu row id, pid, process start time).
 Identity = tuple[int, int, float | None]
@@ -72,6 +73,8 @@ class GpuRow:
     bucket_start_at: float | None
     bucket_used_bytes: int | None
     bucket_unattributed_bytes: int | None
+    bucket_low_bytes: int | None
+    unattributed_since: float | None
 
 
 @dataclass(eq=False)
@@ -141,6 +144,8 @@ class HostState:
         self._gpu_samples: list[tuple[Any, ...]] = []
         self._windows: dict[int, bytes | None] = {}
         self._dirty_windows: set[int] = set()
+        self._gpu_windows: dict[int, bytes | None] = {}
+        self._dirty_gpu_windows: set[int] = set()
 
     @classmethod
     def load(
@@ -171,6 +176,7 @@ class HostState:
                 events=EventBook(host_id, kept.events),
             )
             state._windows.update(kept.windows)
+            state._gpu_windows.update(kept.gpu_windows)
             return state
         gpus = [GpuRow(*row) for row in connection.execute(_gpus_query(), params).all()]
         lifetimes = [
@@ -195,6 +201,7 @@ class HostState:
             list(self.open.values()),
             self.events.open_rows(),
             self._windows,
+            self._gpu_windows,
         )
 
     def touch(self, row: GpuRow | LifetimeRow) -> None:
@@ -241,19 +248,22 @@ class HostState:
 
     def add_process_sample(self, lifetime: LifetimeRow) -> Sample:
         """Close the lifetime's current bucket into a sample row; return it as the
-        detectors see it (the bucket's floor, and its busiest poll)."""
+        detectors see it (the bucket's floor and peak, and its busiest poll)."""
         assert lifetime.bucket_start_at is not None
         sample = Sample(
             t=lifetime.bucket_start_at,
             used_bytes=lifetime.bucket_min_bytes,
             sm_ratio=lifetime.bucket_max_sm_ratio,
+            peak_bytes=lifetime.bucket_max_bytes,
         )
         self._process_samples.append(
-            (lifetime.id, sample.t, sample.used_bytes, lifetime.bucket_max_bytes, sample.sm_ratio)
+            (lifetime.id, sample.t, sample.used_bytes, sample.peak_bytes, sample.sm_ratio)
         )
         return sample
 
-    def add_gpu_sample(self, gpu: GpuRow) -> None:
+    def add_gpu_sample(self, gpu: GpuRow) -> Sample:
+        """Close the GPU's current bucket into a sample row; return it as the filling-up
+        detector sees it (the bucket's lowest and highest used memory)."""
         assert gpu.bucket_start_at is not None
         self._gpu_samples.append(
             (
@@ -264,6 +274,23 @@ class HostState:
                 gpu.bucket_unattributed_bytes,
             )
         )
+        return Sample(
+            t=gpu.bucket_start_at,
+            used_bytes=gpu.bucket_low_bytes,
+            sm_ratio=None,
+            peak_bytes=gpu.bucket_used_bytes,
+        )
+
+    def gpu_window(self, gpu_id: int) -> bytes | None:
+        """The packed recent window of one GPU (read at most once per request)."""
+        if gpu_id not in self._gpu_windows:
+            row = self.connection.execute(_gpu_window_query(), {"gpu_id": gpu_id}).first()
+            self._gpu_windows[gpu_id] = None if row is None else row[0]
+        return self._gpu_windows[gpu_id]
+
+    def set_gpu_window(self, gpu_id: int, blob: bytes) -> None:
+        self._gpu_windows[gpu_id] = blob
+        self._dirty_gpu_windows.add(gpu_id)
 
     def windows(self, lifetime_ids: Iterable[int]) -> dict[int, bytes | None]:
         """The packed recent windows of these lifetimes (read once per request)."""
@@ -299,6 +326,10 @@ class HostState:
             connection,
             [(lt_id, self._windows[lt_id]) for lt_id in self._dirty_windows],
         )
+        _UPSERT_GPU_WINDOWS[self.dialect].execute(
+            connection,
+            [(gpu_id, self._gpu_windows[gpu_id]) for gpu_id in self._dirty_gpu_windows],
+        )
         # A lifetime that closes and reopens within one interval closes the same
         # bucket twice; the first row stands.
         _INSERT_PROCESS_SAMPLES[self.dialect].execute(connection, self._process_samples)
@@ -326,6 +357,11 @@ def _windows_query() -> Select[Any]:
     return select(_WINDOWS.c.lifetime_id, _WINDOWS.c.recent_window).where(
         _WINDOWS.c.lifetime_id.in_(bindparam("ids", expanding=True))
     )
+
+
+@cache
+def _gpu_window_query() -> Select[Any]:
+    return select(_GPU_WINDOWS.c.recent_window).where(_GPU_WINDOWS.c.gpu_id == bindparam("gpu_id"))
 
 
 @cache
@@ -394,6 +430,13 @@ _UPSERT_WINDOWS = {
     dialect: BulkStatement(
         partial(upsert, _WINDOWS, dialect, key=["lifetime_id"], columns=["recent_window"]),
         ["lifetime_id", "recent_window"],
+    )
+    for dialect in ("sqlite", "postgresql")
+}
+_UPSERT_GPU_WINDOWS = {
+    dialect: BulkStatement(
+        partial(upsert, _GPU_WINDOWS, dialect, key=["gpu_id"], columns=["recent_window"]),
+        ["gpu_id", "recent_window"],
     )
     for dialect in ("sqlite", "postgresql")
 }

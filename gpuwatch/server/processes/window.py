@@ -5,8 +5,8 @@ lifetime instead of an hour of ``process_samples`` rows (reading those was most 
 cost of an ingest request). ``process_samples`` stays the history; this is a bounded
 copy of its newest part, rewritten when a bucket closes.
 
-Format: fixed-size little-endian records ``(t: f64, used_bytes: i64, sm_ratio: f32)``
-in increasing ``t``; ``used_bytes == -1`` and a NaN ``sm_ratio`` stand for None. Fixed
+Format: fixed-size little-endian records ``(t: f64, used_bytes: i64, peak_bytes: i64,
+sm_ratio: f32)`` in increasing ``t``; ``-1`` bytes and a NaN ``sm_ratio`` stand for None. Fixed
 size and order let :func:`append` trim and :func:`samples_since` slice by binary
 search on the bytes, without decoding what they skip.
 """
@@ -17,10 +17,10 @@ import math
 import struct
 from functools import lru_cache
 
-from gpuwatch.server.detectors import Sample
+from gpuwatch.detectors import Sample
 
-_RECORD = struct.Struct("<dqf")
-# Bound on one window whatever the settings: 1024 samples are 17 h at 60 s (20 KiB).
+_RECORD = struct.Struct("<dqqf")
+# Bound on one window whatever the settings: 1024 samples are 17 h at 60 s (28 KiB).
 MAX_SAMPLES = 1024
 
 
@@ -34,6 +34,7 @@ def append(blob: bytes | None, sample: Sample, *, keep_after: float) -> bytes:
     record = _RECORD.pack(
         sample.t,
         -1 if sample.used_bytes is None else sample.used_bytes,
+        -1 if sample.peak_bytes is None else sample.peak_bytes,
         math.nan if sample.sm_ratio is None else sample.sm_ratio,
     )
     return data[start * _RECORD.size : end * _RECORD.size] + record
@@ -43,13 +44,13 @@ def samples_since(blob: bytes | None, since: float) -> list[Sample]:
     """The samples with ``t >= since``, oldest first."""
     if not blob:
         return []
-    times, used, sm = _columns(blob, _first_at_or_after(blob, since))
-    if (used and min(used) < 0) or math.isnan(math.fsum(sm)):  # some value is None
+    times, used, peak, sm = _columns(blob, _first_at_or_after(blob, since))
+    if (used and min(min(used), min(peak)) < 0) or math.isnan(math.fsum(sm)):  # a None
         return [
-            Sample(t, None if u < 0 else u, None if math.isnan(r) else r)
-            for t, u, r in zip(times, used, sm, strict=True)
+            Sample(t, None if u < 0 else u, None if math.isnan(r) else r, None if p < 0 else p)
+            for t, u, p, r in zip(times, used, peak, sm, strict=True)
         ]
-    return list(map(Sample._make, zip(times, used, sm, strict=True)))
+    return list(map(Sample._make, zip(times, used, sm, peak, strict=True)))
 
 
 def floor_since(blob: bytes | None, since: float) -> int | None:
@@ -57,7 +58,7 @@ def floor_since(blob: bytes | None, since: float) -> int | None:
     into :class:`Sample`; a cheap pre-check for the leak detector)."""
     if not blob:
         return None
-    _, used, _ = _columns(blob, _first_at_or_after(blob, since))
+    _, used, _, _ = _columns(blob, _first_at_or_after(blob, since))
     lowest = min(used, default=None)
     if lowest is None or lowest >= 0:
         return lowest
@@ -66,20 +67,21 @@ def floor_since(blob: bytes | None, since: float) -> int | None:
 
 def _columns(
     blob: bytes, start: int
-) -> tuple[tuple[float, ...], tuple[int, ...], tuple[float, ...]]:
-    """Times, memory and SM ratios of the records from index ``start``, as stored.
+) -> tuple[tuple[float, ...], tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
+    """Times, lowest and highest memory, and SM ratios of the records from index
+    ``start``, as stored.
 
-    One ``unpack`` of all the records and three slices: a third of the cost of
+    One ``unpack`` of all the records and four slices: a third of the cost of
     iterating record by record, and trend checks decode a window on most snapshots.
     """
     count = len(blob) // _RECORD.size - start
     flat = _records(count).unpack_from(blob, start * _RECORD.size)
-    return flat[0::3], flat[1::3], flat[2::3]
+    return flat[0::4], flat[1::4], flat[2::4], flat[3::4]
 
 
 @lru_cache(maxsize=MAX_SAMPLES + 1)  # counts are bounded by MAX_SAMPLES
 def _records(count: int) -> struct.Struct:
-    return struct.Struct("<" + "dqf" * count)
+    return struct.Struct("<" + "dqqf" * count)
 
 
 def _first_at_or_after(data: bytes, t: float) -> int:

@@ -1,4 +1,6 @@
-"""Metric declarations shared by the collectors and the generated metrics reference."""
+"""Metric declarations: one spec per family, shared by the agent's collectors, the
+server's metrics and the generated reference (a neutral module, so neither imports the
+other)."""
 
 from __future__ import annotations
 

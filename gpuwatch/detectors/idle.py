@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuwatch.server.detectors._format import format_bytes, format_seconds
-from gpuwatch.server.detectors.types import Finding, Sample
+from gpuwatch.detectors._format import format_bytes, format_seconds
+from gpuwatch.detectors.types import Finding, Sample
 
 
 def detect_idle(

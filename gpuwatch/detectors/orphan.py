@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuwatch.server.detectors._format import format_bytes
-from gpuwatch.server.detectors.types import Finding, FindingReason
+from gpuwatch.detectors._format import format_bytes
+from gpuwatch.detectors.types import Finding, FindingReason
 from gpuwatch.snapshot import GpuProcess
 
 _SUMMARIES: dict[FindingReason, str] = {

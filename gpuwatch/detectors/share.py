@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuwatch.server.detectors._format import format_bytes
-from gpuwatch.server.detectors.types import Finding
+from gpuwatch.detectors._format import format_bytes
+from gpuwatch.detectors.types import Finding
 from gpuwatch.snapshot import Gpu, GpuProcess
 
 

@@ -1,0 +1,122 @@
+"""Filling up: a GPU whose used memory keeps rising and will reach its total soon.
+
+A leak is about one holder; a GPU fills up from the sum of all of them (several jobs
+each growing a little, a new process arriving while others grow). The evidence is the
+same as for a leak (:mod:`gpuwatch.detectors.growth`), on the GPU's own bucket samples,
+so memory that breathes, a GPU that is full but flat, and one job loading a second
+model are not filling up. On top of that, the line must reach the GPU's total within a
+horizon. The processes that grew are named, largest contribution first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpuwatch.detectors._format import format_bytes, format_seconds
+from gpuwatch.detectors.growth import Growth, floor_slope, growth_of, points
+from gpuwatch.detectors.types import Finding, Sample
+
+
+def detect_filling(
+    samples: Sequence[Sample],
+    *,
+    now: float,
+    total_bytes: int | None,
+    free_bytes: int | None,
+    horizon_seconds: float,
+    min_slope_bytes_per_second: float,
+    min_duration_seconds: float,
+    processes: Mapping[int, Sequence[Sample]],
+) -> Finding | None:
+    """Return a ``filling_up`` finding if the GPU's used memory grows and, at that rate,
+    the GPU is full within ``horizon_seconds``.
+
+    ``samples`` are the GPU's bucket samples of used memory (``used_bytes`` the lowest of
+    the bucket, ``peak_bytes`` the highest; bytes, epoch s), judged as by
+    :func:`~gpuwatch.detectors.detect_leak` with the same ``min_slope_bytes_per_second``
+    and ``min_duration_seconds``. ``free_bytes`` (the GPU's, now) over the slope is the
+    time to full; when it is unknown, ``total_bytes`` minus the newest floor is used. A
+    GPU whose total and free are both unknown cannot be judged.
+
+    ``processes`` maps each PID on the GPU to its own bucket samples; the evidence's
+    ``culprits`` lists those whose floor rose across the GPU's window, as
+    ``{"pid", "slope_bytes_per_second", "growth_bytes", "growth_share"}`` ranked by
+    ``growth_bytes`` (largest first). ``growth_bytes`` is the process's lowest memory in
+    the GPU's current span minus its lowest in the reference span (0 where it was not
+    there yet); ``growth_share`` is its part of the culprits' total growth (0..1);
+    the slope is the Theil–Sen slope of its floors over the GPU's window.
+
+    Evidence: the growth numbers (``slope_bytes_per_second``, ``confidence``, ...),
+    ``time_to_full_seconds``, ``horizon_seconds``, ``full_basis`` (``free`` or
+    ``total``), ``gpu_free_bytes``, ``gpu_total_bytes`` and ``culprits``.
+    """
+    growth = growth_of(samples, now=now, min_duration_seconds=min_duration_seconds)
+    if growth is None or growth.failed_check(min_slope_bytes_per_second) is not None:
+        return None
+    if free_bytes is not None:
+        basis, room = "free", free_bytes
+    elif total_bytes is not None:
+        basis, room = "total", max(total_bytes - growth.newest_bytes, 0)
+    else:
+        return None
+    time_to_full = room / growth.slope
+    if time_to_full > horizon_seconds:
+        return None
+    culprits = _culprits(growth, processes, now=now)
+    summary = (
+        f"GPU memory grew {growth.slope * 60 / 2**20:.1f} MiB/min for "
+        f"{format_seconds(growth.window_seconds)}; it is full in "
+        f"{'at most ' if basis == 'total' else ''}{format_seconds(time_to_full)} at this rate"
+    )
+    if culprits:
+        pid, _, gained = culprits[0]
+        summary += f" (most from process {pid}, +{format_bytes(gained)})"
+    return Finding(
+        kind="filling_up",
+        reason="filling_up",
+        summary=summary,
+        held_bytes=None if total_bytes is None else total_bytes - room,
+        evidence={
+            **growth.evidence(),
+            "time_to_full_seconds": time_to_full,
+            "horizon_seconds": horizon_seconds,
+            "full_basis": basis,
+            "gpu_free_bytes": free_bytes,
+            "gpu_total_bytes": total_bytes,
+            "culprits": _ranked(culprits),
+        },
+    )
+
+
+def _culprits(
+    growth: Growth, processes: Mapping[int, Sequence[Sample]], *, now: float
+) -> list[tuple[int, float, int]]:
+    """``(pid, slope, growth)`` of the processes whose floor rose from the GPU's reference
+    span to its current one, largest growth first."""
+    current_from = growth.window_end - growth.current_seconds
+    grown: list[tuple[int, float, int]] = []
+    for pid, samples in processes.items():
+        pts = [p for p in points(samples, now=now) if p[0] >= growth.window_start]
+        current = [f for t, f, _ in pts if t >= current_from]
+        if not current:
+            continue  # gone by now: it cannot be making the GPU fuller
+        reference = [f for t, f, _ in pts if t <= growth.reference_end]
+        # Not there during the reference span: it held nothing then.
+        gained = min(current) - (min(reference) if reference else 0)
+        if gained > 0:
+            grown.append((pid, floor_slope(pts), gained))
+    grown.sort(key=lambda c: (-c[2], c[0]))
+    return grown
+
+
+def _ranked(grown: list[tuple[int, float, int]]) -> list[dict[str, object]]:
+    total = sum(g for _, _, g in grown)
+    return [
+        {
+            "pid": pid,
+            "slope_bytes_per_second": slope,
+            "growth_bytes": gained,
+            "growth_share": gained / total,
+        }
+        for pid, slope, gained in grown
+    ]

@@ -1,0 +1,352 @@
+"""Is memory growing, or only moving? The evidence behind the leak and filling-up verdicts.
+
+Memory that breathes (training steps, evaluation phases, the caching allocator) can look
+like growth on any short stretch, and sampling makes it worse: polls that are nearly in
+step with a period walk slowly along the waveform, so per-bucket floors creep upward for
+hours (a 60 s saw-tooth pushed every 15.002 s). What sampling cannot do is leave the
+signal's envelope: every poll of a periodic signal lies in ``[lowest, highest]``. So
+growth is shown here only as **the current floor standing above the peaks seen
+earlier**, with the spans arranged so that no periodic signal can pass:
+
+* C, the *current* span, is the newest ``c`` seconds of the window; its floor is the
+  lowest bucket floor (``used_bytes``) in it.
+* E, the *reference* span, runs from the window's start to ``2c`` before its end; its
+  peak is the highest bucket peak (``peak_bytes``) in it.
+* If the memory repeated with a period ``P <= c``, C holds a whole period and its floor
+  is the signal's lowest value, which no peak is below. If ``c < P <= window``, every
+  time ``u`` in C has ``u - P`` inside E, where the memory was the same: the floor of C
+  is at most that value, hence at most E's peak. Either way ``floor(C) <= peak(E)``.
+  So ``clearance = floor(C) - peak(E) > 0`` proves the window holds no signal that
+  repeats within the window's length, at any phase, duty or waveform, provided the
+  polls resolve it (a bucket spans at least two polls). A period shorter than twice the
+  poll interval is seen as its alias, ``1 / |1/P - k/interval|``, which drift can make
+  arbitrarily slow, and jitter that accumulates from poll to poll turns into a random
+  walk along the waveform: the guarantee holds for the alias's period, with jitter
+  around a schedule (docs/detection.md measures both cases outside it).
+
+Every split ``c`` (up to half the window) is a proof of its own; the one with the most
+clearance is reported. Clearance alone would also pass a single step (a second model
+loaded), a ramp that has since levelled off, or noise; so the floors of :data:`SPANS`
+equal spans of the window must also follow a rising line (Theil–Sen slope and its
+``r²``: a single step explains at most 75% of the variance, so ``r²`` of at least
+:data:`R_SQUARED_MIN` needs two steps or more), move upward far more than downward
+(:data:`MONOTONIC_MIN`), and rise at least at the caller's minimum slope. A verdict is
+given only when every one of these numbers says so; all are in the evidence, with
+their thresholds.
+
+Cost: O(n log n) to order the newest :data:`MAX_SAMPLES` samples (O(n) when already in
+order), O(n) for the clearance and the span floors, and a constant for the fit over at
+most :data:`SPANS` points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from gpuwatch.detectors.types import Sample
+
+# Newest samples considered: far longer than any window the server asks about (17 h
+# of 60 s buckets is its own cap), and it bounds the work on a hostile history.
+MAX_SAMPLES = 10_000
+# Fewer samples than this cannot show a trend worth naming.
+MIN_SAMPLES = 8
+# Spans for the fit: 16 spans of a 30 min window are ~2 min, so each span floor is
+# the quiet moment of any cycle up to that long, and the line has 16 points at most.
+SPANS = 16
+# A single step fitted by a line leaves r² <= 0.75 (3a(1-a) for a step at fraction a);
+# two steps or more, or steady growth, reach 0.8.
+R_SQUARED_MIN = 0.8
+# Upward share of the span floors' movement in bytes: 0.5 is a random walk, 1 a ramp.
+MONOTONIC_MIN = 0.8
+# Below this, "above the earlier peaks" is NVML's rounding, not evidence.
+CLEARANCE_MIN_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """What :func:`measure_growth` found in one window. Times are epoch seconds, sizes
+    bytes, ``slope`` bytes per second."""
+
+    window_start: float
+    window_end: float
+    samples: int
+    newest_bytes: int
+    slope: float
+    r_squared: float
+    monotonic_fraction: float
+    current_floor_bytes: int
+    current_seconds: float
+    reference_peak_bytes: int
+    reference_floor_bytes: int
+    reference_end: float
+
+    @property
+    def window_seconds(self) -> float:
+        return self.window_end - self.window_start
+
+    @property
+    def clearance_bytes(self) -> int:
+        """How far the current floor stands above the reference span's highest peak."""
+        return self.current_floor_bytes - self.reference_peak_bytes
+
+    @property
+    def net_growth_bytes(self) -> int:
+        """How far the floor rose from the reference span to the current one."""
+        return self.current_floor_bytes - self.reference_floor_bytes
+
+    @property
+    def envelope_bytes(self) -> int:
+        """The reference span's spread, highest peak minus lowest floor."""
+        return self.reference_peak_bytes - self.reference_floor_bytes
+
+    @property
+    def separation(self) -> float:
+        """Clearance over net growth: the share of the rise that lies beyond the envelope."""
+        net = self.net_growth_bytes
+        return self.clearance_bytes / net if net > 0 else 0.0
+
+    def failed_check(self, min_slope_bytes_per_second: float) -> str | None:
+        """The first piece of evidence that speaks against growth, or None if none does."""
+        if self.clearance_bytes <= CLEARANCE_MIN_BYTES:
+            return "clearance"
+        if self.slope <= 0 or self.slope < min_slope_bytes_per_second:
+            return "slope"
+        if self.r_squared < R_SQUARED_MIN:
+            return "r_squared"
+        if self.monotonic_fraction < MONOTONIC_MIN:
+            return "monotonic_fraction"
+        return None
+
+    @property
+    def confidence(self) -> float:
+        """The weakest of three scores, each 0 at its threshold and 1 when perfect (0..1):
+        the fit, ``(r² - R_SQUARED_MIN) / (1 - R_SQUARED_MIN)``; the order, likewise for
+        the monotonic fraction; and the separation, the share of the floor's rise that
+        lies beyond the reference envelope (clearance / net growth)."""
+        scores = (
+            (self.r_squared - R_SQUARED_MIN) / (1 - R_SQUARED_MIN),
+            (self.monotonic_fraction - MONOTONIC_MIN) / (1 - MONOTONIC_MIN),
+            self.separation,
+        )
+        return min(1.0, max(0.0, min(scores)))
+
+    def evidence(self) -> dict[str, object]:
+        """The numbers behind a verdict, with the thresholds each had to pass."""
+        return {
+            "slope_bytes_per_second": self.slope,
+            "slope_mib_per_minute": self.slope * 60 / 2**20,
+            "confidence": self.confidence,
+            "r_squared": self.r_squared,
+            "r_squared_min": R_SQUARED_MIN,
+            "monotonic_fraction": self.monotonic_fraction,
+            "monotonic_fraction_min": MONOTONIC_MIN,
+            "current_floor_bytes": self.current_floor_bytes,
+            "current_seconds": self.current_seconds,
+            "reference_peak_bytes": self.reference_peak_bytes,
+            "reference_end": self.reference_end,
+            "clearance_bytes": self.clearance_bytes,
+            "clearance_min_bytes": CLEARANCE_MIN_BYTES,
+            "net_growth_bytes": self.net_growth_bytes,
+            "envelope_bytes": self.envelope_bytes,
+            "separation": self.separation,
+            "period_bound_seconds": self.window_seconds,
+            "window_start": self.window_start,
+            "window_end": self.window_end,
+            "window_seconds": self.window_seconds,
+            "samples": self.samples,
+        }
+
+
+# (t, floor, peak): one known sample, peak never below floor.
+_Point = tuple[float, int, int]
+
+
+def growth_of(
+    samples: Sequence[Sample], *, now: float, min_duration_seconds: float
+) -> Growth | None:
+    """:func:`measure_growth` of the known ``samples`` up to ``now`` (epoch s); None when
+    the window is too short, or cannot show the floor above an earlier peak."""
+    # Most windows (flat or breathing memory) fail here, in one pass with no allocation.
+    if len(samples) <= MAX_SAMPLES and not _newest_floor_clears_oldest_peak(samples, now):
+        return None
+    return measure_growth(points(samples, now=now), min_duration_seconds=min_duration_seconds)
+
+
+def _newest_floor_clears_oldest_peak(samples: Sequence[Sample], now: float) -> bool:
+    """A necessary condition for any clearance: every split's floor(C) is at most the
+    newest floor and its peak(E) at least the oldest peak (ties: the most favourable)."""
+    first_t = last_t = -math.inf
+    first_peak = last_floor = 0
+    seen = False
+    for s in samples:
+        used, t = s.used_bytes, s.t
+        if used is None or t > now:
+            continue
+        peak = used if s.peak_bytes is None or s.peak_bytes < used else s.peak_bytes
+        if not seen or t < first_t or (t == first_t and peak < first_peak):
+            first_t, first_peak = t, peak
+        if not seen or t > last_t or (t == last_t and used > last_floor):
+            last_t, last_floor = t, used
+        seen = True
+    return seen and last_floor - first_peak > CLEARANCE_MIN_BYTES
+
+
+def points(samples: Sequence[Sample], *, now: float) -> list[_Point]:
+    """Known samples up to ``now`` as ``(t, floor, peak)``, oldest first, newest
+    :data:`MAX_SAMPLES` only. ``peak_bytes`` of ``None`` is the floor itself."""
+    known = sorted(
+        (
+            s.t,
+            s.used_bytes,
+            s.used_bytes if s.peak_bytes is None else max(s.peak_bytes, s.used_bytes),
+        )
+        for s in samples
+        if s.used_bytes is not None and s.t <= now
+    )
+    return known[-MAX_SAMPLES:]
+
+
+def measure_growth(pts: list[_Point], *, min_duration_seconds: float) -> Growth | None:
+    """The growth evidence of a window of ``pts`` (from :func:`points`), or None when
+    the window is too short to judge or its floor never rose above an earlier peak
+    (the cheap test that rules out most windows, so it runs first)."""
+    if len(pts) < MIN_SAMPLES:
+        return None
+    start, end = pts[0][0], pts[-1][0]
+    if end - start <= 0 or end - start < min_duration_seconds:
+        return None
+    split = _best_split(pts)
+    if split is None or split[0] - split[1] <= CLEARANCE_MIN_BYTES:
+        return None
+    spans = _span_floors(pts)
+    if not _quarters_covered(spans):
+        return None
+    floors = [f for f in spans if f is not None]
+    slope = _theil_sen_slope(floors)
+    current_floor, reference_peak, reference_floor, current_seconds, reference_end = split
+    return Growth(
+        window_start=start,
+        window_end=end,
+        samples=len(pts),
+        newest_bytes=pts[-1][1],
+        slope=slope,
+        r_squared=_r_squared(floors, slope),
+        monotonic_fraction=_upward_share(floors),
+        current_floor_bytes=current_floor,
+        current_seconds=current_seconds,
+        reference_peak_bytes=reference_peak,
+        reference_floor_bytes=reference_floor,
+        reference_end=reference_end,
+    )
+
+
+def _best_split(pts: list[_Point]) -> tuple[int, int, int, float, float] | None:
+    """The split with the most clearance: ``(floor(C), peak(E), floor(E), c, end of E)``.
+
+    C is the samples from index k on, c = end - t_k; E the samples at or before
+    ``end - 2c``. Only splits with c at least twice the widest gap between samples
+    count: a gap could otherwise hide the peak that u - P lands on.
+    """
+    n = len(pts)
+    end = pts[-1][0]
+    widest_gap = max(b[0] - a[0] for a, b in pairwise(pts))
+    peak_so_far, floor_so_far = [], []
+    peak, floor = pts[0][2], pts[0][1]
+    for _, f, p in pts:
+        peak, floor = max(peak, p), min(floor, f)
+        peak_so_far.append(peak)
+        floor_so_far.append(floor)
+    best: tuple[int, int, int, float, float] | None = None
+    current_floor = pts[-1][1]
+    e = n - 1
+    for k in range(n - 1, 0, -1):
+        t_k, f_k, _ = pts[k]
+        current_floor = min(current_floor, f_k)
+        c = end - t_k
+        while e >= 0 and (e >= k or pts[e][0] > end - 2 * c):
+            e -= 1
+        if e < 0:
+            break
+        if c < 2 * widest_gap:
+            continue
+        if best is None or current_floor - peak_so_far[e] > best[0] - best[1]:
+            best = (current_floor, peak_so_far[e], floor_so_far[e], c, pts[e][0])
+    return best
+
+
+def floor_slope(pts: list[_Point]) -> float:
+    """Theil–Sen slope (bytes/s) of the span floors of ``pts``, however sparse; 0.0 for
+    fewer than two distinct times."""
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return 0.0
+    return _theil_sen_slope([f for f in _span_floors(pts) if f is not None])
+
+
+def _quarters_covered(floors: list[tuple[float, int] | None]) -> bool:
+    quarter = SPANS // 4
+    return all(
+        any(f is not None for f in floors[q : q + quarter]) for q in range(0, SPANS, quarter)
+    )
+
+
+def _span_floors(pts: list[_Point]) -> list[tuple[float, int] | None]:
+    """The lowest floor of each of :data:`SPANS` equal time spans, as ``(t, bytes)``
+    (None for a span without samples)."""
+    start, end = pts[0][0], pts[-1][0]
+    width = (end - start) / SPANS
+    floors: list[tuple[float, int] | None] = [None] * SPANS
+    for t, f, _ in pts:
+        i = min(int((t - start) / width), SPANS - 1)
+        current = floors[i]
+        # Strictly lower only: on a tie the earliest sample stays, so input order is moot.
+        if current is None or f < current[1]:
+            floors[i] = (t, f)
+    return floors
+
+
+def _median(values: list[float]) -> float:
+    values.sort()
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _theil_sen_slope(floors: list[tuple[float, int]]) -> float:
+    """Median of the pairwise slopes (bytes/s): robust to a span that dipped or spiked."""
+    slopes = [
+        (b[1] - a[1]) / (b[0] - a[0])
+        for i, a in enumerate(floors)
+        for b in floors[i + 1 :]
+        if b[0] > a[0]
+    ]
+    return _median(slopes) if slopes else 0.0
+
+
+def _r_squared(floors: list[tuple[float, int]], slope: float) -> float:
+    """Share of the floors' variance the Theil–Sen line explains (1.0 for a perfect line;
+    at most the least-squares r², so a single step stays at or below 0.75).
+
+    Values are taken relative to the first floor so that a constant offset in bytes
+    changes nothing, not even rounding.
+    """
+    base_t, base_v = floors[0]
+    xs = [t - base_t for t, _ in floors]
+    ys = [float(v - base_v) for _, v in floors]
+    intercept = _median([y - slope * x for x, y in zip(xs, ys, strict=True)])
+    mean_y = sum(ys) / len(ys)
+    total = sum((y - mean_y) ** 2 for y in ys)
+    residual = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    return 1.0 - residual / total if total > 0 else 0.0
+
+
+def _upward_share(floors: list[tuple[float, int]]) -> float:
+    """Upward share of the span floors' total movement (bytes up / bytes moved), 0..1."""
+    up = down = 0
+    for (_, a), (_, b) in pairwise(floors):
+        if b > a:
+            up += b - a
+        else:
+            down += a - b
+    return up / (up + down) if up + down else 0.0
