@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic.fields import FieldInfo
 
@@ -98,7 +99,61 @@ def configuration_markdown() -> str:
                 f"| `{name}` | `{prefix}{name.upper()}` | {annotation} | {_default(field)} | "
                 f"{field.description or ''} |\n"
             )
+    out.extend(_alert_tables())
     return "".join(out)
+
+
+def _alert_tables() -> list[str]:
+    """The tables inside ``[server]``: receivers, alerts, routes and each shipped rule."""
+    from gpuwatch.server.alerts.config import AlertSettings, Route, Rules
+    from gpuwatch.server.notifications.config import ReceiverConfig
+
+    out = [
+        "\n## Alerts and receivers\n\nTables inside `[server]` of the config file only "
+        "(no environment variables). Durations are written `30s`, `5m`, `4h`, `1d` or "
+        "seconds; sizes `512MiB`, `1GiB` or bytes. Unknown keys are refused at start. "
+        "What the rules mean: [alerts.md](alerts.md).\n"
+    ]
+    for title, model in (
+        ("[[server.receivers]]", ReceiverConfig),
+        ("[server.alerts]", AlertSettings),
+        ("[[server.alerts.routes]]", Route),
+    ):
+        doc = " ".join((model.__doc__ or "").split())
+        out.append(f"\n### `{title}`\n\n{doc}\n\n")
+        out.extend(_model_rows(model, model.model_validate({}) if model is AlertSettings else None))
+    defaults = Rules.model_validate({})
+    for name in Rules.model_fields:
+        rule = getattr(defaults, name)
+        doc = " ".join((type(rule).__doc__ or "").split())
+        out.append(f"\n### `[server.alerts.rules.{name}]`\n\n{doc}\n\n")
+        out.extend(_model_rows(type(rule), rule))
+    return out
+
+
+def _model_rows(model: type[Any], instance: Any | None) -> list[str]:
+    rows = ["| Key | Type | Default | Description |\n|---|---|---|---|\n"]
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        annotation = getattr(field.annotation, "__name__", None) or str(field.annotation)
+        annotation = annotation.replace("typing.", "").replace("pydantic.types.", "")
+        annotation = annotation.replace(" | ", " or ").replace("|", " or ")
+        if name.endswith("_seconds") and annotation == "float":
+            annotation = "duration"
+        elif name.endswith("_bytes") and annotation == "int":
+            annotation = "size"
+        if name == "rules" and instance is not None:
+            default = "the shipped rules, below"
+        elif instance is not None:
+            default = f"`{getattr(instance, name)}`"
+        elif field.is_required():
+            default = "required"
+        elif field.default_factory is not None:
+            default = "empty"
+        else:
+            default = _default(field)
+        rows.append(f"| `{key}` | {annotation} | {default} | {field.description or ''} |\n")
+    return rows
 
 
 def exit_codes_markdown() -> str:

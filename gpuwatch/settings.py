@@ -19,10 +19,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpuwatch.errors import ConfigError
+from gpuwatch.server.alerts.config import AlertSettings
+from gpuwatch.server.notifications.config import ReceiverList
 
 DEFAULT_CONFIG_FILE = Path("/etc/gpuwatch/gpuwatch.toml")
 
@@ -159,7 +161,11 @@ class ServerSettings(_Base):
     """Settings of ``gpuwatch server`` and the commands that talk to its database."""
 
     section: ClassVar[str] = "server"
-    model_config = SettingsConfigDict(env_prefix="GPUWATCH_SERVER_", extra="forbid")
+    # hide_input_in_errors: receivers' URLs and secrets are credentials; a validation
+    # error must not quote them.
+    model_config = SettingsConfigDict(
+        env_prefix="GPUWATCH_SERVER_", extra="forbid", hide_input_in_errors=True
+    )
 
     listen: str = Field(
         "127.0.0.1:9403", description="HOST:PORT the API and web dashboard listen on."
@@ -236,11 +242,32 @@ class ServerSettings(_Base):
         description="GPU memory no listed process accounts for is reported above this.",
     )
 
+    receivers: ReceiverList = Field(
+        default_factory=list,
+        description="Where alert notifications go: [[server.receivers]] tables (docs/alerts.md).",
+    )
+    alerts: AlertSettings = Field(
+        default_factory=lambda: AlertSettings.model_validate({}),
+        description="[server.alerts]: rules, thresholds, grouping, routes (docs/alerts.md).",
+    )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for changes through the API (silences, receiver tests). Unset: they need the read token, like reads.",
+    )
+
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
         parse_host_port(value)
         return value
+
+    @model_validator(mode="after")
+    def _routes_name_receivers(self) -> ServerSettings:
+        names = {receiver.name for receiver in self.receivers}
+        unknown = sorted({r.receiver for r in self.alerts.routes} - names)
+        if unknown:
+            raise ValueError(f"alerts.routes: unknown receiver(s) {', '.join(unknown)}")
+        return self
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'gpuwatch.db'}"

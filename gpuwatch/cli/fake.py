@@ -114,9 +114,9 @@ def register(app: typer.Typer) -> None:
         from gpuwatch.nvml.fake.injection import injection_environment
         from gpuwatch.nvml.fake.library import is_implemented
         from gpuwatch.nvml.fake.lifecycle import ensure_running
-        from gpuwatch.nvml.fake.quantities import parse_seconds
         from gpuwatch.nvml.fake.runtime_state import prepare_runtime_dir
         from gpuwatch.nvml.fake.scenario_file import load_scenario
+        from gpuwatch.quantities import parse_seconds
 
         if at is not None:
             try:

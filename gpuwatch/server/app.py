@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -17,6 +18,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuwatch import __version__
 from gpuwatch.errors import DatabaseError
+from gpuwatch.server.alerts.engine import AlertEngine
+from gpuwatch.server.alerts.views import router as alerts_router
 from gpuwatch.server.database.core import Database, database_for, describe, is_unavailable
 from gpuwatch.server.deps import Context, ServerContext, require_reader
 from gpuwatch.server.events.views import router as events_router
@@ -26,6 +29,7 @@ from gpuwatch.server.ingest.cache import HostStateCache
 from gpuwatch.server.ingest.views import openapi_schemas as ingest_openapi_schemas
 from gpuwatch.server.ingest.views import router as ingest_router
 from gpuwatch.server.metrics import IngestStatusMiddleware, ServerStats, build_registry
+from gpuwatch.server.notifications.receivers.base import build_receiver
 from gpuwatch.server.pagination import InvalidCursor
 from gpuwatch.server.processes.views import router as processes_router
 from gpuwatch.server.scheduler import start_scheduler
@@ -44,24 +48,39 @@ def create_app(
     *,
     clock: Callable[[], float] = time.time,
     engine: Engine | None = None,
+    http_transport: httpx.BaseTransport | None = None,
 ) -> FastAPI:
     """Build the API for ``settings``.
 
     ``clock`` (epoch seconds) is the server's notion of now, injected for tests.
     ``engine`` replaces the one built from ``settings.resolved_database_url()``; the
-    app disposes only an engine it built. The schema must already be migrated
+    app disposes only an engine it built. ``http_transport`` replaces the network
+    under the receivers' HTTP client. The schema must already be migrated
     (``gpuwatch server`` does that before serving). The scheduler starts with the app
     when ``settings.scheduler`` is true.
     """
     owned = engine is None
     database = database_for(settings) if engine is None else Database.from_engine(engine)
     stats = ServerStats()
+    # One client for every receiver: its connection pool is shared, and it is closed
+    # with the app. Timeouts are per receiver (set on each request).
+    http = httpx.Client(transport=http_transport, follow_redirects=False)
+    alerts = AlertEngine(
+        receivers={
+            config.name: build_receiver(config, client=http, clock=clock)
+            for config in settings.receivers
+        },
+        clock=clock,
+        on_outcome=lambda receiver, outcome: stats.count(stats.notifications, (receiver, outcome)),
+    )
+    stats.expect_receivers(alerts.receivers)
     context = ServerContext(
         settings=settings,
         database=database,
         clock=clock,
         stats=stats,
         host_states=HostStateCache(settings.state_cache_hosts),
+        alerts=alerts,
     )
 
     @asynccontextmanager
@@ -69,13 +88,14 @@ def create_app(
         scheduler = None
         if settings.scheduler:
             scheduler = start_scheduler(
-                database=database, settings=settings, clock=clock, stats=stats
+                database=database, settings=settings, clock=clock, stats=stats, engine=alerts
             )
         try:
             yield
         finally:
             if scheduler is not None:
                 scheduler.shutdown(wait=True)
+            http.close()
             if owned:
                 database.dispose()
 
@@ -92,7 +112,14 @@ def create_app(
     app.state.gpuwatch = context
     app.add_middleware(IngestStatusMiddleware, stats=stats)
     _add_error_handlers(app)
-    for router in (ingest_router, events_router, hosts_router, processes_router, fleet_router):
+    for router in (
+        ingest_router,
+        events_router,
+        hosts_router,
+        processes_router,
+        fleet_router,
+        alerts_router,
+    ):
         app.include_router(router)
     app.include_router(_operations_router(context))
     _document_raw_bodies(app)

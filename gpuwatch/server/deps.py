@@ -19,6 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from gpuwatch.server.alerts.engine import AlertEngine
 from gpuwatch.server.auth.cache import VerifiedTokens
 from gpuwatch.server.auth.service import (
     AgentIdentity,
@@ -46,6 +47,7 @@ class ServerContext:
     stats: ServerStats
     tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
     host_states: HostStateCache = field(default_factory=lambda: HostStateCache(0))
+    alerts: AlertEngine | None = None
 
 
 async def get_context(request: Request) -> ServerContext:
@@ -212,9 +214,30 @@ def require_reader(
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail="wrong read token")
 
 
+def require_admin(
+    request: Request,
+    context: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_read_bearer)],
+) -> None:
+    """Changes through the API (silences, receiver tests) need ``admin_token`` when it
+    is set; without one they need what reads need."""
+    expected = context.settings.admin_token
+    if expected is None:
+        require_reader(request, context, credentials)
+        return
+    if credentials is None:
+        raise _unauthorized("admin token")
+    if not hmac.compare_digest(
+        credentials.credentials.encode(), expected.get_secret_value().encode()
+    ):
+        log.warning("refused change request from %s: wrong admin token", _client(request))
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="wrong admin token")
+
+
 Agent = Annotated[AgentIdentity, Depends(require_agent)]
 PushingAgent = Annotated[PushCredential, Depends(require_pushing_agent)]
 Reader = Depends(require_reader)
+Admin = Depends(require_admin)
 
 
 def forbid_other_host(identity: AgentIdentity, hostname: str) -> None:

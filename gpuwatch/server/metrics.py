@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -24,9 +24,9 @@ from sqlalchemy import case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuwatch.agent.collectors.spec import MetricSpec
+from gpuwatch.metricspec import MetricSpec
 from gpuwatch.server.database.core import Database, describe
-from gpuwatch.server.events.models import Event
+from gpuwatch.server.events.models import EVENT_KINDS, Event
 from gpuwatch.server.fleet.service import gpus_by_fullness
 from gpuwatch.server.hosts.models import Host
 from gpuwatch.server.hosts.service import silence_threshold_seconds
@@ -60,6 +60,14 @@ SERVER_JOB_RUNS = MetricSpec(
     "counter",
     "Scheduled job runs, by job and result (ok, failed, skipped: another replica).",
     ("job", "result"),
+)
+SERVER_NOTIFICATIONS = MetricSpec(
+    "gpuwatch_server_notifications",
+    "counter",
+    "Notification delivery attempts by receiver and outcome: sent, retry (a transient"
+    " failure, tried again later), broken (refused for good: 400/403/404/410), failed"
+    " (given up at the delivery deadline).",
+    ("receiver", "outcome"),
 )
 SERVER_WRITE_TURN_WAIT_SECONDS = MetricSpec(
     "gpuwatch_server_write_turn_wait_seconds",
@@ -118,6 +126,7 @@ METRICS = (
     SERVER_INGEST_SNAPSHOTS,
     SERVER_EVENTS_OPENED,
     SERVER_JOB_RUNS,
+    SERVER_NOTIFICATIONS,
     SERVER_WRITE_TURN_WAIT_SECONDS,
     SERVER_WRITE_TURN_HELD_SECONDS,
     FLEET_OPEN_EVENTS,
@@ -138,6 +147,17 @@ _RESULT_BY_STATUS = {
     422: "invalid",
     503: "unavailable",
 }
+_OTHER_STATUS = "error"
+
+# Every value the counters' labels (and the open-events gauge's kind) can take, each
+# exported at 0 from the first scrape: a series that first appears at its first
+# increment hides that increment from rate() and increase(), and a kind with no open
+# event would otherwise be absent rather than 0. Job names come from the scheduler
+# (ServerStats.expect_jobs), which owns them.
+INGEST_RESULTS = (*dict.fromkeys(_RESULT_BY_STATUS.values()), _OTHER_STATUS)
+SNAPSHOT_RESULTS = ("accepted", "duplicate")
+JOB_RESULTS = ("ok", "failed", "skipped")
+NOTIFICATION_OUTCOMES = ("sent", "retry", "broken", "failed")
 
 
 class ServerStats:
@@ -149,19 +169,48 @@ class ServerStats:
         self.ingest_snapshots: Counter[str] = Counter()
         self.events_opened: Counter[str] = Counter()
         self.job_runs: Counter[tuple[str, str]] = Counter()
+        self.notifications: Counter[tuple[str, str]] = Counter()
+        self._jobs: dict[str, None] = {}
+        self._receivers: dict[str, None] = {}
 
     def count(self, counter: Counter[Any], key: Any, n: int = 1) -> None:
         with self._lock:
             counter[key] += n
 
-    def snapshot(self) -> dict[str, dict[Any, int]]:
+    def expect_jobs(self, names: Iterable[str]) -> None:
+        """Declare the jobs this process schedules, so their run counters start at 0."""
         with self._lock:
+            self._jobs.update(dict.fromkeys(names))
+
+    def expect_receivers(self, names: Iterable[str]) -> None:
+        """Declare the configured receivers, so their notification counters start at 0."""
+        with self._lock:
+            self._receivers.update(dict.fromkeys(names))
+
+    def snapshot(self) -> dict[str, dict[Any, int]]:
+        """Every counter, with each known label value present (0 until counted)."""
+        with self._lock:
+            jobs = {job: None for job, _ in self.job_runs} | self._jobs
             return {
-                "ingest_requests": dict(self.ingest_requests),
-                "ingest_snapshots": dict(self.ingest_snapshots),
-                "events_opened": dict(self.events_opened),
-                "job_runs": dict(self.job_runs),
+                "ingest_requests": _with_zeros(INGEST_RESULTS, self.ingest_requests),
+                "ingest_snapshots": _with_zeros(SNAPSHOT_RESULTS, self.ingest_snapshots),
+                "events_opened": _with_zeros(EVENT_KINDS, self.events_opened),
+                "job_runs": _with_zeros(
+                    [(job, result) for job in sorted(jobs) for result in JOB_RESULTS],
+                    self.job_runs,
+                ),
+                "notifications": _with_zeros(
+                    [(r, outcome) for r in self._receivers for outcome in NOTIFICATION_OUTCOMES],
+                    self.notifications,
+                ),
             }
+
+
+def _with_zeros(known: Iterable[Any], counts: Counter[Any]) -> dict[Any, int]:
+    """``counts`` with every ``known`` key present: known keys first, in order, then the rest."""
+    out = {key: counts.get(key, 0) for key in known}
+    out.update((key, n) for key, n in sorted(counts.items()) if key not in out)
+    return out
 
 
 class IngestStatusMiddleware:
@@ -179,7 +228,7 @@ class IngestStatusMiddleware:
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                result = _RESULT_BY_STATUS.get(message["status"], "error")
+                result = _RESULT_BY_STATUS.get(message["status"], _OTHER_STATUS)
                 self.stats.count(self.stats.ingest_requests, result)
             await send(message)
 
@@ -222,18 +271,21 @@ class FleetCollector(Collector):
     def _server_families(self) -> Iterator[Metric]:
         counts = self.stats.snapshot()
         requests = SERVER_INGEST_REQUESTS.counter()
-        for result, n in sorted(counts["ingest_requests"].items()):
+        for result, n in counts["ingest_requests"].items():
             requests.add_metric([result], n)
         snapshots = SERVER_INGEST_SNAPSHOTS.counter()
-        for result in ("accepted", "duplicate"):
-            snapshots.add_metric([result], counts["ingest_snapshots"].get(result, 0))
+        for result, n in counts["ingest_snapshots"].items():
+            snapshots.add_metric([result], n)
         opened = SERVER_EVENTS_OPENED.counter()
-        for kind, n in sorted(counts["events_opened"].items()):
+        for kind, n in counts["events_opened"].items():
             opened.add_metric([kind], n)
         jobs = SERVER_JOB_RUNS.counter()
-        for (job, result), n in sorted(counts["job_runs"].items()):
+        for (job, result), n in counts["job_runs"].items():
             jobs.add_metric([job, result], n)
-        yield from (requests, snapshots, opened, jobs)
+        notifications = SERVER_NOTIFICATIONS.counter()
+        for (receiver, outcome), n in counts["notifications"].items():
+            notifications.add_metric([receiver, outcome], n)
+        yield from (requests, snapshots, opened, jobs, notifications)
         turns = self.database.write_turns
         if turns is not None:
             waited = SERVER_WRITE_TURN_WAIT_SECONDS.counter()
@@ -269,16 +321,19 @@ class FleetCollector(Collector):
                     ),
                 )
             ).all()
+        # Every kind and every host is present, at 0 when nothing is open or held: a
+        # series that vanishes when its last event closes looks stale, not cleared.
         open_events = FLEET_OPEN_EVENTS.gauge()
-        for kind, n in sorted(open_by_kind):
+        for kind, n in _with_zeros(EVENT_KINDS, Counter(dict(open_by_kind))).items():
             open_events.add_metric([kind], n)
+        held_by = {(hostname, kind): total or 0 for hostname, kind, total in held}
         orphaned = FLEET_ORPHANED_MEMORY_BYTES.gauge()
         idle = FLEET_IDLE_MEMORY_BYTES.gauge()
-        for hostname, kind, total in sorted(held):
-            (orphaned if kind == "orphaned" else idle).add_metric([hostname], total or 0)
         dropped = FLEET_AGENT_SPOOL_DROPPED.counter()
         silent = FLEET_AGENT_SILENT.gauge()
         for hostname, spool_dropped, is_silent in sorted(hosts):
+            orphaned.add_metric([hostname], held_by.get((hostname, "orphaned"), 0))
+            idle.add_metric([hostname], held_by.get((hostname, "idle"), 0))
             dropped.add_metric([hostname], spool_dropped)
             silent.add_metric([hostname], is_silent)
         gpus = FLEET_GPUS.gauge()

@@ -1,5 +1,6 @@
 """Every table, imported in one place so ``Base.metadata`` is complete (Alembic, tests)."""
 
+from gpuwatch.server.alerts.models import AlertGroupRow, AlertRow, NotificationRow, SilenceRow
 from gpuwatch.server.auth.models import AgentToken
 from gpuwatch.server.database.core import Base
 from gpuwatch.server.events.models import Event
@@ -12,16 +13,20 @@ metadata = Base.metadata
 
 __all__ = [
     "AgentToken",
+    "AlertGroupRow",
+    "AlertRow",
     "Base",
     "Event",
     "Gpu",
     "GpuSample",
     "GpuWindow",
     "Host",
+    "NotificationRow",
     "OutboxRow",
     "ProcessLifetime",
     "ProcessSample",
     "ProcessWindow",
+    "SilenceRow",
     "SnapshotSeen",
     "metadata",
 ]

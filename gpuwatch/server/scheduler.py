@@ -22,6 +22,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import func, select
 
 from gpuwatch.server import jobs
+from gpuwatch.server.alerts.engine import AlertEngine
 from gpuwatch.server.database.core import (
     Database,
     advisory_lock_key,
@@ -43,14 +44,17 @@ class JobSpec:
     interval_seconds: float
 
 
-def job_specs(settings: ServerSettings) -> list[JobSpec]:
-    """The jobs and how often each runs."""
+def job_specs(settings: ServerSettings, engine: AlertEngine | None = None) -> list[JobSpec]:
+    """The jobs and how often each runs (``alerts`` when an alert engine is given)."""
     every_push = settings.agent_push_interval_seconds
-    return [
+    specs = [
         JobSpec("retention", jobs.purge_expired, 3600.0),
         JobSpec("agent_silent", jobs.detect_silent_agents, every_push),
         JobSpec("stale_lifetimes", jobs.close_stale_lifetimes, max(60.0, every_push)),
     ]
+    if engine is not None:
+        specs.append(JobSpec("alerts", engine.run, settings.alerts.evaluation_interval_seconds))
+    return specs
 
 
 def run_job(
@@ -111,6 +115,7 @@ def start_scheduler(
     settings: ServerSettings,
     clock: Callable[[], float],
     stats: ServerStats,
+    engine: AlertEngine | None = None,
 ) -> BackgroundScheduler:
     """Start a background scheduler thread running every job on its interval."""
     scheduler = BackgroundScheduler(
@@ -119,7 +124,9 @@ def start_scheduler(
         # once per missed tick, and never overlaps itself.
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
     )
-    for spec in job_specs(settings):
+    specs = job_specs(settings, engine)
+    stats.expect_jobs(spec.name for spec in specs)
+    for spec in specs:
         scheduler.add_job(
             run_job,
             "interval",
@@ -130,5 +137,5 @@ def start_scheduler(
             kwargs={"database": database, "settings": settings, "clock": clock, "stats": stats},
         )
     scheduler.start()
-    log.info("scheduler started: %s", ", ".join(spec.name for spec in job_specs(settings)))
+    log.info("scheduler started: %s", ", ".join(spec.name for spec in specs))
     return scheduler

@@ -54,7 +54,7 @@ def _registry(
 
 def _push_stats() -> PushStats:
     return PushStats(
-        batches={"ok": 5},
+        batches={"success": 5},
         dropped={"spool_full": 1},
         pending=2,
         last_success_time=1.7e9,

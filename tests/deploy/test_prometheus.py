@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
+import importlib
+import re
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gpuwatch.agent.collectors.agent import AgentCollector, PushStats
+from gpuwatch.agent.collectors.dcgm import DcgmCompatCollector
+from gpuwatch.agent.collectors.gpu import GpuCollector
+from gpuwatch.agent.collectors.process import ProcessCollector
+from gpuwatch.agent.collectors.registry import build_registry as build_agent_registry
+from gpuwatch.agent.state import AgentState
+from gpuwatch.metricspec import MetricSpec
+from gpuwatch.server.auth.service import create_token
+from gpuwatch.server.database import create_database
+from gpuwatch.server.database.migrate import upgrade
+from gpuwatch.server.metrics import METRICS as SERVER_METRICS
+from gpuwatch.server.metrics import ServerStats
+from gpuwatch.server.metrics import build_registry as build_server_registry
+from gpuwatch.settings import ServerSettings
+
 PROMETHEUS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+UNIT_TEST_FILES = sorted(PROMETHEUS_DIR.glob("tests/*.yml"))
 SEVERITIES = {"critical", "warning", "info"}
+AGENT_COLLECTORS = ("gpu", "process", "agent", "registry", "dcgm")
 
 Rules = list[dict[str, Any]]
 Names = Callable[[str], set[str]]
@@ -19,6 +39,85 @@ Names = Callable[[str], set[str]]
 
 def _load(path: Path) -> Any:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _specs() -> dict[str, tuple[MetricSpec, str]]:
+    """Every family the agent and the server declare, by exposed name, with its job."""
+    specs: dict[str, tuple[MetricSpec, str]] = {}
+    for module_name in AGENT_COLLECTORS:
+        module = importlib.import_module(f"gpuwatch.agent.collectors.{module_name}")
+        specs.update((spec.exposed_name, (spec, "gpuwatch-agent")) for spec in module.METRICS)
+    specs.update((spec.exposed_name, (spec, "gpuwatch-server")) for spec in SERVER_METRICS)
+    return specs
+
+
+_SERIES = re.compile(r"^([A-Za-z_:][\w:]*)\{(.*)\}$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_FIRST_VALUE = re.compile(r"^\s*(_|[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
+
+
+def _parse_series(series: str) -> tuple[str, dict[str, str]]:
+    match = _SERIES.match(series.strip())
+    assert match, f"cannot parse input series {series!r}"
+    return match.group(1), dict(_LABEL.findall(match.group(2)))
+
+
+def _first_value(values: str) -> float | None:
+    """The first sample of a promtool `values` string; None when it starts missing (_)."""
+    match = _FIRST_VALUE.match(str(values))
+    assert match, f"cannot parse values {values!r}"
+    return None if match.group(1) == "_" else float(match.group(1))
+
+
+@dataclass(frozen=True)
+class ExportedAtStart:
+    """What a fresh agent and a fresh server (one host known, nothing pushed) export.
+
+    ``counters``: the counter series already there, as (name, sorted labels without job
+    and instance; the host is named "host"). ``values``: every label value seen, by
+    (name, label name).
+    """
+
+    counters: frozenset[tuple[str, tuple[tuple[str, str], ...]]]
+    values: dict[tuple[str, str], set[str]]
+
+
+@pytest.fixture(scope="module")
+def exported_at_start(tmp_path_factory: pytest.TempPathFactory) -> ExportedAtStart:
+    # The agent's collectors before its first poll, with a server to push to.
+    state = AgentState()
+    agent = build_agent_registry(
+        [
+            GpuCollector(lambda: state.latest),
+            ProcessCollector(lambda: state.latest, enabled=True, max_series=10),
+            AgentCollector(state, push_stats=PushStats),
+            DcgmCompatCollector(lambda: state.latest),
+        ]
+    )
+    data_dir = tmp_path_factory.mktemp("server")
+    url = f"sqlite:///{data_dir / 'gpuwatch.db'}"
+    database = create_database(url)
+    try:
+        upgrade(database)
+        with database.writer() as session, session.begin():
+            create_token(session=session, hostname="host", now=1.8e9)
+        server = build_server_registry(
+            database=database,
+            settings=ServerSettings(data_dir=data_dir, database_url=url, scheduler=False),
+            stats=ServerStats(),
+            clock=lambda: 1.8e9,
+        )
+        samples = [s for r in (agent, server) for f in r.collect() for s in f.samples]
+    finally:
+        database.dispose()
+    counters = set()
+    values: dict[tuple[str, str], set[str]] = {}
+    for sample in samples:
+        for label, value in sample.labels.items():
+            values.setdefault((sample.name, label), set()).add(value)
+        if sample.name.endswith("_total"):
+            counters.add((sample.name, tuple(sorted(sample.labels.items()))))
+    return ExportedAtStart(frozenset(counters), values)
 
 
 def _run(promtool: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -40,22 +139,90 @@ def test_promtool_accepts_the_rules(promtool: str) -> None:
 
 def test_rule_unit_tests_pass(promtool: str) -> None:
     """deploy/prometheus/tests/: the fill-up alert fires on a climb before the GPU is
-    full and stays quiet on flat, step and saw-tooth usage; the other alerts fire
-    when, and only when, they should."""
-    tests = sorted(str(p.relative_to(PROMETHEUS_DIR)) for p in PROMETHEUS_DIR.glob("tests/*.yml"))
+    full and stays quiet on flat, step and saw-tooth usage; the other alerts, the
+    server's fleet alerts included, fire when, and only when, they should."""
+    tests = [str(p.relative_to(PROMETHEUS_DIR)) for p in UNIT_TEST_FILES]
     assert tests, "no promtool unit tests found"
     result = _run(promtool, "test", "rules", *tests)
     assert result.returncode == 0, result.stdout + result.stderr
+    # promtool reports each file; make sure none was skipped.
+    assert result.stdout.count("SUCCESS") == len(tests), result.stdout
 
 
-def test_every_alert_is_covered_by_a_unit_test(all_rules: Rules) -> None:
-    tested = set()
-    for path in PROMETHEUS_DIR.glob("tests/*.yml"):
-        for case in _load(path)["tests"]:
-            tested.update(t["alertname"] for t in case.get("alert_rule_test", []))
-    untested = {r["alert"] for r in all_rules if "alert" in r} - tested
-    # Alerts on Prometheus's own `up` are plain enough to go without.
-    assert untested <= {"GpuwatchAgentsMissing", "GpuwatchServerDown"}, untested
+def _unit_tests() -> list[dict[str, Any]]:
+    return [case for path in UNIT_TEST_FILES for case in _load(path)["tests"]]
+
+
+def test_every_unit_test_file_loads_the_shipped_rules() -> None:
+    assert UNIT_TEST_FILES, "no promtool unit tests found"
+    for path in UNIT_TEST_FILES:
+        assert _load(path)["rule_files"] == ["../gpuwatch.rules.yml"], path.name
+
+
+def test_every_alert_has_a_case_where_it_fires_and_one_where_it_stays_quiet(
+    all_rules: Rules,
+) -> None:
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for case in _unit_tests():
+        for check in case.get("alert_rule_test", []):
+            (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
+    alerts = {r["alert"] for r in all_rules if "alert" in r}
+    assert not alerts - fires, f"no unit test where these fire: {sorted(alerts - fires)}"
+    assert not alerts - quiet, f"no unit test where these stay quiet: {sorted(alerts - quiet)}"
+    assert not (fires | quiet) - alerts, f"tests of unknown alerts: {(fires | quiet) - alerts}"
+
+
+def test_every_recording_rule_is_evaluated_by_a_unit_test(recorded_names: frozenset[str]) -> None:
+    exprs = " ".join(t["expr"] for case in _unit_tests() for t in case.get("promql_expr_test", []))
+    untested = {name for name in recorded_names if name not in exprs}
+    assert not untested, f"no promql_expr_test reads {sorted(untested)}"
+
+
+def test_unit_test_inputs_are_series_gpuwatch_really_exports(
+    exported_at_start: ExportedAtStart,
+) -> None:
+    """Metric and label names as the code declares them, the job that exports them,
+    label values from the code's known sets, and a counter starting at 0 only where the
+    code exports that series before anything happened (one born at its first increment
+    never shows 0, and an alert tested on a 0 it never sees can stay silent in
+    production: how GpuwatchAgentDroppingSnapshots once missed single bursts)."""
+    specs = _specs()
+    problems = [
+        f"{case['name']!r}: {item['series']}: {problem}"
+        for case in _unit_tests()
+        for item in case.get("input_series", [])
+        for problem in _input_problems(item, specs, exported_at_start)
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def _input_problems(
+    item: dict[str, str], specs: dict[str, tuple[MetricSpec, str]], start: ExportedAtStart
+) -> list[str]:
+    name, labels = _parse_series(item["series"])
+    if name == "up":
+        return [] if set(labels) == {"job", "instance"} else ["up has only job and instance"]
+    if name not in specs:
+        return ["no such metric"]
+    spec, job = specs[name]
+    problems = []
+    if labels.get("job") != job or "instance" not in labels:
+        problems.append(f"needs job={job!r} and an instance")
+    own = {k: v for k, v in labels.items() if k not in ("job", "instance")}
+    if set(own) != set(spec.labels):
+        problems.append(f"labels {sorted(own)}, the code's {list(spec.labels)}")
+    # A label with values before anything happened has a fixed set of them; hosts
+    # are the fleet's own.
+    for label, value in own.items():
+        known = start.values.get((name, label))
+        if known and label != "host" and value not in known:
+            problems.append(f"{label}={value!r} is not one of {sorted(known)}")
+    if spec.kind == "counter" and _first_value(item["values"]) == 0:
+        as_at_start = tuple(sorted((k, "host" if k == "host" else v) for k, v in own.items()))
+        if (name, as_at_start) not in start.counters:
+            problems.append("starts at 0, but the code exports it from its first increment")
+    return problems
 
 
 def test_every_alert_has_a_severity_and_says_what_and_why(all_rules: Rules) -> None:

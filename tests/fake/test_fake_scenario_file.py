@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from gpuwatch.errors import ScenarioError
 from gpuwatch.nvml.fake import bundled_scenario_names, load_scenario
 from gpuwatch.nvml.fake.library import is_implemented
-from gpuwatch.nvml.fake.quantities import parse_bytes, parse_seconds
 from gpuwatch.nvml.fake.scenario import Attach, Ghost, Spawn
 from gpuwatch.nvml.fake.timeline import Constant, Linear, Sawtooth, Steps, parse_timeline
+from gpuwatch.quantities import parse_bytes, parse_seconds
 
 GPU = '[[gpu]]\nmemory_total = "80GiB"\n'
 

@@ -5,16 +5,36 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import get_args
 
 from prometheus_client.metrics_core import Metric
 
 from gpuwatch import __version__
-from gpuwatch.agent.collectors.spec import Families, MetricSpec
 from gpuwatch.agent.state import AgentState
+from gpuwatch.metricspec import Families, MetricSpec
+from gpuwatch.wire import ItemResult
+
+# Every value these counters' labels can take, each exported at 0 from the first scrape.
+# A series that first appears at its first increment hides that increment from rate()
+# and increase(), so an alert on a single burst (one spool overflow) would never fire.
+# The values are those the reporter and the spool count under (gpuwatch/agent/reporter.py
+# and spool.py); one they report that is missing here is still exported, from its first
+# increment. NVML errors are not listed: their (function, error) pairs are too many.
+POLL_RESULTS = ("success", "failure")
+# What the server says of each snapshot it acknowledged (the wire contract's ItemResult).
+PUSH_RESULTS: tuple[str, ...] = get_args(ItemResult)
+BATCH_RESULTS = (
+    "success", "auth_failed", "too_large", "rejected", "throttled", "server_error",
+    "unreachable", "unexpected_status",
+)  # fmt: skip
+DROP_REASONS = ("spool_full", "corrupt", "rejected", "too_large", "write_failed")
 
 BUILD = MetricSpec("gpuwatch_agent_build", "info", "Build information of the running agent.", ())
 POLLS = MetricSpec(
-    "gpuwatch_agent_polls", "counter", "NVML polls by result (success, failure).", ("result",)
+    "gpuwatch_agent_polls",
+    "counter",
+    f"NVML polls by result ({', '.join(POLL_RESULTS)}).",
+    ("result",),
 )
 LAST_POLL = MetricSpec(
     "gpuwatch_agent_last_poll_timestamp_seconds",
@@ -46,11 +66,13 @@ PUSHED = MetricSpec(
     ("result",), availability="server_url set",
 )  # fmt: skip
 PUSHES = MetricSpec(
-    "gpuwatch_agent_push_batches", "counter", "Snapshot batches sent to the server by result.", ("result",),
-    availability="server_url set",
+    "gpuwatch_agent_push_batches", "counter",
+    f"Snapshot batches sent to the server, by result ({', '.join(BATCH_RESULTS)}).",
+    ("result",), availability="server_url set",
 )  # fmt: skip
 DROPPED = MetricSpec(
-    "gpuwatch_agent_snapshots_dropped", "counter", "Snapshots dropped before the server stored them, by reason.",
+    "gpuwatch_agent_snapshots_dropped", "counter",
+    f"Snapshots dropped before the server stored them, by reason ({', '.join(DROP_REASONS)}).",
     ("reason",), availability="server_url set",
 )  # fmt: skip
 PENDING = MetricSpec(
@@ -106,9 +128,7 @@ class AgentCollector:
                 "nvml_version": (latest.nvml_version if latest else None) or "",
             },
         )
-        counts = self._state.poll_counts()
-        for result in ("success", "failure"):
-            f.add(POLLS, (result,), counts.get(result, 0))
+        _add_counts(f, POLLS, POLL_RESULTS, self._state.poll_counts())
         if latest is not None:
             f.add(LAST_POLL, (), latest.collected_at)
             f.add(POLL_DURATION, (), latest.poll_duration_seconds)
@@ -119,12 +139,20 @@ class AgentCollector:
         f.add(TORCH_REPORTS, (), self._torch_total())
         if self._push_stats is not None:
             stats = self._push_stats()
-            for result, n in sorted(stats.pushed.items()):
-                f.add(PUSHED, (result,), n)
-            for result, n in sorted(stats.batches.items()):
-                f.add(PUSHES, (result,), n)
-            for reason, n in sorted(stats.dropped.items()):
-                f.add(DROPPED, (reason,), n)
+            _add_counts(f, PUSHED, PUSH_RESULTS, stats.pushed)
+            _add_counts(f, PUSHES, BATCH_RESULTS, stats.batches)
+            _add_counts(f, DROPPED, DROP_REASONS, stats.dropped)
             f.add(PENDING, (), stats.pending)
             f.add(LAST_PUSH, (), stats.last_success_time)
         return f.collected()
+
+
+def _add_counts(
+    f: Families, spec: MetricSpec, known: tuple[str, ...], counts: dict[str, int]
+) -> None:
+    """One sample per known label value (0 until counted), then any other counted value."""
+    for value in known:
+        f.add(spec, (value,), counts.get(value, 0))
+    for value, n in sorted(counts.items()):
+        if value not in known:
+            f.add(spec, (value,), n)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.metrics_core import Metric
 
-from gpuwatch.agent.collectors.spec import Families, MetricSpec
+from gpuwatch.metricspec import Families, MetricSpec
 from gpuwatch.snapshot import HostSnapshot
 
 _L = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")

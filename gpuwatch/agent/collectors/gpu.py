@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.metrics_core import Metric
 
-from gpuwatch.agent.collectors.spec import Families, MetricSpec
+from gpuwatch.metricspec import Families, MetricSpec
 from gpuwatch.snapshot import Gpu, HostSnapshot
 
 _L = ("gpu", "uuid")
@@ -53,7 +53,7 @@ MEMORY_UNATTRIBUTED = MetricSpec(
     "gauge",
     "Memory in use that no listed process accounts for.",
     _L,
-    availability="absent on coherent-memory and MIG GPUs, when processes are not visible, or when NVML withholds a process's usage",
+    availability="absent on coherent-memory and MIG GPUs, when processes are not visible, when NVML withholds a process's usage, or when the process list changed during the read",
 )
 MEMORY_DEAD = MetricSpec(
     "gpuwatch_gpu_memory_dead_process_bytes",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.metrics_core import Metric
 
-from gpuwatch.agent.collectors.spec import Families, MetricSpec
+from gpuwatch.metricspec import Families, MetricSpec
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 # `slurm_job`, not `job`: Prometheus reserves `job` for the scrape target.

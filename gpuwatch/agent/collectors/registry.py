@@ -12,7 +12,7 @@ from prometheus_client.core import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from gpuwatch.agent.collectors.spec import Families, MetricSpec
+from gpuwatch.metricspec import Families, MetricSpec
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from typing import Any, cast
 
 from gpuwatch.errors import ScenarioError
 from gpuwatch.nvml.fake import scenario_values as values
-from gpuwatch.nvml.fake.quantities import parse_bytes, parse_seconds
 from gpuwatch.nvml.fake.scenario import (
     Attach,
     FaultKind,
@@ -33,6 +32,7 @@ from gpuwatch.nvml.fake.scenario import (
 )
 from gpuwatch.nvml.fake.scenario_values import Table
 from gpuwatch.nvml.fake.timeline import Constant
+from gpuwatch.quantities import parse_bytes, parse_seconds
 
 # Same ceilings as gpuwatch.snapshot (not imported: it needs pydantic, and the fake runs
 # inside third-party programs, so scenario reading sticks to the standard library).

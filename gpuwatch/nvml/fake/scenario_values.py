@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from gpuwatch.errors import ScenarioError
-from gpuwatch.nvml.fake.quantities import parse_bytes
 from gpuwatch.nvml.fake.timeline import Timeline, parse_timeline
+from gpuwatch.quantities import parse_bytes
 
 T = TypeVar("T")
 D = TypeVar("D")

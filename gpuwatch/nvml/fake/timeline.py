@@ -21,7 +21,7 @@ import bisect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuwatch.nvml.fake.quantities import parse_seconds
+from gpuwatch.quantities import parse_seconds
 
 
 @dataclass(frozen=True)

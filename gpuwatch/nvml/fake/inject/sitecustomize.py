@@ -44,7 +44,7 @@ def _install_fake() -> None:
         sys.path.append(root)  # last: the program's own packages keep precedence
         from gpuwatch.nvml import fake
     from gpuwatch.errors import GpuwatchError
-    from gpuwatch.nvml.fake.quantities import parse_seconds
+    from gpuwatch.quantities import parse_seconds
 
     try:
         at_text = os.environ.get(_AT)

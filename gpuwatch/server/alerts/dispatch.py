@@ -1,0 +1,226 @@
+"""Which notifications are due now: routing, silences, grouping and Alertmanager's timers.
+
+Per receiver, the alerts routed to it and not silenced are grouped by the values of
+``group_by``. A group waits ``group_wait`` after its first alert before its first
+notification, then is looked at every ``group_interval``. At each look it notifies
+when an alert started firing since the last notification, or one that was notified
+firing has resolved (sent only to receivers with ``send_resolved``); otherwise it
+repeats the firing alerts once ``repeat_interval`` has passed since the last
+notification. An alert that resolves before its group's first look was never
+notified, so its resolution is not either.
+
+Pure: alerts, group states and silences in; notifications and new group states out.
+Times are epoch seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpuwatch.server.alerts.config import AlertSettings, Route
+from gpuwatch.server.alerts.lifecycle import AlertState
+from gpuwatch.server.notifications.model import Notification, NotifiedAlert
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """``name=value`` (exact) or ``name=~regex`` (whole value); a missing label is ""."""
+
+    name: str
+    value: str
+    regex: bool = False
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        actual = labels.get(self.name, "")
+        if self.regex:
+            return re.fullmatch(self.value, actual) is not None
+        return actual == self.value
+
+
+@dataclass(frozen=True)
+class Silence:
+    id: int
+    matchers: tuple[Matcher, ...]
+    starts_at: float
+    ends_at: float
+
+    def mutes(self, labels: dict[str, str], now: float) -> bool:
+        return self.starts_at <= now < self.ends_at and all(
+            m.matches(labels) for m in self.matchers
+        )
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """What the notification log remembers of one group (``alert_groups``)."""
+
+    receiver: str
+    group_key: str
+    group_labels: dict[str, str]
+    first_alert_at: float | None = None
+    flushed_at: float | None = None
+    notified_at: float | None = None
+    notified_firing: tuple[str, ...] = ()
+    id: int | None = None
+
+
+# Alertmanager resolves an alert it has not heard of for its resolve_timeout (5 min by
+# default), and does its own grouping: like Prometheus, gpuwatch re-sends every firing
+# alert to it this often, with no group_wait.
+ALERTMANAGER_RESEND_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class ReceiverInfo:
+    name: str
+    send_resolved: bool = True
+    # Alertmanager receivers: re-send firing alerts this often, whatever the timers.
+    resend_seconds: float | None = None
+
+
+@dataclass
+class Plan:
+    """What one dispatch decided: notifications to send and group states to store."""
+
+    notifications: list[tuple[Notification, float]] = field(default_factory=list)
+    groups: list[GroupState] = field(default_factory=list)
+
+
+def routed(alert: AlertState, routes: list[Route], receiver: str) -> bool:
+    """Does ``alert`` go to ``receiver``? Without routes every alert goes everywhere."""
+    if not routes:
+        return True
+    return any(
+        route.receiver == receiver
+        and (not route.rules or alert.rule in route.rules)
+        and all(alert.labels.get(k) == v for k, v in route.match.items())
+        for route in routes
+    )
+
+
+def group_of(labels: dict[str, str], group_by: list[str]) -> tuple[str, dict[str, str]]:
+    values = {name: labels.get(name, "") for name in group_by}
+    return "{" + ",".join(f"{k}={v!r}" for k, v in values.items()) + "}", values
+
+
+def plan(
+    alerts: Iterable[AlertState],
+    groups: dict[tuple[str, str], GroupState],
+    silences: list[Silence],
+    receivers: list[ReceiverInfo],
+    settings: AlertSettings,
+    *,
+    now: float,
+) -> Plan:
+    """Decide every group's notification at ``now``."""
+    result = Plan()
+    audible = [
+        a
+        for a in alerts
+        if a.state in ("firing", "resolved") and not any(s.mutes(a.labels, now) for s in silences)
+    ]
+    for receiver in receivers:
+        members: dict[str, list[AlertState]] = {}
+        labels_of: dict[str, dict[str, str]] = {}
+        for alert in audible:
+            if routed(alert, settings.routes, receiver.name):
+                key, values = group_of(alert.labels, settings.group_by)
+                members.setdefault(key, []).append(alert)
+                labels_of[key] = values
+        keys = set(members) | {k for (r, k) in groups if r == receiver.name}
+        for key in sorted(keys):
+            state = groups.get((receiver.name, key)) or GroupState(
+                receiver.name, key, labels_of.get(key, {})
+            )
+            new_state, notification = _look(
+                state, members.get(key, []), receiver, settings, now=now
+            )
+            if new_state != state:
+                result.groups.append(new_state)
+            if notification is not None:
+                result.notifications.append((notification, now))
+    return result
+
+
+def _look(
+    state: GroupState,
+    members: list[AlertState],
+    receiver: ReceiverInfo,
+    settings: AlertSettings,
+    *,
+    now: float,
+) -> tuple[GroupState, Notification | None]:
+    firing = {a.fingerprint: a for a in members if a.state == "firing"}
+    notified = set(state.notified_firing)
+    resolved = {
+        a.fingerprint: a
+        for a in members
+        if a.state == "resolved" and a.fingerprint in notified and a.fingerprint not in firing
+    }
+    if not firing and not resolved:
+        # Empty: forget the timers, so the next alert waits group_wait again.
+        return replace(state, first_alert_at=None, flushed_at=None, notified_firing=()), None
+    if state.first_alert_at is None:
+        state = replace(state, first_alert_at=now)
+    assert state.first_alert_at is not None
+    wait, interval, repeat_after = (
+        (
+            settings.group_wait_seconds,
+            settings.group_interval_seconds,
+            settings.repeat_interval_seconds,
+        )
+        if receiver.resend_seconds is None
+        else (0.0, receiver.resend_seconds, receiver.resend_seconds)
+    )
+    if state.flushed_at is None:
+        due = state.first_alert_at + wait
+    else:
+        due = state.flushed_at + interval
+    if now < due:
+        return state, None
+    state = replace(state, flushed_at=now)
+    new_firing = bool(set(firing) - notified)
+    repeat = (
+        bool(firing) and state.notified_at is not None and now - state.notified_at >= repeat_after
+    )
+    send_resolved = bool(resolved) and receiver.send_resolved
+    still = tuple(sorted(firing))
+    if not (new_firing or send_resolved or repeat):
+        # Resolved alerts a receiver does not want are logged as told all the same.
+        return replace(state, notified_firing=still), None
+    shown = list(firing.values()) + (list(resolved.values()) if receiver.send_resolved else [])
+    notification = Notification(
+        receiver=receiver.name,
+        group_key=state.group_key,
+        group_labels=state.group_labels,
+        status="firing" if firing else "resolved",
+        alerts=[_notified(a) for a in sorted(shown, key=_order)],
+        external_url=settings.external_url,
+    )
+    return replace(state, notified_at=now, notified_firing=still), notification
+
+
+def _order(alert: AlertState) -> tuple[int, str, float]:
+    severity = {"critical": 0, "warning": 1, "info": 2}.get(alert.severity, 3)
+    return (severity, alert.rule, alert.fired_at or alert.active_since)
+
+
+def _notified(alert: AlertState) -> NotifiedAlert:
+    return NotifiedAlert(
+        rule=alert.rule,
+        status="firing" if alert.state == "firing" else "resolved",
+        labels=alert.labels,
+        summary=alert.summary,
+        description=alert.description,
+        starts_at=alert.fired_at if alert.fired_at is not None else alert.active_since,
+        ends_at=alert.resolved_at,
+        fingerprint=alert.fingerprint,
+        culprits=list(alert.culprits),
+    )
+
+
+def matchers_from_json(raw: list[dict[str, Any]]) -> tuple[Matcher, ...]:
+    return tuple(Matcher(m["name"], m["value"], bool(m.get("regex", False))) for m in raw)

@@ -1,0 +1,361 @@
+"""One evaluation of the alert engine, and the delivery of what it decided.
+
+:meth:`AlertEngine.run` is a scheduled job (``alerts``, every
+``evaluation_interval``): read the fleet's facts, run the rules, advance every alert's
+life cycle, decide the notifications due (grouping, silences, timers) and write all of
+it in one transaction; then deliver the pending notifications.
+
+What is promised, and why it holds:
+
+* **Once across replicas.** The job runs under the scheduler's advisory lock, and a
+  notification is a row unique per receiver, group and flush time: a second replica
+  can neither plan nor send it again.
+* **Nothing lost on a restart.** Alerts, group timers (the notification log) and
+  pending notifications are rows; a restarted server continues from them.
+* **At most one duplicate.** Before an attempt the notification is leased (its next
+  attempt moved past the attempt's timeout) in its own commit; the outcome is written
+  after. A server killed between the two leaves the row pending, and it is sent once
+  more when the lease ends.
+* **Receivers are never hammered.** One attempt per notification per try; retries
+  back off with jitter (honouring ``Retry-After``) until the delivery deadline, sends
+  to one receiver are spaced by its ``min_interval_seconds`` (Slack: 1 s), and a
+  permanent refusal marks the notification ``broken`` instead of retrying.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import Table, delete, select, update
+from sqlalchemy.orm import Session
+
+from gpuwatch.server.alerts import dispatch, lifecycle, rules
+from gpuwatch.server.alerts.facts import read_facts
+from gpuwatch.server.alerts.lifecycle import AlertState
+from gpuwatch.server.alerts.models import AlertGroupRow, AlertRow, NotificationRow, SilenceRow
+from gpuwatch.server.database.core import Database
+from gpuwatch.server.database.dialects import insert_ignoring_conflicts
+from gpuwatch.server.notifications.model import Attempt, Culprit, Notification
+from gpuwatch.server.notifications.receivers.base import Receiver
+from gpuwatch.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+# A claimed notification is not tried again (by this or another replica) for this
+# long: longer than any receiver's timeout.
+LEASE_SECONDS = 120.0
+BACKOFF_CAP_SECONDS = 60.0
+# Sent and given-up notifications are kept this long (the log the API shows).
+NOTIFICATION_RETENTION_SECONDS = 7 * 86400.0
+MAX_ATTEMPTS_PER_RUN = 200
+_NOTIFICATIONS: Table = NotificationRow.__table__  # type: ignore[assignment]
+
+
+@dataclass
+class RunResult:
+    """What one run did: alerts by new state, notifications planned, attempts made."""
+
+    changed: dict[str, int] = field(default_factory=dict)
+    planned: int = 0
+    attempts: list[tuple[str, str]] = field(default_factory=list)
+
+
+class AlertEngine:
+    """Holds the receivers (and their HTTP client) and the clock; :meth:`run` is the job."""
+
+    def __init__(
+        self,
+        *,
+        receivers: dict[str, Receiver],
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        on_outcome: Callable[[str, str], None] | None = None,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.receivers = receivers
+        self._clock = clock
+        self._sleep = sleep
+        self._on_outcome = on_outcome
+        self._rng = rng
+        self._last_sent: dict[str, float] = {}
+
+    def run(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
+        """Evaluate and dispatch at ``now``, then deliver what is due."""
+        result = self.evaluate(database=database, settings=settings, now=now)
+        result.attempts = self.deliver(database=database, now=now)
+        return result
+
+    def evaluate(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
+        config = settings.alerts
+        job_ended = config.rules.job_ended
+        with database.writer() as session, session.begin():
+            facts = read_facts(
+                session=session,
+                settings=settings,
+                now=now,
+                ended_since=now - job_ended.announce_for_seconds if job_ended.enabled else None,
+            )
+            candidates = rules.evaluate(facts, config, now=now)
+            active = {a.fingerprint: a for a in _load(session, ("pending", "firing"))}
+            changed = lifecycle.advance(active, candidates, config, now=now)
+            _store_alerts(session, changed)
+            recent = [
+                a
+                for a in _load(session, ("firing", "resolved"))
+                if a.resolved_at is None or a.resolved_at >= now - config.resolved_retention_seconds
+            ]
+            plan = dispatch.plan(
+                recent,
+                _load_groups(session),
+                _load_silences(session, now),
+                [
+                    dispatch.ReceiverInfo(
+                        name,
+                        receiver.send_resolved,
+                        dispatch.ALERTMANAGER_RESEND_SECONDS
+                        if receiver.type == "alertmanager"
+                        else None,
+                    )
+                    for name, receiver in sorted(self.receivers.items())
+                ],
+                config,
+                now=now,
+            )
+            _store_groups(session, plan.groups)
+            planned = _insert_notifications(
+                session, database.dialect, plan, deadline=now + config.delivery_deadline_seconds
+            )
+            _purge(session, now=now, resolved_before=now - config.resolved_retention_seconds)
+        counts: dict[str, int] = {}
+        for alert in changed:
+            state = "dropped" if alert.dropped else alert.state
+            counts[state] = counts.get(state, 0) + 1
+        return RunResult(changed=counts, planned=planned)
+
+    def deliver(self, *, database: Database, now: float) -> list[tuple[str, str]]:
+        """Attempt every pending notification whose time has come; return (receiver,
+        outcome) per attempt."""
+        with database.writer() as session, session.begin():
+            due = session.scalars(
+                select(NotificationRow)
+                .where(NotificationRow.status == "pending", NotificationRow.next_attempt_at <= now)
+                .order_by(NotificationRow.id)
+                .limit(MAX_ATTEMPTS_PER_RUN)
+                .with_for_update(skip_locked=True)
+            ).all()
+            claimed = [
+                (row.id, row.receiver, row.body, row.attempts, row.deadline_at) for row in due
+            ]
+            for row in due:
+                row.attempts += 1
+                row.next_attempt_at = now + LEASE_SECONDS
+        outcomes = []
+        for row_id, name, body, attempts, deadline in claimed:
+            attempt = self._attempt(name, body)
+            outcome = self._record(database, row_id, attempt, attempts + 1, deadline)
+            outcomes.append((name, outcome))
+            if self._on_outcome is not None:
+                self._on_outcome(name, outcome)
+        return outcomes
+
+    def attempt_sample(self, name: str) -> Attempt:
+        """Send a sample notification to receiver ``name`` once (``alerts test-receiver``)."""
+        return self._attempt(name, sample_notification(name, self._clock()).to_json())
+
+    def _attempt(self, name: str, body: dict[str, object]) -> Attempt:
+        receiver = self.receivers.get(name)
+        if receiver is None:
+            return Attempt("broken", f"receiver {name!r} is no longer configured")
+        wait = self._last_sent.get(name, float("-inf")) + receiver.min_interval_seconds
+        if wait > self._clock():
+            self._sleep(wait - self._clock())
+        try:
+            attempt = receiver.attempt(Notification.from_json(body))
+        except Exception as err:  # a receiver bug must not stop the others
+            log.exception("receiver %s failed unexpectedly", name)
+            attempt = Attempt("retry", f"receiver {name!r} failed: {type(err).__name__}")
+        self._last_sent[name] = self._clock()
+        return attempt
+
+    def _record(
+        self, database: Database, row_id: int, attempt: Attempt, attempts: int, deadline: float
+    ) -> str:
+        now = self._clock()
+        values: dict[str, object] = {
+            "last_error": None if attempt.outcome == "sent" else attempt.detail[:512]
+        }
+        if attempt.outcome == "sent":
+            values |= {"status": "sent", "sent_at": now}
+            outcome = "sent"
+        elif attempt.outcome == "broken":
+            values |= {"status": "broken"}
+            outcome = "broken"
+            log.warning("notification %d: receiver refused it for good: %s", row_id, attempt.detail)
+        else:
+            backoff = min(BACKOFF_CAP_SECONDS, 2.0 ** (attempts - 1)) * (0.5 + self._rng())
+            next_at = now + (attempt.retry_after if attempt.retry_after is not None else backoff)
+            if next_at > deadline:
+                values |= {"status": "failed"}
+                outcome = "failed"
+                log.warning("notification %d: gave up at its deadline: %s", row_id, attempt.detail)
+            else:
+                values |= {"next_attempt_at": next_at}
+                outcome = "retry"
+        with database.writer() as session, session.begin():
+            session.execute(
+                update(NotificationRow).where(NotificationRow.id == row_id).values(values)
+            )
+        return outcome
+
+
+def sample_notification(receiver: str, now: float) -> Notification:
+    """What ``alerts test-receiver`` sends: a plausible filling-up alert, marked a test."""
+    from gpuwatch.server.notifications.model import NotifiedAlert
+
+    labels = {"rule": "test", "severity": "info", "hostname": "gpuwatch-test", "gpu": "0"}
+    alert = NotifiedAlert(
+        rule="test",
+        status="firing",
+        labels=labels,
+        summary="Test notification from gpuwatch: this receiver works",
+        description="alice's pid 4242 (python train.py) holds 20.0 GiB, +1.0 GiB/min",
+        starts_at=now,
+        ends_at=None,
+        fingerprint=rules.fingerprint(labels),
+        culprits=[
+            Culprit(4242, "alice", "python train.py", 20 * 2**30, slope_bytes_per_second=2**30 / 60)
+        ],
+    )
+    return Notification(receiver, "{test}", {"rule": "test"}, "firing", [alert])
+
+
+def _load(session: Session, states: tuple[str, ...]) -> list[AlertState]:
+    rows = session.scalars(select(AlertRow).where(AlertRow.state.in_(states))).all()
+    return [
+        AlertState(
+            fingerprint=row.fingerprint,
+            rule=row.rule,
+            labels=row.labels,
+            severity=row.severity,
+            state=row.state,
+            summary=row.summary,
+            description=row.description,
+            culprits=[Culprit(**c) for c in row.culprits],
+            active_since=row.active_since,
+            last_true_at=row.last_true_at,
+            fired_at=row.fired_at,
+            resolved_at=row.resolved_at,
+            id=row.id,
+        )
+        for row in rows
+    ]
+
+
+def _store_alerts(session: Session, changed: list[AlertState]) -> None:
+    for alert in changed:
+        if alert.dropped:
+            if alert.id is not None:
+                session.execute(delete(AlertRow).where(AlertRow.id == alert.id))
+            continue
+        values = {
+            "fingerprint": alert.fingerprint,
+            "rule": alert.rule,
+            "labels": alert.labels,
+            "severity": alert.severity,
+            "state": alert.state,
+            "summary": alert.summary[:1024],
+            "description": alert.description[:2048],
+            "culprits": alert.culprits_json(),
+            "active_since": alert.active_since,
+            "fired_at": alert.fired_at,
+            "last_true_at": alert.last_true_at,
+            "resolved_at": alert.resolved_at,
+        }
+        if alert.id is None:
+            session.add(AlertRow(**values))
+        else:
+            session.execute(update(AlertRow).where(AlertRow.id == alert.id).values(values))
+    session.flush()
+
+
+def _load_groups(session: Session) -> dict[tuple[str, str], dispatch.GroupState]:
+    return {
+        (row.receiver, row.group_key): dispatch.GroupState(
+            receiver=row.receiver,
+            group_key=row.group_key,
+            group_labels=row.group_labels,
+            first_alert_at=row.first_alert_at,
+            flushed_at=row.flushed_at,
+            notified_at=row.notified_at,
+            notified_firing=tuple(row.notified_firing),
+            id=row.id,
+        )
+        for row in session.scalars(select(AlertGroupRow))
+    }
+
+
+def _store_groups(session: Session, groups: list[dispatch.GroupState]) -> None:
+    for group in groups:
+        values = {
+            "receiver": group.receiver,
+            "group_key": group.group_key[:512],
+            "group_labels": group.group_labels,
+            "first_alert_at": group.first_alert_at,
+            "flushed_at": group.flushed_at,
+            "notified_at": group.notified_at,
+            "notified_firing": list(group.notified_firing),
+        }
+        if group.id is None:
+            session.add(AlertGroupRow(**values))
+        else:
+            session.execute(
+                update(AlertGroupRow).where(AlertGroupRow.id == group.id).values(values)
+            )
+    session.flush()
+
+
+def _load_silences(session: Session, now: float) -> list[dispatch.Silence]:
+    rows = session.scalars(
+        select(SilenceRow).where(SilenceRow.starts_at <= now, SilenceRow.ends_at > now)
+    ).all()
+    return [
+        dispatch.Silence(
+            row.id, dispatch.matchers_from_json(row.matchers), row.starts_at, row.ends_at
+        )
+        for row in rows
+    ]
+
+
+def _insert_notifications(
+    session: Session, dialect: str, plan: dispatch.Plan, *, deadline: float
+) -> int:
+    inserted = 0
+    for notification, flush_at in plan.notifications:
+        statement = insert_ignoring_conflicts(_NOTIFICATIONS, dialect).values(
+            receiver=notification.receiver,
+            group_key=notification.group_key[:512],
+            flush_at=flush_at,
+            status="pending",
+            body=notification.to_json(),
+            attempts=0,
+            next_attempt_at=flush_at,
+            deadline_at=deadline,
+        )
+        inserted += session.execute(statement).rowcount or 0  # type: ignore[attr-defined]
+    return inserted
+
+
+def _purge(session: Session, *, now: float, resolved_before: float) -> None:
+    session.execute(
+        delete(AlertRow).where(AlertRow.state == "resolved", AlertRow.resolved_at < resolved_before)
+    )
+    session.execute(
+        delete(NotificationRow).where(
+            NotificationRow.status != "pending",
+            NotificationRow.flush_at < now - NOTIFICATION_RETENTION_SECONDS,
+        )
+    )

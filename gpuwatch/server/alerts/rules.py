@@ -1,0 +1,271 @@
+"""The shipped rules: pure functions from :class:`Facts` to the alerts whose condition
+holds now (:class:`Candidate`). The life cycle (``for``, ``keep_firing_for``) is not
+here; :mod:`lifecycle` applies it.
+
+Labels identify an alert: ``rule``, ``severity``, ``hostname``, ``gpu``, and for alerts
+about one process ``pid``, ``user`` and ``team`` (from the user-to-team map). The
+culprits, the figures and the text are not labels: they change while the alert fires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from gpuwatch.detectors._format import format_bytes, format_seconds
+from gpuwatch.server.alerts.config import AlertSettings, FillingUpRule, HeldRule
+from gpuwatch.server.alerts.facts import EventFact, Facts, GpuFact, Holder
+from gpuwatch.server.notifications.model import Culprit
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An alert whose condition holds at this evaluation."""
+
+    rule: str
+    severity: str
+    labels: dict[str, str]
+    summary: str
+    description: str = ""
+    culprits: list[Culprit] = field(default_factory=list)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.labels)
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    """A stable id of an alert: the hash of its sorted labels (``rule`` included)."""
+    return hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def evaluate(facts: Facts, settings: AlertSettings, *, now: float) -> list[Candidate]:
+    """Every enabled rule over ``facts``; each candidate once (by fingerprint)."""
+    found: dict[str, Candidate] = {}
+    for name, rule in _RULES.items():
+        config = getattr(settings.rules, name)
+        if not config.enabled:
+            continue
+        for candidate in rule(facts, settings, name, now):
+            found.setdefault(candidate.fingerprint, candidate)
+    return list(found.values())
+
+
+def _labels(
+    settings: AlertSettings, rule: str, hostname: str, gpu: int | None, **extra: object
+) -> dict[str, str]:
+    severity = getattr(settings.rules, rule).severity
+    labels = {"rule": rule, "severity": severity, "hostname": hostname}
+    if gpu is not None:
+        labels["gpu"] = str(gpu)
+    for key, value in extra.items():
+        if value is not None:
+            labels[key] = str(value)
+    user = labels.get("user")
+    if user is not None and user in settings.teams:
+        labels["team"] = settings.teams[user]
+    return labels
+
+
+def culprit(holder: Holder, slope: float | None = None) -> Culprit:
+    return Culprit(
+        pid=holder.pid,
+        user=holder.user,
+        command=holder.command,
+        memory_bytes=holder.memory_bytes,
+        container_id=holder.container_id,
+        pod_uid=holder.pod_uid,
+        slurm_job_id=holder.slurm_job_id,
+        slope_bytes_per_second=slope,
+    )
+
+
+def describe(c: Culprit) -> str:
+    """``alice's pid 4242 (python train.py, pod 1a2b) holds 20.0 GiB, +1.0 GiB/min``."""
+    where = [c.command or "?"]
+    if c.container_id:
+        where.append(f"container {c.container_id[:12]}")
+    if c.pod_uid:
+        where.append(f"pod {c.pod_uid}")
+    if c.slurm_job_id:
+        where.append(f"Slurm job {c.slurm_job_id}")
+    text = f"{c.user or 'unknown user'}'s pid {c.pid} ({', '.join(where)})"
+    if c.memory_bytes is not None:
+        text += f" holds {format_bytes(c.memory_bytes)}"
+    if c.slope_bytes_per_second:
+        text += f", +{format_bytes(c.slope_bytes_per_second * 60)}/min"
+    return text
+
+
+def _filling_up(
+    facts: Facts, settings: AlertSettings, name: str, now: float
+) -> Iterator[Candidate]:
+    rule: FillingUpRule = getattr(settings.rules, name)
+    gpus = {(g.hostname, g.gpu): g for g in facts.gpus}
+    for event in facts.events:
+        if event.kind != "filling_up" or event.gpu is None:
+            continue
+        gpu = gpus.get((event.hostname, event.gpu))
+        ttf = event.evidence.get("time_to_full_seconds")
+        ratio = None if gpu is None else gpu.used_ratio
+        if gpu is None or ratio is None or not isinstance(ttf, int | float):
+            continue
+        if 1 - ratio >= rule.free_ratio or ttf > rule.within_seconds:
+            continue
+        culprits = [_filling_culprit(raw, gpu) for raw in event.evidence.get("culprits", [])]
+        top = f"; growing: {describe(culprits[0])}" if culprits else ""
+        yield Candidate(
+            rule=name,
+            severity=rule.severity,
+            labels=_labels(settings, name, event.hostname, event.gpu),
+            summary=(
+                f"GPU {event.gpu} on {event.hostname} is {ratio:.0%} full and fills up "
+                f"in about {format_seconds(ttf)}{top}"
+            ),
+            description="\n".join(describe(c) for c in culprits),
+            culprits=culprits,
+        )
+
+
+def _filling_culprit(raw: dict[str, object], gpu: GpuFact) -> Culprit:
+    pid = int(raw["pid"])  # type: ignore[call-overload]
+    holder = next((h for h in gpu.holders if h.pid == pid), None)
+    slope = raw.get("slope_bytes_per_second")
+    slope_value = float(slope) if isinstance(slope, int | float) else None
+    if holder is not None:
+        return culprit(holder, slope_value)
+    memory = raw.get("memory_bytes")
+    return Culprit(
+        pid=pid,
+        user=raw.get("user") if isinstance(raw.get("user"), str) else None,  # type: ignore[arg-type]
+        command=raw.get("command") if isinstance(raw.get("command"), str) else None,  # type: ignore[arg-type]
+        memory_bytes=memory if isinstance(memory, int) else None,
+        slope_bytes_per_second=slope_value,
+    )
+
+
+def _nearly_full(
+    facts: Facts, settings: AlertSettings, name: str, now: float
+) -> Iterator[Candidate]:
+    threshold = settings.rules.gpu_nearly_full.used_ratio
+    for gpu in facts.gpus:
+        ratio = gpu.used_ratio
+        if ratio is None or ratio < threshold:
+            continue
+        culprits = [culprit(h) for h in gpu.holders[:3]]
+        top = f"; largest: {describe(culprits[0])}" if culprits else ""
+        yield Candidate(
+            rule=name,
+            severity=settings.rules.gpu_nearly_full.severity,
+            labels=_labels(settings, name, gpu.hostname, gpu.gpu),
+            summary=f"GPU {gpu.gpu} on {gpu.hostname} is {ratio:.0%} full{top}",
+            description="\n".join(describe(c) for c in culprits),
+            culprits=culprits,
+        )
+
+
+def _held(kind: str, contended_only: bool) -> Callable[..., Iterator[Candidate]]:
+    """Rules over per-process events held long enough (orphaned, idle)."""
+
+    def rule_fn(
+        facts: Facts, settings: AlertSettings, name: str, now: float
+    ) -> Iterator[Candidate]:
+        rule: HeldRule = getattr(settings.rules, name)
+        gpus = {(g.hostname, g.gpu): g for g in facts.gpus}
+        for event in facts.events:
+            if event.kind != kind or now - event.started_at < rule.held_for_seconds:
+                continue
+            if (event.held_bytes or 0) < rule.min_memory_bytes:
+                continue
+            gpu = gpus.get((event.hostname, event.gpu)) if event.gpu is not None else None
+            if contended_only and not _contended(event, gpu, settings):
+                continue
+            yield _event_candidate(event, settings, name, now)
+
+    return rule_fn
+
+
+def _contended(event: EventFact, gpu: GpuFact | None, settings: AlertSettings) -> bool:
+    """Others need this GPU: it is fuller than the rule's share, or another user has
+    a process on it."""
+    if gpu is None:
+        return False
+    ratio = gpu.used_ratio
+    if ratio is not None and ratio >= settings.rules.idle_holder.contended_ratio:
+        return True
+    return any(h.user is not None and h.user != event.user for h in gpu.holders)
+
+
+def _event_candidate(event: EventFact, settings: AlertSettings, name: str, now: float) -> Candidate:
+    culprits = [] if event.holder is None else [culprit(event.holder)]
+    held_for = format_seconds(now - event.started_at)
+    where = f"GPU {event.gpu} on {event.hostname}" if event.gpu is not None else event.hostname
+    return Candidate(
+        rule=name,
+        severity=getattr(settings.rules, name).severity,
+        labels=_labels(settings, name, event.hostname, event.gpu, pid=event.pid, user=event.user),
+        summary=f"{where}: {event.summary} (for {held_for})",
+        description="\n".join(describe(c) for c in culprits),
+        culprits=culprits,
+    )
+
+
+def _open_event(kind: str) -> Callable[..., Iterator[Candidate]]:
+    """Rules that alert while an event of ``kind`` is open (runaway, lost, silent)."""
+
+    def rule_fn(
+        facts: Facts, settings: AlertSettings, name: str, now: float
+    ) -> Iterator[Candidate]:
+        for event in facts.events:
+            if event.kind == kind:
+                yield _event_candidate(event, settings, name, now)
+
+    return rule_fn
+
+
+def _job_ended(facts: Facts, settings: AlertSettings, name: str, now: float) -> Iterator[Candidate]:
+    rule = settings.rules.job_ended
+    gpus = {(g.hostname, g.gpu): g for g in facts.gpus}
+    for ended in facts.ended:
+        user = ended.holder.user
+        wanted = user in rule.users or settings.teams.get(user or "") in rule.teams
+        if not wanted or not ended.busy or now - ended.ended_at >= rule.announce_for_seconds:
+            continue
+        if (ended.peak_bytes or 0) < rule.min_memory_bytes:
+            continue
+        gpu = gpus.get((ended.hostname, ended.gpu))
+        stranded = None if gpu is None else gpu.unattributed_bytes
+        freed = (
+            "its memory was freed"
+            if stranded is not None and stranded < rule.min_memory_bytes
+            else "its memory may not have been freed"
+        )
+        ran = format_seconds(ended.ended_at - ended.first_seen_at)
+        yield Candidate(
+            rule=name,
+            severity=rule.severity,
+            labels=_labels(
+                settings, name, ended.hostname, ended.gpu, pid=ended.holder.pid, user=user
+            ),
+            summary=(
+                f"pid {ended.holder.pid} ({ended.holder.command or '?'}) on GPU {ended.gpu} of "
+                f"{ended.hostname} ended after {ran}, peak {format_bytes(ended.peak_bytes or 0)}; "
+                f"{freed}"
+            ),
+            culprits=[culprit(ended.holder)],
+        )
+
+
+_RULES: dict[str, Callable[[Facts, AlertSettings, str, float], Iterator[Candidate]]] = {
+    "gpu_filling_up_critical": _filling_up,
+    "gpu_filling_up_warning": _filling_up,
+    "gpu_nearly_full": _nearly_full,
+    "orphaned_memory": _held("orphaned", contended_only=False),
+    "idle_holder": _held("idle", contended_only=True),
+    "runaway_process": _open_event("runaway"),
+    "gpu_lost": _open_event("gpu_lost"),
+    "agent_silent": _open_event("agent_silent"),
+    "job_ended": _job_ended,
+}

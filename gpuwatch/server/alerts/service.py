@@ -1,0 +1,163 @@
+"""Reading alerts, managing silences, and the receivers' delivery state."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from gpuwatch.errors import GpuwatchError
+from gpuwatch.server.alerts import dispatch
+from gpuwatch.server.alerts.models import AlertRow, NotificationRow, SilenceRow
+from gpuwatch.server.alerts.schemas import (
+    AlertOut,
+    CulpritOut,
+    MatcherIn,
+    ReceiverOut,
+    SilenceIn,
+    SilenceOut,
+)
+from gpuwatch.server.notifications.receivers.base import Receiver
+
+MAX_ALERTS = 1000
+
+
+class SilenceNotFound(GpuwatchError):
+    """No silence with that id (answered 404)."""
+
+
+def list_alerts(
+    *, session: Session, states: tuple[str, ...], now: float, limit: int = MAX_ALERTS
+) -> list[AlertOut]:
+    """Alerts in ``states``, most severe and oldest first, with the silences muting each."""
+    silences = _active_silences(session, now)
+    rows = session.scalars(
+        select(AlertRow)
+        .where(AlertRow.state.in_(states))
+        .order_by(AlertRow.active_since, AlertRow.id)
+        .limit(limit)
+    ).all()
+    out = [
+        AlertOut(
+            id=row.id,
+            rule=row.rule,
+            state=row.state,  # type: ignore[arg-type]
+            severity=row.severity,
+            labels=row.labels,
+            summary=row.summary,
+            description=row.description,
+            culprits=[CulpritOut(**c) for c in row.culprits],
+            active_since=row.active_since,
+            starts_at=row.fired_at,
+            ends_at=row.resolved_at,
+            silenced_by=[s.id for s in silences if s.mutes(row.labels, now)],
+        )
+        for row in rows
+    ]
+    rank = {"critical": 0, "warning": 1, "info": 2}
+    return sorted(out, key=lambda a: (rank.get(a.severity, 3), a.active_since))
+
+
+def create_silence(*, session: Session, silence: SilenceIn, now: float) -> SilenceOut:
+    starts = silence.starts_at if silence.starts_at is not None else now
+    ends = (
+        silence.ends_at if silence.ends_at is not None else starts + (silence.duration_seconds or 0)
+    )
+    if ends <= starts:
+        raise ValueError("a silence must end after it starts")
+    row = SilenceRow(
+        matchers=[m.model_dump() for m in silence.matchers],
+        starts_at=starts,
+        ends_at=ends,
+        created_by=silence.created_by,
+        comment=silence.comment,
+        created_at=now,
+    )
+    session.add(row)
+    session.flush()
+    return _silence_out(row, now)
+
+
+def list_silences(*, session: Session, now: float, include_expired: bool) -> list[SilenceOut]:
+    query = select(SilenceRow).order_by(SilenceRow.ends_at.desc(), SilenceRow.id.desc())
+    if not include_expired:
+        query = query.where(SilenceRow.ends_at > now)
+    return [_silence_out(row, now) for row in session.scalars(query.limit(MAX_ALERTS))]
+
+
+def expire_silence(*, session: Session, silence_id: int, now: float) -> SilenceOut:
+    """End a silence now (an expired one stays as it was)."""
+    row = session.get(SilenceRow, silence_id)
+    if row is None:
+        raise SilenceNotFound(f"no silence {silence_id}")
+    if row.ends_at > now:
+        session.execute(
+            update(SilenceRow)
+            .where(SilenceRow.id == silence_id)
+            .values(ends_at=max(now, row.starts_at))
+        )
+        session.refresh(row)
+    return _silence_out(row, now)
+
+
+def receiver_states(*, session: Session, receivers: dict[str, Receiver]) -> list[ReceiverOut]:
+    """Each receiver's latest delivery outcome: ``broken`` when its last settled
+    notification was refused for good, ``failing`` when it was given up at its
+    deadline or the pending one is being retried, ``ok`` when it was sent."""
+    out = []
+    for name, receiver in sorted(receivers.items()):
+        last = session.scalars(
+            select(NotificationRow)
+            .where(NotificationRow.receiver == name, NotificationRow.attempts > 0)
+            .order_by(NotificationRow.id.desc())
+            .limit(1)
+        ).first()
+        sent_at = session.scalar(
+            select(func.max(NotificationRow.sent_at)).where(NotificationRow.receiver == name)
+        )
+        pending = session.scalar(
+            select(func.count(NotificationRow.id)).where(
+                NotificationRow.receiver == name, NotificationRow.status == "pending"
+            )
+        )
+        status = "unknown"
+        if last is not None:
+            status = {"sent": "ok", "broken": "broken", "failed": "failing"}.get(
+                last.status, "failing" if last.last_error else "unknown"
+            )
+        out.append(
+            ReceiverOut(
+                name=name,
+                type=receiver.type,
+                status=status,  # type: ignore[arg-type]
+                last_error=None if last is None else last.last_error,
+                last_sent_at=sent_at,
+                pending=pending or 0,
+            )
+        )
+    return out
+
+
+def _active_silences(session: Session, now: float) -> list[dispatch.Silence]:
+    rows = session.scalars(
+        select(SilenceRow).where(SilenceRow.starts_at <= now, SilenceRow.ends_at > now)
+    )
+    return [
+        dispatch.Silence(
+            row.id, dispatch.matchers_from_json(row.matchers), row.starts_at, row.ends_at
+        )
+        for row in rows
+    ]
+
+
+def _silence_out(row: SilenceRow, now: float) -> SilenceOut:
+    state = "pending" if now < row.starts_at else "active" if now < row.ends_at else "expired"
+    return SilenceOut(
+        id=row.id,
+        matchers=[MatcherIn(**m) for m in row.matchers],
+        starts_at=row.starts_at,
+        ends_at=row.ends_at,
+        created_by=row.created_by,
+        comment=row.comment,
+        created_at=row.created_at,
+        state=state,  # type: ignore[arg-type]
+    )

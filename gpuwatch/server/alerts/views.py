@@ -1,0 +1,118 @@
+"""Alerts, silences and receivers over HTTP: reads need the read token (when set),
+changes the admin token (when set; else the read token)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from gpuwatch.server.alerts import service
+from gpuwatch.server.alerts.schemas import (
+    AlertOut,
+    ReceiverOut,
+    SilenceIn,
+    SilenceOut,
+    TestResult,
+)
+from gpuwatch.server.deps import Admin, Context, Reader, ReadSession, WriteSession
+
+router = APIRouter(prefix="/api/v1", tags=["alerts"])
+
+_STATES = {
+    "active": ("pending", "firing"),
+    "firing": ("firing",),
+    "pending": ("pending",),
+    "resolved": ("resolved",),
+}
+
+
+@router.get("/alerts", summary="List alerts", response_model=list[AlertOut], dependencies=[Reader])
+def list_alerts(
+    session: ReadSession,
+    context: Context,
+    state: Literal["active", "firing", "pending", "resolved"] = Query(
+        "active", description="active (pending and firing), firing, pending or resolved."
+    ),
+) -> list[AlertOut]:
+    """Alerts, most severe first, each with its culprits and the silences muting it."""
+    return service.list_alerts(session=session, states=_STATES[state], now=context.clock())
+
+
+@router.get(
+    "/silences", summary="List silences", response_model=list[SilenceOut], dependencies=[Reader]
+)
+def list_silences(
+    session: ReadSession,
+    context: Context,
+    expired: bool = Query(False, description="Include silences that have ended."),
+) -> list[SilenceOut]:
+    return service.list_silences(session=session, now=context.clock(), include_expired=expired)
+
+
+@router.post(
+    "/silences",
+    summary="Create a silence",
+    response_model=SilenceOut,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Admin],
+)
+def create_silence(body: SilenceIn, session: WriteSession, context: Context) -> SilenceOut:
+    """Mute alerts matching every matcher until it ends. Silences are stored, so they
+    survive restarts and hold on every replica."""
+    try:
+        created = service.create_silence(session=session, silence=body, now=context.clock())
+    except ValueError as err:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=str(err)) from err
+    session.commit()
+    return created
+
+
+@router.delete(
+    "/silences/{silence_id}",
+    summary="Expire a silence",
+    response_model=SilenceOut,
+    dependencies=[Admin],
+    responses={404: {"description": "No such silence."}},
+)
+def expire_silence(silence_id: int, session: WriteSession, context: Context) -> SilenceOut:
+    try:
+        expired = service.expire_silence(
+            session=session, silence_id=silence_id, now=context.clock()
+        )
+    except service.SilenceNotFound as err:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(err)) from err
+    session.commit()
+    return expired
+
+
+@router.get(
+    "/receivers",
+    summary="Receivers and their delivery state",
+    response_model=list[ReceiverOut],
+    dependencies=[Reader],
+)
+def list_receivers(session: ReadSession, context: Context) -> list[ReceiverOut]:
+    receivers = {} if context.alerts is None else context.alerts.receivers
+    return service.receiver_states(session=session, receivers=receivers)
+
+
+@router.post(
+    "/receivers/{name}/test",
+    summary="Send a test notification",
+    response_model=TestResult,
+    dependencies=[Admin],
+    responses={404: {"description": "No receiver of that name."}},
+)
+def test_receiver(name: str, context: Context) -> TestResult:
+    """One attempt with a sample alert; the outcome as the receiver answered it."""
+    engine = context.alerts
+    if engine is None or name not in engine.receivers:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no receiver {name!r}")
+    attempt = engine.attempt_sample(name)
+    return TestResult(
+        receiver=name,
+        outcome=attempt.outcome,
+        detail=attempt.detail,
+        status_code=attempt.status_code,
+    )

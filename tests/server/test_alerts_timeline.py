@@ -1,0 +1,324 @@
+"""The alert engine's life cycle and timers, as Alertmanager's acceptance tests check them.
+
+Real parts: snapshots through the real ingest, the real engine on SQLite and Postgres,
+a real signed webhook receiver posting over HTTP to a local server. Time is injected:
+each test moves a fake clock and runs the engine at chosen instants, so "exactly one
+notification at t = 30 s" is a plain assertion. The signal is a GPU that falls off the
+bus (``gpu_lost``: fires at once, no ``for``), one per host or per GPU as a test needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select, text
+from support.sink import Sink, sink
+
+from gpuwatch.server.alerts.engine import LEASE_SECONDS, AlertEngine
+from gpuwatch.server.alerts.models import NotificationRow
+from gpuwatch.server.alerts.schemas import SilenceIn
+from gpuwatch.server.alerts.service import create_silence, expire_silence
+from gpuwatch.server.database import Database
+from gpuwatch.server.ingest.service import ingest_snapshots
+from gpuwatch.server.metrics import ServerStats
+from gpuwatch.server.notifications.config import ReceiverConfig
+from gpuwatch.server.notifications.receivers.base import build_receiver
+from gpuwatch.server.scheduler import JobSpec, run_job
+from gpuwatch.settings import ServerSettings
+from gpuwatch.wire import IngestRequest
+from server.factories import T0, gpu, process, snapshot
+from server.harness import FakeClock, make_token
+
+SECRET = "timeline-secret"
+
+
+@pytest.fixture
+def alert_settings(tmp_path: Any, database_url: str) -> ServerSettings:
+    return ServerSettings.model_validate(
+        {
+            "data_dir": tmp_path,
+            "database_url": database_url,
+            "scheduler": False,
+            "agent_push_interval_seconds": 15,
+            "alerts": {
+                "group_wait": "30s",
+                "group_interval": "5m",
+                "repeat_interval": "30m",
+                "group_by": ["rule", "hostname"],
+            },
+        }
+    )
+
+
+@pytest.fixture
+def hook(clock: FakeClock) -> Iterator[Sink]:
+    with sink(clock) as s:
+        yield s
+
+
+class Timeline:
+    """Pushes snapshots and runs the engine at instants of the fake clock."""
+
+    def __init__(self, database: Database, settings: ServerSettings, clock: FakeClock, hook: Sink):
+        self.database, self.settings, self.clock, self.hook = database, settings, clock, hook
+        self.client = httpx.Client()
+        self.sequence: dict[str, int] = {}
+        self.engine = self.new_engine()
+
+    def new_engine(self) -> AlertEngine:
+        """A fresh engine on the same database: what a restart or a replica has."""
+        config = ReceiverConfig(name="hook", type="webhook", url=self.hook.url, secret=SECRET)
+        receiver = build_receiver(config, client=self.client, clock=self.clock)
+        return AlertEngine(receivers={"hook": receiver}, clock=self.clock, sleep=self.clock.advance)
+
+    def gpus(self, host: str, lost: set[int], at: float) -> None:
+        """One snapshot of ``host`` at ``at`` with GPUs 0 and 1, those in ``lost`` lost."""
+        if host not in self.sequence:
+            make_token(self.database, host)
+            self.sequence[host] = 0
+        self.sequence[host] += 1
+        gpus = [
+            gpu(i, lost=True, memory_used_bytes=None, memory_free_bytes=None)
+            if i in lost
+            else gpu(i, [process(100 + i)])
+            for i in (0, 1)
+        ]
+        snap = snapshot(self.sequence[host], gpus, hostname=host, at=at)
+        with self.database.writer() as session, session.begin():
+            host_id = session.scalar(text("SELECT id FROM hosts WHERE hostname = :h"), {"h": host})
+            ingest_snapshots(
+                session=session,
+                dialect=self.database.dialect,
+                host_id=host_id,
+                request=IngestRequest(snapshots=[snap]),
+                settings=self.settings,
+                now=at,
+            )
+
+    def run(self, at: float, engine: AlertEngine | None = None) -> None:
+        self.clock.now = max(self.clock.now, at)
+        (engine or self.engine).run(database=self.database, settings=self.settings, now=at)
+
+    def run_every(self, start: float, end: float, step: float = 15.0) -> None:
+        t = start
+        while t <= end:
+            self.run(t)
+            t += step
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [d.body for d in self.hook.deliveries]
+
+
+@pytest.fixture
+def timeline(
+    database: Database, alert_settings: ServerSettings, clock: FakeClock, hook: Sink
+) -> Iterator[Timeline]:
+    t = Timeline(database, alert_settings, clock, hook)
+    yield t
+    t.client.close()
+
+
+def gpus_in(body: dict[str, Any], status: str = "firing") -> list[str]:
+    return sorted(a["labels"]["gpu"] for a in body["alerts"] if a["status"] == status)
+
+
+def test_group_wait_then_one_signed_notification(timeline: Timeline, hook: Sink) -> None:
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.run_every(T0, T0 + 120)
+
+    assert hook.at() == [T0 + 30]
+    (delivery,) = hook.deliveries
+    expected = "sha256=" + hmac.new(SECRET.encode(), delivery.raw, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(delivery.headers["X-Gpuwatch-Signature"], expected)
+    body = delivery.body
+    assert body["status"] == "firing"
+    (alert,) = body["alerts"]
+    assert alert["rule"] == "gpu_lost" and alert["labels"]["hostname"] == "host-1"
+    assert alert["starts_at"] == T0 and alert["ends_at"] is None
+
+
+def test_an_alert_resolved_before_group_wait_is_never_sent(timeline: Timeline, hook: Sink) -> None:
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.run(T0)
+    timeline.gpus("host-1", set(), at=T0 + 10)
+    timeline.run_every(T0 + 15, T0 + 3600, step=60)
+
+    assert hook.deliveries == []
+
+
+def test_group_interval_batches_what_fired_since_and_repeat_interval_repeats(
+    timeline: Timeline, hook: Sink
+) -> None:
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.run_every(T0, T0 + 60)
+    timeline.gpus("host-1", {0, 1}, at=T0 + 60)  # a second GPU of the same host
+    timeline.run_every(T0 + 60, T0 + 3000)
+
+    # First look at 30 s; the next at 30 s + 5 min carries both; nothing changes after,
+    # so the next is the repeat, 30 min after the last notification.
+    assert hook.at() == [T0 + 30, T0 + 330, T0 + 330 + 1800]
+    assert [gpus_in(b) for b in timeline.bodies()] == [["0"], ["0", "1"], ["0", "1"]]
+
+
+def test_resolved_notification_at_the_next_look(timeline: Timeline, hook: Sink) -> None:
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.run_every(T0, T0 + 60)
+    timeline.gpus("host-1", set(), at=T0 + 100)
+    timeline.run_every(T0 + 105, T0 + 900)
+
+    assert hook.at() == [T0 + 30, T0 + 330]
+    resolved = timeline.bodies()[1]
+    assert resolved["status"] == "resolved"
+    (alert,) = resolved["alerts"]
+    assert alert["status"] == "resolved" and alert["ends_at"] == T0 + 105
+
+
+def test_groups_are_per_host_and_each_waits_its_own_group_wait(
+    timeline: Timeline, hook: Sink
+) -> None:
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.run(T0)
+    timeline.gpus("host-2", {1}, at=T0 + 15)
+    timeline.run_every(T0 + 15, T0 + 120)
+
+    hosts = [(d.at, d.body["group_labels"]["hostname"]) for d in hook.deliveries]
+    assert hosts == [(T0 + 30, "host-1"), (T0 + 45, "host-2")]
+
+
+def test_a_silence_mutes_until_it_is_expired(timeline: Timeline, hook: Sink) -> None:
+    with timeline.database.writer() as session, session.begin():
+        silence = create_silence(
+            session=session,
+            silence=SilenceIn.model_validate(
+                {
+                    "matchers": [{"name": "hostname", "value": "host-1"}],
+                    "duration_seconds": 3600,
+                    "created_by": "sre",
+                    "comment": "maintenance",
+                }
+            ),
+            now=T0,
+        )
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.gpus("host-2", {0}, at=T0)
+    timeline.run_every(T0, T0 + 600)
+    assert [d.body["group_labels"]["hostname"] for d in hook.deliveries] == ["host-2"]
+
+    with timeline.database.writer() as session, session.begin():
+        expire_silence(session=session, silence_id=silence.id, now=T0 + 600)
+    timeline.run_every(T0 + 615, T0 + 700)
+    assert [d.body["group_labels"]["hostname"] for d in hook.deliveries] == ["host-2", "host-1"]
+    assert hook.at()[1] == T0 + 645  # the first look after group_wait, counted from unmuting
+
+
+def test_a_restart_between_firing_and_repeat_loses_nothing_and_repeats_nothing_early(
+    timeline: Timeline, hook: Sink
+) -> None:
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.run_every(T0, T0 + 600)
+    restarted = timeline.new_engine()  # nothing in memory survives
+    t = T0 + 615
+    while t <= T0 + 2400:
+        timeline.run(t, restarted)
+        t += 15
+
+    assert hook.at() == [T0 + 30, T0 + 30 + 1800]
+
+
+class KilledAfterSend(Exception):
+    pass
+
+
+def test_killed_between_sending_and_recording_sends_at_most_one_duplicate(
+    timeline: Timeline, hook: Sink
+) -> None:
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.run(T0)
+    dying = timeline.new_engine()
+    real = dying.receivers["hook"]
+
+    class Dies:
+        name, type, send_resolved = real.name, real.type, real.send_resolved
+        min_interval_seconds = real.min_interval_seconds
+
+        def attempt(self, notification: Any) -> Any:
+            real.attempt(notification)
+            raise KeyboardInterrupt  # the process dies before it records the outcome
+
+    dying.receivers["hook"] = Dies()  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        timeline.run(T0 + 30, dying)
+    assert len(hook.deliveries) == 1
+
+    timeline.run_every(T0 + 45, T0 + 30 + LEASE_SECONDS + 30)
+    assert len(hook.deliveries) == 2  # sent again once its lease ran out, not more
+    with timeline.database.reader() as session:
+        (status,) = session.scalars(select(NotificationRow.status)).all()
+    assert status == "sent"
+
+
+def test_a_failing_receiver_is_retried_with_backoff_until_it_answers(
+    timeline: Timeline, hook: Sink
+) -> None:
+    hook.status = 503
+    timeline.gpus("host-1", {0}, at=T0)
+    timeline.run_every(T0, T0 + 90)
+    failures = len(hook.deliveries)
+    hook.status = 200
+    timeline.run_every(T0 + 105, T0 + 400)
+
+    assert 2 <= failures <= 5  # backed off: not one attempt per evaluation
+    with timeline.database.reader() as session:
+        (status,) = session.scalars(select(NotificationRow.status)).all()
+    assert status == "sent"
+    assert len(hook.deliveries) == failures + 1
+
+
+@pytest.mark.postgres
+def test_two_replicas_on_postgres_send_each_notification_once(
+    postgres_url: str, tmp_path: Any, clock: FakeClock, hook: Sink
+) -> None:
+    from gpuwatch.server.database import create_database
+    from gpuwatch.server.database.migrate import upgrade
+
+    database = create_database(postgres_url)
+    upgrade(database)
+    settings = ServerSettings.model_validate(
+        {"data_dir": tmp_path, "database_url": postgres_url, "scheduler": False}
+    )
+    timeline = Timeline(database, settings, clock, hook)
+    replicas = [timeline.new_engine(), timeline.new_engine()]
+    for host in ("host-1", "host-2", "host-3"):
+        timeline.gpus(host, {0}, at=T0)
+    try:
+        for t in (T0, T0 + 15, T0 + 30, T0 + 45, T0 + 60):
+            clock.now = t
+            threads = [
+                threading.Thread(
+                    target=run_job,
+                    args=[JobSpec("alerts", engine.run, 15)],
+                    kwargs={
+                        "database": database,
+                        "settings": settings,
+                        "clock": clock,
+                        "stats": ServerStats(),
+                    },
+                )
+                for engine in replicas
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        timeline.client.close()
+        database.dispose()
+
+    hosts = sorted(d.body["group_labels"]["hostname"] for d in hook.deliveries)
+    assert hosts == ["host-1", "host-2", "host-3"]
