@@ -11,14 +11,16 @@ the session as a keyword argument)::
     auth/           per-host agent tokens (only their SHA-256 is stored)
     hosts/          hosts and GPUs, their last state and per-GPU coarse samples
     processes/      process lifetimes and per-process coarse samples; history queries
-    events/         orphaned / runaway / idle / gpu_lost / agent_silent / reaped / oom
+    events/         orphaned / runaway / idle / filling_up / gpu_lost / agent_silent / reaped /
+                    oom; the one path that writes events, with their outbox
     ingest/         POST /api/v1/snapshots: idempotency, state upserts, detector calls
     fleet/          the fleet summary
-    detectors/      pure detector functions (no DB, no clock)
+    alerts/         the alert engine: rules, life cycle, grouping, silences, notification log
+    notifications/  receivers (Slack, signed webhook, Alertmanager) and what they are sent
     metrics.py      /metrics, built from the database at scrape time
-    jobs.py         retention, agent_silent, stale lifetimes; scheduler.py runs them
+    jobs.py         retention, agent_silent, stale lifetimes; scheduler.py runs them (and alerts)
     client.py       the HTTP client `gpuwatch history` uses
 
-Nothing here is created at import: this module imports nothing, so the pure
-detectors can be imported without FastAPI or SQLAlchemy.
+The pure detectors live in ``gpuwatch/detectors/``. Nothing here is created at import:
+this module imports nothing.
 """
