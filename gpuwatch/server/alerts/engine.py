@@ -1,12 +1,14 @@
 """One evaluation of the alert engine, and the delivery of what it decided.
 
 :meth:`AlertEngine.run` is a scheduled job (``alerts``, every
-``evaluation_interval``): read the fleet's facts, run the rules, advance every alert's
-life cycle, decide the notifications due (grouping, silences, timers) and write all of
-it in one transaction; then deliver the pending notifications.
+``evaluation_interval``): read the fleet's facts and run the rules, then advance every
+alert's life cycle, decide the notifications due (grouping, silences, timers) and write
+all of that in one transaction; then deliver the pending notifications.
 
 What is promised, and why it holds:
 
+* **Ingest never waits for rules.** The fleet is read and judged in a read transaction;
+  only the alert tables are written under the write lock.
 * **Once across replicas.** The job runs under the scheduler's advisory lock, and a
   notification is a row unique per receiver, group and flush time: a second replica
   can neither plan nor send it again.
@@ -92,14 +94,17 @@ class AlertEngine:
     def evaluate(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
         config = settings.alerts
         job_ended = config.rules.job_ended
-        with database.writer() as session, session.begin():
+        # Facts are read outside the write transaction: on SQLite a writer holds the one
+        # write lock, and ingest must not wait while the fleet is read and judged.
+        with database.reader() as session:
             facts = read_facts(
                 session=session,
                 settings=settings,
                 now=now,
                 ended_since=now - job_ended.announce_for_seconds if job_ended.enabled else None,
             )
-            candidates = rules.evaluate(facts, config, now=now)
+        candidates = rules.evaluate(facts, config, now=now)
+        with database.writer() as session, session.begin():
             active = {a.fingerprint: a for a in _load(session, ("pending", "firing"))}
             changed = lifecycle.advance(active, candidates, config, now=now)
             _store_alerts(session, changed)
