@@ -1,19 +1,28 @@
-"""A small client of the server's read API, for ``gpuwatch history``.
+"""Small clients of the server's API: the read API for ``gpuwatch history``, the alert
+API for ``gpuwatch alerts``.
 
 Responses are validated into the server's own schemas, so a version mismatch shows
 up as one clear error rather than a KeyError. The transport is injectable
-(``httpx.MockTransport`` or a live server in tests).
+(``httpx.MockTransport`` or a live server in tests). HTTP answers become errors here,
+at the boundary::
+
+    unreachable, 5xx, not JSON   RemoteError     (exit 5)
+    401, 403                     AuthError       (exit 5)
+    404 from a route naming one  NotFound        (exit 8)
+    422                          ConfigError     (exit 3: the server refused a value we sent)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from gpuwatch.errors import AuthError, RemoteError
+from gpuwatch.errors import AuthError, ConfigError, NotFound, RemoteError
+from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceIn, SilenceOut, TestResult
 from gpuwatch.server.events.schemas import EventOut, EventPage, IdleHolderOut
 from gpuwatch.server.processes.schemas import ProcessOut, ProcessPage
 
@@ -21,8 +30,11 @@ PAGE_SIZE = 500
 P = TypeVar("P", ProcessPage, EventPage)
 
 
-class HistoryClient:
-    """Reads ``/api/v1`` of a gpuwatch server at ``base_url``."""
+class _ApiClient:
+    """One ``httpx.Client`` on ``base_url``, and the translation of its answers."""
+
+    # What a 401/403 message calls the token this client sends.
+    token_kind = "read token"
 
     def __init__(
         self,
@@ -38,11 +50,65 @@ class HistoryClient:
             base_url=self._base_url, headers=headers, timeout=timeout_seconds, transport=transport
         )
 
-    def __enter__(self) -> HistoryClient:
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *_: object) -> None:
         self._http.close()
+
+    def _get(self, path: str, params: dict[str, Any]) -> Any:
+        clean = {k: v for k, v in params.items() if v is not None}
+        return self._request("GET", path, params=clean)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        expect: int = 200,
+        not_found: str | None = None,
+        refused: str = "the request",
+    ) -> Any:
+        """Send one request; its JSON answer, or the error it maps to.
+
+        ``not_found`` is the message for a 404 (for routes whose path names something);
+        ``refused`` names what a 422 refused ("the silence").
+        """
+        try:
+            response = self._http.request(method, path, params=params, json=body)
+        except httpx.HTTPError as err:
+            raise RemoteError(
+                f"cannot reach the gpuwatch server at {self._base_url}: {err}"
+            ) from err
+        code = response.status_code
+        if code in (401, 403):
+            raise AuthError(
+                f"the server at {self._base_url} refused the {self.token_kind} "
+                f"(HTTP {code}: {_detail(response)})"
+            )
+        if code == 404 and not_found is not None:
+            raise NotFound(f"{not_found} on the server at {self._base_url}")
+        if code == 422:
+            raise ConfigError(f"the server refused {refused}: {_detail(response)}")
+        if code != expect:
+            raise RemoteError(
+                f"the server at {self._base_url} answered HTTP {code}: {_detail(response)}"
+            )
+        try:
+            return response.json()
+        except ValueError as err:
+            raise RemoteError(
+                f"{self._base_url} did not answer JSON; is it a gpuwatch server?"
+            ) from err
+
+
+class HistoryClient(_ApiClient):
+    """Reads ``/api/v1`` of a gpuwatch server at ``base_url``."""
+
+    def __enter__(self) -> HistoryClient:
+        return self
 
     def processes(self, *, limit: int, **filters: Any) -> list[ProcessOut]:
         """Process lifetimes matching ``filters`` (host, gpu, user, at, open), newest first."""
@@ -77,29 +143,61 @@ class HistoryClient:
                 return
             params["cursor"] = page.next_cursor
 
-    def _get(self, path: str, params: dict[str, Any]) -> Any:
-        clean = {k: v for k, v in params.items() if v is not None}
-        try:
-            response = self._http.get(path, params=clean)
-        except httpx.HTTPError as err:
-            raise RemoteError(
-                f"cannot reach the gpuwatch server at {self._base_url}: {err}"
-            ) from err
-        if response.status_code in (401, 403):
-            raise AuthError(
-                f"the server at {self._base_url} refused the read token (HTTP {response.status_code})"
-            )
-        if response.status_code != 200:
-            raise RemoteError(
-                f"the server at {self._base_url} answered HTTP {response.status_code}: "
-                f"{_detail(response)}"
-            )
-        try:
-            return response.json()
-        except ValueError as err:
-            raise RemoteError(
-                f"{self._base_url} did not answer JSON; is it a gpuwatch server?"
-            ) from err
+
+class AlertsClient(_ApiClient):
+    """Alerts, silences and receivers of a gpuwatch server (``/api/v1``).
+
+    Reads need the read token (when the server sets one); changes (silences, receiver
+    tests) the admin token, or the read token where the server sets no admin token.
+    Pass the token the calls need.
+    """
+
+    token_kind = "token"
+
+    def __enter__(self) -> AlertsClient:
+        return self
+
+    def alerts(self, *, state: str = "active") -> list[AlertOut]:
+        """Alerts in ``state`` (active, firing, pending, resolved), most severe first."""
+        data = self._get("/api/v1/alerts", {"state": state})
+        return _parse(TypeAdapter(list[AlertOut]), data, self._base_url)
+
+    def silences(self, *, expired: bool = False) -> list[SilenceOut]:
+        """Current and future silences (and ended ones with ``expired``), latest end first."""
+        data = self._get("/api/v1/silences", {"expired": "true" if expired else None})
+        return _parse(TypeAdapter(list[SilenceOut]), data, self._base_url)
+
+    def create_silence(self, silence: SilenceIn) -> SilenceOut:
+        """Create ``silence``; a value the server refuses is a :class:`ConfigError`."""
+        data = self._request(
+            "POST",
+            "/api/v1/silences",
+            body=silence.model_dump(mode="json", exclude_none=True),
+            expect=201,
+            refused="the silence",
+        )
+        return _parse(TypeAdapter(SilenceOut), data, self._base_url)
+
+    def expire_silence(self, silence_id: int) -> SilenceOut:
+        """End silence ``silence_id`` now (:class:`NotFound` when there is none)."""
+        data = self._request(
+            "DELETE", f"/api/v1/silences/{silence_id}", not_found=f"no silence {silence_id}"
+        )
+        return _parse(TypeAdapter(SilenceOut), data, self._base_url)
+
+    def receivers(self) -> list[ReceiverOut]:
+        """The configured receivers and how their deliveries went (never URLs or secrets)."""
+        data = self._get("/api/v1/receivers", {})
+        return _parse(TypeAdapter(list[ReceiverOut]), data, self._base_url)
+
+    def test_receiver(self, name: str) -> TestResult:
+        """Have the server send a sample notification to receiver ``name`` once."""
+        data = self._request(
+            "POST",
+            f"/api/v1/receivers/{quote(name, safe='')}/test",
+            not_found=f"no receiver {name!r}",
+        )
+        return _parse(TypeAdapter(TestResult), data, self._base_url)
 
 
 def _parse(adapter: TypeAdapter[Any], data: Any, base_url: str) -> Any:
@@ -113,8 +211,21 @@ def _parse(adapter: TypeAdapter[Any], data: Any, base_url: str) -> Any:
 
 
 def _detail(response: httpx.Response) -> str:
+    """The server's ``detail``, on one line: a string, or FastAPI's list of problems."""
     try:
         detail = response.json().get("detail")
     except (ValueError, AttributeError):
         detail = None
-    return str(detail)[:200] if detail else response.reason_phrase
+    if isinstance(detail, list):
+        detail = "; ".join(_problem(item) for item in detail[:3])
+    text = " ".join(str(detail).split()) if detail else response.reason_phrase
+    return text[:200]
+
+
+def _problem(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    # loc is ["body", "matchers", 0, "name"]: the part after "body" names the field.
+    loc = [str(part) for part in item.get("loc", []) if part not in ("body", "query", "path")]
+    message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{'.'.join(loc)}: {message}" if loc else message

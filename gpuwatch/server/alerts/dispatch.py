@@ -175,10 +175,10 @@ def _look(
         if receiver.resend_seconds is None
         else (0.0, receiver.resend_seconds, receiver.resend_seconds)
     )
-    if state.flushed_at is None:
-        due = state.first_alert_at + wait
-    else:
-        due = state.flushed_at + interval
+    # The first look waits group_wait from the group's first alert; later ones follow
+    # the previous look by group_interval.
+    first = state.flushed_at is None
+    due = state.first_alert_at + wait if first else state.flushed_at + interval  # type: ignore[operator]
     if now < due:
         return state, None
     state = replace(state, flushed_at=now)

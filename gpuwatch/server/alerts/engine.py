@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,9 @@ BACKOFF_CAP_SECONDS = 60.0
 # Sent and given-up notifications are kept this long (the log the API shows).
 NOTIFICATION_RETENTION_SECONDS = 7 * 86400.0
 MAX_ATTEMPTS_PER_RUN = 200
+# The group key of test notifications in the log (no alert group has it), before a
+# unique suffix.
+TEST_GROUP_KEY = "{test}"
 _NOTIFICATIONS: Table = NotificationRow.__table__  # type: ignore[assignment]
 
 
@@ -167,9 +171,32 @@ class AlertEngine:
                 self._on_outcome(name, outcome)
         return outcomes
 
-    def attempt_sample(self, name: str) -> Attempt:
-        """Send a sample notification to receiver ``name`` once (``alerts test-receiver``)."""
-        return self._attempt(name, sample_notification(name, self._clock()).to_json())
+    def test_receiver(self, *, database: Database, name: str) -> Attempt:
+        """Send a sample notification to receiver ``name`` once (``alerts test-receiver``),
+        and log it like any notification, so the receiver's state and counters show it."""
+        now = self._clock()
+        body = sample_notification(name, now).to_json()
+        attempt = self._attempt(name, body)
+        status = {"sent": "sent", "broken": "broken"}.get(attempt.outcome, "failed")
+        with database.writer() as session, session.begin():
+            session.add(
+                NotificationRow(
+                    receiver=name,
+                    # Each test its own row, even two in the same second.
+                    group_key=f"{TEST_GROUP_KEY} {uuid.uuid4().hex}",
+                    flush_at=now,
+                    status=status,
+                    body=body,
+                    attempts=1,
+                    next_attempt_at=now,
+                    deadline_at=now,
+                    sent_at=now if status == "sent" else None,
+                    last_error=None if status == "sent" else attempt.detail[:512],
+                )
+            )
+        if self._on_outcome is not None:
+            self._on_outcome(name, attempt.outcome)
+        return attempt
 
     def _attempt(self, name: str, body: dict[str, object]) -> Attempt:
         receiver = self.receivers.get(name)
@@ -235,7 +262,7 @@ def sample_notification(receiver: str, now: float) -> Notification:
             Culprit(4242, "alice", "python train.py", 20 * 2**30, slope_bytes_per_second=2**30 / 60)
         ],
     )
-    return Notification(receiver, "{test}", {"rule": "test"}, "firing", [alert])
+    return Notification(receiver, TEST_GROUP_KEY, {"rule": "test"}, "firing", [alert])
 
 
 def _load(session: Session, states: tuple[str, ...]) -> list[AlertState]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from gpuwatch.errors import GpuwatchError
@@ -30,10 +30,16 @@ def list_alerts(
 ) -> list[AlertOut]:
     """Alerts in ``states``, most severe and oldest first, with the silences muting each."""
     silences = _active_silences(session, now)
+    rank = case(
+        (AlertRow.severity == "critical", 0),
+        (AlertRow.severity == "warning", 1),
+        (AlertRow.severity == "info", 2),
+        else_=3,
+    )
     rows = session.scalars(
         select(AlertRow)
         .where(AlertRow.state.in_(states))
-        .order_by(AlertRow.active_since, AlertRow.id)
+        .order_by(rank, AlertRow.active_since, AlertRow.id)
         .limit(limit)
     ).all()
     out = [
@@ -53,8 +59,7 @@ def list_alerts(
         )
         for row in rows
     ]
-    rank = {"critical": 0, "warning": 1, "info": 2}
-    return sorted(out, key=lambda a: (rank.get(a.severity, 3), a.active_since))
+    return out
 
 
 def create_silence(*, session: Session, silence: SilenceIn, now: float) -> SilenceOut:
@@ -90,10 +95,11 @@ def expire_silence(*, session: Session, silence_id: int, now: float) -> SilenceO
     if row is None:
         raise SilenceNotFound(f"no silence {silence_id}")
     if row.ends_at > now:
+        # One that has not started yet ends before it ever muted anything.
         session.execute(
             update(SilenceRow)
             .where(SilenceRow.id == silence_id)
-            .values(ends_at=max(now, row.starts_at))
+            .values(starts_at=min(row.starts_at, now), ends_at=now)
         )
         session.refresh(row)
     return _silence_out(row, now)

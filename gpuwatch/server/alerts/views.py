@@ -63,7 +63,7 @@ def create_silence(body: SilenceIn, session: WriteSession, context: Context) -> 
     try:
         created = service.create_silence(session=session, silence=body, now=context.clock())
     except ValueError as err:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=str(err)) from err
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(err)) from err
     session.commit()
     return created
 
@@ -105,11 +105,12 @@ def list_receivers(session: ReadSession, context: Context) -> list[ReceiverOut]:
     responses={404: {"description": "No receiver of that name."}},
 )
 def test_receiver(name: str, context: Context) -> TestResult:
-    """One attempt with a sample alert; the outcome as the receiver answered it."""
+    """One attempt with a sample alert; the outcome as the receiver answered it. It is
+    logged like any notification, so a receiver a test finds broken shows broken."""
     engine = context.alerts
     if engine is None or name not in engine.receivers:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no receiver {name!r}")
-    attempt = engine.attempt_sample(name)
+    attempt = engine.test_receiver(database=context.database, name=name)
     return TestResult(
         receiver=name,
         outcome=attempt.outcome,

@@ -108,7 +108,7 @@ class Redactor:
 
 
 class _HttpxLogRedaction(logging.Filter):
-    """Rewrites records of the ``httpx`` logger with every live receiver's redactor.
+    """Rewrites records of the HTTP client's loggers with every live receiver's redactor.
 
     httpx logs ``HTTP Request: POST <full URL> ...`` at INFO; for a Slack receiver
     that URL is the credential.
@@ -131,11 +131,26 @@ class _HttpxLogRedaction(logging.Filter):
 _httpx_log_redaction = _HttpxLogRedaction()
 
 
+# Loggers that can quote a receiver's URL: httpx's request line (INFO) and httpcore's
+# traces (DEBUG: request targets, and answers' headers such as a Location naming the
+# URL). A filter on a logger sees only records logged on that very logger, so each is
+# named.
+_HTTP_LOGGERS = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+)
+
+
 def guard_logs(redact: Redactor) -> None:
-    """Keep ``redact``'s secrets out of httpx's log lines for as long as it lives."""
-    logger = logging.getLogger("httpx")
-    if _httpx_log_redaction not in logger.filters:
-        logger.addFilter(_httpx_log_redaction)
+    """Keep ``redact``'s secrets out of httpx's and httpcore's log lines while it lives."""
+    for name in _HTTP_LOGGERS:
+        logger = logging.getLogger(name)
+        if _httpx_log_redaction not in logger.filters:
+            logger.addFilter(_httpx_log_redaction)
     _httpx_log_redaction.redactors.add(redact)
 
 

@@ -1,0 +1,367 @@
+"""``gpuwatch alerts``: see what fires, mute it for a while, and check that receivers work.
+
+Examples::
+
+    gpuwatch alerts list
+    gpuwatch alerts silence add --match hostname=host-3 --match rule=~gpu_.* \\
+        --for 2h --comment "driver upgrade"
+    gpuwatch alerts silence list
+    gpuwatch alerts silence expire 12
+    gpuwatch alerts test-receiver team-a
+
+Reads send the read token; changes (silences, receiver tests) the admin token, or the
+read token where the server sets no admin token. Exit codes: docs/alerts-cli.md.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpuwatch.errors import ConfigError, DeliveryFailed
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
+    from rich.text import Text
+
+    from gpuwatch.server.alerts.schemas import AlertOut, CulpritOut, MatcherIn, SilenceOut
+    from gpuwatch.server.client import AlertsClient
+
+alerts = typer.Typer(
+    name="alerts",
+    help="Alerts, silences and receivers of the central server.",
+    no_args_is_help=True,
+)
+silence = typer.Typer(
+    name="silence", help="Mute alerts matching labels for a while.", no_args_is_help=True
+)
+alerts.add_typer(silence)
+
+_GIB = 2**30
+_MIB = 2**20
+_STATES = ("active", "firing", "pending", "resolved")
+_ALERT_HEADERS = ("ID", "SEVERITY", "STATE", "RULE", "HOST", "GPU", "SINCE", "SILENCED")
+_CULPRIT_HEADERS = ("USER", "PID", "MEMORY", "GROWTH", "COMMAND")
+
+SERVER = typer.Option(
+    None,
+    "--server",
+    metavar="URL",
+    help="Server base URL (default: http:// + the server's listen setting).",
+)
+READ_TOKEN = typer.Option(
+    None, "--token", metavar="TOKEN", help="Read token (default GPUWATCH_SERVER_READ_TOKEN)."
+)
+ADMIN_TOKEN = typer.Option(
+    None,
+    "--token",
+    metavar="TOKEN",
+    help="Admin token (default GPUWATCH_SERVER_ADMIN_TOKEN, else the read token).",
+)
+JSON = typer.Option(False, "--json", help="Print the API's JSON instead of a table.")
+
+
+def _connect(server: str | None, token: str | None, *, admin: bool) -> AlertsClient:
+    """A client of ``server`` sending ``token``; either one, when not given, from the
+    server's settings (env vars, config file), as ``gpuwatch history`` does."""
+    from gpuwatch.server.client import AlertsClient
+
+    if server is None or token is None:
+        from gpuwatch.settings import ServerSettings, load
+
+        settings = load(ServerSettings)
+        if server is None:
+            host, port = settings.listen.rsplit(":", 1)
+            server = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        if token is None:
+            secret = (settings.admin_token if admin else None) or settings.read_token
+            token = None if secret is None else secret.get_secret_value()
+    return AlertsClient(server, token=token)
+
+
+@alerts.command("list")
+def list_alerts(
+    state: str = typer.Option(
+        "active", "--state", help="active (pending and firing), firing, pending or resolved."
+    ),
+    server: str | None = SERVER,
+    token: str | None = READ_TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """Alerts, most severe first, with the processes they blame."""
+    if state not in _STATES:
+        raise ConfigError(f"--state {state!r}: use one of {', '.join(_STATES)}")
+    with _connect(server, token, admin=False) as client:
+        rows = client.alerts(state=state)
+    if as_json:
+        _print_json(rows)
+        return
+    _print_table(
+        [*_ALERT_HEADERS, *_CULPRIT_HEADERS],
+        [row for alert in rows for row in _alert_rows(alert)],
+        empty=f"no {state} alerts",
+    )
+
+
+def _alert_rows(alert: AlertOut) -> list[list[str]]:
+    """The alert on its first row, with its first culprit; one more row per culprit."""
+    state: str = alert.state
+    if alert.state == "resolved" and alert.ends_at is not None:
+        state = f"resolved {_local(alert.ends_at)}"
+    head = [
+        str(alert.id),
+        alert.severity,
+        state,
+        alert.rule,
+        alert.labels.get("hostname", "-"),
+        alert.labels.get("gpu", "-"),
+        _local(alert.active_since),
+        ",".join(str(s) for s in alert.silenced_by) or "-",
+    ]
+    culprits = [_culprit_cells(c) for c in alert.culprits] or [["-"] * len(_CULPRIT_HEADERS)]
+    return [head + culprits[0]] + [[""] * len(head) + c for c in culprits[1:]]
+
+
+def _culprit_cells(culprit: CulpritOut) -> list[str]:
+    slope = culprit.slope_bytes_per_second
+    return [
+        culprit.user or "?",
+        str(culprit.pid),
+        "?" if culprit.memory_bytes is None else _size(culprit.memory_bytes),
+        "-" if not slope else f"{'+' if slope > 0 else '-'}{_size(abs(slope) * 60)}/min",
+        culprit.command or "",
+    ]
+
+
+@alerts.command("test-receiver")
+def test_receiver(
+    name: str = typer.Argument(..., help="The receiver's name, as configured."),
+    server: str | None = SERVER,
+    token: str | None = ADMIN_TOKEN,
+) -> None:
+    """Send a sample notification to a receiver once, and say how it went."""
+    with _connect(server, token, admin=True) as client:
+        result = client.test_receiver(name)
+    # The server's detail names the receiver and its answer, never the URL or secret:
+    # "webhook receiver 'team-a': HTTP 404 no such hook".
+    detail = " ".join(result.detail.split())
+    if result.outcome == "sent":
+        typer.echo(f"test notification sent: {detail}")
+        return
+    if result.outcome == "broken":
+        raise DeliveryFailed(f"test notification refused for good: {detail}")
+    raise DeliveryFailed(
+        f"test notification failed: {detail} (notifications are retried until their deadline)"
+    )
+
+
+@silence.command("add")
+def add_silence(
+    match: list[str] = typer.Option(
+        ...,
+        "--match",
+        metavar="LABEL=VALUE",
+        help="LABEL=VALUE or LABEL=~REGEX (whole value); repeat: all must match.",
+    ),
+    for_: str | None = typer.Option(None, "--for", metavar="DURATION", help="e.g. 2h, 30m, 1d."),
+    until: str | None = typer.Option(
+        None, "--until", metavar="TIME", help="End: epoch seconds or 2026-12-01T18:00 (local)."
+    ),
+    comment: str = typer.Option(..., "--comment", help="Why (shown with the silence)."),
+    by: str | None = typer.Option(None, "--by", metavar="NAME", help="Who (default $USER)."),
+    server: str | None = SERVER,
+    token: str | None = ADMIN_TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """Mute alerts matching every --match, for a duration or until a time."""
+    from pydantic import ValidationError
+
+    from gpuwatch.server.alerts.schemas import SilenceIn
+
+    if (for_ is None) == (until is None):
+        raise ConfigError("give exactly one of --for DURATION and --until TIME")
+    matchers = [parse_matcher(m) for m in match]
+    try:
+        body = SilenceIn(
+            matchers=matchers,
+            starts_at=None,
+            duration_seconds=None if for_ is None else parse_duration(for_),
+            ends_at=None if until is None else parse_until(until),
+            created_by=_user() if by is None else by,
+            comment=comment,
+        )
+    except ValidationError as err:
+        raise ConfigError(_first_error(err, _OPTION_OF)) from None
+    with _connect(server, token, admin=True) as client:
+        created = client.create_silence(body)
+    if as_json:
+        _print_json([created])
+        return
+    typer.echo(f"silence {created.id} mutes {_matchers(created)} until {_local(created.ends_at)}")
+
+
+@silence.command("list")
+def list_silences(
+    expired: bool = typer.Option(False, "--expired", help="Include silences that have ended."),
+    server: str | None = SERVER,
+    token: str | None = READ_TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """Active and future silences (and ended ones with --expired), latest end first."""
+    with _connect(server, token, admin=False) as client:
+        rows = client.silences(expired=expired)
+    if as_json:
+        _print_json(rows)
+        return
+    _print_table(
+        ["ID", "STATE", "MATCHERS", "STARTS", "ENDS", "BY", "COMMENT"],
+        [
+            [
+                str(s.id),
+                s.state,
+                _matchers(s),
+                _local(s.starts_at),
+                _local(s.ends_at),
+                s.created_by,
+                s.comment,
+            ]
+            for s in rows
+        ],
+        empty="no silences" if expired else "no active or pending silences",
+    )
+
+
+@silence.command("expire")
+def expire_silence(
+    silence_id: int = typer.Argument(..., metavar="ID", help="The silence's id.", min=1),
+    server: str | None = SERVER,
+    token: str | None = ADMIN_TOKEN,
+) -> None:
+    """End a silence now: the alerts it muted are notified again."""
+    with _connect(server, token, admin=True) as client:
+        ended = client.expire_silence(silence_id)
+    typer.echo(f"silence {ended.id} ({_matchers(ended)}) ended {_local(ended.ends_at)}")
+
+
+def parse_matcher(text: str) -> MatcherIn:
+    """``LABEL=VALUE`` (exact) or ``LABEL=~REGEX`` (whole value) as the API's matcher.
+
+    Raises :class:`ConfigError` (one line) for anything else.
+    """
+    from pydantic import ValidationError
+
+    from gpuwatch.server.alerts.schemas import MatcherIn
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ConfigError(f"--match {text!r}: expected LABEL=VALUE or LABEL=~REGEX")
+    regex = value.startswith("~")
+    try:
+        return MatcherIn(name=name.strip(), value=value[1:] if regex else value, regex=regex)
+    except ValidationError as err:
+        raise ConfigError(f"--match {text!r}: {_first_error(err)}") from None
+
+
+def parse_duration(text: str) -> float:
+    """``2h``, ``30m``, ``1h30m``, ``1d`` or seconds; more than 0. :class:`ConfigError` else."""
+    from gpuwatch.quantities import parse_seconds
+
+    try:
+        seconds = parse_seconds(text)
+    except ValueError as err:
+        raise ConfigError(f"--for {text!r}: {err}") from None
+    if seconds <= 0:
+        raise ConfigError(f"--for {text!r}: a silence must last more than 0 seconds")
+    return seconds
+
+
+def parse_until(text: str) -> float:
+    """Epoch seconds, or an ISO 8601 time (local when it names no zone)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f"--until {text!r}: use epoch seconds or a time such as 2026-12-01T18:00"
+        ) from None
+    return (parsed if parsed.tzinfo else parsed.astimezone()).timestamp()
+
+
+# What a person typed, for each field of the API's SilenceIn.
+_OPTION_OF = {
+    "created_by": "--by",
+    "comment": "--comment",
+    "ends_at": "--until",
+    "duration_seconds": "--for",
+}
+
+
+def _first_error(err: ValidationError, names: dict[str, str] | None = None) -> str:
+    """The first problem pydantic found, on one line, naming the field (no input echoed)."""
+    first = err.errors(include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"])
+    where = (names or {}).get(where, where)
+    message = " ".join(str(first["msg"]).removeprefix("Value error, ").split())
+    return f"{where}: {message}" if where else message
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        raise ConfigError("cannot tell who you are: pass --by NAME") from None
+
+
+def _matchers(s: SilenceOut) -> str:
+    return ", ".join(f"{m.name}{'=~' if m.regex else '='}{m.value}" for m in s.matchers)
+
+
+def _print_json(rows: Sequence[BaseModel]) -> None:
+    typer.echo(json.dumps([row.model_dump(mode="json") for row in rows], indent=2))
+
+
+def _print_table(headers: list[str], rows: list[list[str]], *, empty: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        typer.echo(empty)
+        return
+    table = Table(*headers, box=None, pad_edge=False)
+    for row in rows:
+        # Rows are data, not markup: a command line may hold [brackets].
+        table.add_row(*(_plain(cell) for cell in row))
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        # Piped into grep or a file: whole rows, not cells squeezed into 80 columns.
+        console = Console(soft_wrap=True, width=1_000_000)
+    console.print(table)
+
+
+def _plain(cell: str) -> Text:
+    from rich.text import Text
+
+    return Text(cell)
+
+
+def _size(value: float) -> str:
+    return f"{value / _GIB:.1f} GiB" if value >= _GIB else f"{value / _MIB:.0f} MiB"
+
+
+def _local(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(alerts)
