@@ -1,0 +1,77 @@
+"""The reaper's audit log: one JSON object per line, appended and fsynced before acting.
+
+Every decision is written, spared processes, refusals and dry runs included, and a
+``signal`` row is written and flushed to disk *before* each signal is sent: if the
+row cannot be written, the signal is not sent (:class:`AuditError`). The file is
+opened ``O_APPEND`` for each row, so several writers (the agent's policy and a
+``gpuwatch reap`` by hand) interleave whole lines, and it is created mode 0600.
+
+Row fields (docs/reaper.md, "Audit log"): ``at`` (epoch s), ``run`` (one id per
+invocation), ``event`` (``decision``, ``refused``, ``signal``, ``outcome``,
+``warning``, ``withdrawn``, and the agent's ``policy_started``), ``actor`` (``uid``, ``user``, ``pid``, ``via``,
+``sudo_user``), ``host``, ``dry_run``, and per process ``pid``, ``start_time``,
+``uid``, ``user``, ``command``, ``gpus``, ``memory_bytes``, ``idle_seconds``,
+``verdict``, ``reason``, ``detail``; ``signal`` rows add ``signal``; ``outcome``
+rows add ``outcome``, ``signals``, ``memory_freed`` and ``memory_freed_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuwatch.agent.reaper.errors import AuditError
+
+
+class AuditLog:
+    """Appends rows to ``path``; ``clock`` (epoch seconds) stamps rows without ``at``."""
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._clock = clock
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Append ``row`` as one line and fsync it. Raises :class:`AuditError`."""
+        record = {"at": self._clock(), **row}
+        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        try:
+            created = not self.path.exists()
+            if created:
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(line)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if created:
+                _fsync_dir(self.path.parent)
+        except OSError as err:
+            raise AuditError(
+                f"cannot write the reaper's audit log {self.path}: {err.strerror or err}; "
+                "nothing was signalled (set [agent.reap] audit_log or pass --audit-log)"
+            ) from err
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every row so far, oldest first (for tests and ``tail``-like tools)."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _fsync_dir(directory: Path) -> None:
+    # A new file's directory entry is durable only once the directory is synced.
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,303 @@
+"""The agent's automatic policy: warn, then stop idle processes on contended GPUs.
+
+Off by default (``[agent.reap] enabled``). Every ``check_interval`` the agent plans
+over its own history, exactly as ``gpuwatch reap --idle <idle>`` would, and then, for
+each process the plan would stop:
+
+1. **Only on a contended GPU**: one at least ``contended_ratio`` full, or on which
+   another process hit an out-of-memory error within ``oom_wait`` (someone is
+   waiting). Idle memory on a GPU nobody needs is left alone.
+2. **Warning first**: the owner and the alert channel are told (a ``reaped`` event
+   with ``stage: warning``, an audit row and a log line) "pid 4242 (alice, jupyter
+   kernel, 11.0 GiB on gpu1) will be stopped in 30m unless it becomes active".
+3. **Spared on activity**: at every check a warned process is planned again; if it
+   ran anything on the GPU (its idle stretch restarts), its GPU is no longer
+   contended, or it exited, the warning is withdrawn (``stage: withdrawn``).
+4. **Stopped** at the first check after ``warn_before`` if it still qualifies and the
+   rate caps allow (``max_per_host_per_hour``, ``max_per_user_per_hour``; a capped
+   stop waits for the next check), by the same executor as ``gpuwatch reap``, in a
+   worker thread so polls and ``/healthz`` carry on during the grace period.
+
+``dry_run`` (or an agent that lacks ``CAP_KILL``) warns and records "would stop"
+without signalling anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpuwatch.agent.reaper.errors import ReapRefused
+from gpuwatch.agent.reaper.events import describe
+from gpuwatch.agent.reaper.evidence import format_duration
+from gpuwatch.agent.reaper.execute import Executor, decision_row
+from gpuwatch.agent.reaper.history import ProcessHistory
+from gpuwatch.agent.reaper.plan import IdleRule, Plan, make_plan
+from gpuwatch.agent.reaper.policy import Decision, Protections, Selection
+from gpuwatch.agent.reaper.settings import ReapSettings
+from gpuwatch.snapshot import Gpu, HostSnapshot
+
+log = logging.getLogger(__name__)
+
+HOUR = 3600.0
+Key = tuple[int, float | None]  # (pid, start time): one process lifetime
+
+
+@dataclass
+class PendingWarning:
+    """A warning given to one process, and when it may be stopped (epoch seconds)."""
+
+    decision: Decision
+    warned_at: float
+    deadline: float
+
+
+class AutoReaper:
+    """Runs the policy; :meth:`after_poll` is called by the agent after every poll.
+
+    ``executor`` stops processes (its observer waits for the agent's next poll);
+    ``clock`` is epoch seconds. ``background`` runs stops on a worker thread (the
+    agent); tests may run them inline.
+    """
+
+    def __init__(
+        self,
+        settings: ReapSettings,
+        *,
+        history: ProcessHistory,
+        executor: Executor,
+        protections: Protections,
+        caller_uid: int | None,
+        can_signal: bool,
+        clock: Callable[[], float] = time.time,
+        background: bool = True,
+    ) -> None:
+        self.settings = settings
+        self._history = history
+        self._executor = executor
+        self._protections = protections
+        self._caller_uid = caller_uid
+        self.dry_run = settings.dry_run or not can_signal
+        if settings.enabled and not can_signal and not settings.dry_run:
+            log.error(
+                "[agent.reap] enabled, but the agent may not signal other users' processes "
+                "(no CAP_KILL: install deploy/systemd/gpuwatch-agent-reap.conf); "
+                "the policy only warns and records what it would stop"
+            )
+        self._clock = clock
+        self._background = background
+        self.warnings: dict[Key, PendingWarning] = {}
+        self._acted: set[Key] = set()
+        self._stops: deque[tuple[float, str]] = deque()
+        self._ooms: dict[int, list[tuple[float, int]]] = {}
+        self._next_check = 0.0
+        self._worker: threading.Thread | None = None
+        self._disabled = False
+
+    @property
+    def busy(self) -> bool:
+        """True while a stop is in progress on the worker thread."""
+        return self._worker is not None and self._worker.is_alive()
+
+    def note_oom(self, gpu_index: int | None, pid: int, at: float) -> None:
+        """An out-of-memory error on ``gpu_index``: someone is waiting for memory there."""
+        if gpu_index is not None:
+            self._ooms.setdefault(gpu_index, []).append((at, pid))
+
+    def after_poll(self, snapshot: HostSnapshot) -> None:
+        """Check now if a check is due (cheap otherwise). Never raises."""
+        now = self._clock()
+        if self._disabled or now < self._next_check or self.busy:
+            return
+        self._next_check = now + self.settings.check_interval_seconds
+        try:
+            self._check(snapshot, now)
+        except ReapRefused as err:
+            log.error("reaper policy disabled: %s", err)
+            self._disabled = True
+        except Exception:  # the policy must never take the poll loop down
+            log.exception("reaper policy check failed")
+
+    def _check(self, snapshot: HostSnapshot, now: float) -> None:
+        plan = self._plan(snapshot, now)
+        eligible: dict[Key, tuple[Decision, str]] = {}
+        for decision in plan.chosen:
+            why = self._contended(snapshot, decision, now)
+            if why is not None:
+                eligible[_key(decision)] = (decision, why)
+        self._withdraw(plan, eligible, now)
+        due: list[Decision] = []
+        for key, (decision, why) in eligible.items():
+            warning = self.warnings.get(key)
+            if key in self._acted:
+                continue
+            if warning is None:
+                warning = self._warn(plan, decision, why, now)
+            if now >= warning.deadline:
+                due.append(decision)
+        self._stop(plan, self._within_caps(due, now))
+
+    def _plan(self, snapshot: HostSnapshot, now: float) -> Plan:
+        s = self.settings
+        return make_plan(
+            snapshot,
+            self._history.runs_for,
+            now=now,
+            rule=IdleRule(s.idle_seconds, s.min_memory_bytes, s.max_gap_seconds, s.coverage_ratio),
+            selection=Selection(window_seconds=s.idle_seconds, min_memory_bytes=s.min_memory_bytes),
+            protections=self._protections,
+            caller_uid=self._caller_uid,
+        )
+
+    def _contended(self, snapshot: HostSnapshot, decision: Decision, now: float) -> str | None:
+        """Why one of the process's GPUs is contended, or ``None``."""
+        for index in decision.candidate.gpus:
+            gpu = snapshot.gpu(index)
+            if gpu is None:
+                continue
+            full = _fullness(gpu)
+            if full is not None and full >= self.settings.contended_ratio:
+                return f"gpu{index} is {full:.0%} full"
+            recent = [
+                (t, pid)
+                for t, pid in self._ooms.get(index, [])
+                if t >= now - self.settings.oom_wait_seconds
+            ]
+            self._ooms[index] = recent
+            if any(pid != decision.candidate.pid for _, pid in recent):
+                return f"another process ran out of memory on gpu{index}"
+        return None
+
+    def _warn(self, plan: Plan, decision: Decision, why: str, now: float) -> PendingWarning:
+        wait = self.settings.warn_before_seconds
+        warning = PendingWarning(decision, now, now + wait)
+        self.warnings[_key(decision)] = warning
+        if wait <= 0:
+            return warning
+        summary = (
+            f"{describe(decision)} will be stopped in {format_duration(wait)} unless it becomes active "
+            f"({decision.detail}; {why})"
+        )
+        log.warning("%s", summary)
+        self._executor.audit(
+            "warning", dry_run=self.dry_run, hostname=plan.hostname, **decision_row(decision)
+        )
+        self._executor.notify(
+            decision,
+            plan.hostname,
+            stage="warning",
+            summary=summary,
+            extra={"deadline": warning.deadline, "contention": why},
+        )
+        return warning
+
+    def _withdraw(self, plan: Plan, eligible: dict[Key, tuple[Decision, str]], now: float) -> None:
+        decisions = {_key(d): d for d in plan.decisions}
+        for key in list(self.warnings):
+            if key in eligible:
+                continue
+            warning = self.warnings.pop(key)
+            current = decisions.get(key)
+            if current is None:
+                why = "it no longer holds the memory floor, or exited"
+            elif current.verdict == "reap":
+                why = "its GPU is no longer contended"
+            else:
+                why = f"it is spared now: {current.detail}"
+            summary = f"warning withdrawn: {describe(warning.decision)} will not be stopped; {why}"
+            log.info("%s", summary)
+            self._executor.audit(
+                "withdrawn",
+                dry_run=self.dry_run,
+                hostname=plan.hostname,
+                withdrawn_because=why,
+                **decision_row(warning.decision),
+            )
+            self._executor.notify(
+                warning.decision, plan.hostname, stage="withdrawn", summary=summary
+            )
+        self._acted &= set(eligible)
+
+    def _within_caps(self, due: Sequence[Decision], now: float) -> list[Decision]:
+        while self._stops and self._stops[0][0] < now - HOUR:
+            self._stops.popleft()
+        allowed = []
+        for decision in due:
+            user = decision.candidate.user or str(decision.candidate.uid)
+            per_user = sum(1 for _, u in self._stops if u == user)
+            if len(self._stops) >= self.settings.max_per_host_per_hour:
+                log.warning("reaper: host cap reached; %s waits", describe(decision))
+                continue
+            if per_user >= self.settings.max_per_user_per_hour:
+                log.warning("reaper: cap for user %s reached; %s waits", user, describe(decision))
+                continue
+            self._stops.append((now, user))
+            allowed.append(decision)
+        return allowed
+
+    def _stop(self, plan: Plan, decisions: list[Decision]) -> None:
+        if not decisions:
+            return
+        for decision in decisions:
+            self.warnings.pop(_key(decision), None)
+            self._acted.add(_key(decision))
+        batch = Plan(plan.now, plan.hostname, plan.boot_id, plan.window_seconds, decisions)
+
+        def run() -> None:
+            try:
+                self._executor.run(batch, dry_run=self.dry_run, record=True)
+            except Exception:
+                log.exception("reaper policy: stopping %d process(es) failed", len(decisions))
+
+        if self._background:
+            self._worker = threading.Thread(target=run, name="gpuwatch-reaper", daemon=True)
+            self._worker.start()
+        else:
+            run()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for a stop in progress (tests, shutdown)."""
+        if self._worker is not None:
+            self._worker.join(timeout)
+
+
+def _key(decision: Decision) -> Key:
+    return decision.candidate.pid, decision.candidate.start_time
+
+
+def _fullness(gpu: Gpu) -> float | None:
+    if not gpu.memory_total_bytes or gpu.memory_used_bytes is None:
+        return None
+    return gpu.memory_used_bytes / gpu.memory_total_bytes
+
+
+class NextPoll:
+    """The executor's observer inside the agent: waits for the next poll's snapshot.
+
+    The agent's poll loop calls :meth:`offer` with each snapshot; :meth:`observe`
+    returns the first one offered after it was called, or ``None`` after
+    ``timeout_seconds`` (NVML is read only by the poll loop, never concurrently).
+    """
+
+    def __init__(self, timeout_seconds: float) -> None:
+        self._timeout = timeout_seconds
+        self._cond = threading.Condition()
+        self._latest: HostSnapshot | None = None
+        self._count = 0
+
+    def offer(self, snapshot: HostSnapshot) -> None:
+        with self._cond:
+            self._latest = snapshot
+            self._count += 1
+            self._cond.notify_all()
+
+    def observe(self) -> HostSnapshot | None:
+        with self._cond:
+            seen = self._count
+            if not self._cond.wait_for(lambda: self._count > seen, timeout=self._timeout):
+                return None
+            return self._latest

@@ -1,0 +1,336 @@
+"""Carry out a plan: audit every decision, then stop each chosen process and verify.
+
+For each chosen process, in order: the ``decision`` rows of the whole plan are in the
+audit log before anything else happens; the killer re-checks identity through a
+pidfd and calls back here to confirm, on a *fresh* NVML observation, that the process
+is still listed, still idle and still unprotected; a ``signal`` row is fsynced before
+each signal; after the process is gone, NVML is read until it no longer lists the
+process (memory freed) or ``verify_seconds`` pass; an ``outcome`` row and a
+``reaped`` event close it. A dry run writes the decision rows and the events and
+sends nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpuwatch.agent.reaper.audit import AuditLog
+from gpuwatch.agent.reaper.events import Actor, describe, reaped_event
+from gpuwatch.agent.reaper.history import classify
+from gpuwatch.agent.reaper.killer import GONE, Killer, KillReport, Target
+from gpuwatch.agent.reaper.plan import Plan
+from gpuwatch.agent.reaper.policy import Candidate, Decision, Protections, protection
+from gpuwatch.agent.reaper.procfs import same_start
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
+from gpuwatch.wire import ReportedEvent
+
+log = logging.getLogger(__name__)
+
+
+class Observer(Protocol):
+    """A fresh look at the GPUs: a new NVML poll (the CLI) or the agent's next one."""
+
+    def observe(self) -> HostSnapshot | None: ...
+
+
+@dataclass
+class Result:
+    """What happened to one chosen process.
+
+    ``outcome`` is a killer outcome (``terminated``, ``killed``, ``already_exited``,
+    ``not_permitted``, ``identity_changed``, ``unkillable``, ``no_longer_eligible``,
+    ``failed``) or ``dry_run``. ``memory_freed`` is whether NVML stopped listing it
+    (``None``: not checked); ``seconds_to_freed`` runs from the start of the attempt.
+    """
+
+    pid: int
+    outcome: str
+    detail: str
+    signals: list[str] = field(default_factory=list)
+    memory_bytes: int = 0
+    memory_freed: bool | None = None
+    memory_freed_bytes: int | None = None
+    seconds_to_freed: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "signals": self.signals,
+            "memory_bytes": self.memory_bytes,
+            "memory_freed": self.memory_freed,
+            "memory_freed_bytes": self.memory_freed_bytes,
+            "seconds_to_freed": self.seconds_to_freed,
+        }
+
+
+def decision_row(decision: Decision) -> dict[str, Any]:
+    """The per-process fields of an audit row."""
+    c = decision.candidate
+    return {
+        "pid": c.pid,
+        "start_time": c.start_time,
+        "uid": c.uid,
+        "user": c.user,
+        "command": c.command,
+        "gpus": c.gpus,
+        "memory_bytes": c.memory_bytes,
+        "idle_seconds": decision.idle_seconds,
+        "verdict": decision.verdict,
+        "reason": decision.reason,
+        "detail": decision.detail,
+    }
+
+
+class Executor:
+    """Runs plans. ``report`` takes each ``reaped`` event (the agent's sink or an
+    :class:`~gpuwatch.agent.reaper.events.EventPoster`); ``None`` sends none."""
+
+    def __init__(
+        self,
+        *,
+        killer: Killer,
+        audit: AuditLog,
+        observer: Observer,
+        protections: Protections,
+        caller_uid: int | None,
+        actor: Actor,
+        run_id: str,
+        verify_seconds: float,
+        force: bool = False,
+        report: Callable[[ReportedEvent], object] | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._killer = killer
+        self._audit = audit
+        self._observer = observer
+        self._protections = protections
+        self._caller_uid = caller_uid
+        self._actor = actor
+        self._run_id = run_id
+        self._verify_seconds = verify_seconds
+        self._force = force
+        self._report = report
+        self._clock = clock
+        self._monotonic = monotonic
+        self._sleep = sleep
+
+    # -- audit -------------------------------------------------------------------------
+
+    def audit(self, event: str, *, dry_run: bool, hostname: str, **fields: Any) -> None:
+        """Append one row (raises :class:`~gpuwatch.agent.reaper.errors.AuditError`)."""
+        self._audit.write(
+            {
+                "run": self._run_id,
+                "event": event,
+                "host": hostname,
+                "actor": self._actor.as_dict(),
+                "dry_run": dry_run,
+                **fields,
+            }
+        )
+
+    def record(self, plan: Plan, *, dry_run: bool) -> None:
+        """Write every decision of ``plan`` (spared ones too) to the audit log."""
+        for decision in plan.decisions:
+            self.audit(
+                "decision", dry_run=dry_run, hostname=plan.hostname, **decision_row(decision)
+            )
+
+    def refuse(
+        self, hostname: str, reason: str, *, dry_run: bool, decision: Decision | None = None
+    ) -> None:
+        """Record a refusal: an audit row and, for a named process, an event."""
+        fields = decision_row(decision) if decision is not None else {}
+        self.audit("refused", dry_run=dry_run, hostname=hostname, refusal=reason, **fields)
+        if decision is not None:
+            self.notify(
+                decision,
+                hostname,
+                stage="refused",
+                summary=f"gpuwatch reap refused to stop {describe(decision)}: {reason}",
+                extra={"refusal": reason},
+            )
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, plan: Plan, *, dry_run: bool, record: bool = True) -> list[Result]:
+        """Audit the plan, then stop each chosen process (or, dry, say what would be)."""
+        if record:
+            self.record(plan, dry_run=dry_run)
+        results = []
+        for decision in plan.chosen:
+            if dry_run:
+                c = decision.candidate
+                result = Result(
+                    c.pid, "dry_run", "dry run: nothing sent", memory_bytes=c.memory_bytes
+                )
+                self.notify(
+                    decision,
+                    plan.hostname,
+                    stage="dry_run",
+                    summary=f"dry run: gpuwatch reap would stop {describe(decision)}, {decision.detail}",
+                )
+            else:
+                result = self.stop(decision, plan.hostname)
+            results.append(result)
+        return results
+
+    def stop(self, decision: Decision, hostname: str) -> Result:
+        """Stop one chosen process and verify its memory was freed."""
+        c = decision.candidate
+        started = self._monotonic()
+        assert c.start_time is not None and c.uid is not None  # the policy spares unknowns
+
+        def before_signal(sig: signal.Signals) -> None:
+            self.audit(
+                "signal",
+                dry_run=False,
+                hostname=hostname,
+                signal=sig.name,
+                **decision_row(decision),
+            )
+
+        report = self._killer.stop(
+            Target(c.pid, c.start_time, c.uid),
+            recheck=lambda: self._recheck(c),
+            before_signal=before_signal,
+        )
+        result = Result(c.pid, report.outcome, report.detail, report.signals, c.memory_bytes)
+        if report.outcome in GONE:
+            freed = self._wait_freed(c)
+            result.memory_freed = freed
+            result.memory_freed_bytes = c.memory_bytes if freed else None
+            result.seconds_to_freed = self._monotonic() - started if freed else None
+        self.audit(
+            "outcome",
+            dry_run=False,
+            hostname=hostname,
+            outcome=result.outcome,
+            outcome_detail=result.detail,
+            signals=result.signals,
+            memory_freed=result.memory_freed,
+            memory_freed_bytes=result.memory_freed_bytes,
+            **decision_row(decision),
+        )
+        self.notify(
+            decision,
+            hostname,
+            stage="stopped" if report.outcome in GONE else "failed",
+            summary=_summary(decision, report, result, self._actor),
+            extra={
+                "outcome": result.outcome,
+                "outcome_detail": result.detail,
+                "signals": result.signals,
+                "memory_freed": result.memory_freed,
+                "memory_freed_bytes": result.memory_freed_bytes,
+            },
+        )
+        return result
+
+    def _recheck(self, c: Candidate) -> str | None:
+        """Why ``c`` must not be signalled now, from a fresh observation; ``None``: go."""
+        snapshot = self._observer.observe()
+        if snapshot is None:
+            return "no fresh NVML reading to confirm it is still idle"
+        entries = _entries(snapshot, c, alive_only=True)
+        if not entries:
+            return "NVML no longer lists it: it holds no GPU memory now"
+        if not self._force:
+            for gpu, process in entries:
+                if classify(process, gpu) != "idle":
+                    return f"no longer idle on gpu{gpu.index}"
+        process = entries[0][1]
+        fresh = Candidate(
+            pid=c.pid,
+            start_time=process.start_time,
+            uid=process.owner.uid,
+            user=process.owner.user,
+            name=process.name,
+            command=process.command,
+            holdings=c.holdings,
+            owner=process.owner,
+        )
+        protected = protection(fresh, self._protections)
+        if protected is not None:
+            return protected[1]
+        if self._caller_uid is not None and fresh.uid != self._caller_uid:
+            return "not the caller's process"
+        return None
+
+    def _wait_freed(self, c: Candidate) -> bool:
+        """Read NVML until it stops listing ``c`` (True) or ``verify_seconds`` pass."""
+        deadline = self._monotonic() + self._verify_seconds
+        while True:
+            snapshot = self._observer.observe()
+            if snapshot is not None and not _entries(snapshot, c, alive_only=False):
+                return True
+            if self._monotonic() >= deadline:
+                log.warning("NVML still lists pid %s after it exited", c.pid)
+                return False
+            self._sleep(0.1)
+
+    def notify(
+        self,
+        decision: Decision,
+        hostname: str,
+        *,
+        stage: str,
+        summary: str,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Hand a ``reaped`` event for ``decision`` to ``report`` (never raises)."""
+        if self._report is None:
+            return
+        event = reaped_event(
+            decision,
+            hostname=hostname,
+            actor=self._actor,
+            stage=stage,
+            summary=summary,
+            occurred_at=self._clock(),
+            extra={"run": self._run_id, **(extra or {})},
+        )
+        try:
+            self._report(event)
+        except Exception:  # a notification must never stop or undo a reap
+            log.exception("could not hand over the reaped event for pid %s", event.pid)
+
+
+def _entries(
+    snapshot: HostSnapshot, c: Candidate, *, alive_only: bool
+) -> list[tuple[Gpu, GpuProcess]]:
+    """Where ``snapshot`` lists the same process as ``c`` (same PID and start time).
+
+    A PID NVML lists after its process exited has no start time (``/proc`` has
+    nothing left to read): it still counts as listed unless ``alive_only``, because
+    its memory is not freed until NVML stops listing it.
+    """
+    return [
+        (gpu, process)
+        for gpu in snapshot.gpus
+        for process in gpu.processes
+        if process.pid == c.pid
+        and (process.alive or not alive_only)
+        and (process.start_time is None or same_start(process.start_time, c.start_time))
+    ]
+
+
+def _summary(decision: Decision, report: KillReport, result: Result, actor: Actor) -> str:
+    what = describe(decision)
+    if report.outcome in GONE:
+        freed = (
+            f"{result.memory_bytes / 2**30:.1f} GiB freed"
+            if result.memory_freed
+            else "NVML still lists its memory"
+        )
+        return f"{what} {report.outcome} by {actor.via} ({actor.who}): {freed}"
+    return f"{actor.via} ({actor.who}) could not stop {what}: {report.outcome}, {report.detail}"

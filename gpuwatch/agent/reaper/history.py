@@ -1,0 +1,288 @@
+"""The agent's local activity history: enough to say "idle for the whole window" by itself.
+
+Each poll adds one observation per process and GPU; the history keeps, per
+``(GPU uuid, pid, start time)``, a short list of **runs**: stretches of consecutive
+polls with the same activity (``idle``: SM known to be 0; ``active``: SM above 0;
+``unknown``: NVML could not say) and the same host-CPU verdict. A run covers its whole
+``[start, end]``: two polls join a run only when they are at most ``cover_seconds``
+apart (1.5 poll intervals), so a missed poll, a failed poll or an agent restart leaves
+a **gap** between runs. Gaps are unknown time, never idle (:func:`idle_evidence`).
+
+Downsampling and bounds (docs/reaper.md, "History"):
+
+* A process idle for a day is one run, whatever the poll interval: the history grows
+  with *changes*, not with polls.
+* Only what the idle verdict can use is kept. The verdict looks back from now while
+  the process stays idle, so when a run ends in ``active`` or ``unknown``, everything
+  before that run is dropped; a gap longer than ``max_gap_seconds`` drops everything
+  before it too.
+* At most ``max_runs`` runs per process and GPU (oldest dropped: a shorter history
+  can only make a process *less* idle), runs older than ``history_seconds`` are
+  dropped, and a process not seen for ``max_gap_seconds`` is forgotten.
+
+Measured by ``bench/reaper.py``: a day of 8 GPUs x 200 processes costs well under
+10 MiB. The history lives in memory: an agent restart starts it afresh, so no
+process is idle (for the reaper) until a full window after the restart.
+
+Where NVML cannot give per-process SM (a failed ``nvmlDeviceGetProcessUtilization``),
+a poll is still ``idle`` when the whole GPU's utilisation was 0 (nothing ran on it, so
+no process did), except on MIG GPUs, whose instances' activity the snapshot does not
+carry: there, processes stay ``unknown`` and are never idle.
+
+The agent serves it as JSON at ``GET /reaper/history``
+(:mod:`gpuwatch.agent.reaper.served`); :mod:`gpuwatch.agent.reaper.evidence` turns
+runs into the idle verdict.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuwatch.agent.reaper.procfs import same_start
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
+
+Activity = Literal["idle", "active", "unknown"]
+
+
+@dataclass(slots=True)
+class Run:
+    """Consecutive polls of one process on one GPU with the same activity.
+
+    Times are epoch seconds; the run covers all of ``[start, end]``. ``low_bytes`` and
+    ``high_bytes`` are the least and most memory seen (``None``: not available in some
+    poll), ``busiest_ratio`` the highest SM ratio, ``cpu_busy`` whether host CPU use
+    was above the threshold (it is one value per run: a change starts a new run).
+    """
+
+    start: float
+    end: float
+    activity: Activity
+    low_bytes: int | None
+    high_bytes: int | None
+    busiest_ratio: float = 0.0
+    cpu_busy: bool = False
+
+
+@dataclass(slots=True)
+class _Track:
+    gpu_index: int
+    gpu_uuid: str
+    pid: int
+    start_time: float | None
+    last_t: float
+    last_cpu: float | None
+    runs: list[Run]
+
+
+TrackKey = tuple[str, int, float | None]  # (GPU uuid, pid, process start time)
+
+
+def classify(process: GpuProcess, gpu: Gpu) -> Activity:
+    """One poll's activity for ``process`` on ``gpu`` (see the module docstring)."""
+    if process.sm_ratio is not None:
+        return "active" if process.sm_ratio > 0 else "idle"
+    if not gpu.mig_instances and gpu.utilization_ratio is not None:
+        return "active" if gpu.utilization_ratio > 0 else "idle"
+    return "unknown"
+
+
+class ProcessHistory:
+    """Bounded per-process activity runs, fed by every poll. Thread-safe.
+
+    ``cpu_seconds(pid)`` returns a process's CPU time so far (``None`` if unknown);
+    the history asks only for processes whose GPU side looks idle and that hold at
+    least ``cpu_min_bytes`` (an active one is active whatever its CPU does, and one
+    below the reaper's memory floor is never a candidate). ``cover_seconds`` is the
+    longest gap between two polls still counted as observed (1.5 poll intervals by
+    default).
+    """
+
+    def __init__(
+        self,
+        *,
+        poll_interval_seconds: float,
+        history_seconds: float,
+        max_gap_seconds: float,
+        max_runs: int,
+        cpu_busy_ratio: float = 0.0,
+        cpu_seconds: Callable[[int], float | None] | None = None,
+        cover_seconds: float | None = None,
+        cpu_min_bytes: int = 0,
+    ) -> None:
+        self.poll_interval_seconds = poll_interval_seconds
+        self.history_seconds = history_seconds
+        self.max_gap_seconds = max_gap_seconds
+        self.cover_seconds = (
+            cover_seconds if cover_seconds is not None else 1.5 * poll_interval_seconds
+        )
+        self._max_runs = max_runs
+        self._cpu_busy_ratio = cpu_busy_ratio
+        self._cpu_seconds = cpu_seconds if cpu_busy_ratio > 0 else None
+        self._cpu_min_bytes = cpu_min_bytes
+        self._tracks: dict[TrackKey, _Track] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, snapshot: HostSnapshot) -> None:
+        """Add one poll. Polls must come in time order; an older or equal one is ignored."""
+        t = snapshot.collected_at
+        polled = list(_observations(snapshot))
+        cpu: dict[int, float | None] = {}
+        if self._cpu_seconds is not None:
+            for _, _, process, activity in polled:
+                if (
+                    activity == "idle"
+                    and process.visible
+                    and (process.used_bytes or 0) >= self._cpu_min_bytes
+                    and process.pid not in cpu
+                ):
+                    cpu[process.pid] = self._cpu_seconds(process.pid)
+        with self._lock:
+            for gpu_index, gpu_uuid, process, activity in polled:
+                key = (gpu_uuid, process.pid, process.start_time)
+                track = self._tracks.get(key)
+                if track is None:
+                    track = _Track(
+                        gpu_index, gpu_uuid, process.pid, process.start_time, t, None, []
+                    )
+                    self._tracks[key] = track
+                self._add(track, t, activity, process, cpu.get(process.pid))
+            self._expire(t)
+
+    def _add(
+        self, track: _Track, t: float, activity: Activity, process: GpuProcess, cpu: float | None
+    ) -> None:
+        runs = track.runs
+        dt = t - track.last_t
+        if runs and dt <= 0:
+            return  # the same poll again, or one from the past
+        cpu_busy = False
+        if cpu is not None and track.last_cpu is not None and dt > 0:
+            cpu_busy = (cpu - track.last_cpu) / dt > self._cpu_busy_ratio
+        track.last_cpu = cpu
+        covered = bool(runs) and dt <= self.cover_seconds
+        used = process.used_bytes
+        sm = process.sm_ratio or 0.0
+        last = runs[-1] if runs else None
+        track.last_t = t
+        if last is not None and covered and last.activity == activity and last.cpu_busy == cpu_busy:
+            last.end = t
+            last.low_bytes = (
+                None if used is None or last.low_bytes is None else min(last.low_bytes, used)
+            )
+            last.high_bytes = (
+                None if used is None or last.high_bytes is None else max(last.high_bytes, used)
+            )
+            last.busiest_ratio = max(last.busiest_ratio, sm)
+            return
+        # The poll's SM figure is about the time since the previous poll, so a run that
+        # starts right after a covered poll covers that interval too.
+        start = t - dt if covered else t
+        if last is not None and (last.activity != "idle" or t - last.end > self.max_gap_seconds):
+            # The idle verdict never looks past a non-idle run or a long gap.
+            del runs[:-1]
+            if t - last.end > self.max_gap_seconds:
+                runs.clear()
+        runs.append(Run(start, t, activity, used, used, sm, cpu_busy))
+        if len(runs) > self._max_runs:
+            del runs[: len(runs) - self._max_runs]
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.history_seconds
+        stale = now - self.max_gap_seconds
+        gone = [key for key, track in self._tracks.items() if track.last_t < stale]
+        for key in gone:
+            del self._tracks[key]
+        for track in self._tracks.values():
+            if track.runs and track.runs[0].end < horizon:
+                track.runs = [r for r in track.runs if r.end >= horizon]
+
+    def runs_for(self, gpu_uuid: str, pid: int, start_time: float | None) -> list[Run] | None:
+        """A copy of that process's runs on that GPU (``None``: not tracked); see
+        :meth:`HistoryReport.runs_for` for how start times match."""
+        if start_time is None:
+            return None
+        with self._lock:
+            track = self._tracks.get((gpu_uuid, pid, start_time))
+            if track is None:
+                track = next(
+                    (
+                        t
+                        for (uuid, p, s), t in self._tracks.items()
+                        if uuid == gpu_uuid and p == pid and same_start(s, start_time)
+                    ),
+                    None,
+                )
+            if track is None:
+                return None
+            return [
+                Run(
+                    r.start,
+                    r.end,
+                    r.activity,
+                    r.low_bytes,
+                    r.high_bytes,
+                    r.busiest_ratio,
+                    r.cpu_busy,
+                )
+                for r in track.runs
+            ]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._tracks)
+
+    def tracks(self, pid: int | None = None) -> list[TrackView]:
+        """A copy of every track (or only ``pid``'s), for serving."""
+        with self._lock:
+            return [
+                TrackView(
+                    t.gpu_index,
+                    t.gpu_uuid,
+                    t.pid,
+                    t.start_time,
+                    t.last_t,
+                    [_copy(r) for r in t.runs],
+                )
+                for t in self._tracks.values()
+                if pid is None or t.pid == pid
+            ]
+
+
+@dataclass(frozen=True)
+class TrackView:
+    """One process on one GPU: its identity, when it was last polled, and its runs."""
+
+    gpu_index: int
+    gpu_uuid: str
+    pid: int
+    start_time: float | None
+    last_seen: float
+    runs: list[Run]
+
+
+def _copy(r: Run) -> Run:
+    return Run(r.start, r.end, r.activity, r.low_bytes, r.high_bytes, r.busiest_ratio, r.cpu_busy)
+
+
+def _observations(snapshot: HostSnapshot) -> Iterable[tuple[int, str, GpuProcess, Activity]]:
+    """``(gpu index, gpu uuid, process, activity)`` once per process and GPU."""
+    for gpu in snapshot.gpus:
+        if gpu.lost or gpu.read_error is not None:
+            continue  # nothing is known about this GPU's processes: a gap for each
+        seen: dict[int, tuple[GpuProcess, Activity]] = {}
+        for process in gpu.processes:
+            activity = classify(process, gpu)
+            previous = seen.get(process.pid)
+            # A PID listed twice (a compute and a graphics context) is one process: any
+            # activity wins, then unknown, and it is idle only if both say so.
+            if previous is None or _rank(activity) > _rank(previous[1]):
+                seen[process.pid] = (process, activity)
+        for process, activity in seen.values():
+            yield gpu.index, gpu.uuid, process, activity
+
+
+def _rank(activity: Activity) -> int:
+    return {"idle": 0, "unknown": 1, "active": 2}[activity]

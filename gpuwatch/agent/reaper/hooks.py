@@ -1,0 +1,131 @@
+"""The reaper's part of the running agent: history from every poll, served, and the
+automatic policy when it is on. :class:`~gpuwatch.agent.service.Agent` holds one
+:class:`ReaperHooks` and calls it from its poll loop, its HTTP endpoint and its OOM
+relay; everything else stays here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import secrets
+import time
+from collections.abc import Callable
+
+from gpuwatch.agent.reaper.audit import AuditLog
+from gpuwatch.agent.reaper.auto import AutoReaper, NextPoll
+from gpuwatch.agent.reaper.errors import AuditError
+from gpuwatch.agent.reaper.events import Actor
+from gpuwatch.agent.reaper.execute import Executor
+from gpuwatch.agent.reaper.history import ProcessHistory
+from gpuwatch.agent.reaper.killer import Killer
+from gpuwatch.agent.reaper.policy import Protections
+from gpuwatch.agent.reaper.procfs import ProcReader, may_signal_anyone
+from gpuwatch.agent.reaper.served import history_report
+from gpuwatch.settings import AgentSettings
+from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.wire import ReportedEvent
+
+log = logging.getLogger(__name__)
+
+
+class ReaperHooks:
+    """History (always) and the automatic policy (when ``[agent.reap] enabled``)."""
+
+    def __init__(
+        self,
+        history: ProcessHistory,
+        *,
+        auto: AutoReaper | None = None,
+        next_poll: NextPoll | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.history = history
+        self.auto = auto
+        self._next_poll = next_poll
+        self._clock = clock
+        self._host = ("", "")
+
+    @classmethod
+    def build(
+        cls,
+        settings: AgentSettings,
+        *,
+        report: Callable[[ReportedEvent], object] | None,
+        clock: Callable[[], float] = time.time,
+    ) -> ReaperHooks:
+        r = settings.reap
+        procs = ProcReader(settings.proc_root)
+        history = ProcessHistory(
+            poll_interval_seconds=settings.poll_interval_seconds,
+            history_seconds=max(r.history_seconds, r.idle_seconds + r.warn_before_seconds),
+            max_gap_seconds=r.max_gap_seconds,
+            max_runs=r.max_runs_per_process,
+            cpu_busy_ratio=r.cpu_busy_ratio,
+            cpu_seconds=procs.cpu_seconds,
+            cpu_min_bytes=r.min_memory_bytes,
+        )
+        if not r.enabled:
+            return cls(history, clock=clock)
+        can_signal = may_signal_anyone(settings.proc_root)
+        caller_uid = None if can_signal else os.geteuid()
+        protections = Protections.from_settings(r, self_pids=(os.getpid(),))
+        # Up to three poll intervals for the next poll; a stuck poll loop is "no reading".
+        next_poll = NextPoll(timeout_seconds=3 * settings.poll_interval_seconds + 1)
+        uid = os.getuid()
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+        executor = Executor(
+            killer=Killer(
+                procs, grace_seconds=r.grace_seconds, unkillable_seconds=r.unkillable_seconds
+            ),
+            audit=AuditLog(r.audit_log, clock=clock),
+            observer=next_poll,
+            protections=protections,
+            caller_uid=caller_uid,
+            actor=Actor(uid=uid, user=user, pid=os.getpid(), via="agent policy"),
+            run_id=secrets.token_hex(6),
+            verify_seconds=r.verify_seconds,
+            report=report,
+            clock=clock,
+        )
+        try:
+            # Fail now, not at the first stop: nothing is ever signalled without this log.
+            executor.audit("policy_started", dry_run=r.dry_run or not can_signal, hostname="")
+        except AuditError as err:
+            log.error("reaper policy disabled: %s", err)
+            return cls(history, clock=clock)
+        auto = AutoReaper(
+            r,
+            history=history,
+            executor=executor,
+            protections=protections,
+            caller_uid=caller_uid,
+            can_signal=can_signal,
+            clock=clock,
+        )
+        return cls(history, auto=auto, next_poll=next_poll, clock=clock)
+
+    def after_poll(self, snapshot: HostSnapshot) -> None:
+        """Feed the history, wake a waiting stop, and let the policy check."""
+        self._host = (snapshot.hostname, snapshot.boot_id)
+        self.history.observe(snapshot)
+        if self._next_poll is not None:
+            self._next_poll.offer(snapshot)
+        if self.auto is not None:
+            self.auto.after_poll(snapshot)
+
+    def history_json(self, pid: int | None) -> bytes:
+        """``GET /reaper/history``: :class:`~gpuwatch.agent.reaper.served.HistoryReport`."""
+        hostname, boot_id = self._host
+        report = history_report(
+            self.history, hostname=hostname, boot_id=boot_id, generated_at=self._clock(), pid=pid
+        )
+        return report.model_dump_json().encode()
+
+    def note_oom(self, gpu_index: int | None, pid: int, at: float) -> None:
+        if self.auto is not None:
+            self.auto.note_oom(gpu_index, pid, at)

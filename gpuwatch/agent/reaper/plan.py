@@ -1,0 +1,182 @@
+"""From a live snapshot and the history to decisions: who would be reaped, and why.
+
+The plan is the same for a dry run and a real one: both call :func:`make_plan` on the
+same snapshot and history, and only the executor differs. One sample is never enough:
+without history every process is ``no_history`` (spared), whatever it shows now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuwatch.agent.reaper.errors import ReapRefused
+from gpuwatch.agent.reaper.evidence import IdleEvidence, idle_evidence
+from gpuwatch.agent.reaper.history import Run
+from gpuwatch.agent.reaper.policy import (
+    Candidate,
+    Decision,
+    Holding,
+    Protections,
+    Selection,
+    decide,
+)
+from gpuwatch.snapshot import GpuProcess, HostSnapshot
+
+# (gpu uuid, pid, start time) -> runs, or None when there is no history of it.
+RunsLookup = Callable[[str, int, float | None], list[Run] | None]
+
+ISOLATED = (
+    "this gpuwatch runs in a PID namespace that cannot see the host's processes (a "
+    "container without --pid=host / hostPID): NVML reports host PIDs, so a PID here may "
+    "name a different process, or none. Refusing; run `gpuwatch reap` on the host."
+)
+
+
+@dataclass(frozen=True)
+class IdleRule:
+    """The idle verdict's parameters: window, memory floor, longest bridged gap, and
+    the share of the window the samples must cover (seconds, bytes, 0..1)."""
+
+    window_seconds: float
+    min_memory_bytes: int
+    max_gap_seconds: float
+    min_coverage: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision over one snapshot. ``decisions`` lists processes holding at least
+    the memory floor on some GPU (or the ``--pid`` target); ``notes`` are for the user."""
+
+    now: float
+    hostname: str
+    boot_id: str
+    window_seconds: float
+    decisions: list[Decision]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> list[Decision]:
+        return [d for d in self.decisions if d.verdict == "reap"]
+
+
+def make_plan(
+    snapshot: HostSnapshot,
+    runs_for: RunsLookup | None,
+    *,
+    now: float,
+    rule: IdleRule,
+    selection: Selection,
+    protections: Protections,
+    caller_uid: int | None,
+    notes: list[str] | None = None,
+) -> Plan:
+    """Decide for every GPU process of ``snapshot``. Raises :class:`ReapRefused` when
+    the host's PIDs are not visible here, or the ``--pid`` target holds no GPU memory."""
+    if snapshot.pid_namespace_isolated:
+        raise ReapRefused(ISOLATED)
+    candidates = candidates_from(snapshot, runs_for, now=now, rule=rule)
+    if selection.pid is not None:
+        candidates = [c for c in candidates if c.pid == selection.pid]
+        if not candidates:
+            raise ReapRefused(
+                f"PID {selection.pid} holds no GPU memory that NVML lists on this host; nothing to reap"
+            )
+    else:
+        candidates = [c for c in candidates if (c.largest.used_bytes or 0) >= rule.min_memory_bytes]
+    decisions = decide(
+        candidates, selection=selection, protections=protections, caller_uid=caller_uid
+    )
+    all_notes = list(notes or [])
+    if caller_uid is not None:
+        all_notes.append(
+            f"not root: only your own processes (uid {caller_uid}) can be reaped; "
+            "others are listed and spared"
+        )
+    return Plan(now, snapshot.hostname, snapshot.boot_id, rule.window_seconds, decisions, all_notes)
+
+
+def candidates_from(
+    snapshot: HostSnapshot, runs_for: RunsLookup | None, *, now: float, rule: IdleRule
+) -> list[Candidate]:
+    """One candidate per PID, holding one entry per GPU, each with its idle evidence.
+
+    The memory floor is judged on the GPU where the process holds the most; on its
+    other GPUs it only has to be idle (stopping it frees all of them).
+    """
+    first: dict[int, GpuProcess] = {}
+    held: dict[int, dict[int, tuple[str, int | None]]] = {}
+    for gpu in snapshot.gpus:
+        if gpu.lost or gpu.read_error is not None:
+            continue
+        for process in gpu.processes:
+            first.setdefault(process.pid, process)
+            per_gpu = held.setdefault(process.pid, {})
+            previous = per_gpu.get(gpu.index)
+            used = process.used_bytes
+            if previous is not None and previous[1] is not None and used is not None:
+                used = max(used, previous[1])
+            elif previous is not None:
+                used = None
+            per_gpu[gpu.index] = (gpu.uuid, used)
+    out = []
+    for pid, process in first.items():
+        gpus = held[pid]
+        largest = max(gpus, key=lambda index: gpus[index][1] or 0)
+        holdings = tuple(
+            Holding(
+                gpu_index=index,
+                gpu_uuid=uuid,
+                used_bytes=used,
+                evidence=_evidence(
+                    runs_for,
+                    uuid,
+                    process,
+                    now=now,
+                    rule=rule,
+                    min_bytes=rule.min_memory_bytes if index == largest else 0,
+                ),
+            )
+            for index, (uuid, used) in sorted(gpus.items())
+        )
+        out.append(
+            Candidate(
+                pid=pid,
+                start_time=process.start_time,
+                uid=process.owner.uid,
+                user=process.owner.user,
+                name=process.name,
+                command=process.command,
+                holdings=holdings,
+                alive=process.alive,
+                visible=process.visible,
+                orphaned=process.orphaned,
+                jupyter_kernel=process.jupyter_kernel,
+                owner=process.owner,
+            )
+        )
+    return out
+
+
+def _evidence(
+    runs_for: RunsLookup | None,
+    gpu_uuid: str,
+    process: GpuProcess,
+    *,
+    now: float,
+    rule: IdleRule,
+    min_bytes: int,
+) -> IdleEvidence:
+    if runs_for is None:
+        return IdleEvidence(
+            False, "no_history", "no history to judge by (one sample is never enough)"
+        )
+    return idle_evidence(
+        runs_for(gpu_uuid, process.pid, process.start_time),
+        now=now,
+        window_seconds=rule.window_seconds,
+        min_bytes=min_bytes,
+        max_gap_seconds=rule.max_gap_seconds,
+        min_coverage=rule.min_coverage,
+    )

@@ -1,0 +1,277 @@
+"""Who may be reaped, and why not: candidates + protections + filters -> decisions.
+
+Pure: no clock, no ``/proc``, no NVML, no settings file. The planner
+(:mod:`gpuwatch.agent.reaper.plan`) builds the candidates and their idle evidence;
+:func:`decide` says ``reap`` or ``spare`` for each, with a reason code and a sentence.
+
+Checks, in order; the first that applies decides, so the reason given is the
+strongest one:
+
+1. **Protections** (no flag turns these off, ``--force`` included): PID 1, gpuwatch
+   itself, root and system users (uid <= ``system_uid_max``), display servers, and the
+   site's allow-list of users, command patterns, cgroup patterns, Slurm jobs and pods.
+2. **What cannot be signalled safely**: a process not visible from here (another PID
+   namespace), one whose owner is unknown, one that has already exited, and, for a
+   caller without root or ``CAP_KILL``, anyone else's process.
+3. **The caller's filters**: ``--user``, ``--gpu``, ``--match`` / ``--exclude``,
+   ``--only-orphans``, ``--min-memory``.
+4. **Idleness**, on *every* GPU the process holds (stopping it frees all of them, so
+   one busy GPU spares it): the verdict of :func:`~gpuwatch.agent.reaper.evidence.idle_evidence`.
+   ``--force`` (only with ``--pid``) skips this step and no other.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpuwatch.agent.reaper.evidence import IdleEvidence
+from gpuwatch.agent.reaper.settings import ReapSettings
+from gpuwatch.snapshot import ProcessOwner
+
+Verdict = Literal["reap", "spare"]
+
+# gpuwatch's own processes: the installed entry point or ``python -m gpuwatch``.
+_GPUWATCH = re.compile(r"(^|/)gpuwatch(\s|$)|(^|\s)-m\s*gpuwatch(\s|\.|$)")
+
+# Reason codes, documented in docs/reaper.md. Protections first.
+PROTECTED_REASONS = (
+    "protected_pid1",
+    "protected_self",
+    "protected_root",
+    "protected_system_user",
+    "protected_display_server",
+    "protected_user",
+    "protected_command",
+    "protected_cgroup",
+    "protected_job",
+)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What a process holds on one GPU, and what the history says about it there."""
+
+    gpu_index: int
+    gpu_uuid: str
+    used_bytes: int | None
+    evidence: IdleEvidence
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One process holding GPU memory, with the facts the decision reads.
+
+    ``start_time`` is epoch seconds; ``uid`` the real uid (``None``: unknown).
+    ``holdings`` has one entry per GPU it holds memory on.
+    """
+
+    pid: int
+    start_time: float | None
+    uid: int | None
+    user: str | None
+    name: str | None
+    command: str | None
+    holdings: tuple[Holding, ...]
+    alive: bool = True
+    visible: bool = True
+    orphaned: bool = False
+    jupyter_kernel: bool = False
+    owner: ProcessOwner = field(default_factory=ProcessOwner)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Known bytes held on all GPUs (a ``None`` holding adds nothing)."""
+        return sum(h.used_bytes or 0 for h in self.holdings)
+
+    @property
+    def largest(self) -> Holding:
+        """The GPU where it holds the most (the one the floor is judged on)."""
+        return max(self.holdings, key=lambda h: h.used_bytes or 0)
+
+    @property
+    def gpus(self) -> list[int]:
+        return sorted(h.gpu_index for h in self.holdings)
+
+    @property
+    def workload(self) -> str | None:
+        """Container / pod / job, for the table: the most specific the agent knows."""
+        o = self.owner
+        if o.slurm_job_id:
+            return f"job {o.slurm_job_id}"
+        if o.pod_uid:
+            return f"pod {o.pod_uid[:8]}"
+        if o.container_id:
+            return f"{o.container_runtime or 'container'} {o.container_id[:12]}"
+        return None
+
+
+@dataclass(frozen=True)
+class Protections:
+    """The site's protections (``[agent.reap]``) plus the running gpuwatch's own PIDs."""
+
+    system_uid_max: int = 999
+    users: frozenset[str] = frozenset()
+    commands: tuple[re.Pattern[str], ...] = ()
+    cgroups: tuple[re.Pattern[str], ...] = ()
+    slurm_jobs: frozenset[str] = frozenset()
+    pods: frozenset[str] = frozenset()
+    display_servers: frozenset[str] = frozenset()
+    self_pids: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_settings(cls, settings: ReapSettings, *, self_pids: Iterable[int]) -> Protections:
+        return cls(
+            system_uid_max=settings.system_uid_max,
+            users=frozenset(settings.protected_users),
+            commands=tuple(re.compile(p) for p in settings.protected_commands),
+            cgroups=tuple(re.compile(p) for p in settings.protected_cgroups),
+            slurm_jobs=frozenset(settings.protected_slurm_jobs),
+            pods=frozenset(settings.protected_pods),
+            display_servers=frozenset(settings.display_servers),
+            self_pids=frozenset(self_pids),
+        )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the caller asked for. ``users`` / ``gpus`` empty: all. ``pid``: only that one."""
+
+    window_seconds: float
+    min_memory_bytes: int
+    users: frozenset[str] = frozenset()
+    gpus: frozenset[int] = frozenset()
+    match: re.Pattern[str] | None = None
+    exclude: re.Pattern[str] | None = None
+    only_orphans: bool = False
+    pid: int | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``reap`` or ``spare`` for one candidate; ``reason`` is a code, ``detail`` a sentence."""
+
+    candidate: Candidate
+    verdict: Verdict
+    reason: str
+    detail: str
+
+    @property
+    def idle_seconds(self) -> float | None:
+        """The shortest idle stretch over its GPUs (``None`` when one has none)."""
+        values = [h.evidence.idle_seconds for h in self.candidate.holdings]
+        return None if any(v is None for v in values) else min(v for v in values if v is not None)
+
+    @property
+    def coverage_ratio(self) -> float | None:
+        values = [h.evidence.coverage_ratio for h in self.candidate.holdings]
+        return None if any(v is None for v in values) else min(v for v in values if v is not None)
+
+
+def decide(
+    candidates: Sequence[Candidate],
+    *,
+    selection: Selection,
+    protections: Protections,
+    caller_uid: int | None,
+) -> list[Decision]:
+    """One decision per candidate, in the order given.
+
+    ``caller_uid`` is ``None`` when the caller may signal anyone (root or
+    ``CAP_KILL``); otherwise only processes with that real uid can be reaped.
+    """
+    out = []
+    for c in candidates:
+        spared = (
+            protection(c, protections)
+            or _unsafe(c, caller_uid)
+            or _filtered(c, selection)
+            or _not_idle(c, selection)
+        )
+        if spared is not None:
+            out.append(Decision(c, "spare", *spared))
+        elif selection.force and not all(h.evidence.idle for h in c.holdings):
+            out.append(Decision(c, "reap", "forced", "--force: stopped without proof of idleness"))
+        else:
+            detail = "; ".join(
+                h.evidence.detail
+                if len(c.holdings) == 1
+                else f"gpu{h.gpu_index}: {h.evidence.detail}"
+                for h in c.holdings
+            )
+            out.append(Decision(c, "reap", "idle", detail))
+    return out
+
+
+def protection(c: Candidate, p: Protections) -> tuple[str, str] | None:
+    """Why ``c`` is protected, or ``None``. Nothing the caller passes changes this."""
+    command = c.command or ""
+    if c.pid == 1:
+        return "protected_pid1", "PID 1 (init) is never signalled"
+    if c.pid in p.self_pids or _GPUWATCH.search(command):
+        return "protected_self", "gpuwatch itself is never signalled"
+    if c.uid == 0:
+        return "protected_root", "root's processes are never reaped"
+    if c.uid is not None and c.uid <= p.system_uid_max:
+        return "protected_system_user", f"system user (uid {c.uid} <= {p.system_uid_max})"
+    if c.name is not None and c.name in p.display_servers:
+        return "protected_display_server", f"display server {c.name}"
+    if (c.user is not None and c.user in p.users) or (c.uid is not None and str(c.uid) in p.users):
+        return "protected_user", f"user {c.user or c.uid} is on the protected list"
+    for pattern in p.commands:
+        if pattern.search(command):
+            return "protected_command", f"command matches protected pattern {pattern.pattern!r}"
+    cgroup = c.owner.cgroup or ""
+    for pattern in p.cgroups:
+        if pattern.search(cgroup):
+            return "protected_cgroup", f"cgroup matches protected pattern {pattern.pattern!r}"
+    if c.owner.slurm_job_id is not None and c.owner.slurm_job_id in p.slurm_jobs:
+        return "protected_job", f"Slurm job {c.owner.slurm_job_id} is protected"
+    if c.owner.pod_uid is not None and c.owner.pod_uid in p.pods:
+        return "protected_job", f"pod {c.owner.pod_uid} is protected"
+    return None
+
+
+def _unsafe(c: Candidate, caller_uid: int | None) -> tuple[str, str] | None:
+    if not c.visible:
+        return "not_visible", "PID not visible from here (another PID namespace)"
+    if not c.alive:
+        return "not_alive", "already exited; NVML still lists its memory (a driver-side leak)"
+    if c.uid is None or c.start_time is None:
+        return "unknown_owner", "owner or start time unknown: its identity cannot be checked"
+    if caller_uid is not None and c.uid != caller_uid:
+        return "not_own_process", "another user's process (without root you can reap only your own)"
+    return None
+
+
+def _filtered(c: Candidate, s: Selection) -> tuple[str, str] | None:
+    if s.pid is not None and c.pid != s.pid:
+        return "not_target", f"not PID {s.pid}"
+    if s.users and (c.user not in s.users and str(c.uid) not in s.users):
+        return "filtered_user", "not one of the --user users"
+    if s.gpus and not s.gpus.intersection(c.gpus):
+        return "filtered_gpu", "not on a --gpu GPU"
+    command = c.command or c.name or ""
+    if s.match is not None and not s.match.search(command):
+        return "filtered_command", f"command does not match --match {s.match.pattern!r}"
+    if s.exclude is not None and s.exclude.search(command):
+        return "filtered_command", f"command matches --exclude {s.exclude.pattern!r}"
+    if s.only_orphans and not c.orphaned:
+        return "not_orphan", "not orphaned (--only-orphans)"
+    largest = c.largest.used_bytes
+    if largest is None or largest < s.min_memory_bytes:
+        return "below_min_memory", "holds less than the memory floor on every GPU"
+    return None
+
+
+def _not_idle(c: Candidate, s: Selection) -> tuple[str, str] | None:
+    if s.force:
+        return None
+    for h in c.holdings:
+        if not h.evidence.idle:
+            where = f"gpu{h.gpu_index}: " if len(c.holdings) > 1 else ""
+            return h.evidence.reason, where + h.evidence.detail
+    return None

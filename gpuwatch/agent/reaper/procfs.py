@@ -1,0 +1,154 @@
+"""Fresh, uncached reads of one process from ``/proc``, for the reaper's identity checks.
+
+:class:`~gpuwatch.agent.procinfo.ProcInfo` caches what cannot change in a process's
+life and is owned by the sampler's thread. The reaper needs the opposite: a read taken
+*now*, right before a signal, that says whether PID *n* is still the process the
+decision was about. This module reads ``<proc_root>/<pid>/stat`` (state, start time,
+CPU time) and ``status`` (real uid) and nothing else, with no cache.
+
+Identity is ``(pid, start time, uid)``: a reused PID always has a later start time.
+Start times are compared in epoch seconds computed from the same boot time
+(``btime``) as the sampler's, within :data:`START_TIME_TOLERANCE_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwatch.agent.procinfo import DEFAULT_PROC_ROOT, read_boot_time
+
+# Start times are ``btime + ticks / CLK_TCK`` on both sides, from the same btime, so
+# they agree exactly; half a tick absorbs float rounding and nothing else. A PID reused
+# even 10 ms later has another start time. (A wall-clock step between two reads of
+# btime makes a process look changed: the reaper then refuses, the safe side.)
+START_TIME_TOLERANCE_SECONDS = 0.5 / os.sysconf("SC_CLK_TCK")
+
+
+def same_start(a: float | None, b: float | None) -> bool:
+    """True when two start times (epoch seconds) name the same process start."""
+    return a is not None and b is not None and abs(a - b) <= START_TIME_TOLERANCE_SECONDS
+
+
+_EXITED = frozenset({"Z", "X", "x"})
+
+
+@dataclass(frozen=True, slots=True)
+class ProcState:
+    """One read of ``/proc/<pid>``. ``start_time`` is epoch seconds (``None`` without a
+    boot time); ``cpu_seconds`` is user + system time; ``uid`` the real uid."""
+
+    pid: int
+    name: str
+    state: str
+    start_ticks: int
+    start_time: float | None
+    cpu_seconds: float
+    uid: int | None
+
+    @property
+    def exited(self) -> bool:
+        """A zombie or dead task: it has released its GPU context and cannot be stopped."""
+        return self.state in _EXITED
+
+    def matches(self, *, start_time: float | None, uid: int | None) -> bool:
+        """True when this is the process observed with ``start_time`` and ``uid``.
+
+        An unknown expected start time or uid never matches: without them a reused PID
+        cannot be told apart, and the reaper does not act on what it cannot tell.
+        """
+        if start_time is None or self.start_time is None or uid is None or self.uid is None:
+            return False
+        return abs(self.start_time - start_time) <= START_TIME_TOLERANCE_SECONDS and self.uid == uid
+
+
+class ProcReader:
+    """Reads processes under ``proc_root`` (a host ``/proc`` bind mount works too)."""
+
+    def __init__(self, proc_root: Path = DEFAULT_PROC_ROOT, *, boot_time: float | None = None):
+        self.root = proc_root
+        self._boot_time = boot_time if boot_time is not None else read_boot_time(proc_root)
+        self._ticks = os.sysconf("SC_CLK_TCK")
+
+    def read(self, pid: int) -> ProcState | None:
+        """The process now, or ``None`` when there is no such PID (or it vanished mid-read)."""
+        stat = self._stat(pid)
+        if stat is None:
+            return None
+        try:
+            with open(f"{self.root}/{pid}/status", "rb") as file:
+                status = file.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        name, state, cpu_ticks, start = stat
+        return ProcState(
+            pid=pid,
+            name=name,
+            state=state,
+            start_ticks=start,
+            start_time=None if self._boot_time is None else self._boot_time + start / self._ticks,
+            cpu_seconds=cpu_ticks / self._ticks,
+            uid=_real_uid(status),
+        )
+
+    def cpu_seconds(self, pid: int) -> float | None:
+        """User + system CPU seconds of ``pid`` so far; ``None`` when gone or unreadable.
+
+        One read of ``stat`` only: the history calls this for idle-looking processes on
+        every poll.
+        """
+        stat = self._stat(pid)
+        if stat is None or stat[1] in _EXITED:
+            return None
+        return stat[2] / self._ticks
+
+    def _stat(self, pid: int) -> tuple[str, str, int, int] | None:
+        """``(comm, state, utime + stime, starttime)`` from ``stat``; ticks. ``None`` if gone."""
+        if pid <= 0:
+            return None
+        try:
+            with open(f"{self.root}/{pid}/stat", "rb") as file:
+                text = file.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        # comm may hold spaces and parentheses: split at the last ')'.
+        head, sep, tail = text.rpartition(")")
+        fields = tail.split()
+        if not sep or len(fields) < 20 or "(" not in head:
+            return None
+        try:
+            # proc(5) fields 3, 14, 15, 22: state, utime, stime, starttime.
+            cpu = int(fields[11]) + int(fields[12])
+            return head[head.find("(") + 1 :], fields[0], cpu, int(fields[19])
+        except ValueError:
+            return None
+
+
+def _real_uid(status: str) -> int | None:
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            parts = line.split()
+            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return None
+
+
+CAP_KILL = 5  # linux/capability.h
+
+
+def may_signal_anyone(proc_root: Path = DEFAULT_PROC_ROOT) -> bool:
+    """True for root, or a process whose effective capabilities include ``CAP_KILL``
+    (the agent under its systemd drop-in)."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        status = (proc_root / "self" / "status").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return bool(int(line.split()[1], 16) >> CAP_KILL & 1)
+            except (IndexError, ValueError):
+                return False
+    return False

@@ -1,0 +1,163 @@
+"""The history as the agent serves it: ``GET /reaper/history`` (``?pid=N``).
+
+:func:`history_report` builds the body from the agent's
+:class:`~gpuwatch.agent.reaper.history.ProcessHistory`; :func:`fetch_history` is how
+``gpuwatch reap --agent URL`` reads it back. The body is strict and bounded: the
+command line takes it from another process. Times are epoch seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuwatch.agent.reaper.history import Activity, ProcessHistory, Run
+from gpuwatch.agent.reaper.procfs import same_start
+from gpuwatch.errors import RemoteError
+from gpuwatch.snapshot import MAX_BYTES, MAX_PID, ShortStr
+
+HISTORY_PATH = "/reaper/history"
+# 64 GPUs x 1024 processes; runs per track as many as the settings allow.
+MAX_TRACKS = 65536
+MAX_RUNS = 4096
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunOut(_Strict):
+    start: float
+    end: float
+    activity: Activity
+    low_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES)] | None
+    high_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES)] | None
+    busiest_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    cpu_busy: bool = False
+
+    def to_run(self) -> Run:
+        return Run(
+            self.start,
+            self.end,
+            self.activity,
+            self.low_bytes,
+            self.high_bytes,
+            self.busiest_ratio,
+            self.cpu_busy,
+        )
+
+
+class TrackOut(_Strict):
+    gpu_index: Annotated[int, Field(ge=0, lt=64)]
+    gpu_uuid: ShortStr
+    pid: Annotated[int, Field(ge=0, le=MAX_PID)]
+    start_time: float | None
+    last_seen: float
+    runs: Annotated[list[RunOut], Field(max_length=MAX_RUNS)]
+
+
+class HistoryReport(_Strict):
+    """``GET /reaper/history``: the agent's runs per process and GPU (times epoch s)."""
+
+    schema_version: Literal[1] = 1
+    hostname: ShortStr
+    boot_id: ShortStr
+    generated_at: float
+    poll_interval_seconds: float
+    cover_seconds: float
+    history_seconds: float
+    max_gap_seconds: float
+    tracks: Annotated[list[TrackOut], Field(max_length=MAX_TRACKS)]
+
+    def runs_for(self, gpu_uuid: str, pid: int, start_time: float | None) -> list[Run] | None:
+        """The runs of that process on that GPU, or ``None`` when the agent has none.
+
+        Start times must agree to the clock tick (:func:`~gpuwatch.agent.reaper.procfs.same_start`):
+        a reused PID is another process with no history. An unknown start time matches
+        nothing, since it cannot tell a reused PID apart.
+        """
+        if start_time is None:
+            return None
+        for track in self.tracks:
+            if (
+                track.gpu_uuid == gpu_uuid
+                and track.pid == pid
+                and same_start(track.start_time, start_time)
+            ):
+                return [r.to_run() for r in track.runs]
+        return None
+
+
+def fetch_history(
+    url: str,
+    *,
+    pid: int | None = None,
+    timeout: float = 5.0,
+    transport: httpx.BaseTransport | None = None,
+) -> HistoryReport:
+    """The local agent's history from ``url`` (its base URL).
+
+    Raises :class:`~gpuwatch.errors.RemoteError` when the agent is unreachable, answers
+    an error, or sends something that is not a history.
+    """
+    target = url.rstrip("/") + HISTORY_PATH
+    params = {"pid": str(pid)} if pid is not None else None
+    try:
+        with httpx.Client(timeout=timeout, transport=transport) as client:
+            response = client.get(target, params=params)
+    except (httpx.HTTPError, httpx.InvalidURL) as err:
+        raise RemoteError(f"no gpuwatch agent at {url} ({type(err).__name__})") from err
+    if response.status_code != 200:
+        raise RemoteError(
+            f"the agent at {url} answered HTTP {response.status_code} for {HISTORY_PATH}"
+        )
+    try:
+        return HistoryReport.model_validate_json(response.content)
+    except ValidationError as err:
+        raise RemoteError(
+            f"the agent at {url} sent an invalid history ({err.error_count()} errors)"
+        ) from err
+
+
+def history_report(
+    history: ProcessHistory,
+    *,
+    hostname: str,
+    boot_id: str,
+    generated_at: float,
+    pid: int | None = None,
+) -> HistoryReport:
+    """Everything ``history`` keeps (or only ``pid``'s tracks), as the agent serves it."""
+    return HistoryReport(
+        hostname=hostname,
+        boot_id=boot_id,
+        generated_at=generated_at,
+        poll_interval_seconds=history.poll_interval_seconds,
+        cover_seconds=history.cover_seconds,
+        history_seconds=history.history_seconds,
+        max_gap_seconds=history.max_gap_seconds,
+        tracks=[
+            TrackOut(
+                gpu_index=t.gpu_index,
+                gpu_uuid=t.gpu_uuid,
+                pid=t.pid,
+                start_time=t.start_time,
+                last_seen=t.last_seen,
+                runs=[
+                    RunOut(
+                        start=r.start,
+                        end=r.end,
+                        activity=r.activity,
+                        low_bytes=r.low_bytes,
+                        high_bytes=r.high_bytes,
+                        busiest_ratio=r.busiest_ratio,
+                        cpu_busy=r.cpu_busy,
+                    )
+                    for r in t.runs
+                ],
+            )
+            for t in history.tracks(pid)
+        ],
+    )

@@ -1,0 +1,423 @@
+"""``gpuwatch reap``: free GPU memory held by idle processes, safely (docs/reaper.md).
+
+    gpuwatch reap --idle 2h --dry-run      # who would be stopped, and why
+    gpuwatch reap --idle 2h                # asks before stopping them
+    gpuwatch reap --pid 4242               # the one `gpuwatch explain` pointed at
+
+Idle evidence comes from the local agent's history (``--agent``); this command polls
+NVML itself only to see who is on the GPUs now and to confirm, right before each
+signal, that a process is still idle. Without history nothing is idle.
+
+Exit codes: 0 every chosen process stopped (or a dry run chose some); 20 nothing to
+do; 21 partial (some chosen processes were not stopped); 22 refused before any signal
+(not safe here, not confirmed, audit log unwritable, ``--pid`` target not eligible);
+plus the usual 2 (usage), 3 (bad setting), 4 (no NVML).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpuwatch.cli.agent import CONFIG_HELP, use_config_file
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpuwatch.agent.reaper.events import EventPoster
+    from gpuwatch.agent.reaper.execute import Executor
+    from gpuwatch.agent.reaper.plan import Plan
+    from gpuwatch.agent.reaper.served import HistoryReport
+    from gpuwatch.agent.reaper.settings import ReapSettings
+    from gpuwatch.agent.sampler import Sampler
+    from gpuwatch.settings import AgentSettings
+    from gpuwatch.snapshot import HostSnapshot
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(reap)
+
+
+def reap(
+    idle: str | None = typer.Option(
+        None, "--idle", metavar="DURATION", help="Stop processes idle this long (90s, 30m, 2h, 1d)."
+    ),
+    pid: int | None = typer.Option(
+        None, "--pid", metavar="PID", min=2, help="Only this process (it must be idle too)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print what would be done; send nothing."
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (scripts)."),
+    grace: str | None = typer.Option(
+        None,
+        "--grace",
+        metavar="DURATION",
+        help="SIGTERM, wait this long, then SIGKILL (default 30s).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    agent: str | None = typer.Option(
+        None,
+        "--agent",
+        metavar="URL",
+        help="Local agent whose history to use (default: its listen address).",
+    ),
+    fake_gpus: str | None = typer.Option(
+        None,
+        "--fake-gpus",
+        metavar="SCENARIO",
+        help="Simulate GPUs from a scenario file or bundled name.",
+    ),
+    users: list[str] = typer.Option(
+        [], "--user", metavar="USER", help="Only these users' processes."
+    ),
+    gpus: list[int] = typer.Option(
+        [], "--gpu", metavar="INDEX", help="Only processes on these GPUs."
+    ),
+    min_memory: str | None = typer.Option(
+        None, "--min-memory", metavar="SIZE", help="Memory floor on some GPU (default 256MiB)."
+    ),
+    match: str | None = typer.Option(
+        None, "--match", metavar="REGEX", help="Only commands matching."
+    ),
+    exclude: str | None = typer.Option(
+        None, "--exclude", metavar="REGEX", help="Skip commands matching."
+    ),
+    only_orphans: bool = typer.Option(False, "--only-orphans", help="Only orphaned processes."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="With --pid: stop it even without proof of idleness (protections still apply).",
+    ),
+    audit_log: Path | None = typer.Option(
+        None, "--audit-log", metavar="PATH", help="Audit log file."
+    ),
+    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+) -> None:
+    """Stop processes that hold GPU memory and have been idle for the whole window."""
+    from rich.console import Console
+
+    from gpuwatch.agent.reaper.errors import ReapRefused
+    from gpuwatch.agent.reaper.report import as_json as to_json
+    from gpuwatch.errors import ConfigError
+    from gpuwatch.settings import AgentSettings, load
+
+    if idle is None and pid is None:
+        raise typer.BadParameter("give --idle DURATION, or --pid PID (optionally with --idle)")
+    if force and pid is None:
+        raise typer.BadParameter("--force needs --pid: it is for the one process you name")
+    use_config_file(config)
+    settings = load(AgentSettings, fake_gpus=fake_gpus)
+    reap_settings = _reap_settings(
+        settings.reap, idle=idle, grace=grace, min_memory=min_memory, audit_log=audit_log
+    )
+    try:
+        match_re = re.compile(match) if match else None
+        exclude_re = re.compile(exclude) if exclude else None
+    except re.error as err:
+        raise ConfigError(f"--match / --exclude: bad regex: {err}") from None
+    console = Console(stderr=as_json, highlight=False)
+    if not console.is_terminal:
+        console.width = 160  # a log or a pipe: room for commands and reasons
+    session = _Session(settings, reap_settings, console=console, agent_url=agent, force=force)
+    try:
+        plan = session.plan(
+            pid=pid,
+            users=users,
+            gpus=gpus,
+            match=match_re,
+            exclude=exclude_re,
+            only_orphans=only_orphans,
+        )
+    except ReapRefused as err:
+        session.refuse(str(err), dry_run=dry_run)
+        if as_json:
+            typer.echo(to_json(None, [], dry_run=dry_run, refused=str(err)))
+        raise
+    code = session.execute(plan, dry_run=dry_run, yes=yes, as_json=as_json, pid=pid)
+    raise typer.Exit(code)
+
+
+def _reap_settings(
+    base: ReapSettings,
+    *,
+    idle: str | None,
+    grace: str | None,
+    min_memory: str | None,
+    audit_log: Path | None,
+) -> ReapSettings:
+    """``[agent.reap]`` with the command line's values on top (validated the same way)."""
+    from pydantic import ValidationError
+
+    from gpuwatch.agent.reaper.settings import ReapSettings
+    from gpuwatch.errors import ConfigError
+
+    values = base.model_dump()
+    for key, value in (
+        ("idle_seconds", idle),
+        ("grace_seconds", grace),
+        ("min_memory_bytes", min_memory),
+    ):
+        if value is not None:
+            values[key] = value
+    if audit_log is not None:
+        values["audit_log"] = audit_log
+    try:
+        return ReapSettings.model_validate(values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        option = {
+            "idle_seconds": "--idle",
+            "grace_seconds": "--grace",
+            "min_memory_bytes": "--min-memory",
+        }
+        where = option.get(str(first["loc"][0]), str(first["loc"][0]))
+        raise ConfigError(f"{where}: {str(first['msg']).removeprefix('Value error, ')}") from None
+
+
+class _Session:
+    """One invocation: the live NVML view, the agent's history, the plan and its execution."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        reap: ReapSettings,
+        *,
+        console: Console,
+        agent_url: str | None,
+        force: bool,
+    ) -> None:
+        import secrets
+        import time
+
+        from gpuwatch.agent.assemble import build_sampler
+        from gpuwatch.agent.reaper.policy import Protections
+        from gpuwatch.agent.reaper.procfs import may_signal_anyone
+        from gpuwatch.agent.state import AgentState
+
+        self.settings = settings
+        self.reap = reap
+        self.console = console
+        self.force = force
+        self.agent_url = agent_url or _agent_url(settings.listen)
+        self.now = time.time
+        self.sampler = build_sampler(settings, AgentState())
+        self.caller_uid = None if may_signal_anyone(settings.proc_root) else os.geteuid()
+        self.run_id = secrets.token_hex(6)
+        self.protections = Protections.from_settings(reap, self_pids=(os.getpid(), os.getppid()))
+        self.notes: list[str] = []
+        self.poster: EventPoster | None = None
+        self._executor: Executor | None = None
+        self.hostname = "?"
+
+    def plan(
+        self,
+        *,
+        pid: int | None,
+        users: list[str],
+        gpus: list[int],
+        match: re.Pattern[str] | None,
+        exclude: re.Pattern[str] | None,
+        only_orphans: bool,
+    ) -> Plan:
+        from gpuwatch.agent.reaper.plan import IdleRule, make_plan
+        from gpuwatch.agent.reaper.policy import Selection
+
+        snapshot = self.sampler.poll()
+        self.hostname = snapshot.hostname
+        history = self._history(snapshot.hostname, snapshot.boot_id, pid)
+        r = self.reap
+        selection = Selection(
+            window_seconds=r.idle_seconds,
+            min_memory_bytes=r.min_memory_bytes,
+            users=frozenset(users),
+            gpus=frozenset(gpus),
+            match=match,
+            exclude=exclude,
+            only_orphans=only_orphans,
+            pid=pid,
+            force=self.force,
+        )
+        return make_plan(
+            snapshot,
+            history.runs_for if history is not None else None,
+            now=self.now(),
+            rule=IdleRule(r.idle_seconds, r.min_memory_bytes, r.max_gap_seconds, r.coverage_ratio),
+            selection=selection,
+            protections=self.protections,
+            caller_uid=self.caller_uid,
+            notes=self.notes,
+        )
+
+    def _history(self, hostname: str, boot_id: str, pid: int | None) -> HistoryReport | None:
+        from gpuwatch.agent.reaper.served import fetch_history
+        from gpuwatch.errors import RemoteError
+
+        try:
+            history = fetch_history(self.agent_url, pid=pid)
+        except RemoteError as err:
+            self.notes.append(f"{err}: without history no process can be called idle")
+            return None
+        if history.boot_id != boot_id or history.hostname != hostname:
+            self.notes.append(
+                f"the agent at {self.agent_url} is not on this host and boot; its history is ignored"
+            )
+            return None
+        return history
+
+    @property
+    def executor(self) -> Executor:
+        if self._executor is None:
+            self._executor = _build_executor(self)
+        return self._executor
+
+    def refuse(self, reason: str, *, dry_run: bool) -> None:
+        """Audit a refusal of the whole run (best effort: the refusal stands anyway)."""
+        from gpuwatch.agent.reaper.errors import AuditError
+
+        try:
+            self.executor.refuse(self.hostname, reason, dry_run=dry_run)
+        except AuditError as err:
+            self.console.print(f"note: {err}", style="yellow")
+
+    def execute(
+        self, plan: Plan, *, dry_run: bool, yes: bool, as_json: bool, pid: int | None
+    ) -> int:
+        from gpuwatch.agent.reaper.errors import (
+            EXIT_NOTHING_TO_DO,
+            EXIT_PARTIAL,
+            EXIT_REAPED,
+            ReapRefused,
+        )
+        from gpuwatch.agent.reaper.killer import GONE
+        from gpuwatch.agent.reaper.report import as_json as to_json
+        from gpuwatch.agent.reaper.report import print_plan, print_results
+
+        executor = self.executor
+        if not as_json:
+            print_plan(plan, self.console)
+        executor.record(plan, dry_run=dry_run)
+        if pid is not None and not plan.chosen:
+            decision = plan.decisions[0]
+            executor.refuse(plan.hostname, decision.detail, dry_run=dry_run, decision=decision)
+            if as_json:
+                typer.echo(to_json(plan, [], dry_run=dry_run, refused=decision.detail))
+            raise ReapRefused(f"not reaping PID {pid}: {decision.detail}")
+        if not plan.chosen:
+            if as_json:
+                typer.echo(to_json(plan, [], dry_run=dry_run))
+            else:
+                self.console.print("Nothing to reap.")
+            return EXIT_NOTHING_TO_DO
+        if not dry_run and not yes:
+            self._confirm(plan, executor)
+        results = executor.run(plan, dry_run=dry_run, record=False)
+        notes = self._event_notes()
+        if as_json:
+            typer.echo(to_json(plan, results, dry_run=dry_run, notes=notes))
+        else:
+            if dry_run:
+                self.console.print(
+                    f"Dry run: {len(results)} process(es) would be stopped; nothing sent."
+                )
+            print_results(results, self.console)
+            for note in notes:
+                self.console.print(f"note: {note}", style="yellow")
+        if dry_run or all(r.outcome in GONE for r in results):
+            return EXIT_REAPED
+        return EXIT_PARTIAL
+
+    def _confirm(self, plan: Plan, executor: Executor) -> None:
+        from gpuwatch.agent.reaper.errors import ReapRefused
+
+        count = len(plan.chosen)
+        if not sys.stdin.isatty():
+            reason = "not a terminal, so nobody can confirm: pass --yes (or --dry-run)"
+            executor.refuse(plan.hostname, reason, dry_run=False)
+            raise ReapRefused(reason)
+        if not typer.confirm(
+            f"Stop {count} process(es) (SIGTERM, then SIGKILL after {self.reap.grace_seconds:.0f}s)?"
+        ):
+            executor.refuse(plan.hostname, "declined at the prompt", dry_run=False)
+            raise ReapRefused("declined; nothing was signalled")
+
+    def _event_notes(self) -> list[str]:
+        if self.poster is None:
+            return [
+                "no server and agent token configured: the reaped events are only in the audit log"
+            ]
+        return [f"the server did not record an event ({f})" for f in self.poster.failures]
+
+
+def _build_executor(session: _Session) -> Executor:
+    import pwd
+
+    from gpuwatch.agent.reaper.audit import AuditLog
+    from gpuwatch.agent.reaper.events import Actor, EventPoster
+    from gpuwatch.agent.reaper.execute import Executor
+    from gpuwatch.agent.reaper.killer import Killer
+    from gpuwatch.agent.reaper.procfs import ProcReader
+
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    settings = session.settings
+    report = None
+    if settings.server_url and settings.token is not None:
+        session.poster = EventPoster(settings.server_url, settings.token.get_secret_value())
+        report = session.poster.send_event
+    r = session.reap
+    return Executor(
+        killer=Killer(
+            ProcReader(settings.proc_root),
+            grace_seconds=r.grace_seconds,
+            unkillable_seconds=r.unkillable_seconds,
+        ),
+        audit=AuditLog(r.audit_log),
+        observer=_SamplerObserver(session.sampler),
+        protections=session.protections,
+        caller_uid=session.caller_uid,
+        # The CLI is the one place that reads the environment: SUDO_USER names the
+        # person behind sudo, for the audit log.
+        actor=Actor(
+            uid=uid,
+            user=user,
+            pid=os.getpid(),
+            via="gpuwatch reap",
+            sudo_user=os.environ.get("SUDO_USER"),
+        ),
+        run_id=session.run_id,
+        verify_seconds=r.verify_seconds,
+        force=session.force,
+        report=report,
+    )
+
+
+class _SamplerObserver:
+    """A fresh NVML poll from this process; ``None`` when the poll fails."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self._sampler = sampler
+
+    def observe(self) -> HostSnapshot | None:
+        from gpuwatch.errors import GpuwatchError
+
+        try:
+            return self._sampler.poll()
+        except GpuwatchError:
+            return None
+
+
+def _agent_url(listen: str) -> str:
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

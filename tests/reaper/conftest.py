@@ -1,0 +1,28 @@
+"""Fixtures for the reaper's tests; the rig itself is ``reaper.rig``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from reaper.rig import Rig, Victim, rig_fixture, victims_fixture
+from support.clock import FakeClock
+
+
+@pytest.fixture
+def victims() -> Iterator[Callable[..., Victim]]:
+    """Start real processes (``victims(uid=..., stubborn=...)``); all killed afterwards."""
+    yield from victims_fixture()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(time.time())
+
+
+@pytest.fixture
+def rig(tmp_path: Path, clock: FakeClock) -> Iterator[Rig]:
+    """Fake GPUs in this process on the fake clock; stand-ins stopped afterwards."""
+    yield from rig_fixture(tmp_path, clock)

@@ -1,0 +1,177 @@
+"""The agent's automatic policy, through the agent's own poll loop on a fake clock.
+
+Real processes on fake GPUs; the agent polls when the test says (``poll_once``) and
+its clock moves only when the test advances it, so an hour of policy runs in seconds.
+Stops run on the policy's worker thread, which waits for the agent's next poll to
+confirm and to verify, as in production.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reaper.rig import ALICE, Hold, Rig, Victim
+
+from gpuwatch.agent.collectors.agent import PushStats
+from gpuwatch.agent.reaper.audit import AuditLog
+from gpuwatch.agent.service import Agent
+from gpuwatch.agent.state import AgentState
+from gpuwatch.agent.torch_reports import TorchReports
+from gpuwatch.settings import AgentSettings, load
+from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.wire import ReportedEvent
+
+MINUTE = 60.0
+
+
+class Events:
+    """The agent's sink, keeping the events it is given."""
+
+    def __init__(self) -> None:
+        self.events: list[ReportedEvent] = []
+
+    def offer(self, snapshot: HostSnapshot) -> None:
+        pass
+
+    def push_stats(self) -> PushStats:
+        return PushStats()
+
+    def send_event(self, event: ReportedEvent) -> None:
+        self.events.append(event)
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def stages(self, pid: int) -> list[str]:
+        return [e.evidence["stage"] for e in self.events if e.pid == pid]
+
+
+def _agent(rig: Rig, tmp_path: Path, sink: Events, **reap: Any) -> Agent:
+    settings = load(
+        AgentSettings,
+        listen="127.0.0.1:0",
+        poll_interval_seconds=30.0,
+        spool_dir=tmp_path / "spool",
+        reap={
+            "enabled": True,
+            "idle": "30m",
+            "warn_before": "10m",
+            "check_interval": "1m",
+            "contended_ratio": 0.5,
+            "grace": "5s",
+            "audit_log": str(tmp_path / "audit.jsonl"),
+            **reap,
+        },
+    )
+    return Agent(
+        settings,
+        sampler=rig.sampler(),
+        state=AgentState(),
+        torch_reports=TorchReports(),
+        sink=sink,
+        clock=rig.clock,
+    )
+
+
+def _run(
+    agent: Agent, rig: Rig, minutes: float, *, until: Callable[[], bool] = lambda: False
+) -> None:
+    """Poll every 30 s of fake time for ``minutes``, letting stops in progress finish."""
+    end = rig.clock.now + minutes * MINUTE
+    while rig.clock.now < end and not until():
+        agent.poll_once()
+        auto = agent.reaper.auto
+        assert auto is not None
+        deadline = time.monotonic() + 30
+        while auto.busy and time.monotonic() < deadline:
+            time.sleep(0.05)  # the worker waits for the next poll: give it one
+            agent.poll_once()
+        rig.clock.advance(30)
+
+
+def test_warned_then_spared_on_activity_then_stopped_while_still_idle(
+    rig: Rig, victims: Callable[..., Victim], tmp_path: Path
+) -> None:
+    steady, wakes = victims(), victims(uid=ALICE + 1)
+    # `wakes` runs a kernel from minute 35 to 36: during its warning.
+    active = '{ steps = [["0s", 0], ["35m", 50], ["36m", 0]] }'
+    rig.install([Hold(steady.pid, memory="6GiB"), Hold(wakes.pid, memory="6GiB", sm=active)])
+    sink = Events()
+    agent = _agent(rig, tmp_path, sink, contended_ratio=0.3)  # 6 of 16 GiB is enough
+    _run(agent, rig, 31)
+    assert sink.stages(steady.pid) == ["warning"] and sink.stages(wakes.pid) == ["warning"]
+    warning = next(e for e in sink.events if e.pid == steady.pid)
+    assert "will be stopped in 10m unless it becomes active" in warning.summary
+    assert (
+        f"pid {steady.pid} ({ALICE}, " in warning.summary and "6.0 GiB on gpu0" in warning.summary
+    )
+
+    _run(agent, rig, 6)  # minute 37: `wakes` was active, its warning is withdrawn
+    assert sink.stages(wakes.pid) == ["warning", "withdrawn"]
+    assert steady.alive() and wakes.alive()
+
+    _run(agent, rig, 5, until=lambda: not steady.alive())  # minute 42: past the deadline
+    assert sink.stages(steady.pid) == ["warning", "stopped"]
+    assert steady.exit_signal() == 15
+    stopped = [e for e in sink.events if e.pid == steady.pid][-1]
+    assert stopped.evidence["outcome"] == "terminated" and stopped.evidence["memory_freed"] is True
+    assert wakes.alive()
+
+    # Still idle after its burst: warned again 30 minutes later, then stopped.
+    _run(agent, rig, 45, until=lambda: not wakes.alive())
+    assert sink.stages(wakes.pid) == ["warning", "withdrawn", "warning", "stopped"]
+    rows = [(r["event"], r.get("pid")) for r in AuditLog(tmp_path / "audit.jsonl").read()]
+    assert rows[0] == ("policy_started", None)
+    assert ("withdrawn", wakes.pid) in rows
+    assert rows.index(("signal", steady.pid)) < rows.index(("outcome", steady.pid))
+
+
+def test_never_acts_on_an_uncontended_gpu(
+    rig: Rig, victims: Callable[..., Victim], tmp_path: Path
+) -> None:
+    idle = victims()
+    rig.install([Hold(idle.pid, memory="2GiB")])  # 2 of 16 GiB: nobody needs it
+    sink = Events()
+    agent = _agent(rig, tmp_path, sink)
+    _run(agent, rig, 90)
+    assert sink.events == [] and idle.alive()
+    assert [r["event"] for r in AuditLog(tmp_path / "audit.jsonl").read()] == ["policy_started"]
+
+    # Someone else runs out of memory on that GPU: now it is contended.
+    # (The agent hands each OOM incident it relays to the policy: Agent._on_oom.)
+    agent.reaper.note_oom(0, 99999, rig.clock.now)
+    sink.events.clear()
+    _run(agent, rig, 12, until=lambda: not idle.alive())
+    assert sink.stages(idle.pid) == ["warning", "stopped"]
+
+
+def test_rate_caps_and_dry_run(rig: Rig, victims: Callable[..., Victim], tmp_path: Path) -> None:
+    a, b, c = victims(), victims(), victims()
+    rig.install([Hold(v.pid, memory="5GiB") for v in (a, b, c)])
+    sink = Events()
+    agent = _agent(rig, tmp_path, sink, max_per_user_per_hour=1, warn_before="0s")
+    _run(agent, rig, 33)
+    stopped = [v for v in (a, b, c) if not v.alive()]
+    assert len(stopped) == 1  # one of alice's per hour
+    assert sum(s == "stopped" for v in (a, b, c) for s in sink.stages(v.pid)) == 1
+
+    dry_sink = Events()
+    dry = _agent(rig, tmp_path / "dry", dry_sink, dry_run=True, warn_before="0s")
+    _run(dry, rig, 33)
+    survivors = [v for v in (a, b, c) if v.alive()]
+    assert len(survivors) == 2
+    assert sorted(s for v in survivors for s in dry_sink.stages(v.pid)) == ["dry_run", "dry_run"]
+
+
+def test_no_policy_without_a_writable_audit_log(rig: Rig, tmp_path: Path) -> None:
+    rig.install([])
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")  # a file where the log's directory should be
+    agent = _agent(rig, tmp_path, Events(), audit_log=str(blocked / "audit.jsonl"))
+    assert agent.reaper.auto is None  # disabled at start, with the reason logged
