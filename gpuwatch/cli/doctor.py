@@ -1,9 +1,11 @@
 """``gpuwatch explain`` (what an OOM message means) and ``gpuwatch fit`` (VRAM arithmetic).
 
-Both are top-level commands. Exit codes: 0 success; 3 bad option value or unreadable
-input file; 6 ``explain`` input is not an OOM message (``--json`` still prints
-``{"recognized": false, ...}``); ``fit`` exits 0 whether or not the model fits (the
-verdict is in the output).
+Both are top-level commands. Exit codes: 0 success; 2 ``explain`` with no input at a
+terminal (a one-line hint instead of waiting on the keyboard); 3 bad option value or
+unreadable input file; 6 ``explain`` input is not an OOM message (``--json`` still prints
+``{"recognized": false, ...}``). ``fit`` prints its report and then exits with its
+verdict: 0 fits (or fits, tight) on at least one GPU asked about, 10 does not fit on
+any, 11 cannot tell (the answer depends on the model's shape: give ``--config``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ if TYPE_CHECKING:
 
 # A 10 MB log is normal; past this the input is not a log a person pasted.
 MAX_INPUT_BYTES = 256 * 2**20
+USAGE_EXIT = 2  # the CLI framework's code for a usage error (gpuwatch.errors.EXIT_CODES)
+NO_INPUT_HINT = (
+    "gpuwatch explain: no message given; use `gpuwatch explain FILE`, "
+    "`gpuwatch explain --text '...'`, or pipe it: `python train.py 2>&1 | gpuwatch explain`"
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -57,6 +64,15 @@ def explain(
     from gpuwatch.doctor.report import render
     from gpuwatch.errors import NotRecognized
 
+    if text is None and source is None and sys.stdin.isatty():
+        # Nothing piped and nothing named: reading the keyboard would look like a hang.
+        print(NO_INPUT_HINT, file=sys.stderr)
+        raise typer.Exit(USAGE_EXIT)
+    if text is None and source == "-" and sys.stdin.isatty():
+        print(
+            "gpuwatch explain: reading the message from the terminal; end with Ctrl-D",
+            file=sys.stderr,
+        )
     message = text if text is not None else _read_input(source)
     snapshot = None if no_live else fetch_local_snapshot(agent)
     try:
@@ -67,7 +83,14 @@ def explain(
         typer.echo(Explanation.not_recognized().model_dump_json())
         print(f"gpuwatch: error: {NOT_RECOGNISED}", file=sys.stderr)
         raise typer.Exit(NotRecognized.exit_code) from None
-    explanation.history = _server_history(server, explanation.device, snapshot)
+    if explanation.live is not None:
+        # The GPU the live view matched (by size, it may not be the message's index).
+        device: str | None = f"cuda:{explanation.live.index}"
+    elif explanation.live_note is not None:
+        device = None  # a card of another size: this host's history is not its history
+    else:
+        device = explanation.device
+    explanation.history = _server_history(server, device, snapshot)
     if as_json:
         typer.echo(explanation.model_dump_json(indent=2))
     else:
@@ -130,8 +153,12 @@ def fit(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Will this model fit on this GPU? Weights, KV cache, gradients, optimizer, activations."""
+    """Will this model fit on this GPU? Weights, KV cache, gradients, optimizer, activations.
+
+    Exits 0 when it fits, 10 when it does not, 11 when it cannot tell without --config.
+    """
     from gpuwatch.doctor.fit_report import run_fit
+    from gpuwatch.errors import EXIT_CANNOT_TELL, EXIT_DOES_NOT_FIT
 
     result = run_fit(
         params=params,
@@ -147,3 +174,6 @@ def fit(
         typer.echo(json.dumps(result.to_json(), indent=2))
     else:
         typer.echo(result.render(), nl=False)
+    exit_code = {"does_not_fit": EXIT_DOES_NOT_FIT, "unknown": EXIT_CANNOT_TELL}.get(result.verdict)
+    if exit_code is not None:
+        raise typer.Exit(exit_code)

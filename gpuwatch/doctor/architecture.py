@@ -12,10 +12,17 @@ with V vocab, h hidden size, n attention heads, k KV heads, d head dim, i interm
 size. For Llama-3.1-8B (V=128256, h=4096, 32 layers, n=32, k=8, d=128, i=14336, untied)
 that is 8,030,261,248, the published 8.03B. Biases and rotary tables are left out
 (under 0.1 %).
+
+With only a parameter count, :func:`typical_shape` inverts the same formula for a
+typical dense decoder (the Llama family's proportions: head dim 128, hidden/layers about
+128, gated MLP of 3.5 x hidden, 4 query heads per KV head, 128,256-token vocabulary,
+untied); for 8B it gives Llama-3.1-8B's own 32 x 4096. :func:`shape_variants` spans the
+shapes published models actually have, which is where an estimate's range comes from.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -47,6 +54,8 @@ class Architecture:
     gated_mlp: bool = True
     experts: int = 1
     name: str | None = None
+    # True when the shape was guessed from the parameter count (typical_shape), not read.
+    estimated: bool = False
 
     @property
     def has_shape(self) -> bool:
@@ -152,3 +161,63 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Archit
         experts=experts,
         name=name,
     )
+
+
+# A typical dense decoder (Llama 2/3, Mistral, Qwen 2.5 proportions), for estimates.
+TYPICAL_HEAD_DIM = 128
+TYPICAL_ASPECT = 128  # hidden / layers: Llama-3 8B 128, Llama-2 13B 128, 70B 102, 405B 130
+TYPICAL_QUERY_PER_KV = 4  # Llama-3 8B: 32 query heads share 8 KV heads
+TYPICAL_VOCAB = 128_256  # Llama 3
+TYPICAL_MLP_RATIO = 3.5  # Llama-3: 14336 / 4096
+# What published decoders span; each estimate is repeated over these for its range.
+ASPECT_RANGE = (80, 160)  # Qwen2.5-32B 80 (5120/64) .. Falcon-40B 136, GPT-3 128
+QUERY_PER_KV_RANGE = (1, 8)  # multi-head (Llama-2 7B) .. GQA-8 (Llama-3 70B)
+VOCAB_RANGE = (32_000, 256_000)  # Llama-2 / Mistral .. Gemma
+_SOLVE_ITERATIONS = 8
+
+
+def typical_shape(
+    params: int,
+    *,
+    aspect: int = TYPICAL_ASPECT,
+    query_per_kv: int = TYPICAL_QUERY_PER_KV,
+    vocab: int = TYPICAL_VOCAB,
+) -> Architecture:
+    """A plausible decoder with ``params`` parameters (``estimated=True``).
+
+    Per layer a gated decoder has h*h*(2 + 2/g) attention and 3*3.5*h*h MLP weights (g
+    query heads per KV head); with layers = h / aspect that is ``c * h**3 / aspect`` for
+    all layers, plus 2*V*h untied embeddings. Solved for h by fixed-point iteration, h
+    rounded to a multiple of the head dim. The parameter count stays the one given.
+    """
+    per_layer = 2 + 2 / query_per_kv + 3 * TYPICAL_MLP_RATIO  # x h**2
+    hidden = float(TYPICAL_HEAD_DIM)
+    for _ in range(_SOLVE_ITERATIONS):
+        body = max(params - 2 * vocab * hidden, 0.1 * params)
+        hidden = (body * aspect / per_layer) ** (1 / 3)
+    h = max(TYPICAL_HEAD_DIM, round(hidden / TYPICAL_HEAD_DIM) * TYPICAL_HEAD_DIM)
+    body = max(params - 2 * vocab * h, 0.1 * params)
+    layers = max(1, round(body / (per_layer * h * h)))
+    heads = h // TYPICAL_HEAD_DIM
+    return Architecture(
+        params=params,
+        layers=layers,
+        hidden=h,
+        heads=heads,
+        kv_heads=max(1, heads // query_per_kv),
+        head_dim=TYPICAL_HEAD_DIM,
+        vocab=vocab,
+        intermediate=round(TYPICAL_MLP_RATIO * h),
+        name=None,
+        estimated=True,
+    )
+
+
+def shape_variants(params: int) -> list[Architecture]:
+    """:func:`typical_shape` at every corner of the published ranges (8 shapes)."""
+    return [
+        typical_shape(params, aspect=aspect, query_per_kv=groups, vocab=vocab)
+        for aspect, groups, vocab in itertools.product(
+            ASPECT_RANGE, QUERY_PER_KV_RANGE, VOCAB_RANGE
+        )
+    ]

@@ -100,7 +100,12 @@ def diagnose(
     scored.sort(key=lambda item: item[0], reverse=True)
     diagnoses = [diagnosis for _, diagnosis in scored]
     # Messages without sizes only say where memory ran out; say that too.
-    if not diagnoses or facts.kind in _UNKNOWN_EVIDENCE or facts.category in _UNKNOWN_CATEGORIES:
+    if (
+        not diagnoses
+        or facts.kind in remedies.UNKNOWN_BY_KIND
+        or facts.category in remedies.UNKNOWN_BY_CATEGORY
+        or facts.category == "conv_workspace_insufficient"
+    ):
         diagnoses.append(_unknown(context))
     return diagnoses
 
@@ -364,6 +369,8 @@ def _kv_cache(ctx: Context) -> tuple[float, Diagnosis] | None:
     if facts.kind != "vllm_kv_cache":
         return None
     commands: list[str]
+    if facts.category == "vllm_startup_free_memory_low":
+        return _vllm_startup(ctx)
     if facts.category == "vllm_sampler_warmup_oom":
         fewer = max(1, (facts.dummy_requests or 256) // 4)
         evidence = (
@@ -394,6 +401,32 @@ def _kv_cache(ctx: Context) -> tuple[float, Diagnosis] | None:
     )
 
 
+def _vllm_startup(ctx: Context) -> tuple[float, Diagnosis]:
+    fig = ctx.figures
+    free, total, wanted = fig.free, fig.total, fig.limit
+    commands = list(remedies.FIND_HOLDERS)
+    evidence = "vLLM found less free memory at start-up than gpu_memory_utilization asks for"
+    if free is not None and total and wanted is not None:
+        evidence = (
+            f"{format_size(free)} of {format_size(total)} was free at start-up; "
+            f"gpu_memory_utilization asks for {format_size(wanted)}: something else holds "
+            f"{format_size(max(0, total - free))}"
+        )
+        # Two points below what is free, floored: the profile run needs a little slack.
+        fits = math.floor(free / total * 100 - 2) / 100
+        if fits > 0:
+            commands.append(f"vllm serve MODEL --gpu-memory-utilization {fits:.2f}")
+    return (
+        2.0,
+        Diagnosis(
+            fix="other_processes",
+            summary="Another process holds part of the GPU vLLM wants: free it, or ask vLLM for less",
+            evidence=evidence,
+            commands=commands,
+        ),
+    )
+
+
 def _kv_evidence(facts: OomFacts) -> str:
     if facts.kv_cache_needed_bytes is not None and facts.kv_cache_available_bytes is not None:
         return (
@@ -405,54 +438,35 @@ def _kv_evidence(facts: OomFacts) -> str:
     return "after loading the weights and profiling, no memory was left for KV-cache blocks"
 
 
-_UNKNOWN_EVIDENCE = {
-    "driver": "CUDA itself failed to allocate and printed no sizes; at start-up this usually "
-    "means the GPU was already full or the CUDA context did not fit",
-    "cublas": "cuBLAS could not allocate its handle or workspace: the GPU was (nearly) full "
-    "when the first matrix multiply ran",
-    "cudnn": "cuDNN could not initialise or find an algorithm: usually no memory left for "
-    "its handle or workspace",
-    "nccl": "NCCL could not allocate its communication buffers: the GPU had no headroom left",
-    "bitsandbytes": "bitsandbytes' managed-memory (paged optimizer) allocation failed; WSL2 "
-    "lacks full unified-memory support; use a non-paged optimizer (adamw_torch, adamw_bnb_8bit)",
-}
-
-
-_UNKNOWN_CATEGORIES = {
-    "host_pinned_memory_oom",
-    "pytorch_caching_allocator_oom_absurd_size",
-    "conv_workspace_insufficient",
-    "pytorch_thc_cuda_runtime_error",
-}
-
-
 def _unknown(ctx: Context) -> Diagnosis:
-    facts = ctx.facts
-    evidence = _UNKNOWN_EVIDENCE.get(
+    facts, fig = ctx.facts, ctx.figures
+    evidence = remedies.UNKNOWN_BY_KIND.get(
         facts.kind, "the message has too few numbers to tell the cause"
     )
-    fig = ctx.figures
-    if facts.kind not in _UNKNOWN_EVIDENCE and fig.free is not None and fig.total and fig.starved:
+    if (
+        facts.kind not in remedies.UNKNOWN_BY_KIND
+        and fig.free is not None
+        and fig.total
+        and fig.starved
+    ):
         evidence = (
             f"the card was full ({format_size(fig.free)} free of {format_size(fig.total)}) but the "
             "message does not say who holds the rest"
         )
-    if facts.category == "host_pinned_memory_oom":
-        evidence = "pinned *host* memory ran out (system RAM), not GPU memory"
-    elif facts.category == "pytorch_caching_allocator_oom_absurd_size":
-        evidence = (
-            "the requested size is over 1 EB: a corrupt (negative or overflowed) tensor size, a bug"
-        )
+    if facts.category in remedies.UNKNOWN_BY_CATEGORY:
+        evidence = remedies.UNKNOWN_BY_CATEGORY[facts.category]
     elif facts.category == "conv_workspace_insufficient":
         evidence = (
             f"the convolution needs a {format_size(facts.workspace_required_bytes or 0)} workspace, "
             f"{format_size(facts.workspace_given_bytes or 0)} was allowed: raise the op's workspace"
         )
+    commands = remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)
     return Diagnosis(
         fix="unknown",
         summary="Not enough numbers to pick a fix: look at who holds the GPU",
         evidence=evidence,
-        commands=[
+        commands=commands
+        or [
             *remedies.FIND_HOLDERS,
             "CUDA_LAUNCH_BLOCKING=1 python ...   # find the real failing call",
         ],

@@ -17,7 +17,7 @@ from gpuwatch.doctor.diagnosis import Diagnosis, diagnose
 from gpuwatch.doctor.facts import Kind, OomFacts
 from gpuwatch.doctor.figures import read_figures
 from gpuwatch.doctor.history import PastEvent
-from gpuwatch.doctor.live import LiveGpu, live_gpu
+from gpuwatch.doctor.live import LiveGpu, LiveMatch, match_live_gpu
 from gpuwatch.doctor.parse import parse_oom
 from gpuwatch.snapshot import HostSnapshot
 
@@ -61,6 +61,9 @@ class Explanation(BaseModel):
     # no answer; see gpuwatch.doctor.history).
     history: list[PastEvent] | None = None
     live: LiveGpu | None = None  # the agent's view of that GPU now, if an agent answered
+    # Why the live view is absent or is another local GPU than the message's index (the
+    # message is from a card of another size: another machine, or CUDA_VISIBLE_DEVICES).
+    live_note: str | None = None
     printed: OomFacts | None = None  # the message's figures exactly as printed
 
     @classmethod
@@ -95,7 +98,19 @@ def explain_facts(
 ) -> Explanation:
     """:func:`explain` for an already parsed message."""
     figures = read_figures(facts)
-    live = live_gpu(snapshot, facts.device_index, now=now) if snapshot is not None else None
+    match = (
+        match_live_gpu(
+            snapshot,
+            facts.device_index,
+            total_bytes=figures.total,
+            device_type=facts.device_type,
+            now=now,
+        )
+        if snapshot is not None
+        else LiveMatch(None)
+    )
+    live = match.gpu
+    notes = figures.notes + ([match.note] if match.note else [])
     return Explanation(
         recognized=True,
         kind=facts.kind,
@@ -119,7 +134,8 @@ def explain_facts(
             for p in facts.other_processes
         ],
         diagnoses=diagnose(facts, figures, live=live, growth=growth),
-        notes=figures.notes,
+        notes=notes,
         live=live,
+        live_note=match.note,
         printed=facts,
     )

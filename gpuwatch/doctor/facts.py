@@ -18,7 +18,8 @@ Kind = Literal[
     "hip",  # the same allocator on ROCm
     "xpu",  # the same allocator on Intel GPUs (and IPEX)
     "mps",  # PyTorch on Apple silicon
-    "driver",  # a raw CUDA runtime/driver "out of memory" with no sizes
+    "metal",  # a Metal command buffer out of memory (llama.cpp's Metal backend, MLX)
+    "driver",  # a raw CUDA/HIP runtime or driver "out of memory" (also CuPy, Numba, RMM)
     "cublas",
     "cudnn",
     "nccl",
@@ -49,7 +50,7 @@ class OomFacts(BaseModel):
     # Fine-grained wording family, e.g. "pytorch_caching_allocator_oom_v2" (docs/doctor.md).
     category: str
     exception: str | None = None
-    device_type: str | None = None  # cuda, hip, xpu, mps, gpu (TF/XLA), tpu, host
+    device_type: str | None = None  # cuda, hip, xpu, mps, metal, gpu (TF/XLA), tpu, cpu, host
     device_index: int | None = None
 
     requested_bytes: int | None = None

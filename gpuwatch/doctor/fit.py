@@ -23,6 +23,14 @@ The formulas and their sources are in docs/doctor.md. In short, in bytes:
 
 Activations are estimates (kernels and frameworks differ); everything else is exact
 arithmetic on the architecture.
+
+With only a parameter count (``--params 8B``) nothing is left out: the shape comes from
+:func:`~gpuwatch.doctor.architecture.typical_shape` (for 8B, Llama-3.1-8B's own 32 x
+4096), and the whole estimate is repeated over the shapes published models span
+(:func:`~gpuwatch.doctor.architecture.shape_variants`: hidden/layers 80-160, 1-8 query
+heads per KV head, 32k-256k vocabulary). The breakdown then carries that range
+(``low_total``/``high_total``) and names the estimated parts; a verdict that differs
+across the range is ``unknown``, with the part that decides it named.
 """
 
 from __future__ import annotations
@@ -30,13 +38,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
-from gpuwatch.doctor.architecture import Architecture
+from gpuwatch.doctor.architecture import Architecture, shape_variants, typical_shape
 from gpuwatch.doctor.units import GIB
 from gpuwatch.errors import ConfigError
 
 Dtype = Literal["fp32", "bf16", "fp16", "int8", "int4", "nf4"]
 Mode = Literal["inference", "full", "lora", "qlora"]
-Verdict = Literal["fits", "tight", "does_not_fit"]
+Verdict = Literal["fits", "tight", "does_not_fit", "unknown"]
 
 BITS_PER_PARAM: dict[str, float] = {
     "fp32": 32,
@@ -56,9 +64,14 @@ OVERHEAD_BYTES = 1 * GIB
 FITS_HEADROOM = 0.15  # leave 15 %: the longest batch peaks above the first steps
 TIGHT_HEADROOM = 0.10
 DEFAULT_LORA_RANK = 16
-# With only a parameter count, LoRA's trainable share is a typical figure (rank 16 on
-# all projections is 0.5 % of Llama-3.1-8B).
-ASSUMED_LORA_SHARE = 0.005
+# Components named in Breakdown.estimated, in the order they are listed, and their names.
+COMPONENTS = ("weights", "kv_cache", "gradients", "optimizer", "activations")
+COMPONENT_NAMES = {"kv_cache": "KV cache", "optimizer": "optimizer state"}
+
+
+def component_name(part: str) -> str:
+    """``"kv_cache"`` -> ``"KV cache"``: a part as the report names it."""
+    return COMPONENT_NAMES.get(part, part)
 
 
 @dataclass(frozen=True)
@@ -76,7 +89,12 @@ class Workload:
 
 @dataclass
 class Breakdown:
-    """Bytes per component; ``None`` where the architecture is needed and unknown."""
+    """Bytes per component (``kv_cache`` is ``None`` when training: no cache).
+
+    When the shape was estimated, ``estimated`` names the parts that depend on it and
+    ``low_total``/``high_total`` bound :attr:`total` over typical shapes; ``spread``
+    holds each estimated part's (low, high).
+    """
 
     weights: int
     kv_cache: int | None
@@ -85,12 +103,20 @@ class Breakdown:
     activations: int | None
     overhead: int = OVERHEAD_BYTES
     notes: list[str] = field(default_factory=list)
+    estimated: list[str] = field(default_factory=list)
+    low_total: int | None = None
+    high_total: int | None = None
+    spread: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        """Sum of the known parts (a lower bound when a part is ``None``)."""
+        """Sum of the parts (every part is known or estimated; none is left out)."""
         parts = (self.weights, self.kv_cache, self.gradients, self.optimizer, self.activations)
         return sum(p for p in parts if p is not None) + self.overhead
+
+    def part(self, name: str) -> int | None:
+        value: int | None = getattr(self, name)
+        return value
 
     def as_dict(self) -> dict[str, int | None]:
         return {
@@ -101,6 +127,8 @@ class Breakdown:
             "activations_bytes": self.activations,
             "overhead_bytes": self.overhead,
             "total_bytes": self.total,
+            "total_low_bytes": self.low_total,
+            "total_high_bytes": self.high_total,
         }
 
 
@@ -140,9 +168,44 @@ def weight_bytes(arch: Architecture, dtype: Dtype) -> int:
 
 
 def estimate(workload: Workload) -> Breakdown:
-    """The memory ``workload`` needs, part by part."""
+    """The memory ``workload`` needs, part by part.
+
+    Without a shape, the parts are computed for a typical shape of that size and the
+    totals repeated over :func:`shape_variants` for the range (module docstring).
+    """
+    if workload.arch.has_shape:
+        return _estimate_shaped(workload)
+    params = workload.arch.params
+    central = _estimate_shaped(replace(workload, arch=_named(typical_shape(params), workload)))
+    variants = [_estimate_shaped(replace(workload, arch=shape)) for shape in shape_variants(params)]
+    totals = [b.total for b in variants] + [central.total]
+    central.low_total, central.high_total = min(totals), max(totals)
+    for name in COMPONENTS:
+        values = [v for b in [*variants, central] if (v := b.part(name)) is not None]
+        if values and min(values) != max(values):
+            central.spread[name] = (min(values), max(values))
+    central.estimated = [name for name in COMPONENTS if name in central.spread]
+    shape = typical_shape(params)
+    central.notes.append(
+        f"no config: {', '.join(component_name(n) for n in central.estimated)} estimated for a "
+        f"typical {params / 1e9:.3g}B decoder ({shape.layers} layers x {shape.hidden} hidden, "
+        f"{shape.kv_heads} KV heads, {shape.vocab:,} vocab); over typical shapes the total is "
+        f"{_gib(central.low_total)}-{_gib(central.high_total)}: pass --config config.json "
+        "for exact figures"
+    )
+    return central
+
+
+def _named(arch: Architecture, workload: Workload) -> Architecture:
+    return replace(arch, name=workload.arch.name)
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def _estimate_shaped(workload: Workload) -> Breakdown:
     arch, dtype, mode = workload.arch, workload.dtype, workload.mode
-    notes: list[str] = []
     weights = weight_bytes(arch, dtype)
     gradients = optimizer = 0
     if mode == "full":
@@ -151,12 +214,7 @@ def estimate(workload: Workload) -> Breakdown:
         # Adam: two fp32 moments, plus fp32 master weights when training in 16-bit.
         optimizer = arch.params * (8 if dtype == "fp32" else 12)
     elif mode in ("lora", "qlora"):
-        trainable = arch.lora_params(workload.lora_rank)
-        if trainable is None:
-            trainable = round(arch.params * ASSUMED_LORA_SHARE)
-            notes.append(
-                "LoRA size assumed 0.5% of the parameters: pass --config for the exact figure"
-            )
+        trainable = arch.lora_params(workload.lora_rank) or 0
         weights += trainable * 4
         gradients = trainable * 4
         optimizer = trainable * (ADAM_BYTES_PER_TRAINABLE - 8)
@@ -164,10 +222,7 @@ def estimate(workload: Workload) -> Breakdown:
     kv_cache = None
     if mode == "inference" and per_token is not None:
         kv_cache = per_token * workload.context * workload.batch
-    activations = _activations(workload)
-    if not arch.has_shape:
-        notes.append("KV cache and activations need the architecture: pass --config config.json")
-    return Breakdown(weights, kv_cache, gradients, optimizer, activations, notes=notes)
+    return Breakdown(weights, kv_cache, gradients, optimizer, _activations(workload))
 
 
 def _activations(workload: Workload) -> int | None:
@@ -197,6 +252,33 @@ def verdict(needed: int, capacity: int) -> Verdict:
     if headroom >= TIGHT_HEADROOM:
         return "tight"
     return "does_not_fit"
+
+
+def fits(result: Verdict) -> bool:
+    return result in ("fits", "tight")
+
+
+def breakdown_verdict(breakdown: Breakdown, capacity: int) -> Verdict:
+    """:func:`verdict` of the total; ``unknown`` when an estimate's range straddles it.
+
+    Fits at one end of the range and not at the other means the answer depends on
+    the shape the parameter count does not give.
+    """
+    central = verdict(breakdown.total, capacity)
+    if breakdown.low_total is None or breakdown.high_total is None:
+        return central
+    low = verdict(breakdown.low_total, capacity)
+    high = verdict(breakdown.high_total, capacity)
+    return central if fits(low) == fits(high) else "unknown"
+
+
+def deciding_part(breakdown: Breakdown) -> str | None:
+    """The estimated part whose range is widest (what an ``unknown`` verdict hinges on)."""
+    if not breakdown.spread:
+        return None
+    return max(
+        breakdown.spread, key=lambda name: breakdown.spread[name][1] - breakdown.spread[name][0]
+    )
 
 
 @dataclass(frozen=True)
@@ -280,8 +362,6 @@ def _combined(workload: Workload, capacity: int) -> Option | None:
 
 def max_context(workload: Workload, capacity: int) -> int | None:
     """The longest context (a multiple of 256) that fits with headroom, or ``None``."""
-    if not workload.arch.has_shape:
-        return None
     step = 256
     if verdict(estimate(replace(workload, context=step)).total, capacity) != "fits":
         return None

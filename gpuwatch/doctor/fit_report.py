@@ -1,4 +1,10 @@
-"""``gpuwatch fit`` end to end: options in, a breakdown and verdict per GPU out."""
+"""``gpuwatch fit`` end to end: options in, a breakdown and verdict per GPU out.
+
+:attr:`FitReport.verdict` is the answer a script wants (docs/doctor.md): ``fits`` when
+the model fits (or fits, tight) on at least one of the GPUs asked about,
+``does_not_fit`` when it fits on none, ``unknown`` when it fits on none for sure and on
+some only for some model shapes. The CLI maps it to an exit code.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +21,14 @@ from gpuwatch.doctor.fit import (
     Option,
     Verdict,
     Workload,
+    breakdown_verdict,
+    component_name,
+    deciding_part,
     estimate,
+    fits,
     kv_bytes_per_token,
     options,
     validate,
-    verdict,
 )
 from gpuwatch.doctor.gpus import GpuTarget, catalogue_target, local_targets, smallest_fitting
 from gpuwatch.doctor.live import fetch_local_snapshot
@@ -47,9 +56,32 @@ class FitReport:
     breakdown: Breakdown
     gpus: list[GpuFit]
 
+    @property
+    def verdict(self) -> Verdict:
+        """``fits`` if it fits on any GPU; ``unknown`` if it may; else ``does_not_fit``."""
+        results = [gpu.verdict for gpu in self.gpus]
+        if any(fits(r) for r in results):
+            return "fits"
+        return "unknown" if "unknown" in results else "does_not_fit"
+
+    @property
+    def unknown_because(self) -> str | None:
+        """The missing input and the part it decides, when the verdict is ``unknown``."""
+        if self.verdict != "unknown":
+            return None
+        part = deciding_part(self.breakdown) or "activations"
+        low, high = self.breakdown.spread.get(part, (0, 0))
+        return (
+            f"it depends on the model's shape, which --params does not give: the "
+            f"{component_name(part)} alone is {format_size(low)} to {format_size(high)} over "
+            "typical shapes; pass --config config.json"
+        )
+
     def to_json(self) -> dict[str, Any]:
         arch = self.workload.arch
         return {
+            "verdict": self.verdict,
+            "unknown_because": self.unknown_because,
             "model": {"name": arch.name, "params": arch.params},
             "dtype": self.workload.dtype,
             "mode": self.workload.mode,
@@ -57,6 +89,7 @@ class FitReport:
             "batch": self.workload.batch,
             "kv_cache_bytes_per_token": kv_bytes_per_token(arch, self.workload.dtype),
             "breakdown": self.breakdown.as_dict(),
+            "estimated": self.breakdown.estimated,
             "notes": self.breakdown.notes,
             "gpus": [
                 {
@@ -82,44 +115,72 @@ class FitReport:
         )
         lines = [f"{title}, context {w.context} x batch {w.batch}"]
         rows = [
-            ("weights", b.weights),
-            ("KV cache", b.kv_cache),
-            ("gradients", b.gradients),
-            ("optimizer state", b.optimizer),
-            ("activations (estimate)", b.activations),
-            ("CUDA context + framework", b.overhead),
+            ("weights", "weights", b.weights),
+            ("KV cache", "kv_cache", b.kv_cache),
+            ("gradients", "gradients", b.gradients),
+            ("optimizer state", "optimizer", b.optimizer),
+            ("activations (estimate)", "activations", b.activations),
+            ("CUDA context + framework", "overhead", b.overhead),
         ]
-        for name, value in rows:
-            if (value == 0 and name in ("gradients", "optimizer state")) or (
-                name == "KV cache" and w.mode != "inference"
+        for label, part, value in rows:
+            if (value == 0 and part in ("gradients", "optimizer")) or (
+                part == "kv_cache" and w.mode != "inference"
             ):
                 continue
-            lines.append(
-                f"  {name:<26}{format_size(value) if value is not None else 'unknown':>14}"
-            )
-        lines.append(f"  {'total':<26}{format_size(b.total):>14}")
+            lines.append(_row(label, value, b.spread.get(part)))
+        total_range = None
+        if b.low_total is not None and b.high_total is not None:
+            total_range = (b.low_total, b.high_total)
+        lines.append(_row("total", b.total, total_range))
         for gpu in self.gpus:
             lines.append("")
-            lines.append(_verdict_line(gpu, b.total))
+            lines.append(_verdict_line(gpu, b))
             lines.extend(
                 f"  makes it fit: {o.change} -> {format_size(o.total_bytes)}" for o in gpu.options
             )
-            if gpu.verdict != "fits" and gpu.bigger_gpu:
+            if gpu.verdict == "fits":
+                continue
+            if gpu.bigger_gpu:
                 lines.append(f"  makes it fit: a bigger GPU ({gpu.bigger_gpu})")
-            elif gpu.verdict != "fits" and not gpu.options:
+            elif not gpu.options:
                 lines.append(
                     "  no single GPU or setting here fits it: shard across GPUs (FSDP, ZeRO-3)"
                 )
+        if self.unknown_because:
+            lines.append("")
+            lines.append(f"cannot tell: {self.unknown_because}")
         lines.extend(f"note: {note}" for note in b.notes)
         return "\n".join(lines) + "\n"
 
 
-def _verdict_line(gpu: GpuFit, total: int) -> str:
-    word = {"fits": "fits", "tight": "fits, but tight", "does_not_fit": "does NOT fit"}[gpu.verdict]
-    line = (
-        f"{gpu.target.name} ({format_size(gpu.target.total_bytes)}): {word} "
-        f"({gpu.headroom_ratio:.0%} headroom; want >= {FITS_HEADROOM:.0%})"
-    )
+def _row(label: str, value: int | None, spread: tuple[int, int] | None) -> str:
+    shown = format_size(value) if value is not None else "-"
+    line = f"  {label:<26}{shown:>14}"
+    if spread is not None:
+        line += f"   (range {format_size(spread[0])} - {format_size(spread[1])})"
+    return line
+
+
+def _verdict_line(gpu: GpuFit, breakdown: Breakdown) -> str:
+    card, total = gpu.target.total_bytes, breakdown.total
+    name = f"{gpu.target.name} ({format_size(card)})"
+    if gpu.verdict == "does_not_fit" and total > card:
+        # A negative "headroom" reads as nonsense: say how far over the card it is.
+        line = (
+            f"{name}: does NOT fit: needs {format_size(total)}, {total / card:.1f}x the card "
+            f"({format_size(total - card)} over)"
+        )
+    elif gpu.verdict == "unknown":
+        low, high = breakdown.low_total or total, breakdown.high_total or total
+        line = (
+            f"{name}: cannot tell: needs {format_size(low)} to {format_size(high)} "
+            f"depending on the model's shape (want >= {FITS_HEADROOM:.0%} headroom)"
+        )
+    else:
+        word = {"fits": "fits", "tight": "fits, but tight", "does_not_fit": "does NOT fit"}[
+            gpu.verdict
+        ]
+        line = f"{name}: {word} ({gpu.headroom_ratio:.0%} headroom; want >= {FITS_HEADROOM:.0%})"
     if gpu.fits_free_now is not None:
         line += "; fits in what is free now" if gpu.fits_free_now else "; NOT in what is free now"
     return line
@@ -168,7 +229,7 @@ def _targets(gpu: str, agent: str) -> list[GpuTarget]:
 
 def _fit_on(workload: Workload, breakdown: Breakdown, target: GpuTarget) -> GpuFit:
     total = breakdown.total
-    result = verdict(total, target.total_bytes)
+    result = breakdown_verdict(breakdown, target.total_bytes)
     free_now = None if target.free_bytes is None else total <= target.free_bytes
     return GpuFit(
         target=target,

@@ -15,13 +15,24 @@ that figure.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuwatch.doctor.units import format_size
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 log = logging.getLogger(__name__)
+
+# The total an OOM message prints (cudaMemGetInfo, or the allocator's device limit) is a
+# little below NVML's: 23.65 GiB on an RTX 4090 whose NVML total is 23.99 GiB (98.6 %),
+# 39.39 GiB on a 40 GiB A100, 79.19 GiB on an 80 GiB H100. Within this band it is the
+# same model of card; outside it, another card (11 vs 12 GiB cards differ by 8 %).
+SAME_CARD_LOW_RATIO = 0.93
+SAME_CARD_HIGH_RATIO = 1.02
+# Accelerators the agent (NVML) never sees: a message from one is from another machine.
+NOT_NVIDIA_DEVICE_TYPES = frozenset({"hip", "xpu", "mps", "metal", "tpu"})
 
 SNAPSHOT_PATH = "/snapshot"
 
@@ -109,6 +120,76 @@ def live_gpu(
         return None
     clock = snapshot.collected_at if now is None else now
     return _view(snapshot.hostname, gpu, snapshot.collected_at, clock)
+
+
+@dataclass(frozen=True)
+class LiveMatch:
+    """The local GPU an OOM message is about, or why none is shown (``note``)."""
+
+    gpu: LiveGpu | None
+    note: str | None = None
+
+
+def same_card(message_total: int, local_total: int) -> bool:
+    """True when a message's total and NVML's total are the same size of card."""
+    return SAME_CARD_LOW_RATIO * local_total <= message_total <= SAME_CARD_HIGH_RATIO * local_total
+
+
+def match_live_gpu(
+    snapshot: HostSnapshot,
+    index: int | None,
+    *,
+    total_bytes: int | None,
+    device_type: str | None = None,
+    now: float | None = None,
+) -> LiveMatch:
+    """The live view of the GPU the message is about, checked against its size.
+
+    The index a message prints is the process's own (``CUDA_VISIBLE_DEVICES``
+    renumbers from 0), and the message may come from another machine, so a local GPU
+    is attached only when its total matches the message's ``total_bytes``. When it
+    does not, the one local GPU of the message's size is shown instead (with a note);
+    with none, or several, none is attached and the note says why.
+    """
+    clock = snapshot.collected_at if now is None else now
+    if device_type in NOT_NVIDIA_DEVICE_TYPES:
+        return LiveMatch(
+            None,
+            f"this message is from a {device_type.upper()} device; this host's agent sees "
+            "NVIDIA GPUs: live context not attached",
+        )
+    if total_bytes is None:
+        return LiveMatch(live_gpu(snapshot, index, now=clock))
+    usable = [g for g in snapshot.gpus if not g.lost and g.memory_total_bytes]
+    named = snapshot.gpu(index) if index is not None else (usable[0] if len(usable) == 1 else None)
+    if (
+        named is not None
+        and named.memory_total_bytes
+        and same_card(total_bytes, named.memory_total_bytes)
+    ):
+        return LiveMatch(_view(snapshot.hostname, named, snapshot.collected_at, clock))
+    matching = [g for g in usable if same_card(total_bytes, g.memory_total_bytes or 0)]
+    card = f"this message is from a {format_size(total_bytes)} card"
+    if named is not None and named.memory_total_bytes:
+        here = f"this host's GPU {named.index} has {format_size(named.memory_total_bytes)}"
+    else:
+        sizes = ", ".join(f"GPU {g.index} {format_size(g.memory_total_bytes or 0)}" for g in usable)
+        here = f"this host has {sizes or 'no GPU with a known size'}"
+    if len(matching) == 1:
+        other = matching[0]
+        return LiveMatch(
+            _view(snapshot.hostname, other, snapshot.collected_at, clock),
+            f"{card}; {here}: showing GPU {other.index} "
+            f"({format_size(other.memory_total_bytes or 0)}), the only GPU here of that size "
+            "(CUDA_VISIBLE_DEVICES renumbers GPUs from 0)",
+        )
+    if matching:
+        return LiveMatch(
+            None,
+            f"{card}; {here}, and GPUs {', '.join(str(g.index) for g in matching)} are that "
+            "size: live context not attached (which one is ambiguous)",
+        )
+    return LiveMatch(None, f"{card}; {here}: live context not attached")
 
 
 def _view(hostname: str, gpu: Gpu, collected_at: float, now: float) -> LiveGpu:

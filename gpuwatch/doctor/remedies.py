@@ -62,6 +62,66 @@ def model_too_large(needed_bytes: int, capacity_bytes: int | None) -> list[str]:
     return commands
 
 
+# What a message without sizes still says, by kind (the "unknown" diagnosis's evidence).
+UNKNOWN_BY_KIND = {
+    "driver": "CUDA itself failed to allocate and printed no sizes; at start-up this usually "
+    "means the GPU was already full or the CUDA context did not fit",
+    "cublas": "cuBLAS could not allocate its handle or workspace: the GPU was (nearly) full "
+    "when the first matrix multiply ran",
+    "cudnn": "cuDNN could not initialise or find an algorithm: usually no memory left for "
+    "its handle or workspace",
+    "nccl": "NCCL could not allocate its communication buffers: the GPU had no headroom left",
+    "bitsandbytes": "bitsandbytes' managed-memory (paged optimizer) allocation failed; WSL2 "
+    "lacks full unified-memory support; use a non-paged optimizer (adamw_torch, adamw_bnb_8bit)",
+    "metal": "a Metal command buffer ran out of unified memory: the model, its context or "
+    "other apps use more than macOS lets the GPU have",
+}
+
+# ... and by category, where the wording says more than its kind.
+UNKNOWN_BY_CATEGORY = {
+    "host_pinned_memory_oom": "pinned *host* memory ran out (system RAM), not GPU memory",
+    "pytorch_caching_allocator_oom_absurd_size": "the requested size is over 1 EB: a corrupt "
+    "(negative or overflowed) tensor size, a bug",
+    "pytorch_thc_cuda_runtime_error": "the legacy THC allocator printed no sizes",
+    "nccl_shm_exhausted": "NCCL could not create its shared-memory segment: /dev/shm is full "
+    "(a container's default is 64 MiB); this is host memory, not the GPU",
+    "nccl_host_alloc_failed": "NCCL could not allocate pinned host memory (system RAM)",
+    "nccl_unhandled_cuda_error": "NCCL hit a CUDA error it does not name; out of memory is the "
+    "usual cause; NCCL_DEBUG=WARN prints the CUDA failure",
+    "cublas_handle_oom_suspect": "cuBLAS could not create its handle (CUBLAS_STATUS_NOT_INITIALIZED): "
+    "almost always the GPU had no memory left for it",
+    "cudnn_status_oom_suspect": "cuDNN failed with a status that in practice usually means no "
+    "memory was left for its handle or workspace",
+    "tensorflow_dst_tensor_not_initialized": "TensorFlow could not allocate the destination of "
+    "a GPU copy ('Dst tensor is not initialized'): the GPU was out of memory",
+    "xla_tpu_memory_space_exhausted": "the compiled XLA program needs more TPU memory than the "
+    "chip has: smaller batch, rematerialisation (jax.checkpoint), or shard over more chips",
+    "metal_command_buffer_oom": "a Metal command buffer ran out of unified memory",
+    "ggml_backend_buffer_alloc_failed": "llama.cpp could not allocate a backend buffer (the "
+    "cudaMalloc / hipMalloc failure itself was not in the text)",
+}
+
+UNKNOWN_COMMANDS_BY_CATEGORY = {
+    "nccl_shm_exhausted": [
+        "docker run --shm-size=8g ...   # or --ipc=host; Kubernetes: an emptyDir medium: Memory at /dev/shm",
+        "df -h /dev/shm",
+        "export NCCL_SHM_DISABLE=1   # last resort: slower inter-GPU transport",
+    ],
+    "nccl_unhandled_cuda_error": [
+        "export NCCL_DEBUG=WARN   # prints the CUDA failure behind 'unhandled cuda error'",
+        *FIND_HOLDERS,
+    ],
+    "xla_tpu_memory_space_exhausted": [
+        "reduce the per-device batch, or wrap blocks in jax.checkpoint (rematerialisation)",
+        "shard parameters and activations over more TPU cores (jax.sharding / pjit)",
+    ],
+    "metal_command_buffer_oom": [
+        "llama.cpp: lower the context (-c) and batch (-b / -ub), or a smaller quantisation",
+        "sudo sysctl iogpu.wired_limit_mb=<MiB>   # raise the GPU's share of unified memory (macOS 14+)",
+    ],
+}
+
+
 def describe(process: LiveProcess) -> str:
     """``pid 4242 alice python train.py: 12.00 GiB, SM 0% now, running 3h05m``."""
     parts = [f"pid {process.pid}"]

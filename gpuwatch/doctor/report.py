@@ -16,6 +16,7 @@ _TITLES = {
     "hip": "PyTorch ROCm (HIP) allocator",
     "xpu": "PyTorch XPU allocator",
     "mps": "PyTorch MPS (Apple)",
+    "metal": "Apple Metal",
     "driver": "CUDA runtime/driver",
     "cublas": "cuBLAS",
     "cudnn": "cuDNN",
@@ -46,7 +47,17 @@ def render(explanation: Explanation) -> str:
 
 
 # Remedies that are shell commands get a "$ " prompt; code and advice do not.
-_SHELL_PROGRAMS = ("export ", "gpuwatch ", "kill ", "nvidia-smi", "vllm ", "CUDA_LAUNCH_BLOCKING")
+_SHELL_PROGRAMS = (
+    "export ",
+    "gpuwatch ",
+    "kill ",
+    "nvidia-smi",
+    "vllm ",
+    "CUDA_LAUNCH_BLOCKING",
+    "docker ",
+    "df ",
+    "sudo ",
+)
 
 
 def _command_line(command: str) -> str:

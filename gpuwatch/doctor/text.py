@@ -35,6 +35,17 @@ ANCHORS = (
     "tried to allocate",
     "workspace size",
     "ran out of memory",
+    "cudaerrormemoryallocation",
+    "cublas_status_not_initialized",
+    "unhandled cuda error",
+    "ncclunhandledcudaerror",
+    "shared memory segment",
+    "failed to extend /dev/shm",
+    "failed to cuda",
+    "dst tensor is not initialized",
+    "that was not possible",
+    "unable to allocate",
+    "free memory on device",
 )
 
 CONTEXT_BEFORE_CHARS = 1500  # exception names, BFC stats dumps printed before the error

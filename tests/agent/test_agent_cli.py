@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,3 +164,61 @@ def test_agent_serves_metrics_and_stops_cleanly_on_sigterm(env, scenario) -> Non
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+
+
+def _fake_states(env: dict[str, str]) -> list[Path]:
+    """Scenario state files in the private runtime dir: one per booted scenario."""
+    return sorted((Path(env["XDG_RUNTIME_DIR"]) / "gpuwatch-fake").glob("*.json"))
+
+
+def test_busy_listen_port_is_one_line_exit_3_and_boots_nothing(env, scenario) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(["agent", "--fake-gpus", str(scenario), "--listen", f"127.0.0.1:{port}"], env)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "serving" not in result.stderr
+    assert _fake_states(env) == []  # no stand-ins were started, so none are left
+
+
+def test_bind_failure_after_boot_stops_the_standins_it_booted(env, scenario) -> None:
+    # The race the pre-check cannot close: the port is taken between check and bind.
+    script = (
+        "import sys\n"
+        "from gpuwatch.cli.agent import _build\n"
+        "from gpuwatch.errors import ConfigError\n"
+        "from gpuwatch.settings import AgentSettings\n"
+        "s = AgentSettings(fake_gpus=sys.argv[1], listen='127.0.0.1:' + sys.argv[2])\n"
+        "try:\n    _build(s)\nexcept ConfigError as err:\n    print(err)\n    sys.exit(3)\n"
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(scenario), str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 3, result.stderr
+    assert "cannot listen" in result.stdout
+    assert _fake_states(env) == []
+
+
+def test_server_without_token_is_refused_at_start(env) -> None:
+    started = time.monotonic()
+    result = run(
+        ["agent", "--fake-gpus", "workstation", "--listen", "127.0.0.1:0", "--server",
+         "http://127.0.0.1:9"],
+        {k: v for k, v in env.items() if k != "GPUWATCH_AGENT_TOKEN"},
+    )  # fmt: skip
+    assert result.returncode == 3
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "needs a token" in result.stderr and "GPUWATCH_AGENT_TOKEN" in result.stderr
+    assert time.monotonic() - started < 60
+    assert _fake_states(env) == []

@@ -99,9 +99,49 @@ def test_fit_json_breakdown_matches_published_figures(capsys: pytest.CaptureFixt
 
 def test_fit_human_output_names_what_makes_it_fit(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["fit", "--params", "70B", "--gpu", "RTX4090"], capsys)
-    assert code == 0
-    assert "does NOT fit" in out
+    assert code == 10  # does not fit: a verdict scripts can branch on
+    assert "does NOT fit: needs " in out and "x the card" in out
     assert "makes it fit:" in out
+    assert "% headroom" not in out  # was "-401% headroom"
+
+
+def test_fit_params_only_agrees_with_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    # The case: --params 8B said "fits (77% headroom)", the config said no.
+    by_params = run(
+        ["fit", "--params", "8B", "--mode", "qlora", "--gpu", "24GiB", "--json"], capsys
+    )
+    by_config = run(
+        ["fit", "--config", str(LLAMA), "--mode", "qlora", "--gpu", "24GiB", "--json"], capsys
+    )
+    for code, out, _ in (by_params, by_config):
+        assert code == 10
+        result = json.loads(out)
+        assert result["verdict"] == "does_not_fit"
+        assert result["gpus"][0]["verdict"] == "does_not_fit"
+        assert result["breakdown"]["activations_bytes"] > 15 * 2**30
+    guessed = json.loads(by_params[1])
+    assert "activations" in guessed["estimated"]
+    assert guessed["breakdown"]["total_low_bytes"] <= guessed["breakdown"]["total_bytes"]
+    assert json.loads(by_config[1])["estimated"] == []
+
+
+def test_fit_unknown_names_the_missing_input_and_exits_11(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(["fit", "--params", "8B", "--context", "131072", "--gpu", "A6000"], capsys)
+    assert code == 11
+    assert "cannot tell" in out and "KV cache" in out and "--config config.json" in out
+    code, out, _ = run(
+        ["fit", "--params", "8B", "--context", "131072", "--gpu", "A6000", "--json"], capsys
+    )
+    result = json.loads(out)
+    assert code == 11 and result["verdict"] == "unknown"
+    assert "--config" in result["unknown_because"]
+
+
+def test_fit_fits_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["fit", "--params", "8B", "--gpu", "H100-80GB"], capsys)
+    assert code == 0 and "fits (" in out
 
 
 @pytest.mark.parametrize(
@@ -129,3 +169,43 @@ def test_fit_local_uses_the_agents_gpus(
     gpu = json.loads(out)["gpus"][0]
     assert gpu["name"] == "GPU 0 (NVIDIA GeForce RTX 4090)"
     assert gpu["fits_free_now"] is False  # 2 GiB free: the notebook holds the rest
+
+
+def test_explain_does_not_attach_a_card_of_another_size(
+    agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert not isinstance(agent.snapshot, (bytes, int))
+    gpu = agent.snapshot.gpus[0].model_copy(update={"memory_total_bytes": 48 * 2**30})
+    agent.snapshot = agent.snapshot.model_copy(update={"gpus": [gpu]})
+    code, out, _ = run(["explain", "--text", MESSAGE, "--agent", agent.url], capsys)
+    assert code == 0
+    assert (
+        "note: this message is from a 23.65 GiB card; this host's GPU 0 has 48.00 GiB: "
+        "live context not attached"
+    ) in out
+    assert "Right now on" not in out
+
+
+def test_explain_without_input_at_a_terminal_prints_a_hint_and_exits_2(tmp_path: Path) -> None:
+    # stdin is a real terminal (a pty): the old behaviour was a silent wait for Ctrl-D.
+    import os
+    import pty
+    import subprocess
+
+    leader, follower = pty.openpty()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "explain", "--no-live"],
+            stdin=follower,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "GPUWATCH_CONFIG": str(tmp_path / "none.toml")},
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "gpuwatch explain FILE" in result.stderr and "| gpuwatch explain" in result.stderr
+    assert result.stdout == ""

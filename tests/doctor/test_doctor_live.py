@@ -74,3 +74,66 @@ def test_driver_error_uses_the_live_view_as_evidence(agent: FakeAgent) -> None:
     explanation = explain("RuntimeError: CUDA error: out of memory", snapshot=snapshot)
     assert [d.fix for d in explanation.diagnoses] == ["other_processes", "unknown"]
     assert "live view" in explanation.diagnoses[0].evidence
+
+
+def _with_gpus(*totals_gib: int):
+    """The fake agent's snapshot with GPUs of these sizes (the holders on GPU 0)."""
+    from doctor.fake_agent_server import shared_gpu_snapshot
+
+    snapshot = shared_gpu_snapshot()
+    first = snapshot.gpus[0]
+    gpus = [
+        first.model_copy(
+            update={
+                "index": i,
+                "uuid": f"GPU-{i}",
+                "memory_total_bytes": gib * 2**30,
+                "processes": first.processes if i == 0 else [],
+            }
+        )
+        for i, gib in enumerate(totals_gib)
+    ]
+    return snapshot.model_copy(update={"gpus": gpus})
+
+
+def test_a_message_from_another_size_of_card_gets_no_live_context() -> None:
+    # The issue: 23.65 GiB in the message, 48 GiB locally, context attached regardless.
+    explanation = explain(STARVED, snapshot=_with_gpus(48), now=COLLECTED_AT)
+    assert explanation.live is None
+    assert explanation.live_note == (
+        "this message is from a 23.65 GiB card; this host's GPU 0 has 48.00 GiB: "
+        "live context not attached"
+    )
+    assert explanation.live_note in explanation.notes
+    assert all("4242" not in " ".join(d.commands) for d in explanation.diagnoses)
+    assert "Right now on" not in render(explanation)
+
+
+def test_the_one_local_gpu_of_the_messages_size_is_matched() -> None:
+    # GPU 0 in the message is the process's own numbering (CUDA_VISIBLE_DEVICES=1).
+    explanation = explain(STARVED, snapshot=_with_gpus(48, 24), now=COLLECTED_AT)
+    assert explanation.live is not None and explanation.live.index == 1
+    assert explanation.live_note is not None
+    assert "showing GPU 1 (24.00 GiB), the only GPU here of that size" in explanation.live_note
+
+
+def test_several_local_gpus_of_that_size_are_ambiguous() -> None:
+    explanation = explain(STARVED, snapshot=_with_gpus(48, 24, 24), now=COLLECTED_AT)
+    assert explanation.live is None
+    assert explanation.live_note is not None and "ambiguous" in explanation.live_note
+
+
+def test_the_same_size_of_card_is_attached_without_a_note() -> None:
+    explanation = explain(STARVED, snapshot=_with_gpus(24), now=COLLECTED_AT)
+    assert explanation.live is not None and explanation.live.index == 0
+    assert explanation.live_note is None
+
+
+def test_a_message_from_another_accelerator_gets_no_nvidia_context() -> None:
+    mps = (
+        "RuntimeError: MPS backend out of memory (MPS allocated: 7.23 GB, other allocations: "
+        "1.54 GB, max allowed: 9.07 GB). Tried to allocate 896.00 MB on private pool."
+    )
+    explanation = explain(mps, snapshot=_with_gpus(24), now=COLLECTED_AT)
+    assert explanation.live is None
+    assert explanation.live_note is not None and "MPS device" in explanation.live_note

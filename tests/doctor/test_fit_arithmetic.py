@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.doctor.architecture import Architecture, load_hf_config, parse_param_count
+from gpuwatch.doctor.architecture import (
+    Architecture,
+    load_hf_config,
+    parse_param_count,
+    typical_shape,
+)
 from gpuwatch.doctor.fit import (
     Workload,
+    breakdown_verdict,
+    deciding_part,
     estimate,
     kv_bytes_per_token,
     max_context,
@@ -51,8 +58,12 @@ def test_quantised_weights_keep_embeddings_16_bit() -> None:
     nf4 = estimate(Workload(LLAMA, dtype="nf4")).weights
     linear = LLAMA.params - LLAMA.embedding_params
     assert nf4 == round(linear * 4.127 / 8) + LLAMA.embedding_params * 2
-    bare = Architecture(params=8_000_000_000)
-    assert estimate(Workload(bare, dtype="int8")).weights == 8_000_000_000
+    # Without a config the embeddings are still kept 16-bit, for a typical vocabulary;
+    # the range covers 32k-256k-token vocabularies.
+    bare = estimate(Workload(Architecture(params=8_000_000_000), dtype="int8"))
+    low, high = bare.spread["weights"]
+    assert 8_000_000_000 < low <= bare.weights <= high
+    assert "weights" in bare.estimated
 
 
 def test_qlora_fits_a_24_gib_card_where_full_does_not() -> None:
@@ -97,3 +108,38 @@ def test_invalid_combinations_are_config_errors() -> None:
         load_hf_config(FIXTURES / "non-oom" / "vllm-serve.log")
     assert catalogue_target("24GiB").total_bytes == 24 * GIB
     assert catalogue_target("a100 40gb").name == "A100-40GB"
+
+
+def test_typical_shape_of_8b_is_llama_3_1_8b() -> None:
+    shape = typical_shape(8_000_000_000)
+    assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads) == (32, 4096, 32, 8)
+    assert shape.estimated and shape.params == 8_000_000_000
+
+
+def test_params_only_estimates_activations_close_to_the_real_config() -> None:
+    # The issue: --params 8B left activations out (fits, 77% headroom) where the real
+    # config says 26.9 GiB. Now every part is estimated, within 2% of the real figure.
+    exact = estimate(Workload(LLAMA, dtype="nf4", mode="qlora"))
+    guessed = estimate(Workload(Architecture(params=8_000_000_000), dtype="nf4", mode="qlora"))
+    assert guessed.activations is not None and guessed.activations > 0
+    assert guessed.total == pytest.approx(exact.total, rel=0.02)
+    assert guessed.low_total is not None and guessed.high_total is not None
+    assert guessed.low_total <= exact.total <= guessed.high_total
+    assert exact.low_total is None and exact.estimated == []  # a config: nothing guessed
+
+
+def test_verdict_is_unknown_when_the_range_straddles_the_card() -> None:
+    long_context = Workload(Architecture(params=8_000_000_000), context=131_072)
+    breakdown = estimate(long_context)
+    card = catalogue_target("A6000").total_bytes
+    assert breakdown_verdict(breakdown, card) == "unknown"
+    assert deciding_part(breakdown) == "kv_cache"  # 1 to 8 query heads per KV head
+    # With the real shape there is one answer.
+    assert breakdown_verdict(estimate(replace(long_context, arch=LLAMA)), card) == "tight"
+
+
+def test_verdict_is_definite_when_the_whole_range_agrees() -> None:
+    bare = Architecture(params=70_000_000_000)
+    breakdown = estimate(Workload(bare))
+    assert breakdown_verdict(breakdown, catalogue_target("RTX4090").total_bytes) == "does_not_fit"
+    assert breakdown_verdict(breakdown, 1024 * GIB) == "fits"

@@ -8,15 +8,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuwatch.doctor.families import cuda_libraries, cupy, llama_cpp, mps, pytorch, tensorflow, vllm
+from gpuwatch.doctor.families import (
+    cuda_libraries,
+    cupy,
+    llama_cpp,
+    metal,
+    mps,
+    nccl,
+    pytorch,
+    tensorflow,
+    vllm,
+    xla,
+)
 from gpuwatch.doctor.families.clauses import Found
 
 FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     pytorch.find,
     mps.find,
+    metal.find,
     vllm.find,
     cuda_libraries.find,
+    nccl.find,
     tensorflow.find,
+    xla.find,
     llama_cpp.find,
     cupy.find,
 )

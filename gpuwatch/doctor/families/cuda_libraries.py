@@ -2,8 +2,9 @@
 
 These messages carry no sizes (or only the one failed request), so what they tell is
 *where* memory ran out: a plain ``CUDA error: out of memory`` (often the CUDA context
-or a kernel's own allocation), cuBLAS/cuDNN handle or workspace creation, NCCL's
-communication buffers, bitsandbytes' managed (paged-optimizer) memory.
+or a kernel's own allocation; the same from HIP, CuPy, Numba, RMM), cuBLAS/cuDNN handle
+or workspace creation, bitsandbytes' managed (paged-optimizer) memory. NCCL has its own
+module (:mod:`~gpuwatch.doctor.families.nccl`).
 """
 
 from __future__ import annotations
@@ -14,27 +15,51 @@ from collections.abc import Callable
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families.clauses import Found, Span, exception_before, spans
 
-_RUNTIME = re.compile(r"CUDA\s+error:\s+out\s+of\s+memory")
-# The driver API's name. TensorFlow's stream executor prints it too, after "failed to
-# alloc(ate) ... from device/on host:"; that wording is the tensorflow family's.
-_DRIVER = re.compile(r"CUDA_ERROR_OUT_OF_MEMORY")
-_TF_ALLOC_BEFORE = re.compile(r"failed\s+to\s+alloc")
-_DRIVER_CALL = re.compile(r"\.(cu[A-Z]\w*)\(")
-_CUBLAS = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")
-_CALLING = re.compile(r"when\s+calling\s+`?(\w+\([^)`\n]{0,80}\))")
-# cuDNN statuses that, in practice, mostly mean cuDNN could not get memory for its
-# handle or workspace; ALLOC_FAILED says so outright.
-_CUDNN_STATUS = re.compile(
-    r"CUDNN_STATUS_(ALLOC_FAILED|NOT_INITIALIZED|EXECUTION_FAILED|INTERNAL_ERROR)"
+# The runtime's own wording, in every form it reaches a log: PyTorch's "CUDA error: out of
+# memory" (1.10 printed "error:out" with no space), ROCm's "HIP error: out of memory",
+# c10's driver-API check "CUDA driver error: out of memory", and the enum names that
+# CuPy, RMM and IREE print ("cudaErrorMemoryAllocation: out of memory", "HIP driver error
+# 'hipErrorOutOfMemory' (2): out of memory"). Newer PyTorch adds "Search for
+# `cudaErrorMemoryAllocation' in ...", which alone (the first line cut off) still says it.
+_RUNTIME = re.compile(
+    r"(?P<api>CUDA|HIP)\s+(?:driver\s+)?error:\s*out\s+of\s+memory"
+    r"|(?P<enum>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'?(?:\s*\(\d+\))?:?\s+out\s+of\s+memory"
+    r"|Search\s+for\s+`(?P<hint>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'"
 )
+# The CUDA_CHECK macro many C++ projects copy: "CUDA error 2 at ggml-cuda.cu:359: out of
+# memory" (llama.cpp before 2024, and others); 2 is cudaErrorMemoryAllocation.
+_CHECK_MACRO = re.compile(
+    r"CUDA\s+error\s+2\s+at\s+(?P<file>[\w./-]+):(?P<line>\d+):\s*out\s+of\s+memory"
+)
+# The driver API's name. TensorFlow's stream executor prints it too, after "failed to
+# alloc(ate) ... from device/on host:"; that wording is the tensorflow family's, and
+# XLA's "cuMemAllocAsync failed to allocate ... RESOURCE_EXHAUSTED" is the xla family's.
+_DRIVER = re.compile(r"CUDA_ERROR_OUT_OF_MEMORY")
+_OTHER_FAMILY_BEFORE = re.compile(r"failed\s+to\s+alloc|RESOURCE_EXHAUSTED")
+_DRIVER_CALL = re.compile(r"\b(cu[A-Z]\w*)\b")
+_CUBLAS = re.compile(r"CUBLAS_STATUS_(?P<status>ALLOC_FAILED|NOT_INITIALIZED)")
+# NOT_INITIALIZED means cuBLAS could not create its handle; when that failed in handle
+# creation (cublasCreate, TF's "failed to create cublas handle", CuPy's cublas.create),
+# the GPU was nearly always full. Elsewhere it is a setup error, not an OOM.
+_CUBLAS_HANDLE = re.compile(r"cublasCreate|create\s+cublas\s+handle|cublas\.create")
+CUBLAS_HANDLE_LOOKBACK_CHARS = 600
+_CALLING = re.compile(r"(?:when\s+calling\s+`?|expr=)(\w+\([^)`\n]{0,80}\))")
+# cuDNN statuses that, in practice, mostly mean cuDNN could not get memory for its
+# handle or workspace; ALLOC_FAILED (and cuDNN 9's *_ALLOCATION_FAILED) say so outright.
+_CUDNN_STATUS = re.compile(
+    r"CUDNN_STATUS_(ALLOC_FAILED|INTERNAL_ERROR_(?:DEVICE|HOST)_ALLOCATION_FAILED"
+    r"|NOT_INITIALIZED|EXECUTION_FAILED|INTERNAL_ERROR)"
+)
+_CUDNN_CALL = re.compile(r"\((cudnn\w+)\)")
+# CNTK and similar wrappers: "... ; GPU=1 ; hostname=... ; expr=cublasCreate(&cuHandle)".
+_GPU_FIELD = re.compile(r";\s*GPU=(\d+)\s*;")
 _CUDNN_NO_ALGORITHM = re.compile(r"Unable\s+to\s+find\s+a\s+valid\s+cuDNN\s+algorithm")
 _CPP_LOCATION = re.compile(r"\bat\s+\S*?(\w+\.cpp:\d+)")
 _WORKSPACE = re.compile(
     r"Minimum\s+workspace\s+size:\s*(?P<need>\d+)\s*Bytes\s+Given:\s*(?P<given>\d+)\s*Bytes"
 )
-_NCCL = re.compile(r"NCCL\s+WARN\s+Cuda\s+failure\s+'out\s+of\s+memory'")
-_NCCL_ORIGIN = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+\s+\[(?P<gpu>\d+)\]")
-_NCCL_CALLOC = re.compile(r"Failed\s+to\s+CUDA\s+calloc\s+(\d+)\s+bytes")
+# RAPIDS Memory Manager: "std::bad_alloc: out_of_memory: CUDA error at: .../rmm/..."
+_RMM = re.compile(r"(?:rmm::)?out_of_memory:\s+CUDA\s+error\s+at")
 _BNB = re.compile(
     r"Error\s+out\s+of\s+memory\s+at\s+line\s+(?P<line>\d+)\s+in\s+file\s+(?P<file>\S+)"
 )
@@ -52,51 +77,82 @@ def find(window: str) -> list[Found]:
 
 
 def _runtime(span: Span) -> OomFacts:
+    match = _RUNTIME.match(span.text, span.start)
+    assert match is not None
+    name = match["api"] or match["enum"] or match["hint"] or ""
+    hip = name.upper().startswith("HIP")
     return OomFacts(
         kind="driver",
         category="cuda_runtime_error_oom",
         exception=exception_before(span.text, span.start),
+        device_type="hip" if hip else "cuda",
+        cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
+        message=span.snippet,
+    )
+
+
+def _check_macro(span: Span) -> OomFacts:
+    match = _CHECK_MACRO.match(span.text, span.start)
+    assert match is not None
+    ggml = "ggml" in match["file"]
+    return OomFacts(
+        kind="ggml" if ggml else "driver",
+        category="ggml_cuda_alloc_failed" if ggml else "cuda_runtime_error_oom",
+        exception=exception_before(span.text, span.start),
         device_type="cuda",
         cuda_error="cudaErrorMemoryAllocation",
+        cuda_error_code=2,
+        source_location=f"{match['file'].rsplit('/', 1)[-1]}:{match['line']}",
         message=span.snippet,
     )
 
 
 def _driver(span: Span) -> OomFacts | None:
     line_start = span.text.rfind("\n", 0, span.start) + 1
-    if _TF_ALLOC_BEFORE.search(span.text, line_start, span.start):
+    if _OTHER_FAMILY_BEFORE.search(span.text, line_start, span.start):
         return None
+    call = _DRIVER_CALL.search(span.text, line_start, span.start)
     return OomFacts(
         kind="driver",
         category="cuda_driver_error_oom",
         exception=exception_before(span.text, span.start),
         device_type="cuda",
         cuda_error="CUDA_ERROR_OUT_OF_MEMORY",
-        api_call=span.group(_DRIVER_CALL),
+        api_call=call[1] if call else span.group(_DRIVER_CALL),
         message=span.snippet,
     )
 
 
-def _cublas(span: Span) -> OomFacts:
+def _cublas(span: Span) -> OomFacts | None:
+    status = span.group(_CUBLAS, "status")
+    category = "cublas_alloc_failed"
+    if status == "NOT_INITIALIZED":
+        around = span.text[max(0, span.start - CUBLAS_HANDLE_LOOKBACK_CHARS) : span.end]
+        if not _CUBLAS_HANDLE.search(around):
+            return None
+        category = "cublas_handle_oom_suspect"
     return OomFacts(
         kind="cublas",
-        category="cublas_alloc_failed",
+        category=category,
         exception=exception_before(span.text, span.start),
         device_type="cuda",
-        library_status="CUBLAS_STATUS_ALLOC_FAILED",
+        device_index=span.integer(_GPU_FIELD),
+        library_status=f"CUBLAS_STATUS_{status}",
         api_call=span.group(_CALLING),
         message=span.snippet,
     )
 
 
 def _cudnn_status(span: Span) -> OomFacts:
-    status = span.group(_CUDNN_STATUS)
+    status = span.group(_CUDNN_STATUS) or ""
     return OomFacts(
         kind="cudnn",
-        category="cudnn_alloc_failed" if status == "ALLOC_FAILED" else "cudnn_status_oom_suspect",
+        category="cudnn_alloc_failed" if "ALLOC" in status else "cudnn_status_oom_suspect",
         exception=exception_before(span.text, span.start),
         device_type="cuda",
+        device_index=span.integer(_GPU_FIELD),
         library_status=f"CUDNN_STATUS_{status}",
+        api_call=span.group(_CUDNN_CALL) or span.group(_CALLING),
         message=span.snippet,
     )
 
@@ -123,20 +179,13 @@ def _workspace(span: Span) -> OomFacts:
     )
 
 
-def _nccl(span: Span) -> OomFacts:
-    line_start = span.text.rfind("\n", 0, span.start) + 1
-    origin = _NCCL_ORIGIN.search(span.text, line_start, span.start)
-    line = span.text[line_start : span.start].lower()
-    # RCCL prints the same "Cuda failure" text on AMD GPUs; its paths say hipify/rccl.
-    amd = "rccl" in line or "hipify" in line
+def _rmm(span: Span) -> OomFacts:
     return OomFacts(
-        kind="nccl",
-        category="nccl_cuda_oom",
-        device_type="hip" if amd else "cuda",
-        device_index=int(origin["gpu"]) if origin else None,
-        host=origin["host"] if origin else None,
-        pid=int(origin["pid"]) if origin else None,
-        requested_bytes=span.integer(_NCCL_CALLOC),
+        kind="driver",
+        category="rmm_out_of_memory",
+        exception=exception_before(span.text, span.start),
+        device_type="cuda",
+        cuda_error="cudaErrorMemoryAllocation",
         message=span.snippet,
     )
 
@@ -158,11 +207,12 @@ def _bitsandbytes(span: Span) -> OomFacts:
 
 _BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...] = (
     (_RUNTIME, _runtime),
+    (_CHECK_MACRO, _check_macro),
     (_DRIVER, _driver),
     (_CUBLAS, _cublas),
     (_CUDNN_STATUS, _cudnn_status),
     (_CUDNN_NO_ALGORITHM, _cudnn_no_algorithm),
     (_WORKSPACE, _workspace),
-    (_NCCL, _nccl),
+    (_RMM, _rmm),
     (_BNB, _bitsandbytes),
 )

@@ -1,8 +1,14 @@
 """llama.cpp / ggml: ``ggml_backend_cuda_buffer_type_alloc_buffer: allocating 144.00 MiB
 on device 4: cudaMalloc failed: out of memory`` then ``failed to allocate CUDA4 buffer of
-size 150995968`` (the exact bytes). HIP builds print ``cudaMalloc`` too, for a ``ROCm0``
-buffer. The following line tells what was being allocated: the model's weights
-(``error loading model``) or the compute buffers (``failed to allocate compute buffers``).
+size 150995968`` (the exact bytes; printed by ``ggml_gallocr_reserve_n`` or, since 2026,
+``ggml_gallocr_reserve_n_impl``). HIP builds print ``cudaMalloc`` too, for a ``ROCm0``
+buffer. The following line tells what was being allocated: the model's weights (``error
+loading model``), the KV cache (``failed to allocate buffer for kv cache``) or the
+compute buffers (``failed to allocate compute buffers``).
+
+``llama_model_load: error loading model: unable to allocate backend buffer`` (or
+``unable to allocate CUDA0 buffer``) alone is the loader's summary of the same failure
+when the allocation line was not captured.
 """
 
 from __future__ import annotations
@@ -14,13 +20,22 @@ from gpuwatch.doctor.families.clauses import Found, compile_clause, spans
 
 _HEADER = compile_clause(
     r"allocating\s+",
-    r"\s+on\s+device\s+(?P<device>\d+):\s+cudaMalloc\s+failed:\s+out\s+of\s+memory",
+    r"\s+on\s+device\s+(?P<device>\d+):\s+(?:cuda|hip)Malloc\s+failed:\s+out\s+of\s+memory",
 )
 _EXACT = re.compile(
     r"failed\s+to\s+allocate\s+(?P<backend>CUDA|ROCm)\d+\s+buffer\s+of\s+size\s+(?P<bytes>\d+)"
 )
-_WEIGHTS = re.compile(r"error\s+loading\s+model|load_tensors")
-_COMPUTE = re.compile(r"compute\s+buffers")
+_BACKEND_BUFFER = re.compile(
+    r"unable\s+to\s+allocate\s+(?:backend|(?P<backend>CUDA|ROCm)(?P<device>\d+))\s+buffer"
+)
+# (phase, pattern), first match wins; looked for after the failure, and for the
+# weights also shortly before it (the loader prints its progress first).
+_PHASES = (
+    ("compute buffers", re.compile(r"compute\s+buffers")),
+    ("kv cache", re.compile(r"buffer\s+for\s+kv\s+cache|kv_cache_init\(\)\s+failed")),
+    ("model weights", re.compile(r"error\s+loading\s+model|load_tensors")),
+)
+WEIGHTS_LOOKBACK_CHARS = 400
 
 
 def find(window: str) -> list[Found]:
@@ -30,20 +45,36 @@ def find(window: str) -> list[Found]:
         header = _HEADER.match(window, span.start)
         assert header is not None
         exact = _EXACT.search(window, span.start, span.end)
-        if _COMPUTE.search(window, span.start, span.end):
-            phase = "compute buffers"
-        elif _WEIGHTS.search(window, max(0, span.start - 400), span.end):
-            phase = "model weights"
-        else:
-            phase = None
         facts = OomFacts(
             kind="ggml",
             category="ggml_cuda_alloc_failed",
             device_type="hip" if exact and exact["backend"] == "ROCm" else "cuda",
             device_index=int(header["device"]),
             requested_bytes=int(exact["bytes"]) if exact else span.size(_HEADER),
-            phase=phase,
+            phase=_phase(window, span.start, span.end),
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
+    if found:
+        return found
+    for span in spans(window, _BACKEND_BUFFER, limit=400):
+        match = _BACKEND_BUFFER.match(window, span.start)
+        assert match is not None
+        facts = OomFacts(
+            kind="ggml",
+            category="ggml_backend_buffer_alloc_failed",
+            device_type={"CUDA": "cuda", "ROCm": "hip"}.get(match["backend"] or ""),
+            device_index=int(match["device"]) if match["device"] else None,
+            phase=_phase(window, span.start, span.end),
             message=span.snippet,
         )
         found.append(Found(span.start, facts))
     return found
+
+
+def _phase(window: str, start: int, end: int) -> str | None:
+    for name, pattern in _PHASES:
+        low = max(0, start - WEIGHTS_LOOKBACK_CHARS) if name == "model weights" else start
+        if pattern.search(window, low, end):
+            return name
+    return None

@@ -11,9 +11,12 @@ that cache cannot hold one sequence of ``max_model_len`` tokens:
   Based on the available memory, the estimated maximum model length is 5632.``
 * ``CUDA out of memory occurred when warming up sampler with 1024 dummy requests.``
   (what is left after the KV reservation is too small for ``max_num_seqs``).
+* 0.9+: ``Free memory on device cuda:1 (19.77/22.05 GiB) on startup is less than desired
+  GPU memory utilization (0.9, 19.84 GiB).`` Something else holds the card, or the
+  utilization asks for more than is free.
 
-The text never names the device type (vLLM runs on CUDA, ROCm, TPU and XPU alike), so
-``device_type`` is left ``None``.
+The text rarely names the device type (vLLM runs on CUDA, ROCm, TPU and XPU alike), so
+``device_type`` is left ``None`` unless the start-up check names the device.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import re
 
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families.clauses import Found, compile_clause, exception_before, spans
+from gpuwatch.doctor.units import size_to_bytes
 
 _MAX_LEN_V0 = re.compile(
     r"The\s+model's\s+max\s+seq\s+len\s+\((?P<len>\d+)\)\s+is\s+larger\s+than\s+the\s+maximum"
@@ -38,6 +42,14 @@ _V1_ESTIMATE = re.compile(r"estimated\s+maximum\s+model\s+length\s+is\s+(\d+)")
 _SAMPLER = re.compile(
     r"CUDA\s+out\s+of\s+memory\s+occurred\s+when\s+warming\s+up\s+sampler\s+with\s+(?P<n>\d+)"
     r"\s+dummy\s+requests"
+)
+
+
+_STARTUP_FREE = re.compile(
+    r"Free\s+memory\s+on\s+device(?:\s+(?P<type>[a-z]+):(?P<index>\d+))?\s+"
+    r"\((?P<free>\d+(?:\.\d+)?)/(?P<total>\d+(?:\.\d+)?)\s+(?P<unit>[KMG]iB)\)\s+on\s+startup\s+"
+    r"is\s+less\s+than\s+desired\s+GPU\s+memory\s+utilization\s+\((?P<ratio>\d*\.?\d+),\s+"
+    r"(?P<want>\d+(?:\.\d+)?)\s+(?P=unit)\)"
 )
 
 
@@ -69,6 +81,17 @@ def find(window: str) -> list[Found]:
         assert match is not None
         facts = _facts(window, span.start, "vllm_sampler_warmup_oom", span.snippet)
         facts.dummy_requests = int(match["n"])
+        found.append(Found(span.start, facts))
+    for span in spans(window, _STARTUP_FREE, limit=400):
+        match = _STARTUP_FREE.match(window, span.start)
+        assert match is not None
+        facts = _facts(window, span.start, "vllm_startup_free_memory_low", span.snippet)
+        unit = match["unit"]
+        facts.free_bytes = size_to_bytes(match["free"], unit)
+        facts.total_bytes = size_to_bytes(match["total"], unit)
+        facts.allowed_bytes = size_to_bytes(match["want"], unit)  # ratio x total
+        if match["index"]:
+            facts.device_type, facts.device_index = match["type"], int(match["index"])
         found.append(Found(span.start, facts))
     return found
 

@@ -1,0 +1,150 @@
+"""NCCL / RCCL: the collective library could not get memory for its buffers.
+
+Wordings (from NCCL's ``checks.h`` / ``alloc.h`` / ``shmutils.cc`` and PyTorch's
+``ProcessGroupNCCL``), each prefixed by NCCL's ``host:pid:tid [gpu]`` when logged:
+
+* ``NCCL WARN Cuda failure 'out of memory'``; NCCL >= 2.19 adds the CUDA error number
+  (``Cuda failure 2 'out of memory'``). RCCL prints the same "Cuda failure" text on AMD.
+* ``NCCL WARN Failed to CUDA calloc 6291456 bytes`` (also ``CUDA host alloc``, pinned RAM).
+* ``NCCL WARN Error while creating shared memory segment /dev/shm/nccl-XXXX (size N)`` and
+  ``failed to extend /dev/shm/nccl-XXXX to N bytes``: /dev/shm (a container's 64 MiB
+  default) is full; host memory, not the GPU. Through PyTorch this arrives as
+  ``ncclSystemError ... Last error: Error while creating shared memory segment``.
+* PyTorch: ``NCCL error in: ...ProcessGroupNCCL.cpp:N, unhandled cuda error[ (run with
+  NCCL_DEBUG=INFO for details)], NCCL version X`` then ``ncclUnhandledCudaError: Call to
+  CUDA function failed.`` and, since NCCL 2.12, ``Last error:`` with the CUDA failure.
+  Older torch: ``NCCL Error 1: unhandled cuda error``. Without a ``Last error`` naming
+  another failure, out-of-memory is the usual cause (``nccl_unhandled_cuda_error``, an
+  OOM suspect); with ``Last error: Cuda failure ... 'invalid argument'`` it is not an OOM.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.families.clauses import Found, Span, exception_before, spans
+
+_CUDA_FAILURE_OOM = re.compile(
+    r"NCCL\s+WARN\s+(?:Cuda|HIP)\s+failure\s+(?:\d+\s+)?'out\s+of\s+memory'"
+)
+_CALLOC = re.compile(
+    r"NCCL\s+WARN\s+Failed\s+to\s+CUDA\s+(?P<host>host\s+)?(?:calloc|alloc|malloc)\s+(?P<bytes>\d+)\s+bytes"
+)
+_SHM = re.compile(
+    r"(?:Error\s+while\s+creating\s+shared\s+memory\s+segment\s+(?P<segment>/\S+)\s+\(size\s+(?P<size>\d+)\)"
+    r"|failed\s+to\s+extend\s+(?P<extended>/dev/shm/\S+)\s+to\s+(?P<to>\d+)\s+bytes)"
+)
+_UNHANDLED = re.compile(r"unhandled\s+cuda\s+error|ncclUnhandledCudaError")
+# How far after "unhandled cuda error" PyTorch prints NCCL's "Last error:" line.
+LAST_ERROR_LOOKAHEAD_CHARS = 800
+_LAST_ERROR = re.compile(
+    r"Last\s+error:\s*(?:Cuda|HIP)\s+failure\s+(?:\d+\s+)?'(?P<what>[^'\n]{1,80})'"
+)
+# "host:pid:tid [gpu]" right before the message on its line.
+_ORIGIN = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+\s+\[(?P<gpu>\d+)\]")
+
+
+def find(window: str) -> list[Found]:
+    """Every NCCL/RCCL out-of-memory (or likely one) in ``window``."""
+    found: list[Found] = []
+    for header, build in _BUILDERS:
+        for span in spans(window, header, limit=800):
+            facts = build(span)
+            if facts is not None:
+                found.append(Found(span.start, facts))
+    return found
+
+
+def _origin(span: Span) -> tuple[str | None, int | None, int | None]:
+    line_start = span.text.rfind("\n", 0, span.start) + 1
+    matches = list(_ORIGIN.finditer(span.text, line_start, span.start))
+    if not matches:
+        return None, None, None
+    last = matches[-1]
+    return last["host"], int(last["pid"]), int(last["gpu"])
+
+
+def _amd(span: Span) -> bool:
+    # RCCL prints the same "Cuda failure" text on AMD GPUs; its paths say hipify/rccl.
+    line_start = span.text.rfind("\n", 0, span.start) + 1
+    line = span.text[line_start : span.start].lower()
+    return "rccl" in line or "hipify" in line or "HIP failure" in span.text[span.start : span.end]
+
+
+def _cuda_oom(span: Span) -> OomFacts:
+    host, pid, gpu = _origin(span)
+    calloc = _CALLOC.search(span.text, span.start, span.end)
+    return OomFacts(
+        kind="nccl",
+        category="nccl_cuda_oom",
+        device_type="hip" if _amd(span) else "cuda",
+        device_index=gpu,
+        host=host,
+        pid=pid,
+        requested_bytes=int(calloc["bytes"]) if calloc and not calloc["host"] else None,
+        message=span.snippet,
+    )
+
+
+def _calloc(span: Span) -> OomFacts:
+    host, pid, gpu = _origin(span)
+    match = _CALLOC.match(span.text, span.start)
+    assert match is not None
+    pinned = bool(match["host"])
+    return OomFacts(
+        kind="nccl",
+        category="nccl_host_alloc_failed" if pinned else "nccl_cuda_oom",
+        device_type="host" if pinned else ("hip" if _amd(span) else "cuda"),
+        device_index=None if pinned else gpu,
+        host=host,
+        pid=pid,
+        requested_bytes=int(match["bytes"]),
+        message=span.snippet,
+    )
+
+
+def _shm(span: Span) -> OomFacts:
+    host, pid, _ = _origin(span)
+    match = _SHM.match(span.text, span.start)
+    assert match is not None
+    return OomFacts(
+        kind="nccl",
+        category="nccl_shm_exhausted",
+        exception=exception_before(span.text, span.start),
+        device_type="host",
+        host=host,
+        pid=pid,
+        requested_bytes=int(match["size"] or match["to"]),
+        source_location=match["segment"] or match["extended"],
+        message=span.snippet,
+    )
+
+
+def _unhandled(span: Span) -> OomFacts | None:
+    # Both header wordings appear in one message; look past the span for "Last error".
+    last = _LAST_ERROR.search(span.text, span.start, span.start + LAST_ERROR_LOOKAHEAD_CHARS)
+    oom = last is not None and re.fullmatch(r"out\s+of\s+memory", last["what"]) is not None
+    if last is not None and not oom:
+        return None  # the CUDA failure is named, and it is not memory
+    host, pid, gpu = _origin(span)
+    return OomFacts(
+        kind="nccl",
+        category="nccl_cuda_oom" if oom else "nccl_unhandled_cuda_error",
+        exception=exception_before(span.text, span.start),
+        device_type="cuda",
+        device_index=gpu,
+        host=host,
+        pid=pid,
+        cuda_error="ncclUnhandledCudaError",
+        message=span.snippet,
+    )
+
+
+_BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...] = (
+    (_CUDA_FAILURE_OOM, _cuda_oom),
+    (_CALLOC, _calloc),
+    (_SHM, _shm),
+    (_UNHANDLED, _unhandled),
+)

@@ -1,0 +1,139 @@
+"""XLA out-of-memory: JAX, TensorFlow's XLA path, PyTorch/XLA, Elixir EXLA; GPU and TPU.
+
+Wordings (XLA's ``Status`` texts; the prefix is ``RESOURCE_EXHAUSTED:`` since 2021,
+``Resource exhausted:`` before, raised as ``XlaRuntimeError``, ``JaxRuntimeError``,
+``RuntimeError`` or TF's ``ResourceExhaustedError``):
+
+* GPU, at run time: ``Out of memory while trying to allocate N bytes.``, often after a
+  BFC ``Stats:`` dump (``Limit:``, ``InUse:`` in bytes), and PjRt's ``Failed to allocate
+  request for 2.99GiB (3206250496B) on device ordinal 0``.
+* GPU with the cudaMallocAsync allocator: ``gpu_async_0 cuMemAllocAsync failed to
+  allocate N bytes: RESOURCE_EXHAUSTED: : CUDA_ERROR_OUT_OF_MEMORY ... Reported by
+  CUDA: Free memory/Total memory: F/T``.
+* TPU, at compile time: ``Ran out of memory in memory space hbm. Used 9.08G of 7.48G
+  hbm. Exceeded hbm capacity by 1.60G.`` (also ``vmem``, on-chip vector memory), with
+  ``XLA:TPU compile permanent error.`` in newer releases.
+* TPU, at run time: ``Attempting to reserve 3.95G at the bottom of memory. That was not
+  possible. There are 1.92G free, 0B reserved, and 1.92G reservable.`` (or ``Attempting
+  to allocate 180.59M. ...``), sometimes followed by ``HBM capacity 8.00G``.
+
+TPU sizes use single-letter binary units (``9.08G``), like TensorFlow's.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.families.clauses import (
+    SIZE,
+    Found,
+    Span,
+    compile_clause,
+    exception_before,
+    name_near,
+    size_of,
+    spans,
+)
+
+_EXHAUSTED = r"(?:RESOURCE_EXHAUSTED|Resource\s+exhausted):\s+"
+_OOM = re.compile(
+    _EXHAUSTED + r"Out\s+of\s+memory\s+(?:while\s+trying\s+to\s+allocate|allocating)"
+    r"\s+(?P<bytes>\d+)\s+bytes"
+)
+_REQUEST = re.compile(
+    rf"{_EXHAUSTED}Failed\s+to\s+allocate\s+request\s+for\s+{SIZE}"
+    r"(?:\s+on\s+device\s+ordinal\s+(?P<ordinal>\d+))?"
+)
+_ASYNC = re.compile(r"cuMemAllocAsync\s+failed\s+to\s+allocate\s+(?P<bytes>\d+)\s+bytes")
+_ASYNC_FREE_TOTAL = re.compile(r"Free\s+memory/Total\s+memory:\s*(?P<free>\d+)/(?P<total>\d+)")
+_TPU_SPACE = re.compile(r"Ran\s+out\s+of\s+memory\s+in\s+memory\s+space\s+(?P<space>\w+)")
+_TPU_USED = compile_clause(r"Used\s+", r"\s+of\s")
+_TPU_CAPACITY = compile_clause(r"Used\s+\S+\s+of\s+", r"\s+[a-z]+\b")
+_TPU_NOT_POSSIBLE = re.compile(
+    r"Attempting\s+to\s+(?:reserve|allocate)\s+\S+(?:\s+at\s+the\s+bottom\s+of\s+memory)?\."
+    r"\s+That\s+was\s+not\s+possible"
+)
+_TPU_WANTED = compile_clause(r"Attempting\s+to\s+(?:reserve|allocate)\s+")
+_TPU_FREE = compile_clause(r"There\s+are\s+", r"\s+free")
+_HBM_CAPACITY = compile_clause(r"HBM\s+capacity\s+")
+_BFC_LIMIT = re.compile(r"(?:^|\n)\s*Limit:\s+(\d+)")
+_BFC_IN_USE = re.compile(r"(?:^|\n)\s*InUse:\s+(\d+)")
+_TPU = re.compile(r"\bTPU\b|\bHBM|\bhbm\b")
+_RESOURCE_EXHAUSTED_ERROR = re.compile(r"([\w.]*ResourceExhaustedError)\b")
+STATS_LOOKBACK_CHARS = 1500
+
+
+def find(window: str) -> list[Found]:
+    """Every XLA OOM in ``window``."""
+    found = []
+    for header in (_OOM, _REQUEST, _ASYNC):
+        for span in spans(window, header, limit=1500):
+            found.append(Found(span.start, _gpu_facts(span, header)))
+    for span in spans(window, _TPU_SPACE, limit=600):
+        found.append(Found(span.start, _tpu_space(span)))
+    for span in spans(window, _TPU_NOT_POSSIBLE, limit=600):
+        found.append(Found(span.start, _tpu_not_possible(span)))
+    return found
+
+
+def _exception(span: Span) -> str | None:
+    return exception_before(span.text, span.start) or name_near(
+        span.text, span.start, _RESOURCE_EXHAUSTED_ERROR
+    )
+
+
+def _gpu_facts(span: Span, header: re.Pattern[str]) -> OomFacts:
+    window = span.text
+    match = header.match(window, span.start)
+    assert match is not None
+    stats_start = max(0, span.start - STATS_LOOKBACK_CHARS)
+    limit = _BFC_LIMIT.search(window, stats_start, span.end)
+    in_use = _BFC_IN_USE.search(window, stats_start, span.end)
+    facts = OomFacts(
+        kind="xla",
+        category="xla_resource_exhausted",
+        exception=_exception(span),
+        device_type="tpu" if _TPU.search(window, stats_start, span.end) else "gpu",
+        # "Limit: 0" is the async allocator's "no limit set".
+        allowed_bytes=int(limit[1]) if limit and int(limit[1]) else None,
+        allocated_bytes=int(in_use[1]) if in_use else None,
+        message=span.snippet,
+    )
+    if header is _REQUEST:
+        facts.requested_bytes = size_of(match)
+        facts.device_index = int(match["ordinal"]) if match["ordinal"] else None
+    else:
+        facts.requested_bytes = int(match["bytes"])
+    if header is _ASYNC:
+        facts.device_type = "gpu"
+        figures = _ASYNC_FREE_TOTAL.search(window, span.start, span.end)
+        if figures:
+            facts.free_bytes, facts.total_bytes = int(figures["free"]), int(figures["total"])
+    return facts
+
+
+def _tpu_space(span: Span) -> OomFacts:
+    return OomFacts(
+        kind="xla",
+        category="xla_tpu_memory_space_exhausted",
+        exception=_exception(span),
+        device_type="tpu",
+        requested_bytes=span.size(_TPU_USED),
+        total_bytes=span.size(_TPU_CAPACITY),
+        phase="compile",
+        message=span.snippet,
+    )
+
+
+def _tpu_not_possible(span: Span) -> OomFacts:
+    return OomFacts(
+        kind="xla",
+        category="xla_tpu_allocation_not_possible",
+        exception=_exception(span),
+        device_type="tpu",
+        requested_bytes=span.size(_TPU_WANTED),
+        free_bytes=span.size(_TPU_FREE),
+        total_bytes=span.size(_HBM_CAPACITY),
+        message=span.snippet,
+    )
