@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("agent", "server", "detection", "detection_share")
+BENCHMARKS = ("agent", "server", "detection", "detection_share", "alerts", "reaper", "dashboard")
 
 
 def main(argv: list[str]) -> int:

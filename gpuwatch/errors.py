@@ -11,9 +11,11 @@ SQLAlchemy, OS errors) are translated where they enter, with ``raise ... from``.
     │   └── ScenarioError              exit 3  a fake-GPU scenario file is invalid
     ├── NvmlUnavailable                exit 4  no NVIDIA driver / library / GPU to talk to
     ├── RemoteError                    exit 5  the central server or local agent is unreachable
-    │   └── AuthError                  exit 5  the server refused our token
+    │   ├── AuthError                  exit 5  the server refused our token
+    │   └── NotFound                   exit 8  the server has no silence / receiver of that id
     ├── NotRecognized                  exit 6  input is not something we can interpret
-    └── DatabaseError                  exit 7  the database is unreachable or not migrated
+    ├── DatabaseError                  exit 7  the database is unreachable or not migrated
+    └── DeliveryFailed                 exit 9  a receiver refused or failed a test notification
 
 Exit code 2 is reserved for command-line usage errors (unknown option, bad
 value), which the CLI framework reports itself.
@@ -54,6 +56,12 @@ class AuthError(RemoteError):
     """The server refused the agent token (HTTP 401/403)."""
 
 
+class NotFound(RemoteError):
+    """The server has nothing of that id or name (HTTP 404 from a route that names one)."""
+
+    exit_code = 8
+
+
 class NotRecognized(GpuwatchError):
     """The input is not something gpuwatch can interpret (e.g. not an OOM message)."""
 
@@ -66,6 +74,12 @@ class DatabaseError(GpuwatchError):
     exit_code = 7
 
 
+class DeliveryFailed(GpuwatchError):
+    """A receiver refused a test notification, or the attempt failed (``alerts test-receiver``)."""
+
+    exit_code = 9
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected runtime failure",
@@ -75,4 +89,16 @@ EXIT_CODES: dict[int, str] = {
     5: "the gpuwatch server or agent is unreachable, or refused the token",
     6: "input not recognised (e.g. `gpuwatch explain` on text that is not an OOM message)",
     7: "database unreachable or not migrated",
+    8: "not found on the server: no silence with that id, or no receiver with that name",
+    9: "a receiver refused or failed the test notification (`gpuwatch alerts test-receiver`)",
+    10: "`gpuwatch fit`: the model does not fit on any of the GPUs asked about",
+    11: "`gpuwatch fit`: cannot tell; the answer depends on an input not given (e.g. --config)",
+    20: "`gpuwatch reap`: nothing to do, no process qualifies (0: every chosen process was stopped, or a dry run chose some)",
+    21: "`gpuwatch reap`: partial, some chosen processes were not stopped (not permitted, identity changed, unkillable, active again)",
+    22: "`gpuwatch reap`: refused before any signal (host PIDs not visible, not confirmed, audit log unwritable, --pid target not eligible)",
 }
+
+# Verdicts rather than failures: `gpuwatch fit` prints its report, then exits with these
+# so scripts can branch on the answer (0 means it fits).
+EXIT_DOES_NOT_FIT = 10
+EXIT_CANNOT_TELL = 11

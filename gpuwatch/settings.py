@@ -17,11 +17,12 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpuwatch.agent.reaper.settings import ReapSettings
 from gpuwatch.errors import ConfigError
 from gpuwatch.server.alerts.config import AlertSettings
 from gpuwatch.server.notifications.config import ReceiverList
@@ -126,7 +127,7 @@ class AgentSettings(_Base):
     )
     dcgm_compat: bool = Field(
         False,
-        description="Also export DCGM_FI_DEV_FB_USED/FREE/RESERVED (MiB) so DCGM dashboards keep working.",
+        description="Also export dcgm-exporter compatible DCGM_FI_* metrics, so NVIDIA's DCGM dashboards work unchanged (docs/dcgm.md).",
     )
     server_url: str | None = Field(
         None, description="Central server base URL; snapshots are pushed when set."
@@ -149,12 +150,60 @@ class AgentSettings(_Base):
     agent_id: str | None = Field(
         None, description="Stable agent identity; defaults to /etc/machine-id, else hostname."
     )
+    hostname: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="The hostname this agent reports (snapshots, the server's host list, the token's host); default: this machine's. For several simulated hosts on one machine (gpuwatch demo); give each its own agent_id too.",
+    )
+    # The HTTP port's bounds and access (gpuwatch.agent.exporter.PortPolicy).
+    http_workers: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="Threads serving the HTTP port. Request heads are read without a thread; past 4 requests per worker in flight, new ones get 503.",
+    )
+    http_request_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="Longest one HTTP request may take, first byte to response; a slower client is cut off. Heads must arrive within min(5 s, this).",
+    )
+    http_max_waiting_connections: int = Field(
+        256,
+        ge=1,
+        le=65536,
+        description="Connections whose request has not fully arrived that are kept (no thread each); past it the oldest is closed.",
+    )
+    snapshot_access: Literal["loopback", "token", "open"] = Field(
+        "loopback",
+        description="Who may GET /snapshot (every user's full command lines): loopback = this host only; token = also clients sending Authorization: Bearer <snapshot_token>; open = anyone who can connect.",
+    )
+    snapshot_token: SecretStr | None = Field(
+        None, description="Bearer token for /snapshot from other hosts (snapshot_access = token)."
+    )
+    accept_oom_incidents: bool = Field(
+        True,
+        description="Accept OOM incidents POSTed by local processes (gpuwatch.torch) and forward them to the server. Any local user can post one over TCP loopback; each is marked reported_by agent-local with the poster's uid. false: refused with 403.",
+    )
+    reap: ReapSettings = Field(
+        default_factory=lambda: ReapSettings.model_validate({}),
+        description="[agent.reap]: the reaper's idle rule, protections and automatic policy (off by default; docs/reaper.md).",
+    )
 
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
         parse_host_port(value)
         return value
+
+    @model_validator(mode="after")
+    def _snapshot_token_given(self) -> AgentSettings:
+        if self.snapshot_access == "token" and not (
+            self.snapshot_token and self.snapshot_token.get_secret_value()
+        ):
+            raise ValueError("snapshot_access = token needs snapshot_token")
+        return self
 
 
 class ServerSettings(_Base):
@@ -218,7 +267,7 @@ class ServerSettings(_Base):
     )
     read_token: SecretStr | None = Field(
         None,
-        description="Bearer token the read API and /metrics require. Unset: reads are open (keep listen on localhost).",
+        description="Bearer token the read API, /metrics and the web dashboard (as a bearer header or the sign-in form's cookie) require. Unset: reads are open (keep listen on localhost).",
     )
     agent_push_interval_seconds: float = Field(
         15.0,
@@ -283,6 +332,8 @@ def load(kind: type[S], **overrides: Any) -> S:
         return kind(**given)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or kind.section
+        where = ".".join(str(p) for p in first["loc"])
         message = str(first["msg"]).removeprefix("Value error, ")
+        if not where:  # a check across settings: its message names them
+            raise ConfigError(f"invalid {kind.section} settings: {message}") from err
         raise ConfigError(f"invalid {kind.section} setting {where}: {message}") from err

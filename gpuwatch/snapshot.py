@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -29,16 +29,37 @@ MAX_PROCESSES_PER_GPU = 1024
 MAX_MIG_INSTANCES = 7
 MAX_BYTES = 2**50  # 1 PiB: no single GPU figure is larger
 MAX_PID = 2**22  # Linux pid_max ceiling
+# The server stores these in signed 64-bit (BIGINT) columns; a Linux uid is a uint32.
+MAX_SEQUENCE = 2**63 - 1
+MAX_UID = 2**32 - 1
+# No string may hold NUL: Postgres text cannot store it, and nothing the agent reads
+# from NVML or /proc contains one. Refused (422 at the server), not stripped.
+NO_NUL = r"^[^\x00]*$"
 
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 Epoch = Annotated[float, Field(ge=0.0, le=2**33)]
-ShortStr = Annotated[str, Field(max_length=256)]
-LongStr = Annotated[str, Field(max_length=4096)]
+Count = Annotated[int, Field(ge=0, le=2**63)]
+Hertz = Annotated[float, Field(ge=0, le=1e11)]
+Celsius = Annotated[float, Field(ge=-100, le=300)]
+# NVML's clock event ("throttle") reasons, nvmlClocksEventReason* in nvml.h, by name.
+ThrottleReason = Literal[
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+]
+ShortStr = Annotated[str, Field(max_length=256, pattern=NO_NUL)]
+LongStr = Annotated[str, Field(max_length=4096, pattern=NO_NUL)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
 
 
 class TorchAllocatorStats(_Strict):
@@ -57,10 +78,10 @@ class ProcessOwner(_Strict):
     Frozen, so the agent can share one instance between its cache and every snapshot.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     user: ShortStr | None = None
-    uid: int | None = None
+    uid: Annotated[int, Field(ge=0, le=MAX_UID)] | None = None
     container_runtime: Literal["docker", "containerd", "podman", "cri-o", "lxc"] | None = None
     container_id: ShortStr | None = None
     pod_uid: ShortStr | None = None
@@ -84,7 +105,7 @@ class GpuProcess(_Strict):
     name: ShortStr | None = None
     command: LongStr | None = None
     start_time: Epoch | None = None
-    ppid: int | None = None
+    ppid: Annotated[int, Field(ge=0, le=MAX_PID)] | None = None
     # True when the original parent is gone and the process was reparented to init
     # or a subreaper (the "training run whose shell died" case).
     orphaned: bool = False
@@ -99,9 +120,13 @@ class GpuProcess(_Strict):
 class MigInstance(_Strict):
     """A MIG GPU instance carved out of a physical GPU."""
 
-    index: int
+    index: Annotated[int, Field(ge=0, le=2**31 - 1)]
     uuid: ShortStr
     name: ShortStr | None = None
+    # NVML's GPU instance id (nvmlDeviceGetGpuInstanceId; dcgm-exporter's GPU_I_ID) and
+    # profile ("3g.40gb", from the instance's name; dcgm-exporter's GPU_I_PROFILE).
+    gpu_instance_id: Annotated[int, Field(ge=0, le=2**32)] | None = None
+    profile: ShortStr | None = None
     memory_total_bytes: Bytes | None = None
     memory_used_bytes: Bytes | None = None
 
@@ -124,9 +149,39 @@ class Gpu(_Strict):
     memory_reserved_bytes: Bytes | None = None
     utilization_ratio: Ratio | None = None
     memory_busy_ratio: Ratio | None = None
-    temperature_celsius: Annotated[float, Field(ge=-100, le=300)] | None = None
+    temperature_celsius: Celsius | None = None
     power_watts: Annotated[float, Field(ge=0, le=100_000)] | None = None
     power_limit_watts: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    # Health, each None where the board or driver does not report it (docs/metrics.md).
+    # HBM temperature (nvidia-smi "Memory Current Temp").
+    memory_temperature_celsius: Celsius | None = None
+    # Energy since the driver loaded (nvmlDeviceGetTotalEnergyConsumption, Volta+).
+    energy_joules: Annotated[float, Field(ge=0, le=2**63 / 1000)] | None = None
+    clock_sm_hertz: Hertz | None = None
+    clock_memory_hertz: Hertz | None = None
+    # Fan speed as a fraction of its maximum (first fan); None on passively cooled boards.
+    fan_ratio: Ratio | None = None
+    encoder_ratio: Ratio | None = None
+    decoder_ratio: Ratio | None = None
+    # Why the clocks are below their maximum now (nvidia-smi -q "Clocks Event Reasons").
+    throttle_reasons: Annotated[list[ThrottleReason], Field(max_length=16)] | None = None
+    # ECC error counts: volatile since the driver loaded, aggregate over the board's life.
+    ecc_uncorrected_volatile: Count | None = None
+    ecc_uncorrected_aggregate: Count | None = None
+    ecc_corrected_volatile: Count | None = None
+    ecc_corrected_aggregate: Count | None = None
+    # Page retirement (before Ampere) and row remapping (Ampere and later).
+    retired_pages_single_bit: Count | None = None
+    retired_pages_double_bit: Count | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: Count | None = None
+    remapped_rows_uncorrectable: Count | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    # Xid (critical error) events since the agent started watching, and the last code.
+    xid_errors: Count | None = None
+    xid_last_code: Annotated[int, Field(ge=0, le=2**32)] | None = None
+    pcie_replay_errors: Count | None = None
     # Coherent-memory GPUs (Grace Hopper) and MIG parents: "used" is not the sum of
     # processes, so the unattributed figure is masked (None).
     coherent_memory: bool = False
@@ -147,7 +202,7 @@ class HostSnapshot(_Strict):
     agent_id: ShortStr
     hostname: ShortStr
     boot_id: ShortStr
-    sequence: Annotated[int, Field(ge=0)]
+    sequence: Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
     collected_at: Epoch
     poll_duration_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
     driver_version: ShortStr | None = None
@@ -157,6 +212,15 @@ class HostSnapshot(_Strict):
     pid_namespace_isolated: bool = False
     fake: bool = False
     gpus: Annotated[list[Gpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _each_gpu_once(self) -> HostSnapshot:
+        # Two entries for one GPU would be two contradicting states of one stored row.
+        if len({g.uuid for g in self.gpus}) < len(self.gpus):
+            raise ValueError("a GPU uuid appears twice in one snapshot")
+        if len({g.index for g in self.gpus}) < len(self.gpus):
+            raise ValueError("a GPU index appears twice in one snapshot")
+        return self
 
     @property
     def idempotency_key(self) -> tuple[str, str, int]:

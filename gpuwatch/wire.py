@@ -12,7 +12,10 @@ module holds the envelopes around it and the other bodies:
 * ``gpuwatch.torch`` -> the local agent, ``POST /incidents/oom``: :class:`OomIncident`.
 
 Sizes are bytes, times Unix epoch seconds. Bodies are strict (``extra="forbid"``) and
-bounded, because each side takes them from another process. The answers
+bounded, because each side takes them from another process: every number fits the
+column that stores it, no float is NaN or infinite, and no string holds NUL (refused,
+not stripped; see :data:`~gpuwatch.snapshot.NO_NUL`). Free-form JSON (an event's
+``evidence``, an incident's ``explanation``) is bounded in bytes and depth. The answers
 (:class:`IngestResponse`, :class:`ReportedEventResult`) ignore fields they do not know,
 so a newer server can add one without breaking older agents.
 
@@ -23,18 +26,31 @@ may pull another's dependencies through it.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from gpuwatch.snapshot import MAX_BYTES, MAX_GPUS, MAX_PID, Epoch, HostSnapshot, ShortStr
+from gpuwatch.snapshot import (
+    MAX_BYTES,
+    MAX_GPUS,
+    MAX_PID,
+    NO_NUL,
+    Epoch,
+    HostSnapshot,
+    ShortStr,
+)
 
 __all__ = [
     "EVENTS_PATH",
     "INCIDENTS_OOM_PATH",
+    "MAX_EVENT_BODY",
     "MAX_EVENT_SUMMARY_CHARS",
+    "MAX_EVIDENCE_BYTES",
     "MAX_INCIDENT_BODY",
+    "MAX_JSON_DEPTH",
     "MAX_OOM_MESSAGE_CHARS",
     "MAX_SNAPSHOTS_PER_REQUEST",
     "MAX_TORCH_BODY",
@@ -72,10 +88,66 @@ MAX_TORCH_BODY = 16 * 2**10
 MAX_INCIDENT_BODY = 1 * 2**20
 MAX_OOM_MESSAGE_CHARS = 65536
 MAX_EVENT_SUMMARY_CHARS = 1024
+# An event's evidence is stored as it comes, once per event: an OOM's carries the
+# diagnosis and the host's latest snapshot (about 30 KiB for 8 GPUs and 50 processes).
+# 512 KiB leaves room for a large host and bounds what one event can make the server
+# store; the request around it is at most MAX_EVENT_BODY.
+MAX_EVIDENCE_BYTES = 512 * 2**10
+MAX_EVENT_BODY = 1 * 2**20
+# Free-form JSON nests no deeper than this (a diagnosis or a snapshot nests 5 deep).
+MAX_JSON_DEPTH = 32
+
+
+def _plain_json(value: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+    """``value`` if a JSON column can store it and the read API can answer it again:
+    no NaN or infinity, no NUL in a string or key, at most :data:`MAX_JSON_DEPTH` deep
+    and ``max_bytes`` as compact UTF-8 JSON. Raises ValueError otherwise.
+
+    Measured while walked, not by serialising: a serialisation of many small values
+    would take several times their size in memory, in a request whose memory the
+    server has budgeted from its body (server/ingest/body.py).
+    """
+    size = _json_size(value, 1)
+    if size > max_bytes:
+        raise ValueError(f"{size} bytes of JSON, more than {max_bytes}")
+    return value
+
+
+def _json_size(item: Any, depth: int) -> int:
+    """Bytes of ``item`` as compact UTF-8 JSON; ValueError for what JSON cannot hold.
+    Recursion stops at MAX_JSON_DEPTH, so it stays shallow."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}")
+    if isinstance(item, str):
+        if "\x00" in item:
+            raise ValueError("a string holds NUL")
+        return len(json.dumps(item, ensure_ascii=False).encode())
+    if isinstance(item, dict):
+        size = 1 + max(1, len(item))  # the braces and commas; a colon per key below
+        for key, inner in item.items():
+            if "\x00" in key:
+                raise ValueError("a key holds NUL")
+            size += len(json.dumps(key, ensure_ascii=False).encode()) + 1
+            size += _json_size(inner, depth + 1)
+        return size
+    if isinstance(item, list):
+        # The brackets and commas, then the items.
+        return 1 + max(1, len(item)) + sum(_json_size(inner, depth + 1) for inner in item)
+    if isinstance(item, float) and not math.isfinite(item):
+        raise ValueError("NaN and infinity are not JSON")
+    return len(json.dumps(item))
+
+
+Evidence = Annotated[
+    dict[str, Any], AfterValidator(lambda value: _plain_json(value, MAX_EVIDENCE_BYTES))
+]
+Explanation = Annotated[
+    dict[str, Any], AfterValidator(lambda value: _plain_json(value, MAX_INCIDENT_BODY))
+]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # --- agent -> server: snapshots --------------------------------------------------------
@@ -111,14 +183,18 @@ def ingest_request_json(snapshots: Sequence[bytes], spool_dropped_total: int) ->
     )
 
 
-ItemResult = Literal["accepted", "duplicate"]
+ItemResult = Literal["accepted", "duplicate", "late"]
 
 
 class IngestResponse(BaseModel):
     """What happened to each snapshot: ``results[i]`` is about ``snapshots[i]``.
 
-    ``duplicate`` means the ``(agent_id, boot_id, sequence)`` was stored before (a
-    retry); the agent treats both as delivered.
+    ``accepted``: stored and applied to the host's state. ``late``: stored (its key is
+    recorded, so a retry is a duplicate) but not applied, because the host's state is
+    already newer than it (a late spool drain); history does not move backwards.
+    ``duplicate``: this host stored that ``(agent_id, boot_id, sequence)`` before (a
+    retry). All three are delivered. The ``accepted`` count covers ``accepted`` and
+    ``late`` items: the snapshots this request stored.
     """
 
     accepted: int
@@ -140,8 +216,12 @@ class ReportedEvent(_Body):
     pid: int | None = Field(default=None, ge=0, le=MAX_PID)
     user: ShortStr | None = None
     held_bytes: int | None = Field(default=None, ge=0, le=MAX_BYTES)
-    summary: str = Field(max_length=MAX_EVENT_SUMMARY_CHARS)
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    summary: str = Field(max_length=MAX_EVENT_SUMMARY_CHARS, pattern=NO_NUL)
+    evidence: Evidence = Field(
+        default_factory=dict,
+        description=f"Free-form JSON: at most {MAX_EVIDENCE_BYTES} bytes compact and "
+        f"{MAX_JSON_DEPTH} levels deep; no NaN, infinity or NUL.",
+    )
     occurred_at: Epoch
 
 
@@ -178,6 +258,6 @@ class OomIncident(_Body):
 
     pid: int = Field(ge=1, le=MAX_PID)
     device_index: int | None = Field(default=None, ge=0, lt=MAX_GPUS)
-    message: str = Field(max_length=MAX_OOM_MESSAGE_CHARS)
-    explanation: dict[str, Any] | None = None
+    message: str = Field(max_length=MAX_OOM_MESSAGE_CHARS, pattern=NO_NUL)
+    explanation: Explanation | None = None
     occurred_at: Epoch | None = None

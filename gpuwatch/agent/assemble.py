@@ -17,16 +17,28 @@ def build_sampler(
 ) -> Sampler:
     """Open NVML (real or fake) and wire a sampler. Raises NvmlUnavailable/ScenarioError."""
     session = connect(settings.fake_gpus, errors=state.nvml_errors)
-    procinfo = ProcInfo(settings.proc_root)
+    procinfo = ProcInfo(
+        settings.proc_root,
+        declared_users=_declared_users() if settings.fake_gpus is not None else None,
+    )
     return Sampler(
         session,
         procinfo,
-        host_identity(settings.agent_id, proc_root=settings.proc_root),
+        host_identity(settings.agent_id, hostname=settings.hostname, proc_root=settings.proc_root),
         timeout_seconds=settings.nvml_timeout_seconds,
         torch_reports=torch_reports,
         pid_namespace_isolated=procinfo.pid_namespace_isolated,
         fake=settings.fake_gpus is not None,
     )
+
+
+def _declared_users() -> dict[tuple[int, int], str]:
+    """On simulated GPUs, the owners the scenario names (docs/scenarios.md, "Owners")."""
+    from gpuwatch.nvml import fake
+    from gpuwatch.nvml.fake.owners import declared_users
+
+    host = fake.installed_host()
+    return {} if host is None else declared_users(host)
 
 
 def build_agent(settings: AgentSettings, *, sink: SnapshotSink | None = None) -> Agent:

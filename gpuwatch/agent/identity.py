@@ -9,15 +9,21 @@ from gpuwatch.agent.sampler import HostIdentity
 
 
 def host_identity(
-    agent_id: str | None, *, proc_root: Path = Path("/proc"), etc: Path = Path("/etc")
+    agent_id: str | None,
+    *,
+    hostname: str | None = None,
+    proc_root: Path = Path("/proc"),
+    etc: Path = Path("/etc"),
 ) -> HostIdentity:
     """Build the identity that makes ``(agent_id, boot_id, sequence)`` unique.
 
-    The agent id defaults to ``/etc/machine-id`` (stable across reboots and renames),
-    then the hostname. The boot id changes on every boot, so a sequence that restarts
-    from 1 after a reboot or restart is never mistaken for a retry.
+    The hostname defaults to this machine's (``hostname`` overrides it: several
+    simulated hosts on one machine, as in ``gpuwatch demo``). The agent id defaults to
+    ``/etc/machine-id`` (stable across reboots and renames), then the hostname. The boot
+    id changes on every boot, so a sequence that restarts from 1 after a reboot or
+    restart is never mistaken for a retry.
     """
-    hostname = socket.gethostname()
+    hostname = hostname or socket.gethostname()
     if agent_id is None:
         try:
             agent_id = (etc / "machine-id").read_text().strip() or hostname

@@ -53,7 +53,7 @@ import logging
 import os
 import pwd
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,7 +178,10 @@ class ProcInfo:
     ``boot_time`` (epoch seconds) defaults to ``btime`` in ``<proc_root>/stat``;
     ``isolated`` defaults to :func:`pid_namespace_isolated` on ``proc_root`` (tests that
     describe their own children pass False). Both are read once, here. ``subreapers`` are the
-    ``comm`` names taken to be child subreapers. Not thread-safe: one sampler owns one instance.
+    ``comm`` names taken to be child subreapers. ``declared_users`` maps ``(pid, start
+    ticks)`` to a user name that replaces the one ``/proc`` gives: only on simulated GPUs,
+    where the scenario names each stand-in's owner (:mod:`gpuwatch.nvml.fake.owners`);
+    the uid stays the real one. Not thread-safe: one sampler owns one instance.
     """
 
     def __init__(
@@ -188,8 +191,10 @@ class ProcInfo:
         boot_time: float | None = None,
         isolated: bool | None = None,
         subreapers: frozenset[str] = DEFAULT_SUBREAPERS,
+        declared_users: Mapping[tuple[int, int], str] | None = None,
     ) -> None:
         self._root = proc_root
+        self._declared_users = declared_users or {}
         self._root_prefix = str(proc_root)
         self._boot_time = boot_time if boot_time is not None else read_boot_time(proc_root)
         self._isolated = isolated if isolated is not None else pid_namespace_isolated(proc_root)
@@ -291,7 +296,9 @@ class ProcInfo:
         uids = (_status_field(status, "Uid") or "").split()
         uid = int(uids[0]) if uids and uids[0].isdigit() else None  # the real uid comes first
         nspid = (_status_field(status, "NSpid") or "").split()
-        user = self._user_name(uid) if uid is not None else None
+        user = self._declared_users.get((pid, stat.start_ticks))
+        if user is None and uid is not None:
+            user = self._user_name(uid)
         cgroup = parse_cgroup(_read_text(base / "cgroup") or "")
         owner = _process_owner(cgroup, user, uid, _read_slurm_job_id(base / "environ"))
         command = " ".join(argv)[:MAX_COMMAND_CHARS] or None

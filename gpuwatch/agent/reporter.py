@@ -294,10 +294,10 @@ class Reporter:
 
     def _acknowledge(self, batch: Sequence[SpooledSnapshot], response: httpx.Response) -> None:
         self._spool.ack(batch)
-        duplicates = _duplicates(response, len(batch))
+        results = _results(response, len(batch))
         with self._lock:
-            self._pushed["accepted"] += len(batch) - duplicates
-            self._pushed["duplicate"] += duplicates
+            for result, n in results.items():
+                self._pushed[result] += n
             self._last_success = self._wall_clock()
             self._failures = 0
         self._next_attempt_at = float("-inf")
@@ -402,14 +402,21 @@ def _snapshots_url(server_url: str | None) -> tuple[str, str]:
     return str(base).rstrip("/") + SNAPSHOTS_PATH, shown
 
 
-def _duplicates(response: httpx.Response, sent: int) -> int:
-    """The server's ``duplicate`` count, clamped to the batch; 0 when the answer is not
-    an :class:`~gpuwatch.wire.IngestResponse` (the batch is delivered all the same)."""
+def _results(response: httpx.Response, sent: int) -> dict[str, int]:
+    """How many of the batch the server answered ``accepted``, ``late`` or ``duplicate``
+    (each delivered); all ``accepted`` when the answer is not an
+    :class:`~gpuwatch.wire.IngestResponse` or does not cover the batch item by item."""
     try:
-        duplicates = IngestResponse.model_validate_json(response.content).duplicate
+        results = IngestResponse.model_validate_json(response.content).results
     except ValidationError:
-        duplicates = 0
-    return min(max(duplicates, 0), sent)
+        results = []
+    counts = {"accepted": 0, "duplicate": 0}  # present even at 0, as before ``late``
+    if len(results) != sent:
+        counts["accepted"] = sent
+        return counts
+    for result in results:
+        counts[result] = counts.get(result, 0) + 1
+    return counts
 
 
 def _retry_after_seconds(value: str | None, now_epoch: float) -> float | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpuwatch.agent.procinfo import ProcInfo
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.nvml.bounded import BoundedReader, DeviceTimeout
+from gpuwatch.nvml.health import HEALTH_FIELDS
 from gpuwatch.nvml.library import DeviceReading, NvmlSession, ProcessUsage
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance
 
@@ -107,6 +108,7 @@ class Sampler:
             temperature_celsius=reading.temperature_celsius,
             power_watts=reading.power_watts,
             power_limit_watts=reading.power_limit_watts,
+            **{name: getattr(reading, name) for name in HEALTH_FIELDS},
             coherent_memory=coherent,
             processes_visible=visible,
             unattributed_bytes=_unattributed(reading, masked=coherent or not visible),
@@ -118,6 +120,8 @@ class Sampler:
                     name=m.name,
                     memory_total_bytes=m.memory_total_bytes,
                     memory_used_bytes=m.memory_used_bytes,
+                    gpu_instance_id=m.gpu_instance_id,
+                    profile=m.profile,
                 )
                 for m in reading.mig
             ],

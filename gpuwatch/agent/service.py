@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpuwatch.agent.cadence import PollSchedule, PushSchedule
 from gpuwatch.agent.collectors.agent import AgentCollector, PushStats
@@ -25,7 +25,8 @@ from gpuwatch.agent.collectors.dcgm import DcgmCompatCollector
 from gpuwatch.agent.collectors.gpu import GpuCollector
 from gpuwatch.agent.collectors.process import ProcessCollector
 from gpuwatch.agent.collectors.registry import NamedCollector, ScrapeRenderer
-from gpuwatch.agent.exporter import Exporter
+from gpuwatch.agent.exporter import Exporter, IncidentOrigin, PortPolicy
+from gpuwatch.agent.reaper.hooks import ReaperHooks
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.errors import GpuwatchError
@@ -79,6 +80,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         wait: Callable[[float], bool] | None = None,
+        reaper: ReaperHooks | None = None,
     ) -> None:
         self._settings = settings
         self._sampler = sampler
@@ -94,14 +96,20 @@ class Agent:
             tolerance_seconds=settings.poll_interval_seconds / 2,
         )
         self._failing = False
+        # The reaper's history (and its policy, when on) sees every poll.
+        self.reaper = reaper or ReaperHooks.build(
+            settings, report=sink.send_event if sink else None, clock=clock
+        )
         self.exporter = Exporter(
             parse_host_port(settings.listen),
             render_metrics=self._renderer().render,
             state=state,
             torch_reports=torch_reports,
             poll_interval_seconds=settings.poll_interval_seconds,
-            on_oom=self._on_oom,
+            on_oom_from=self._on_oom,
+            history=self.reaper.history_json,
             clock=clock,
+            policy=PortPolicy.from_settings(settings),
         )
 
     def _renderer(self) -> ScrapeRenderer:
@@ -148,6 +156,7 @@ class Agent:
             log.warning("polls succeed again")
             self._failing = False
         self.state.record_poll(snapshot)
+        self.reaper.after_poll(snapshot)
         # Judged by when the poll was due, not when it ended: a poll's duration must
         # not decide whether its snapshot is pushed.
         if self._sink is not None and self._pushes.due(scheduled):
@@ -181,12 +190,14 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
 
-    def _on_oom(self, incident: OomIncident) -> None:
+    def _on_oom(self, incident: OomIncident, origin: IncidentOrigin) -> None:
         """An OOM incident from ``gpuwatch.torch``: attach who was on the GPU, forward it."""
         latest = self.state.latest
         log.warning(
             "OOM incident reported by pid %s on GPU %s", incident.pid, incident.device_index
         )
+        occurred_at = self._clock() if incident.occurred_at is None else incident.occurred_at
+        self.reaper.note_oom(incident.device_index, incident.pid, occurred_at)
         if self._sink is None:
             return
         event = ReportedEvent(
@@ -196,9 +207,20 @@ class Agent:
             pid=incident.pid,
             summary=incident.message[:MAX_EVENT_SUMMARY_CHARS],
             evidence={
+                **origin.evidence(),
                 "explanation": incident.explanation,
-                "snapshot": latest.model_dump(mode="json") if latest else None,
+                # Only the GPU of the incident: who else was on it is the point, and a
+                # whole large host would exceed the server's evidence quota.
+                "gpu": _gpu_json(latest, incident.device_index),
             },
-            occurred_at=self._clock() if incident.occurred_at is None else incident.occurred_at,
+            occurred_at=occurred_at,
         )
         self._sink.send_event(event)
+
+
+def _gpu_json(snapshot: HostSnapshot | None, index: int | None) -> dict[str, Any] | None:
+    """The snapshot's GPU ``index`` as JSON (None when unknown)."""
+    if snapshot is None or index is None:
+        return None
+    gpu = snapshot.gpu(index)
+    return None if gpu is None else gpu.model_dump(mode="json")

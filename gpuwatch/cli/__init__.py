@@ -46,10 +46,13 @@ def _root(
 
 
 def _register_all() -> None:
-    from gpuwatch.cli import agent, db, demo, doctor, fake, history, server, status, token
+    from gpuwatch.cli import agent, alerts, db, demo, doctor, fake, history, server, status, token
 
-    for module in (agent, status, demo, fake, server, db, token, history, doctor):
+    for module in (agent, status, demo, fake, server, db, token, history, alerts, doctor):
         module.register(app)
+    from gpuwatch.cli import reap
+
+    reap.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,161 +1,248 @@
-"""``gpuwatch demo``: the whole pipeline on simulated GPUs, no hardware needed.
+"""``gpuwatch demo``: the whole pipeline on three simulated hosts, no hardware needed.
 
-It boots a scenario's stand-in processes, starts the central server on a throwaway
-SQLite database, gives the agent a token, and runs the agent pushing to it: what
-``/metrics``, ``gpuwatch status`` and the server's events show is what a real host
-would show. Everything stops, and the stand-ins exit, on Ctrl-C or after ``--duration``.
+It starts the central server (SQLite in a throwaway directory, the dashboard at ``/``)
+with windows short enough to watch, a local webhook that receives its alerts, and three
+agents, each a simulated host on its own scenario with its own owners: ``gpu-a`` (a
+leak filling a GPU), ``gpu-b`` (a forgotten notebook beside a busy run) and ``gpu-c``
+(an orphan, a dead PID, unclaimed memory). The terminal shows a live summary of what the
+server found and what was sent, and the ``gpuwatch reap`` command that stops the idle
+notebook. Ctrl-C, SIGTERM or ``--duration`` stops exactly what this run started: its
+agents, its server, and the stand-ins of its own scenario copies.
+
+Parts: :mod:`demo_plan` (hosts, timings, settings, files), :mod:`demo_parts` (server,
+stand-ins, agents), :mod:`demo_sink` (the webhook), :mod:`demo_watch` (the summary).
 """
 
 from __future__ import annotations
 
+import secrets
+import shlex
+import shutil
 import signal
-import socket
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from gpuwatch.cli.demo_parts import DemoAgent, DemoServer, Standins
+    from gpuwatch.cli.demo_plan import Timings
+    from gpuwatch.cli.demo_sink import WebhookSink
+    from gpuwatch.cli.demo_watch import Watch
+
+DEFAULT_LIFETIME_SECONDS = 8 * 3600.0  # stand-ins of a run without --duration exit by then
+REFRESH_SECONDS = 1.0
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        scenario: str = typer.Option(
-            "workstation", "--scenario", help="Bundled scenario name or file."
-        ),
         listen: str = typer.Option(
-            "127.0.0.1:9402", "--listen", metavar="HOST:PORT", help="Agent endpoint."
+            "127.0.0.1:9403",
+            "--listen",
+            metavar="HOST:PORT",
+            help="Where the server (dashboard and API) listens; port 0 picks a free one.",
         ),
-        server_listen: str = typer.Option(
-            "127.0.0.1:9403", "--server-listen", metavar="HOST:PORT", help="Server endpoint."
+        speed: float = typer.Option(
+            1.0,
+            "--speed",
+            metavar="FACTOR",
+            help="Run the scenarios FACTOR times faster and divide every window by it (max 4).",
         ),
         duration: float | None = typer.Option(
-            None, "--duration", help="Stop after this many seconds (default: run until Ctrl-C)."
+            None,
+            "--duration",
+            metavar="SECONDS",
+            min=1,
+            help="Stop after this many seconds (default: run until Ctrl-C).",
+        ),
+        as_json: bool = typer.Option(
+            False, "--json", help="Print JSON lines (ready, found, alert, notification, stopped)."
         ),
     ) -> None:
-        """Run agent and server on simulated GPUs, and show what they see (Ctrl-C stops)."""
-        from gpuwatch.agent.assemble import build_agent
-        from gpuwatch.agent.render import render_status
-        from gpuwatch.nvml import fake
-        from gpuwatch.settings import AgentSettings, ServerSettings, load
+        """Run a server and three simulated hosts, and watch what gpuwatch finds (Ctrl-C stops)."""
+        from gpuwatch.cli.demo_plan import Timings
 
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-        with tempfile.TemporaryDirectory(prefix="gpuwatch-demo-") as tmp:
-            data = Path(tmp)
-            # Demo thresholds: a holder is idle after 30 s rather than an hour, with samples
-            # every 5 s rather than every minute, so the forgotten notebook shows up while
-            # you watch.
-            server_settings = load(
-                ServerSettings,
-                listen=server_listen,
-                data_dir=data / "server",
-                agent_push_interval_seconds=2.0,
-                idle_window_seconds=30.0,
-                sample_interval_seconds=5.0,
-            )
-            server, server_url = _start_server(server_settings)
-            try:
-                token = _token_for(server_settings, socket.gethostname())
-                settings = load(
-                    AgentSettings,
-                    fake_gpus=scenario,
-                    listen=listen,
-                    poll_interval_seconds=2.0,
-                    push_interval_seconds=2.0,
-                    server_url=server_url,
-                    token=token,
-                    spool_dir=data / "spool",
-                )
-                running = build_agent(settings)
-                try:
-                    snapshot = running.poll_once()
-                    if snapshot is not None:
-                        render_status(snapshot)
-                    agent = threading.Thread(
-                        target=running.run, name="gpuwatch-demo-agent", daemon=True
-                    )
-                    agent.start()
-                    _print_guide(scenario, running.exporter.url, server_url, duration)
-                    stop.wait(duration)
-                    running.stop()
-                    agent.join(timeout=10)
-                    _print_events(server_url)
-                finally:
-                    fake.uninstall()
-                    fake.stop(scenario)
-            finally:
-                server.should_exit = True
+        try:
+            timings = Timings.at(speed)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--speed") from None
+        _run(listen=listen, timings=timings, duration=duration, as_json=as_json)
 
 
-def _start_server(settings: Any) -> tuple[Any, str]:
-    """Migrate, then serve the API from a thread; returns the uvicorn server and its URL."""
-    import uvicorn
+class _Started:
+    """Everything one run started, so that exactly that, and only that, is stopped."""
 
-    from gpuwatch.cli.server import bind_listen_socket
-    from gpuwatch.server.app import create_app
-    from gpuwatch.server.database import database_for
-    from gpuwatch.server.database.migrate import upgrade
-    from gpuwatch.settings import parse_host_port
+    def __init__(self) -> None:
+        self.sink: WebhookSink | None = None
+        self.server: DemoServer | None = None
+        self.standins: list[Standins] = []
+        self.agents: list[DemoAgent] = []
+        self.watch: Watch | None = None
 
-    database = database_for(settings)
-    upgrade(database)
-    database.dispose()
-    host, port = parse_host_port(settings.listen)
-    sock = bind_listen_socket(host, port)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), log_config=None, lifespan="on", ws="none")
+    def stop_agents(self) -> None:
+        for agent in self.agents:
+            agent.stop()
+
+    def stop(self) -> list[int]:
+        """Agents, then server and sink, then this run's stand-ins; returns their PIDs."""
+        self.stop_agents()
+        if self.watch is not None:
+            self.watch.close()
+        if self.server is not None:
+            self.server.stop()
+        if self.sink is not None:
+            self.sink.close()
+        stopped: list[int] = []
+        for standins in self.standins:
+            stopped += standins.stop()
+        return stopped
+
+
+def _run(*, listen: str, timings: Timings, duration: float | None, as_json: bool) -> None:
+    from gpuwatch.cli.demo_output import Output
+
+    stop = threading.Event()
+    reason = ["signal"]
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    started_at = time.time()
+    output = Output(as_json=as_json)
+    with tempfile.TemporaryDirectory(prefix="gpuwatch-demo-") as tmp:
+        run = _Started()
+        try:
+            info = _start(run, Path(tmp), timings, listen, duration, started_at)
+            assert run.watch is not None
+            output.ready(info, run.watch)
+            deadline = None if duration is None else started_at + duration
+            while not stop.wait(REFRESH_SECONDS):
+                output.update(run.watch.refresh(), run.watch)
+                if deadline is not None and time.time() >= deadline:
+                    reason[0] = "duration"
+                    break
+            run.stop_agents()  # their last snapshots land before the closing summary
+            output.update(run.watch.refresh(), run.watch)
+            output.closing(run.watch)
+        finally:
+            output.close()
+            stopped = run.stop()
+            if run.watch is not None:
+                output.stopped(reason[0], run.watch, stopped)
+
+
+def _start(
+    run: _Started,
+    data: Path,
+    t: Timings,
+    listen: str,
+    duration: float | None,
+    started_at: float,
+) -> dict[str, Any]:
+    """Start sink, server, stand-ins and agents (in that order); returns what to print."""
+    from gpuwatch.cli import demo_plan as plan
+    from gpuwatch.cli.demo_parts import DemoServer, boot_standins, start_agents
+    from gpuwatch.cli.demo_sink import WebhookSink
+    from gpuwatch.cli.demo_watch import Watch
+
+    run_id = plan.new_run_id()
+    hostnames = [h.hostname for h in plan.HOSTS]
+    run.sink = WebhookSink(secrets.token_urlsafe(32))
+    run.server = server = DemoServer(listen)
+    settings = plan.server_settings(
+        t,
+        listen=server.listen,
+        data_dir=data / "server",
+        sink_url=run.sink.url,
+        sink_secret=run.sink.secret,
+        dashboard=server.url + "/",
     )
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return server, f"http://{host}:{sock.getsockname()[1]}"
+    tokens = server.prepare(settings, hostnames)
+    run.sink.start()
+    server.start()
+
+    lifetime = DEFAULT_LIFETIME_SECONDS if duration is None else duration + 300
+    (data / "scenarios").mkdir()
+    run_as = plan.standin_user()
+    agents: list[tuple[str, Path, Path]] = []
+    hosts: list[dict[str, Any]] = []
+    for host in plan.HOSTS:
+        scenario = plan.write_scenario_copy(
+            host, data / "scenarios", run_id=run_id, speed=t.speed, lifetime=lifetime
+        )
+        standins = boot_standins(scenario, run_as)
+        run.standins.append(standins)
+        home = data / host.hostname
+        home.mkdir(mode=0o700)
+        config = plan.write_agent_config(
+            home / "agent.toml",
+            {
+                "fake_gpus": scenario,
+                "hostname": host.hostname,
+                "agent_id": f"gpuwatch-demo-{run_id}-{host.hostname}",
+                "listen": "127.0.0.1:0",
+                "poll_interval_seconds": t.poll,
+                "push_interval_seconds": t.push,
+                "server_url": server.url,
+                "token": tokens[host.hostname],
+                "spool_dir": home / "spool",
+            },
+            {"audit_log": home / "reap-audit.jsonl"},
+        )
+        agents.append((host.hostname, config, home / "agent.log"))
+        hosts.append(
+            {
+                "hostname": host.hostname,
+                "scenario": host.scenario,
+                "shows": host.shows,
+                "scenario_file": str(scenario),
+                "config": str(config),
+                "state_file": str(_state_file(standins)),
+                "standin_pids": standins.pids,
+            }
+        )
+    run.agents = start_agents(agents)
+    for described, agent in zip(hosts, run.agents, strict=True):
+        described["agent_url"] = agent.url
+    run.watch = Watch(server.url, run.sink, hostnames, started_at)
+    reap = next(h for h in hosts if h["hostname"] == plan.REAP_HOST)
+    reap_args = ["reap", "--config", reap["config"], "--agent", reap["agent_url"]]
+    reap_args += ["--idle", f"{t.reap_idle:g}s", "--yes"]
+    return {
+        "server_url": server.url,
+        "dashboard_url": server.url + "/",
+        "sink_url": run.sink.url,
+        "speed": t.speed,
+        "timings": t.described(),
+        "duration": duration,
+        "standins_run_as_uid": None if run_as is None else run_as[0],
+        "hosts": hosts,
+        "reap_command": shlex.join([*_program(), *reap_args]),
+        "reap_argv": [sys.executable, "-m", "gpuwatch", *reap_args],
+    }
 
 
-def _token_for(settings: Any, hostname: str) -> str:
-    from gpuwatch.server.auth import service as auth_service
-    from gpuwatch.server.database import database_for
+def _state_file(standins: Standins) -> Path:
+    from gpuwatch.nvml.fake.runtime_state import state_path
 
-    database = database_for(settings)
+    scenario = standins.scenario
+    return state_path(standins.runtime_dir, scenario.name, scenario.content_hash)
+
+
+def _program() -> list[str]:
+    """How to run this gpuwatch from a shell: ``gpuwatch`` when that is the one on PATH,
+    else the script beside this interpreter (``.venv/bin/gpuwatch``), else ``-m``."""
+    import os
+
+    script = Path(sys.executable).parent / "gpuwatch"
+    if not script.is_file():
+        return [sys.executable, "-m", "gpuwatch"]
+    if shutil.which("gpuwatch") == str(script):
+        return ["gpuwatch"]
     try:
-        with database.writer() as session, session.begin():
-            return auth_service.create_token(session=session, hostname=hostname, now=time.time())
-    finally:
-        database.dispose()
-
-
-def _print_events(server_url: str) -> None:
-    """What the server concluded while the demo ran (its database goes with the demo)."""
-    import httpx
-
-    try:
-        items = httpx.get(f"{server_url}/api/v1/events", params={"limit": 50}, timeout=5).json()[
-            "items"
-        ]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return
-    typer.echo(f"\nthe server recorded {len(items)} event(s):", err=True)
-    for event in sorted(items, key=lambda e: e["gpu_index"] if e["gpu_index"] is not None else -1):
-        where = f"GPU {event['gpu_index']}" if event["gpu_index"] is not None else "host"
-        typer.echo(f"  {where}  {event['kind']}/{event['reason']}: {event['summary']}", err=True)
-
-
-def _print_guide(scenario: str, agent_url: str, server_url: str, duration: float | None) -> None:
-    typer.echo(
-        f"\nsimulated GPUs ({scenario}); the agent pushes to the server every 2 s, and the\n"
-        f"server calls a holder idle after 30 s without SM activity (an hour by default):\n"
-        f"  metrics    {agent_url}/metrics\n"
-        f"  snapshot   {agent_url}/snapshot\n"
-        f"  events     {server_url}/api/v1/events      (orphaned, idle, runaway, ...)\n"
-        f"  fleet      {server_url}/api/v1/fleet\n"
-        f"  API docs   {server_url}/docs\n"
-        f"  again      gpuwatch status --fake-gpus {scenario}\n"
-        f"  history    gpuwatch history events --server {server_url}\n"
-        f"  explain    gpuwatch explain --text 'CUDA out of memory. Tried to allocate 2.00 GiB ...'\n"
-        + ("Ctrl-C to stop." if duration is None else f"stopping in {duration:g} s."),
-        err=True,
-    )
+        return [os.path.join(".", script.relative_to(Path.cwd()))]
+    except ValueError:
+        return [str(script)]

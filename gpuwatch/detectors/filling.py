@@ -4,8 +4,11 @@ A leak is about one holder; a GPU fills up from the sum of all of them (several 
 each growing a little, a new process arriving while others grow). The evidence is the
 same as for a leak (:mod:`gpuwatch.detectors.growth`), on the GPU's own bucket samples,
 so memory that breathes, a GPU that is full but flat, and one job loading a second
-model are not filling up. On top of that, the line must reach the GPU's total within a
-horizon. The processes that grew are named, largest contribution first.
+model are not filling up. On top of that, the growth must still be going on (the floor
+rose over the newest third of the window at the minimum slope or more: a warm-up that
+has levelled off is not filling up however steep the window's line is), and at its
+rate the line must reach the GPU's total within a horizon. The processes that grew
+are named, largest contribution first.
 """
 
 from __future__ import annotations
@@ -47,25 +50,33 @@ def detect_filling(
     the slope is the Theil–Sen slope of its floors over the GPU's window.
 
     Evidence: the growth numbers (``slope_bytes_per_second``, ``confidence``, ...),
-    ``time_to_full_seconds``, ``horizon_seconds``, ``full_basis`` (``free`` or
-    ``total``), ``gpu_free_bytes``, ``gpu_total_bytes`` and ``culprits``.
+    ``recent_slope_bytes_per_second`` (how fast the floor rose over the newest third of
+    the window, which must also be at least the minimum slope: growth that has stopped
+    is not filling up), ``time_to_full_seconds`` (room over the window's slope),
+    ``horizon_seconds``, ``full_basis`` (``free`` or ``total``), ``gpu_free_bytes``,
+    ``gpu_total_bytes`` and ``culprits``.
     """
     growth = growth_of(samples, now=now, min_duration_seconds=min_duration_seconds)
     if growth is None or growth.failed_check(min_slope_bytes_per_second) is not None:
         return None
+    recent = recent_slope(samples, now=now, since=growth.window_start)
+    if recent < min_slope_bytes_per_second:
+        return None  # it grew, but it has stopped: no longer filling up
     if free_bytes is not None:
         basis, room = "free", free_bytes
     elif total_bytes is not None:
         basis, room = "total", max(total_bytes - growth.newest_bytes, 0)
     else:
         return None
+    # The window's fitted slope (robust to noise) times room; the recent rise is the gate.
     time_to_full = room / growth.slope
     if time_to_full > horizon_seconds:
         return None
     culprits = _culprits(growth, processes, now=now)
     summary = (
         f"GPU memory grew {growth.slope * 60 / 2**20:.1f} MiB/min for "
-        f"{format_seconds(growth.window_seconds)}; it is full in "
+        f"{format_seconds(growth.window_seconds)} ({recent * 60 / 2**20:.1f} MiB/min "
+        f"lately); it is full in "
         f"{'at most ' if basis == 'total' else ''}{format_seconds(time_to_full)} at this rate"
     )
     if culprits:
@@ -78,6 +89,7 @@ def detect_filling(
         held_bytes=None if total_bytes is None else total_bytes - room,
         evidence={
             **growth.evidence(),
+            "recent_slope_bytes_per_second": recent,
             "time_to_full_seconds": time_to_full,
             "horizon_seconds": horizon_seconds,
             "full_basis": basis,
@@ -86,6 +98,37 @@ def detect_filling(
             "culprits": _ranked(culprits),
         },
     )
+
+
+# The recent rate is judged over the newest third of the window, and never over fewer
+# than this many buckets.
+RECENT_SHARE = 1 / 3
+MIN_RECENT_POINTS = 4
+
+
+def recent_slope(samples: Sequence[Sample], *, now: float, since: float) -> float:
+    """How fast the floor rose over the newest third of the window that starts at
+    ``since`` (bytes/s; at least :data:`MIN_RECENT_POINTS` buckets): the floor level at
+    its end minus the level at its start, over the time between.
+
+    A difference of levels rather than a fitted line, so an allocator that grows in
+    steps (flat, jump, flat) counts at its average rate; each level is the lowest floor
+    of the first or last third of those buckets, so noise and breathing move neither
+    end up.
+    """
+    pts = [p for p in points(samples, now=now) if p[0] >= since]
+    if len(pts) < 2:
+        return 0.0
+    cutoff = pts[-1][0] - (pts[-1][0] - pts[0][0]) * RECENT_SHARE
+    recent = [p for p in pts if p[0] >= cutoff]
+    if len(recent) < MIN_RECENT_POINTS:
+        recent = pts[-MIN_RECENT_POINTS:]
+    edge = max(2, len(recent) // 3)
+    start, end = recent[:edge], recent[-edge:]
+    elapsed = end[-1][0] - start[0][0]
+    if elapsed <= 0:
+        return 0.0
+    return (min(f for _, f, _ in end) - min(f for _, f, _ in start)) / elapsed
 
 
 def _culprits(

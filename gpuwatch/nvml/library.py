@@ -15,7 +15,9 @@ Errors are translated here, in two classes:
 
 Versioned functions are probed once per session: memory info v2 (which separates the
 driver's reserved memory from "used") falls back to v1; running-process lists v3 fall
-back to v2. A function the driver lacks is logged once, then skipped.
+back to v2. A function the driver lacks is logged once, then skipped. Health readings
+(clocks, energy, ECC, Xid, ...: :mod:`gpuwatch.nvml.health`) a board does not support
+are asked once per device.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from types import ModuleType
 from typing import Any, Literal, TypeVar
 
 from gpuwatch.errors import NvmlUnavailable
+from gpuwatch.nvml.health import HealthReads, HealthState
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +120,8 @@ class MigReading:
     name: str | None
     memory_total_bytes: int | None
     memory_used_bytes: int | None
+    gpu_instance_id: int | None = None
+    profile: str | None = None  # "3g.40gb"
 
 
 @dataclass
@@ -137,6 +142,29 @@ class DeviceReading:
     temperature_celsius: float | None = None
     power_watts: float | None = None
     power_limit_watts: float | None = None
+    # Health (gpuwatch.nvml.health), in base units; None where the board does not say.
+    memory_temperature_celsius: float | None = None
+    energy_joules: float | None = None
+    clock_sm_hertz: float | None = None
+    clock_memory_hertz: float | None = None
+    fan_ratio: float | None = None
+    encoder_ratio: float | None = None
+    decoder_ratio: float | None = None
+    throttle_reasons: list[str] | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    ecc_corrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    xid_errors: int | None = None
+    xid_last_code: int | None = None
+    pcie_replay_errors: int | None = None
     # True on ATS-addressed (cache-coherent, Grace Hopper style) GPUs; None when the
     # driver cannot say (nvmlDeviceGetAddressingMode needs R570 or newer).
     coherent_memory: bool | None = None
@@ -153,7 +181,7 @@ def _to_str(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-class NvmlSession:
+class NvmlSession(HealthReads):
     """An initialised NVML, and typed reads of each device.
 
     Open with :meth:`open`, close with :meth:`close` (or use as a context manager).
@@ -171,6 +199,7 @@ class NvmlSession:
         # poll asks only for samples newer than the previous one.
         self._util_ts: dict[int, int] = {}
         self._handles: dict[int, Any] = {}
+        self._health = HealthState()
         self.driver_version: str | None = None
         self.nvml_version: str | None = None
         self.cuda_driver_version: str | None = None
@@ -193,6 +222,7 @@ class NvmlSession:
         return session
 
     def close(self) -> None:
+        self._close_health()
         try:
             self._nv.nvmlShutdown()
         except self._nv.NVMLError:
@@ -220,11 +250,19 @@ class NvmlSession:
         ``nvmlDeviceGetMemoryInfo(h, version)`` calls ``nvmlDeviceGetMemoryInfo_v2``), so
         a missing v2 symbol does not also disable the v1 call.
         """
+        return self._attempt(function, *args, symbol=symbol)[0]
+
+    def _attempt(
+        self, function: str, *args: Any, symbol: str | None = None, quiet: tuple[int, ...] = ()
+    ) -> tuple[Any, int]:
+        """``(value, 0)``, or ``(None, code)`` for a per-field error, counted unless
+        ``quiet`` lists its code (an answer, not a failure: TIMEOUT from an empty event
+        set). GPU_IS_LOST raises :class:`GpuLost`."""
         symbol = symbol or function
         if symbol in self._missing:
-            return None
+            return None, NVML_ERROR_FUNCTION_NOT_FOUND
         try:
-            return getattr(self._nv, function)(*args)
+            return getattr(self._nv, function)(*args), 0
         except self._nv.NVMLError as err:
             code = err.value
             if code == NVML_ERROR_GPU_IS_LOST:
@@ -232,8 +270,12 @@ class NvmlSession:
             if code == NVML_ERROR_FUNCTION_NOT_FOUND:
                 self._missing.add(symbol)
                 log.warning("NVML function %s is not in this driver; skipping it", symbol)
-            self.errors.add(symbol, error_name(code))
-            return None
+            if code not in quiet:
+                self._count_error(symbol, code)
+            return None, code
+
+    def _count_error(self, symbol: str, code: int) -> None:
+        self.errors.add(symbol, error_name(code))
 
     def _optional(self, function: str, convert: Callable[[Any], T], *args: Any) -> T | None:
         try:
@@ -281,6 +323,7 @@ class NvmlSession:
             self._read_memory(handle, reading)
             reading.processes = self._read_processes(handle)
             self._read_activity(handle, reading)
+            self._read_health(index, handle, reading)
             reading.process_sm = self._read_process_sm(index, handle)
             reading.mig = self._read_mig(handle)
         except GpuLost:
@@ -406,15 +449,19 @@ class NvmlSession:
             if mig is None:
                 continue
             uuid = self._call("nvmlDeviceGetUUID", mig)
-            name = self._call("nvmlDeviceGetName", mig)
+            name = None if (raw := self._call("nvmlDeviceGetName", mig)) is None else _to_str(raw)
             mem = self._call("nvmlDeviceGetMemoryInfo", mig)
+            instance_id = self._call("nvmlDeviceGetGpuInstanceId", mig)
             instances.append(
                 MigReading(
                     index=i,
                     uuid=_to_str(uuid) if uuid is not None else f"MIG-unknown-{i}",
-                    name=None if name is None else _to_str(name),
+                    name=name,
                     memory_total_bytes=None if mem is None else int(mem.total),
                     memory_used_bytes=None if mem is None else int(mem.used),
+                    gpu_instance_id=None if instance_id is None else int(instance_id),
+                    # "NVIDIA A100-SXM4-80GB MIG 3g.40gb" -> "3g.40gb", nvidia-smi's profile.
+                    profile=name.rpartition(" MIG ")[2] if name and " MIG " in name else None,
                 )
             )
         return instances

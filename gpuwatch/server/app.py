@@ -10,11 +10,14 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request, Response, status
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from gpuwatch import __version__
 from gpuwatch.errors import DatabaseError
@@ -33,6 +36,7 @@ from gpuwatch.server.notifications.receivers.base import build_receiver
 from gpuwatch.server.pagination import InvalidCursor
 from gpuwatch.server.processes.views import router as processes_router
 from gpuwatch.server.scheduler import start_scheduler
+from gpuwatch.server.web import install as install_web
 from gpuwatch.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -108,6 +112,10 @@ def create_app(
         # streamed (chunked) bytes as they arrive, so an oversized body is never
         # buffered whole. Both give 413.
         max_body_size=settings.max_body_bytes,
+        # FastAPI's docs pages load their assets from a CDN; web/docs.py serves /docs
+        # from this server instead (and ReDoc, which cannot be offline, not at all).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.gpuwatch = context
     app.add_middleware(IngestStatusMiddleware, stats=stats)
@@ -122,6 +130,7 @@ def create_app(
     ):
         app.include_router(router)
     app.include_router(_operations_router(context))
+    install_web(app)  # the dashboard at /, its static files, and /docs
     _document_raw_bodies(app)
     return app
 
@@ -205,9 +214,41 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     async def invalid_cursor(_request: Request, err: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+        # The shape of every other 422 (HTTPValidationError), as the OpenAPI promises.
+        error = {"type": "value_error", "loc": ["query", "cursor"], "msg": str(err)}
+        return JSONResponse({"detail": [error]}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    async def http_error(request: Request, err: Exception) -> Response:
+        assert isinstance(err, StarletteHTTPException)
+        if err.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            # Starlette names the methods of the first route on the path only; a path
+            # served by two routes (GET and POST /api/v1/events) would under-report.
+            err.headers = {**(err.headers or {}), "Allow": _allowed_methods(app, request)}
+        return await http_exception_handler(request, err)
 
     app.add_exception_handler(SQLAlchemyError, database_error)
     app.add_exception_handler(DatabaseError, database_error)
     app.add_exception_handler(InvalidCursor, invalid_cursor)
     app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> str:
+    """Every method some route serves on the request's path (RFC 9110 §15.5.6), asked
+    of the routes themselves: included routers do not list their routes' methods."""
+    allowed = []
+    for method in _METHODS:
+        scope = {
+            "type": "http",
+            "method": method,
+            "path": request.scope["path"],
+            "root_path": request.scope.get("root_path", ""),
+            "headers": [],
+            "query_string": b"",
+        }
+        if any(route.matches(scope)[0] == Match.FULL for route in app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gpuwatch.server.alerts.engine import AlertEngine
 from gpuwatch.server.auth.cache import VerifiedTokens
+from gpuwatch.server.auth.limits import HostRateLimiter
 from gpuwatch.server.auth.service import (
     AgentIdentity,
     authenticate_agent,
@@ -28,6 +29,7 @@ from gpuwatch.server.auth.service import (
     token_digest,
 )
 from gpuwatch.server.database.core import Database
+from gpuwatch.server.ingest.body import BodyBudget
 from gpuwatch.server.ingest.cache import HostStateCache
 from gpuwatch.server.metrics import ServerStats
 from gpuwatch.settings import ServerSettings
@@ -35,6 +37,12 @@ from gpuwatch.settings import ServerSettings
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+# Bytes that request bodies being read and parsed may hold at once (ingest/body.py):
+# 16 bodies of max_body_bytes, and never less than 128 MiB. A realistic 8 MiB batch
+# is estimated at about 120 MiB of parse, so one always fits.
+MIN_BODY_BUDGET_BYTES = 128 * 2**20
+BODY_BUDGET_BODIES = 16
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,13 @@ class ServerContext:
     tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
     host_states: HostStateCache = field(default_factory=lambda: HostStateCache(0))
     alerts: AlertEngine | None = None
+    # Reported events per host (auth/limits.py); on ``clock``.
+    event_limits: HostRateLimiter = field(default_factory=HostRateLimiter)
+    bodies: BodyBudget = field(init=False)
+
+    def __post_init__(self) -> None:
+        capacity = max(MIN_BODY_BUDGET_BYTES, BODY_BUDGET_BODIES * self.settings.max_body_bytes)
+        object.__setattr__(self, "bodies", BodyBudget(capacity))
 
 
 async def get_context(request: Request) -> ServerContext:
@@ -201,15 +216,19 @@ def require_reader(
     context: Context,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_read_bearer)],
 ) -> None:
-    """Enforce ``read_token`` when it is set; reads are open otherwise."""
+    """Enforce ``read_token`` when it is set (the admin token reads too); reads are open
+    otherwise."""
     expected = context.settings.read_token
     if expected is None:
         return
     if credentials is None:
         raise _unauthorized("read token")
-    if not hmac.compare_digest(
-        credentials.credentials.encode(), expected.get_secret_value().encode()
-    ):
+    given = credentials.credentials.encode()
+    admin = context.settings.admin_token
+    # Both compared, always: which one matched must not show in the timing.
+    read_ok = hmac.compare_digest(given, expected.get_secret_value().encode())
+    admin_ok = admin is not None and hmac.compare_digest(given, admin.get_secret_value().encode())
+    if not (read_ok or admin_ok):
         log.warning("refused read request from %s: wrong read token", _client(request))
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail="wrong read token")
 

@@ -148,13 +148,16 @@ _RESULT_BY_STATUS = {
     503: "unavailable",
 }
 _OTHER_STATUS = "error"
+# Where the status alone does not tell the result (a 422 for a valid batch the database
+# refused to store), the ingest view names it in the request's scope under this key.
+INGEST_RESULT_SCOPE_KEY = "gpuwatch.ingest_result"
 
 # Every value the counters' labels (and the open-events gauge's kind) can take, each
 # exported at 0 from the first scrape: a series that first appears at its first
 # increment hides that increment from rate() and increase(), and a kind with no open
 # event would otherwise be absent rather than 0. Job names come from the scheduler
 # (ServerStats.expect_jobs), which owns them.
-INGEST_RESULTS = (*dict.fromkeys(_RESULT_BY_STATUS.values()), _OTHER_STATUS)
+INGEST_RESULTS = (*dict.fromkeys(_RESULT_BY_STATUS.values()), "quarantined", _OTHER_STATUS)
 SNAPSHOT_RESULTS = ("accepted", "duplicate")
 JOB_RESULTS = ("ok", "failed", "skipped")
 NOTIFICATION_OUTCOMES = ("sent", "retry", "broken", "failed")
@@ -228,7 +231,9 @@ class IngestStatusMiddleware:
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                result = _RESULT_BY_STATUS.get(message["status"], _OTHER_STATUS)
+                result = scope.get(INGEST_RESULT_SCOPE_KEY) or _RESULT_BY_STATUS.get(
+                    message["status"], _OTHER_STATUS
+                )
                 self.stats.count(self.stats.ingest_requests, result)
             await send(message)
 

@@ -7,6 +7,7 @@ while a client pages do not shift the pages it has not read yet.
 from __future__ import annotations
 
 import base64
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,8 @@ from sqlalchemy import ColumnElement, and_, or_
 from gpuwatch.errors import GpuwatchError
 
 MAX_LIMIT = 1000
+# Row ids are BIGINT: a cursor naming a larger one was not handed out here.
+_MAX_ID = 2**63 - 1
 
 
 class InvalidCursor(GpuwatchError):
@@ -33,11 +36,16 @@ class Cursor:
 
     @classmethod
     def decode(cls, value: str) -> Cursor:
+        """The cursor ``value`` encodes; :class:`InvalidCursor` (a 422) for anything this
+        server cannot have handed out, numbers its columns cannot hold included."""
         try:
             t, _, ident = base64.urlsafe_b64decode(value.encode()).decode().partition(":")
-            return cls(t=float(t), id=int(ident))
+            cursor = cls(t=float(t), id=int(ident))
         except (ValueError, UnicodeError) as err:
             raise InvalidCursor("invalid cursor") from err
+        if not math.isfinite(cursor.t) or not 0 <= cursor.id <= _MAX_ID:
+            raise InvalidCursor("invalid cursor")
+        return cursor
 
 
 def after(cursor: Cursor | None, t_column: Any, id_column: Any) -> ColumnElement[bool] | None:

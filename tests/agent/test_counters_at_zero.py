@@ -161,7 +161,7 @@ def test_the_reporter_counts_batches_and_pushes_only_under_known_results(
     tmp_path: Path,
 ) -> None:
     answers: list[int | str] = [
-        "accepted", "duplicate", 401, 403, 413, 422, 429, 500, 503, 418, "unreachable",
+        "accepted", "duplicate", "late", 401, 403, 413, 422, 429, 500, 503, 418, "unreachable",
     ]  # fmt: skip
     batches: set[str] = set()
     pushed: set[str] = set()

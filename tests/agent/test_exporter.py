@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +22,7 @@ from gpuwatch.agent.collectors.dcgm import DcgmCompatCollector
 from gpuwatch.agent.collectors.gpu import GpuCollector
 from gpuwatch.agent.collectors.process import ProcessCollector
 from gpuwatch.agent.collectors.registry import ScrapeRenderer, build_registry
-from gpuwatch.agent.exporter import Exporter
+from gpuwatch.agent.exporter import Exporter, IncidentOrigin, PortPolicy, tcp_peer_uid
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.wire import OomIncident
@@ -153,7 +157,8 @@ def test_promtool_finds_only_dcgms_own_label_style_in_compat_set() -> None:
     result = _promtool(generate_latest(_registry(_state())))
     findings = [line for line in result.stderr.decode().splitlines() if line.strip()]
     assert findings, "expected promtool to flag dcgm-exporter's camelCase labels"
-    assert all(f.startswith("DCGM_FI_DEV_FB_") and "camelCase" in f for f in findings), findings
+    # ... and dcgm-exporter's own names (DCGM_FI_DEV_PCIE_REPLAY_COUNTER "includes a type").
+    assert all(f.startswith("DCGM_FI_DEV_") for f in findings), findings
 
 
 def _promtool(body: bytes) -> subprocess.CompletedProcess[bytes]:
@@ -203,6 +208,7 @@ def _dcgm_labels() -> dict[str, str]:
         "device": "nvidia0",
         "modelName": "NVIDIA A100-SXM4-80GB",
         "Hostname": "gpu-box",
+        "DCGM_FI_DRIVER_VERSION": "550.54.15",
     }
 
 
@@ -310,3 +316,206 @@ def test_oom_incident_is_handed_to_the_agent(exporter) -> None:
     unknown = httpx.post(f"{exp.url}/incidents/oom", json={"pid": 1, "message": "x", "extra": 1})
     assert unknown.status_code == 422 and "extra" in unknown.json()["error"]
     assert len(incidents) == 1
+
+
+# -- the port's bounds and access (PortPolicy) ---------------------------------------------
+
+
+def _exporter(policy: PortPolicy, *, render=None, address=("127.0.0.1", 0), **kwargs) -> Exporter:
+    state = _state()
+    source = lambda: state.latest  # noqa: E731
+    renderer = ScrapeRenderer([GpuCollector(source)], [AgentCollector(state)], sequence=lambda: 1)
+    exp = Exporter(
+        address,
+        render_metrics=render or renderer.render,
+        state=state,
+        torch_reports=TorchReports(),
+        poll_interval_seconds=5,
+        clock=lambda: 1_700_010_001.0,
+        policy=policy,
+        **kwargs,
+    )
+    exp.start()
+    return exp
+
+
+def _port(exp: Exporter) -> int:
+    return int(exp.url.rsplit(":", 1)[1])
+
+
+def test_200_half_sent_requests_hold_no_threads_and_metrics_still_answers() -> None:
+    exp = _exporter(PortPolicy(workers=4, max_waiting_connections=512))
+    before = threading.active_count()
+    stalled = []
+    try:
+        for _ in range(200):
+            conn = socket.create_connection(("127.0.0.1", _port(exp)), timeout=5)
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: never ends
+            stalled.append(conn)
+        started = time.monotonic()
+        response = httpx.get(f"{exp.url}/metrics", timeout=5)
+        assert response.status_code == 200
+        assert "gpuwatch_gpu_memory_total_bytes{" in response.text
+        assert time.monotonic() - started < 2
+        # At most the worker pool on top of what ran before (the selector thread is one).
+        assert threading.active_count() - before <= 4
+    finally:
+        for conn in stalled:
+            conn.close()
+        exp.stop()
+
+
+def test_a_request_that_never_finishes_is_cut_off_at_the_deadline() -> None:
+    exp = _exporter(PortPolicy(workers=2, request_timeout_seconds=0.6, header_timeout_seconds=0.3))
+    slow_head = socket.create_connection(("127.0.0.1", _port(exp)), timeout=5)
+    slow_body = socket.create_connection(("127.0.0.1", _port(exp)), timeout=5)
+    stop = threading.Event()
+
+    def dribble() -> None:
+        # A byte every 0.1 s: never idle long enough for the 0.3 s read timeout.
+        for byte in b'{"pid": 1, "device_index": 0, "allocated_bytes": 1 ...':
+            if stop.wait(0.1):
+                return
+            try:
+                slow_body.send(bytes([byte]))
+            except OSError:
+                return
+
+    try:
+        # Half a head: closed at the header deadline, without a thread.
+        slow_head.sendall(b"GET /metrics HTTP/1.1\r\n")
+        # A whole head, then a body that trickles: cut at the request deadline.
+        slow_body.sendall(b"POST /torch HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        threading.Thread(target=dribble, daemon=True).start()
+        started = time.monotonic()
+        assert slow_head.recv(1024) == b""
+        assert slow_body.recv(1024) == b""
+        elapsed = time.monotonic() - started
+        assert 0.4 < elapsed < 3
+        assert exp._server.timed_out_total >= 2
+        assert httpx.get(f"{exp.url}/healthz", timeout=5).status_code == 200
+    finally:
+        stop.set()
+        slow_head.close()
+        slow_body.close()
+        exp.stop()
+
+
+def test_past_the_queue_new_requests_get_503_at_once() -> None:
+    release = threading.Event()
+
+    def blocking_render(accept: str) -> tuple[bytes, str]:
+        release.wait(10)
+        return b"# EOF\n", "text/plain"
+
+    exp = _exporter(PortPolicy(workers=1), render=blocking_render)
+    held = []
+    try:
+        for _ in range(4):  # 1 worker x 4 in flight: one running, three queued
+            conn = socket.create_connection(("127.0.0.1", _port(exp)), timeout=5)
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            held.append(conn)
+        deadline = time.monotonic() + 5
+        while exp._server._in_flight < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        refused = httpx.get(f"{exp.url}/metrics", timeout=5)
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
+    finally:
+        release.set()
+        for conn in held:
+            conn.close()
+        exp.stop()
+
+
+def test_keep_alive_connections_serve_many_requests() -> None:
+    exp = _exporter(PortPolicy(workers=1))
+    try:
+        with httpx.Client(timeout=5) as client:
+            for _ in range(5):
+                assert client.get(f"{exp.url}/healthz").status_code == 200
+            assert client.get(f"{exp.url}/snapshot").json()["hostname"] == "gpu-box"
+    finally:
+        exp.stop()
+
+
+def _non_loopback_ip() -> str | None:
+    """An address of this host that is not loopback (to be a 'remote' client)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent for UDP connect
+        except OSError:
+            return None
+        ip = probe.getsockname()[0]
+    return None if ip.startswith("127.") else ip
+
+
+@pytest.mark.parametrize(
+    ("access", "headers", "status"),
+    [
+        ("loopback", {}, 403),
+        ("token", {}, 403),
+        ("token", {"Authorization": "Bearer wrong"}, 403),
+        ("token", {"Authorization": "Bearer s3cret"}, 200),
+        ("open", {}, 200),
+    ],
+)
+def test_snapshot_from_another_host_needs_the_access_the_option_gives(
+    access: str, headers: dict[str, str], status: int
+) -> None:
+    remote = _non_loopback_ip()
+    if remote is None:
+        pytest.skip("no non-loopback address to act as another host")
+    policy = PortPolicy(snapshot_access=access, snapshot_token="s3cret")  # type: ignore[arg-type]
+    exp = _exporter(policy, address=("0.0.0.0", 0))
+    try:
+        response = httpx.get(f"http://{remote}:{_port(exp)}/snapshot", headers=headers, timeout=5)
+        assert response.status_code == status
+        if status == 403:
+            assert "snapshot" in response.json()["error"]
+        # /metrics stays open to Prometheus; this host always reads /snapshot.
+        assert httpx.get(f"http://{remote}:{_port(exp)}/metrics", timeout=5).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{_port(exp)}/snapshot", timeout=5).status_code == 200
+    finally:
+        exp.stop()
+
+
+def test_oom_incidents_say_who_posted_them() -> None:
+    received: list[tuple[OomIncident, IncidentOrigin]] = []
+    exp = _exporter(PortPolicy(), on_oom_from=lambda i, o: received.append((i, o)))
+    try:
+        response = httpx.post(
+            f"{exp.url}/incidents/oom", json={"pid": 1, "message": "CUDA out of memory"}
+        )
+        assert response.status_code == 202
+        ((incident, origin),) = received
+        assert incident.pid == 1
+        assert origin.reported_by == "agent-local"
+        assert origin.peer_uid == os.getuid()  # from /proc/net/tcp, not from the body
+        assert origin.evidence()["reporter_uid"] == os.getuid()
+    finally:
+        exp.stop()
+
+
+def test_oom_incidents_can_be_turned_off() -> None:
+    received: list[OomIncident] = []
+    exp = _exporter(PortPolicy(accept_oom_incidents=False), on_oom=received.append)
+    try:
+        response = httpx.post(f"{exp.url}/incidents/oom", json={"pid": 1, "message": "x"})
+        assert response.status_code == 403
+        assert "accept_oom_incidents" in response.json()["error"]
+        assert received == []
+    finally:
+        exp.stop()
+
+
+def test_tcp_peer_uid_reads_a_proc_net_fixture(tmp_path: Path) -> None:
+    net = tmp_path / "net"
+    net.mkdir()
+    (net / "tcp").write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:2302 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 1 1\n"
+        "   1: 0100007F:D431 0100007F:2302 01 00000000:00000000 00:00000000 00000000  1001        0 2 1\n"
+    )
+    assert tcp_peer_uid(("127.0.0.1", 0xD431), ("127.0.0.1", 0x2302), proc_root=tmp_path) == 1001
+    assert tcp_peer_uid(("127.0.0.1", 1), ("127.0.0.1", 0x2302), proc_root=tmp_path) is None

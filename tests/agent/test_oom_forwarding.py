@@ -95,7 +95,8 @@ def test_an_incident_is_forwarded_as_a_reported_event_with_who_was_there(agent) 
     assert event.summary == message[:MAX_EVENT_SUMMARY_CHARS]
     assert event.occurred_at == 1_700_010_000.0
     assert event.evidence["explanation"] == {"recognized": True}
-    assert {p["pid"] for p in event.evidence["snapshot"]["gpus"][0]["processes"]} >= {5151}
+    assert {p["pid"] for p in event.evidence["gpu"]["processes"]} >= {5151}
+    assert event.evidence["reported_by"] == "agent-local"
 
 
 def test_an_incident_without_a_time_gets_the_agents(agent) -> None:

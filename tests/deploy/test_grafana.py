@@ -1,23 +1,76 @@
-"""grafana/: the dashboard and provisioning parse, and every query uses real metrics and
-parses as PromQL, so a renamed metric or a typo breaks a test, not a panel."""
+"""grafana/: the dashboards and provisioning, checked on paper and against a real Prometheus.
+
+On paper: every dashboard parses, is templated by data source (no datasource uid written
+in it), host and GPU, and every query names metrics gpuwatch exports and parses as PromQL.
+
+For real: a central server, two agents on simulated GPUs (``workstation``; ``a100-mig``
+for MIG) with per-process and dcgm-compatible metrics on, and a real Prometheus (Debian's
+``prometheus``) running ``deploy/prometheus/prometheus.yml`` changed only in its targets
+and intervals. Each dashboard's variables are resolved by their own queries and
+substituted as Grafana does with "All" selected; then every panel query goes through
+Prometheus's HTTP API and must return data. NVIDIA's dcgm-exporter dashboard
+(``fixtures/dcgm-exporter-dashboard.json``, unchanged) runs the same way; its queries may
+come back empty only for fields docs/dcgm.md lists as absent.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
-GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
-DASHBOARD = GRAFANA / "dashboards" / "gpuwatch-host.json"
+ROOT = Path(__file__).resolve().parents[2]
+GRAFANA = ROOT / "grafana"
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+NVIDIA_DASHBOARD = Path(__file__).parent / "fixtures" / "dcgm-exporter-dashboard.json"
+# The file as published in NVIDIA/dcgm-exporter (commit d5e5f51): the test uses it unchanged.
+NVIDIA_SHA256 = "7c2172e582524efb70d9f585502366f7fec22b2464c3b89f75418ca648353e71"
+DCGM_DOC = ROOT / "docs" / "dcgm.md"
+GPUWATCH = [sys.executable, "-m", "gpuwatch"]
+DEADLINE_SECONDS = 45.0
+# Orphans, dead PIDs, an idle notebook and ECC off; a GPU in MIG mode next to a whole A100;
+# and a GPU going bad within seconds, for the health alerts (written by the fixture).
+SCENARIOS = ("workstation", "a100-mig", "failing")
+FAILING = """
+[fake]
+name = "failing"
+lifetime = "10m"
+
+[[gpu]]
+name = "NVIDIA A100-SXM4-80GB"
+memory_total = "80GiB"
+cuda_capability = "8.0"
+fans = 0
+ecc_uncorrected = { steps = [["0s", 0], ["5s", 1]] }
+remapped_rows_failure = true
+throttle_reasons = ["hw_power_brake_slowdown"]
+# Xids every 10 s: increase() counts those after Prometheus's first scrape of the agent.
+xid = [["10s", 48], ["20s", 48], ["30s", 48], ["40s", 48], ["50s", 48], ["60s", 48]]
+"""
+# What Grafana puts for its interval variables; the stack scrapes every second.
+GRAFANA_INTERVALS = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
+
+Dashboard = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
+def _load(path: Path) -> Dashboard:
+    return json.loads(path.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
 
 
 def _panels(panels: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -26,13 +79,19 @@ def _panels(panels: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from _panels(panel.get("panels", []))  # collapsed rows nest theirs
 
 
-def _queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    """(where, PromQL) for every panel target and annotation."""
-    found = [
-        (f"panel {p['title']!r}", t["expr"])
+def _targets(dashboard: Dashboard) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every panel target."""
+    return [
+        (p.get("title", "?"), t["expr"])
         for p in _panels(dashboard["panels"])
         for t in p.get("targets", [])
+        if t.get("expr")
     ]
+
+
+def _queries(dashboard: Dashboard) -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel target and annotation."""
+    found = [(f"panel {title!r}", expr) for title, expr in _targets(dashboard)]
     found += [
         (f"annotation {a['name']!r}", a["expr"])
         for a in dashboard["annotations"]["list"]
@@ -41,30 +100,59 @@ def _queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def _variable_metrics(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+def _variable_query(var: dict[str, Any]) -> str:
+    query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+    return str(query).strip()
+
+
+_LABEL_VALUES = re.compile(r"^label_values\((?:(?P<selector>.*),\s*)?(?P<label>\w+)\s*\)$")
+
+
+def _variable_metrics(dashboard: Dashboard) -> list[tuple[str, str]]:
     """(variable, series selector) of each label_values(...) variable query."""
     found = []
     for var in dashboard["templating"]["list"]:
         if var["type"] == "query":
-            query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-            assert query.startswith("label_values(") and query.endswith(")"), query
-            selector = query.removeprefix("label_values(").removesuffix(")").rsplit(",", 1)[0]
-            found.append((var["name"], selector))
+            match = _LABEL_VALUES.match(_variable_query(var))
+            assert match and match["selector"], _variable_query(var)
+            found.append((var["name"], match["selector"]))
     return found
 
 
-def test_dashboard_identity_is_stable(dashboard: dict[str, Any]) -> None:
+def _variables(dashboard: Dashboard) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in dashboard["templating"]["list"]}
+
+
+@pytest.fixture(params=DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+def dashboard(request: pytest.FixtureRequest) -> Dashboard:
+    return _load(request.param)
+
+
+# -- on paper ------------------------------------------------------------------------
+
+
+def test_the_dashboards_are_there() -> None:
+    assert {p.stem for p in DASHBOARDS} == {
+        "gpuwatch-fleet", "gpuwatch-host", "gpuwatch-holders", "gpuwatch-agents",
+    }  # fmt: skip
+
+
+def test_dashboard_identity_is_stable(dashboard: Dashboard) -> None:
     # Links and bookmarks use the uid; provisioning refuses duplicates.
-    assert dashboard["uid"] == "gpuwatch-host"
-    assert dashboard["title"]
+    assert f"{dashboard['uid']}.json" in {p.name for p in DASHBOARDS}
+    assert dashboard["title"].startswith("gpuwatch / ")
     ids = [p["id"] for p in _panels(dashboard["panels"])]
     assert len(ids) == len(set(ids)), "duplicate panel ids"
 
 
-def test_every_panel_uses_the_datasource_variable(dashboard: dict[str, Any]) -> None:
+def test_uids_and_titles_are_unique() -> None:
+    loaded = [_load(p) for p in DASHBOARDS]
+    assert len({d["uid"] for d in loaded}) == len({d["title"] for d in loaded}) == len(loaded)
+
+
+def test_every_panel_uses_the_datasource_variable(dashboard: Dashboard) -> None:
     """No hard-coded datasource uid: the dashboard works against any Prometheus."""
-    names = {v["name"] for v in dashboard["templating"]["list"]}
-    assert "datasource" in names
+    assert _variables(dashboard)["datasource"]["type"] == "datasource"
     for panel in _panels(dashboard["panels"]):
         if panel["type"] == "row":
             continue
@@ -72,28 +160,50 @@ def test_every_panel_uses_the_datasource_variable(dashboard: dict[str, Any]) -> 
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel[
                 "title"
             ]
+    uids = set(re.findall(r'"uid": "([^"]*)"', json.dumps(dashboard)))
+    assert uids <= {dashboard["uid"], "${datasource}", "-- Grafana --"}, uids
 
 
-def test_dashboard_shows_what_the_brief_promises(dashboard: dict[str, Any]) -> None:
-    text = " ".join(expr for _, expr in _queries(dashboard))
+def test_templated_by_host_and_gpu(
+    dashboard: Dashboard, metric_names: Callable[[str], set[str]]
+) -> None:
+    variables = _variables(dashboard)
+    assert variables["instance"]["multi"] and variables["instance"]["includeAll"]
+    uses_gpu = any("$gpu" in expr for _, expr in _queries(dashboard))
+    assert uses_gpu == ("gpu" in variables), "a $gpu variable exactly where panels are per GPU"
+    # Every query of the agents' series follows the host selection (the server's do not:
+    # they carry a `host` label of their own).
+    for where, expr in _queries(dashboard):
+        agent_series = {
+            n for n in metric_names(expr)
+            if not n.startswith(("gpuwatch_fleet_", "gpuwatch_server_")) and n != "up"
+        }  # fmt: skip
+        if agent_series or 'job="gpuwatch-agent"' in expr:
+            assert '"$instance"' in expr, f"{where}: {expr}"
+
+
+def test_the_dashboards_show_what_the_brief_promises() -> None:
+    text = " ".join(expr for path in DASHBOARDS for _, expr in _queries(_load(path)))
     for metric in (
-        "gpuwatch_gpu_memory_total_bytes",
-        "gpuwatch_gpu_memory_free_bytes",
-        "gpuwatch_gpu_memory_unattributed_bytes",
-        "gpuwatch_gpu_memory_dead_process_bytes",
-        "gpuwatch_gpu_memory_orphaned_bytes",
-        "gpuwatch_gpu_utilization_ratio",
-        "gpuwatch_gpu_temperature_celsius",
-        "gpuwatch_gpu_power_watts",
-        "gpuwatch_gpu_process_memory_used_bytes",
-        "gpuwatch_agent_last_poll_timestamp_seconds",
-        "gpuwatch_nvml_errors_total",
-    ):
+        # memory, and who holds it
+        "gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_free_bytes",
+        "gpuwatch_gpu_memory_unattributed_bytes", "gpuwatch_gpu_memory_dead_process_bytes",
+        "gpuwatch_gpu_memory_orphaned_bytes", "gpuwatch_gpu_process_memory_used_bytes",
+        "gpuwatch_gpu_process_sm_ratio",
+        # activity and health
+        "gpuwatch_gpu_utilization_ratio", "gpuwatch_gpu_temperature_celsius",
+        "gpuwatch_gpu_power_watts", "gpuwatch_gpu_energy_joules_total", "gpuwatch_gpu_clock_hertz",
+        "gpuwatch_gpu_fan_ratio", "gpuwatch_gpu_throttle_reasons", "gpuwatch_gpu_ecc_errors_total",
+        "gpuwatch_gpu_remapped_rows", "gpuwatch_gpu_xid_errors_total",
+        # the agents and the server
+        "gpuwatch_agent_last_poll_timestamp_seconds", "gpuwatch_nvml_errors_total",
+        "gpuwatch_agent_push_batches_total", "gpuwatch_fleet_open_events",
+    ):  # fmt: skip
         assert metric in text, metric
 
 
 def test_every_query_names_only_known_metrics(
-    dashboard: dict[str, Any],
+    dashboard: Dashboard,
     metric_names: Callable[[str], set[str]],
     known_series: frozenset[str],
 ) -> None:
@@ -104,7 +214,7 @@ def test_every_query_names_only_known_metrics(
 
 
 def test_every_query_parses_as_promql(
-    dashboard: dict[str, Any],
+    dashboard: Dashboard,
     substitute_grafana_variables: Callable[[str], str],
     check_promql: Callable[[Iterable[tuple[str, str]]], None],
 ) -> None:
@@ -132,3 +242,349 @@ def test_provisioning_files_parse() -> None:
     providers = yaml.safe_load((GRAFANA / "provisioning/dashboards/gpuwatch.yml").read_text())
     (provider,) = providers["providers"]
     assert provider["type"] == "file" and provider["options"]["path"]
+
+
+def test_nvidia_dashboard_is_the_published_file_unchanged() -> None:
+    digest = hashlib.sha256(NVIDIA_DASHBOARD.read_bytes()).hexdigest()
+    assert digest == NVIDIA_SHA256, "the fixture must stay NVIDIA's file as published"
+
+
+def _absent_dcgm_fields() -> set[str]:
+    """The fields docs/dcgm.md lists under "## Absent"."""
+    text = DCGM_DOC.read_text(encoding="utf-8").split("\n## Absent", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"`(DCGM_[A-Z0-9_]+)`", text))
+
+
+def test_the_absent_list_names_the_profiler_fields() -> None:
+    absent = _absent_dcgm_fields()
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in absent
+    assert not {f for f in absent if f.startswith("DCGM_FI_DEV_FB_")}
+
+
+# -- for real: server, agents, Prometheus ---------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Prometheus:
+    """Prometheus's HTTP API, and the processes behind the data it has."""
+
+    url: str
+    logs: list[Path] = field(default_factory=list)
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = httpx.get(f"{self.url}{path}", params=params, timeout=10)
+        body = response.json()
+        if body.get("status") != "success":
+            raise AssertionError(f"{path} {params}: {body.get('error', body)}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return self.get("/api/v1/query", query=expr)["result"]  # type: ignore[no-any-return]
+
+    def label_values(self, selector: str | None, label: str) -> list[str]:
+        if selector is None:
+            return sorted(self.get(f"/api/v1/label/{label}/values"))
+        series = self.get("/api/v1/series", **{"match[]": selector})
+        return sorted({s[label] for s in series if label in s})
+
+    def log_tail(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.logs
+        )
+
+
+class _Stack:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.env = {
+            **os.environ,
+            "XDG_RUNTIME_DIR": str(tmp / "run"),
+            "GPUWATCH_CONFIG": "/nonexistent",
+            "GPUWATCH_SERVER_DATA_DIR": str(tmp / "data"),
+            "GPUWATCH_AGENT_PUSH_INTERVAL_SECONDS": "0.5",
+        }
+        (tmp / "run").mkdir()
+        self.db_url = f"sqlite:///{tmp / 'gpuwatch.db'}"
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def cli(self, *args: str) -> str:
+        result = subprocess.run(
+            [*GPUWATCH, *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Path:
+        log = self.tmp / f"{name}.log"
+        with log.open("wb") as out:
+            self.processes.append(
+                subprocess.Popen(
+                    argv, env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+                )
+            )
+        self.logs.append(log)
+        return log
+
+    def url_in(self, log: Path, banner: str) -> str:
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while time.monotonic() < deadline:
+            match = re.search(rf"{banner} (http://\S+)", log.read_text(errors="replace"))
+            if match:
+                return match.group(1).removesuffix("/metrics")
+            time.sleep(0.05)
+        raise AssertionError(f"no {banner!r} in {log.name}:\n{log.read_text(errors='replace')}")
+
+    def close(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        subprocess.run(
+            [*GPUWATCH, "fake-nvml", "stop", "--all"], env=self.env, capture_output=True, timeout=60
+        )
+
+
+def _prometheus_config(agents: list[str], server: str, prometheus: str) -> dict[str, Any]:
+    """The shipped scrape config with this stack's targets and one-second intervals."""
+    config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text(encoding="utf-8"))
+    config["global"]["scrape_interval"] = "1s"
+    config["global"]["evaluation_interval"] = "1s"
+    targets = {"gpuwatch-agent": agents, "gpuwatch-server": [server], "prometheus": [prometheus]}
+    assert {job["job_name"] for job in config["scrape_configs"]} == set(targets)
+    for job in config["scrape_configs"]:
+        job["static_configs"] = [{"targets": targets[job["job_name"]]}]
+    return config  # type: ignore[no-any-return]
+
+
+def _hostport(url: str) -> str:
+    return url.removeprefix("http://").rstrip("/")
+
+
+def _start_agent(stack: _Stack, scenario: str, server: str, token: str) -> Path:
+    name = Path(scenario).stem
+    argv = [
+        *GPUWATCH, "agent", "--fake-gpus", scenario, "--listen", "127.0.0.1:0",
+        "--poll-interval", "0.5", "--collector.processes", "--dcgm-compat",
+        "--server", server, "--token", token,
+    ]  # fmt: skip
+    env = {
+        "GPUWATCH_AGENT_AGENT_ID": f"grafana-test-{name}",
+        "GPUWATCH_AGENT_SPOOL_DIR": str(stack.tmp / f"spool-{name}"),
+    }
+    return stack.start(f"agent-{name}", argv, env)
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus missing (Debian package prometheus; ./dev setup installs it)")
+    tmp = tmp_path_factory.mktemp("grafana-live")
+    stack = _Stack(tmp)
+    try:
+        stack.cli("db", "upgrade", "--database-url", stack.db_url)
+        token = stack.cli("token", "create", socket.gethostname(), "--database-url", stack.db_url)
+        token = token.strip().splitlines()[-1]
+        server_log = stack.start(
+            "server",
+            [*GPUWATCH, "server", "--listen", "127.0.0.1:0", "--database-url", stack.db_url],
+        )
+        server = stack.url_in(server_log, "listening on")
+        (tmp / "failing.toml").write_text(FAILING, encoding="utf-8")
+        agent_logs = [
+            _start_agent(stack, str(tmp / f"{s}.toml") if s == "failing" else s, server, token)
+            for s in SCENARIOS
+        ]
+        agents = [stack.url_in(log, "serving") for log in agent_logs]
+        port = _free_port()
+        config_dir = tmp / "prometheus"
+        config_dir.mkdir()
+        shutil.copy(PROMETHEUS_DIR / "gpuwatch.rules.yml", config_dir)  # rule_files is relative
+        config = _prometheus_config(
+            [_hostport(a) for a in agents], _hostport(server), f"127.0.0.1:{port}"
+        )
+        (config_dir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        stack.start(
+            "prometheus",
+            [binary, f"--config.file={config_dir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+             "--log.level=warn"],
+        )  # fmt: skip
+        api = Prometheus(f"http://127.0.0.1:{port}", stack.logs)
+        _wait_for_scrapes(api, targets=len(agents) + 2)
+        yield api
+    finally:
+        stack.close()
+
+
+def _wait_for_scrapes(api: Prometheus, *, targets: int) -> None:
+    """Until every target is up and has been scraped a few times."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            up = api.query("count(up == 1)")
+            scrapes = api.query("min(count_over_time(up[1m]))")
+            if up and int(up[0]["value"][1]) == targets and float(scrapes[0]["value"][1]) >= 4:
+                return
+        except (httpx.HTTPError, AssertionError, IndexError, ValueError):
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"Prometheus never scraped all {targets} targets\n{api.log_tail()}")
+
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
+
+
+def _escape(value: str) -> str:
+    # Grafana's Prometheus data source: regex-escape, doubled for the PromQL string literal.
+    return re.sub(r"[\\^$*+?.()|\[\]{}]", lambda m: "\\\\" + m.group(0), value)
+
+
+def _substitute(expr: str, dashboard: Dashboard, values: dict[str, list[str]]) -> str:
+    variables = _variables(dashboard)
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2) or match.group(3)
+        if name in GRAFANA_INTERVALS:
+            return GRAFANA_INTERVALS[name]
+        if name not in values:
+            return match.group(0)
+        found = values[name]
+        assert found, f"variable {name} has no values"
+        var = variables[name]
+        if var.get("multi") or var.get("includeAll"):  # "All" selected
+            return "(" + "|".join(_escape(v) for v in found) + ")"
+        return found[0]
+
+    return _VARIABLE.sub(replace, expr)
+
+
+def _resolve_variables(dashboard: Dashboard, api: Prometheus) -> dict[str, list[str]]:
+    """Each query variable's values, from its own query (in order: later ones use earlier)."""
+    values: dict[str, list[str]] = {}
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "datasource":
+            continue
+        assert var["type"] == "query", var["name"]
+        match = _LABEL_VALUES.match(_variable_query(var))
+        assert match, _variable_query(var)
+        selector = match["selector"] and _substitute(match["selector"], dashboard, values)
+        found = api.label_values(selector or None, match["label"])
+        if var.get("regex"):
+            found = [v for v in found if re.search(var["regex"], v)]
+        values[var["name"]] = found
+    return values
+
+
+def _empty_targets(
+    dashboard: Dashboard, api: Prometheus
+) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
+    values = _resolve_variables(dashboard, api)
+    empty = []
+    for title, expr in _targets(dashboard):
+        query = _substitute(expr, dashboard, values)
+        if not api.query(query):
+            empty.append((title, query))
+    return values, empty
+
+
+def _until_settled(check: Callable[[], list[Any]]) -> list[Any]:
+    """Run ``check`` until it finds nothing wrong or the deadline passes (recording rules
+    and the first pushes to the server take a few seconds to appear)."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        problems = check()
+        if not problems or time.monotonic() > deadline:
+            return problems
+        time.sleep(1)
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+def test_every_panel_query_returns_data(path: Path, prometheus: Prometheus) -> None:
+    dashboard = _load(path)
+    values = _resolve_variables(dashboard, prometheus)
+    assert len(values["instance"]) == len(SCENARIOS), values  # every agent
+    if "gpu" in values:
+        assert set(values["gpu"]) == {"0", "1", "2", "3"}, values
+    empty = _until_settled(lambda: _empty_targets(dashboard, prometheus)[1])
+    assert not empty, "queries without data:\n" + "\n".join(f"{t}: {q}" for t, q in empty)
+
+
+def test_nvidia_dcgm_exporter_dashboard_works_unchanged(
+    prometheus: Prometheus, metric_names: Callable[[str], set[str]]
+) -> None:
+    dashboard = _load(NVIDIA_DASHBOARD)
+    absent = _absent_dcgm_fields()
+
+    def unexplained() -> list[tuple[str, str]]:
+        _, empty = _empty_targets(dashboard, prometheus)
+        return [(title, query) for title, query in empty if not metric_names(query) <= absent]
+
+    problems = _until_settled(unexplained)
+    assert not problems, "queries without data, for fields NVML can give:\n" + "\n".join(
+        f"{t}: {q}" for t, q in problems
+    )
+    values, empty = _empty_targets(dashboard, prometheus)
+    # Its variables resolve from DCGM_FI_DEV_GPU_TEMP: every agent, every GPU index.
+    assert len(values["instance"]) == len(SCENARIOS), values
+    assert set(values["gpu"]) == {"0", "1", "2", "3"}, values
+    assert [title for title, _ in empty] == ["Tensor Core Utilization"]  # DCGM profiler only
+    assert len(_targets(dashboard)) == 8
+
+
+def test_mig_instances_get_their_own_dcgm_series(prometheus: Prometheus) -> None:
+    """dcgm-exporter's MIG labels: one series per GPU instance, none for its GPU."""
+    used = prometheus.query('DCGM_FI_DEV_FB_USED{GPU_I_ID!=""}')
+    assert sorted((s["metric"]["GPU_I_PROFILE"], s["metric"]["GPU_I_ID"]) for s in used) == [
+        ("2g.20gb", "2"), ("2g.20gb", "3"), ("3g.40gb", "1"),
+    ]  # fmt: skip
+    assert {s["metric"]["gpu"] for s in used} == {"0"}
+    # The MIG GPU has no whole-GPU series; the other A100 has no instance labels.
+    (instance,) = {s["metric"]["instance"] for s in used}
+    temperature = prometheus.query(f'DCGM_FI_DEV_GPU_TEMP{{instance="{instance}"}}')
+    assert sorted((s["metric"]["gpu"], s["metric"].get("GPU_I_ID", "")) for s in temperature) == [
+        ("0", "1"), ("0", "2"), ("0", "3"), ("1", ""),
+    ]  # fmt: skip
+    # The 3g.40gb instance holds the fine-tuning run's 31 GiB.
+    (big,) = [s for s in used if s["metric"]["GPU_I_PROFILE"] == "3g.40gb"]
+    assert float(big["value"][1]) == 31 * 1024
+
+
+def test_health_alerts_fire_on_what_the_agent_exports(prometheus: Prometheus) -> None:
+    """The shipped rules, evaluated by Prometheus on the agent's own series: the failing
+    GPU's uncorrectable error, its Xid (delivered through an NVML event set) and its failed
+    row remap fire at once; the power brake is pending its 5 minutes."""
+    expected = {
+        ("GpuEccUncorrectableErrors", "firing"), ("GpuXidErrors", "firing"),
+        ("GpuRowRemapFailed", "firing"), ("GpuPowerThrottling", "pending"),
+    }  # fmt: skip
+
+    def alerts() -> list[dict[str, Any]]:
+        return prometheus.get("/api/v1/alerts")["alerts"]  # type: ignore[no-any-return]
+
+    def missing() -> list[tuple[str, str]]:
+        return sorted(expected - {(a["labels"]["alertname"], a["state"]) for a in alerts()})
+
+    assert not _until_settled(missing), f"{missing()}\n{prometheus.log_tail()}"
+    health = {
+        "GpuEccUncorrectableErrors",
+        "GpuXidErrors",
+        "GpuRowRemapFailed",
+        "GpuPowerThrottling",
+    }
+    about = {(a["labels"]["instance"], a["labels"]["gpu"]) for a in alerts()
+             if a["labels"]["alertname"] in health}  # fmt: skip
+    assert len(about) == 1, about  # only the failing GPU; the healthy boards stay quiet
+    (xid,) = [a for a in alerts() if a["labels"]["alertname"] == "GpuXidErrors"]
+    assert xid["annotations"]["summary"].endswith("(last: Xid 48)")

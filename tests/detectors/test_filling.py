@@ -118,3 +118,15 @@ def test_a_newcomer_counts_its_whole_holding_and_shrinking_or_gone_processes_non
     culprits = {c["pid"]: c for c in finding.evidence["culprits"]}  # type: ignore[attr-defined]
     assert set(culprits) == {1, 2}
     assert culprits[2]["growth_bytes"] == 6 * GIB
+
+
+def test_a_warm_up_that_levelled_off_stops_filling_up_within_a_third_of_the_window() -> None:
+    # Memory climbs 10 -> 70 GiB over 40 min, then holds: steep over the window, flat now.
+    def used(e: float) -> float:
+        return 10 * GIB + 60 * GIB * min(e, 40 * MINUTE) / (40 * MINUTE)
+
+    growing = filling(buckets(38, used, spread=64 * MIB))
+    assert growing is not None  # while it climbs, it is filling up
+    # The server passes the window's buckets (plus two): flat for 12 of those 32 min.
+    levelled = filling(buckets(40 + 12, used, spread=64 * MIB)[-32:])
+    assert levelled is None

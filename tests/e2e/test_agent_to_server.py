@@ -246,5 +246,5 @@ def test_oom_incident_from_a_training_process_is_recorded_with_who_was_there(sta
     evidence = event["evidence"]
     assert evidence["explanation"]["kind"] == "pytorch_allocator"
     # The agent attached its view of the GPU at that moment: who else was on it.
-    pids = {p["pid"] for p in evidence["snapshot"]["gpus"][0]["processes"]}
+    pids = {p["pid"] for p in evidence["gpu"]["processes"]}
     assert 4100001 in pids

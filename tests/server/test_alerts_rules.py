@@ -116,7 +116,23 @@ def test_alertmanager_receivers_get_firing_alerts_again_every_minute() -> None:
 
 
 def test_a_regex_silence_mutes_only_what_it_matches() -> None:
-    silence = dispatch.Silence(1, (dispatch.Matcher("hostname", "gpu-0[12]", regex=True),), T, T + 60)
+    silence = dispatch.Silence(
+        1, (dispatch.Matcher("hostname", "gpu-0[12]", regex=True),), T, T + 60
+    )
     assert silence.mutes({"hostname": "gpu-01"}, T + 1)
     assert not silence.mutes({"hostname": "gpu-013"}, T + 1)
     assert not silence.mutes({"hostname": "gpu-01"}, T + 60)
+
+
+def test_nearly_full_fires_on_a_jump_and_never_on_a_gpu_that_sits_full() -> None:
+    config = settings()
+    holder = Holder(5, "dave", "python big.py", int(70 * GIB))
+
+    def full(was_gib: float | None) -> Facts:
+        low = None if was_gib is None else int(was_gib * GIB)
+        return Facts([GpuFact("host-1", 2, 80 * GIB, int(78 * GIB), 0, True, (holder,), low)])
+
+    (jumped,) = rules.evaluate(full(40), config, now=T)
+    assert jumped.rule == "gpu_nearly_full" and "jumped to 98% full (from 50%" in jumped.summary
+    assert rules.evaluate(full(77), config, now=T) == []  # full, flat: its steady state
+    assert rules.evaluate(full(None), config, now=T) == []  # no history: no claim

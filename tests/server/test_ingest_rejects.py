@@ -1,24 +1,29 @@
-"""What ingest refuses, with which status, and that a refusal writes nothing."""
+"""What ingest refuses, with which status, and that a refusal writes nothing; and what
+it quarantines (valid, but refused by the database) so the agent drops it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import func, select, text
 
+from gpuwatch.agent.reporter import Reporter
 from gpuwatch.server.app import create_app
 from gpuwatch.server.auth import service as auth_service
 from gpuwatch.server.auth.models import AgentToken
 from gpuwatch.server.database import Database, create_database
 from gpuwatch.server.database.migrate import upgrade
 from gpuwatch.server.ingest.models import SnapshotSeen
-from gpuwatch.settings import ServerSettings
+from gpuwatch.settings import AgentSettings, ServerSettings
 from server.factories import T0, body, gpu, process, snapshot
 from server.harness import FakeClock, Live, make_token, serve
 
@@ -28,8 +33,27 @@ def stored(database: Database) -> int:
         return session.scalar(select(func.count()).select_from(SnapshotSeen)) or 0
 
 
-def one() -> dict[str, object]:
+def one() -> dict[str, Any]:
     return body(snapshot(0, [gpu(0, [process(100)])]))
+
+
+def _gpus(request: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = request["snapshots"][0]["gpus"]
+    return found
+
+
+def _gpu(request: dict[str, Any]) -> dict[str, Any]:
+    return _gpus(request)[0]
+
+
+def _process(request: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = _gpu(request)["processes"][0]
+    return found
+
+
+def _owner(request: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = _process(request)["owner"]
+    return found
 
 
 class TestAuthentication:
@@ -114,6 +138,21 @@ class TestValidation:
                 lambda b: b["snapshots"][0].update(collected_at=T0 + 86400), id="far-future"
             ),
             pytest.param(lambda b: b.update(spool_dropped_total=-5), id="negative-counter"),
+            # Past the bounds the columns share (signed 64-bit, Linux uid_t).
+            pytest.param(lambda b: b["snapshots"][0].update(sequence=2**63), id="sequence-2^63"),
+            pytest.param(lambda b: _owner(b).update(uid=2**32), id="uid-2^32"),
+            pytest.param(lambda b: _owner(b).update(uid=-1), id="uid-negative"),
+            pytest.param(lambda b: _process(b).update(ppid=2**63), id="ppid-huge"),
+            pytest.param(lambda b: _process(b).update(command="a\x00b"), id="nul-in-command"),
+            pytest.param(lambda b: b["snapshots"][0].update(boot_id="\x00"), id="nul-in-key"),
+            pytest.param(lambda b: _gpu(b).update(power_watts=float("inf")), id="infinity"),
+            pytest.param(
+                lambda b: _gpus(b).append(dict(_gpu(b), index=1, processes=[])), id="same-gpu-uuid"
+            ),
+            pytest.param(
+                lambda b: _gpus(b).append(dict(_gpu(b), uuid="GPU-other", processes=[])),
+                id="same-gpu-index",
+            ),
         ],
     )
     def test_invalid_body_is_422_and_writes_nothing(self, live: Live, mutate: object) -> None:
@@ -123,7 +162,9 @@ class TestValidation:
 
         # Not live.push: the server clock must stay put for the far-future case.
         response = live.client.post(
-            "/api/v1/snapshots", json=request, headers={"Authorization": f"Bearer {token}"}
+            "/api/v1/snapshots",
+            content=json.dumps(request).encode(),  # infinity as the bare literal
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )
 
         assert response.status_code == 422, response.text
@@ -238,3 +279,63 @@ class TestOutage:
         with database.reader() as session:
             assert session.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         database.dispose()
+
+
+class TestQuarantine:
+    """A valid batch the database refuses is answered 422 (type ``quarantined``), counted,
+    and leads the agent to drop the one snapshot it cannot store, not retry it forever."""
+
+    @staticmethod
+    def poison_gpu_names(database: Database) -> None:
+        # A constraint the schema does not know: what a bound it missed would look like.
+        with database.begin_write() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.exec_driver_sql(
+                    "CREATE TRIGGER poison BEFORE INSERT ON gpus WHEN NEW.name = 'poison'"
+                    " BEGIN SELECT RAISE(ABORT, 'poisoned'); END"
+                )
+            else:
+                conn.exec_driver_sql(
+                    "ALTER TABLE gpus ADD CONSTRAINT poison CHECK (name <> 'poison')"
+                )
+
+    def test_the_agent_drops_the_poison_snapshot_and_delivers_the_rest(
+        self, live: Live, tmp_path: Path
+    ) -> None:
+        token = live.token("host-1")
+        self.poison_gpu_names(live.database)
+        sent = [
+            snapshot(1, [gpu(0, [process(100)])]),
+            snapshot(2, [gpu(0, [process(100)]), gpu(1, name="poison")]),
+            snapshot(3, [gpu(0, [process(100, used_gib=7)])]),
+        ]
+        live.clock.now = sent[-1].collected_at
+        alone = live.client.post(
+            "/api/v1/snapshots", json=body(sent[1]), headers={"Authorization": f"Bearer {token}"}
+        )
+        reporter = Reporter(
+            AgentSettings(
+                server_url=live.url,
+                token=SecretStr(token),
+                spool_dir=tmp_path / "spool",
+                push_interval_seconds=1,
+            )
+        )
+        try:
+            for each in sent:
+                reporter.offer(each)
+            drained = reporter.drain_once()
+            stats = reporter.stats()
+        finally:
+            reporter.close()
+
+        assert alone.status_code == 422
+        (error,) = alone.json()["detail"]
+        assert (error["type"], error["loc"]) == ("quarantined", ["body"])
+        assert drained.stopped_by is None and drained.pending == 0
+        assert stats.pushed_total == {"accepted": 2, "duplicate": 0}
+        assert stats.dropped_total == {"rejected": 1}
+        assert stored(live.database) == 2
+        # [1, 2, 3] and then [2, 3] and [2] alone were refused; the one above as well.
+        metrics = live.client.get("/metrics").text
+        assert 'gpuwatch_server_ingest_requests_total{result="quarantined"} 4.0' in metrics

@@ -138,15 +138,19 @@ class DeviceCalls(CallsBase):
         )
         return _OK
 
-    @nvml_symbol("nvmlDeviceGetBAR1MemoryInfo")
+    @nvml_symbol("nvmlDeviceGetBAR1MemoryInfo", mig=True)
     def device_get_bar1_memory_info(self, device: DeviceRef, t: float, bar1: Any) -> int:
+        """BAR1 of the GPU, or of a MIG instance: its share of the GPU's BAR1, in
+        proportion to its memory (as ``nvidia-smi`` lists BAR1 per MIG device)."""
         if bar1 is None:
             return _BAD
-        total = device.gpu.bar1_total
-        used = min(
-            total,
-            _BAR1_BASE_BYTES + _BAR1_PER_PROCESS_BYTES * len(self.host.processes(device.index, t)),
-        )
+        gpu = device.gpu
+        total = gpu.bar1_total
+        if device.mig is not None:
+            share = device.mig.memory_total / (gpu.memory_total - gpu.memory_reserved)
+            total = int(total * share) // 2**20 * 2**20
+        processes = self.host.processes(device.index, t, mig=device.mig_index)
+        used = min(total, _BAR1_BASE_BYTES + _BAR1_PER_PROCESS_BYTES * len(processes))
         cargs.fill(cargs.target(bar1), bar1Total=total, bar1Used=used, bar1Free=total - used)
         return _OK
 
@@ -154,8 +158,11 @@ class DeviceCalls(CallsBase):
 
     @nvml_symbol("nvmlDeviceGetUtilizationRates")
     def device_get_utilization_rates(self, device: DeviceRef, t: float, utilization: Any) -> int:
+        """NOT_SUPPORTED in MIG mode, as on real drivers (nvidia-smi shows GPU-Util N/A)."""
         if utilization is None:
             return _BAD
+        if device.gpu.mig:
+            return nv.NVML_ERROR_NOT_SUPPORTED
         cargs.fill(
             cargs.target(utilization),
             gpu=self.host.utilization_percent(device.index, t),
@@ -233,15 +240,20 @@ class DeviceCalls(CallsBase):
 
     @nvml_symbol("nvmlDeviceGetNumFans")
     def device_get_num_fans(self, device: DeviceRef, t: float, count: Any) -> int:
-        return _put(count, 1)
+        return _put(count, device.gpu.health.fans)
 
     @nvml_symbol("nvmlDeviceGetFanSpeed")
     def device_get_fan_speed(self, device: DeviceRef, t: float, percent: Any) -> int:
+        """NOT_SUPPORTED on passively cooled boards (``fans = 0``), like SXM modules."""
+        if device.gpu.health.fans == 0:
+            return nv.NVML_ERROR_NOT_SUPPORTED
         return _put(percent, round(device.gpu.fan_percent.at(t)))
 
     @nvml_symbol("nvmlDeviceGetFanSpeed_v2")
     def device_get_fan_speed_v2(self, device: DeviceRef, t: float, fan: Any, percent: Any) -> int:
-        if cargs.value(fan) != 0:
+        if device.gpu.health.fans == 0:
+            return nv.NVML_ERROR_NOT_SUPPORTED
+        if not 0 <= cargs.value(fan) < device.gpu.health.fans:
             return _BAD
         return _put(percent, round(device.gpu.fan_percent.at(t)))
 
@@ -286,19 +298,3 @@ class DeviceCalls(CallsBase):
     ) -> int:
         """WDDM/TCC exist on Windows only; a Linux driver answers NOT_SUPPORTED."""
         return nv.NVML_ERROR_NOT_SUPPORTED
-
-    # -- ECC: enabled, and no errors (a healthy board) ----------------------------------
-
-    @nvml_symbol("nvmlDeviceGetEccMode")
-    def device_get_ecc_mode(self, device: DeviceRef, t: float, current: Any, pending: Any) -> int:
-        if current is None or pending is None:
-            return _BAD
-        cargs.store(current, nv.NVML_FEATURE_ENABLED)
-        cargs.store(pending, nv.NVML_FEATURE_ENABLED)
-        return _OK
-
-    @nvml_symbol("nvmlDeviceGetTotalEccErrors")
-    def device_get_total_ecc_errors(
-        self, device: DeviceRef, t: float, error_type: Any, counter_type: Any, count: Any
-    ) -> int:
-        return _put(count, 0)

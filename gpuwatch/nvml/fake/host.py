@@ -12,6 +12,10 @@ Derived values, used when the scenario does not give a timeline:
 GPU utilisation is the sum of its processes' SM percentages (at most 100); memory busy
 is the sum of the processes' memory busy (default 40 % of their SM); power is
 ``limit * (0.12 + 0.8 * utilisation)``; temperature ``32 + 0.5 * utilisation`` °C.
+The energy counter is the integral of power since the scenario booted; with derived
+power it integrates the utilisation the scenario schedules (each process's
+``sm_percent`` between its ``start`` and ``exit``, liveness aside), so it never goes
+back and needs no state.
 """
 
 from __future__ import annotations
@@ -193,6 +197,29 @@ class FakeHost:
         if spec.power_watts is not None:
             return spec.power_watts.at(t)
         return spec.power_limit_watts * (0.12 + 0.8 * self.utilization_percent(gpu, t) / 100)
+
+    def energy_joules(self, gpu: int, t: float) -> float:
+        """Energy since the scenario booted: the integral of the power draw (see above)."""
+        spec = self.scenario.gpus[gpu]
+        if spec.power_watts is not None:
+            return spec.power_watts.integral(t)
+        if spec.utilization_percent is not None:
+            busy = spec.utilization_percent.integral(t) / 100
+        else:
+            busy = 0.0
+            for p in self.scenario.processes_on(gpu):
+                until = t if p.exit is None else min(t, p.exit)
+                if until > p.start:
+                    busy += p.sm_percent.integral(until - p.start) / 100
+        busy = min(busy, max(0.0, t))  # utilisation is at most 100 %
+        return spec.power_limit_watts * (0.12 * max(0.0, t) + 0.8 * busy)
+
+    def throttle_mask(self, gpu: int, t: float) -> int:
+        """nvmlClocksEventReason* bits: the scenario's, else GpuIdle while idle."""
+        spec = self.scenario.gpus[gpu]
+        if spec.health.throttle_reasons is not None:
+            return int(spec.health.throttle_reasons.at(t))
+        return 0x1 if self.utilization_percent(gpu, t) == 0 else 0
 
     def temperature_celsius(self, gpu: int, t: float) -> int:
         spec = self.scenario.gpus[gpu]

@@ -26,6 +26,8 @@ import pynvml as nv
 
 from gpuwatch.nvml.fake import cargs
 from gpuwatch.nvml.fake.calls_device import DeviceCalls
+from gpuwatch.nvml.fake.calls_events import EventCalls, EventSets
+from gpuwatch.nvml.fake.calls_health import HealthCalls
 from gpuwatch.nvml.fake.calls_mig import MigCalls
 from gpuwatch.nvml.fake.calls_processes import ProcessCalls
 from gpuwatch.nvml.fake.calls_system import SystemCalls
@@ -75,11 +77,12 @@ def is_implemented(symbol: str) -> bool:
     return any(name == symbol or symbol_family(name) == symbol for name in implemented_symbols())
 
 
-class FakeNvmlLibrary(SystemCalls, DeviceCalls, ProcessCalls, MigCalls):
+class FakeNvmlLibrary(SystemCalls, DeviceCalls, HealthCalls, EventCalls, ProcessCalls, MigCalls):
     """The fake C library for one :class:`FakeHost`. Thread-safe, like NVML."""
 
     def __init__(self, host: FakeHost) -> None:
         self.host = host
+        self.event_sets = EventSets()
         self.missing: set[str] = set()
         self._init_count = 0
         self._lock = threading.Lock()

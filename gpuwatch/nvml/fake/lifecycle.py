@@ -6,6 +6,10 @@ first one boots the scenario (a supervisor plus its stand-ins, see
 same epoch and PIDs. A state is current while it belongs to this boot of the machine,
 this scenario content, and its ``lifetime`` has not run out. Stand-ins that die are not
 restarted, just as a killed process does not come back on a real GPU.
+
+Stand-ins run as the booting user; a root booter may pass ``run_as`` (a uid and gid) to
+start them as an unprivileged user instead (``gpuwatch demo`` does, because gpuwatch
+never reaps root's processes). The state file stays the booter's.
 """
 
 from __future__ import annotations
@@ -47,11 +51,17 @@ def _is_current(state: RuntimeState, scenario: Scenario, now: float) -> bool:
 
 
 def ensure_running(
-    scenario: Scenario, runtime_dir: Path, *, now: float | None = None
+    scenario: Scenario,
+    runtime_dir: Path,
+    *,
+    now: float | None = None,
+    run_as: tuple[int, int] | None = None,
 ) -> RuntimeState:
     """The current state of ``scenario`` on this host, booting it first if needed.
 
-    Raises GpuwatchError when the stand-ins cannot be started.
+    ``run_as`` ``(uid, gid)``: a boot starts the stand-ins as that user (needs root);
+    joining a running scenario ignores it. Raises GpuwatchError when the stand-ins
+    cannot be started.
     """
     path = state_path(runtime_dir, scenario.name, scenario.content_hash)
     with locked(path):
@@ -63,7 +73,7 @@ def ensure_running(
             log.info("fake GPUs: scenario %s state is stale, booting it again", scenario.name)
             _terminate_state(state)
             remove_state(path)
-        return _boot(scenario, path, wall)
+        return _boot(scenario, path, wall, run_as)
 
 
 def stop(scenario: Scenario, runtime_dir: Path) -> list[int]:
@@ -121,7 +131,9 @@ class _BootPlan:
         return json.dumps(document)
 
 
-def _boot_plan(scenario: Scenario, path: Path, epoch: float) -> _BootPlan:
+def _boot_plan(
+    scenario: Scenario, path: Path, epoch: float, run_as: tuple[int, int] | None = None
+) -> _BootPlan:
     plan = _BootPlan(
         scenario.name, scenario.content_hash, boot_id(), epoch, epoch + scenario.lifetime, str(path)
     )
@@ -136,6 +148,7 @@ def _boot_plan(scenario: Scenario, path: Path, epoch: float) -> _BootPlan:
                     "env": [list(pair) for pair in origin.env],
                     "orphan": origin.orphan,
                     "deadline": min(plan.deadline, exits),
+                    "run_as": None if run_as is None else list(run_as),
                 }
             )
         elif isinstance(origin, Attach):
@@ -168,8 +181,10 @@ def _supervisor_environment() -> dict[str, str]:
     return env
 
 
-def _boot(scenario: Scenario, path: Path, epoch: float) -> RuntimeState:
-    plan = _boot_plan(scenario, path, epoch)
+def _boot(
+    scenario: Scenario, path: Path, epoch: float, run_as: tuple[int, int] | None
+) -> RuntimeState:
+    plan = _boot_plan(scenario, path, epoch, run_as)
     if not plan.standins:
         # Nothing to spawn or reap: record the state here, without a supervisor.
         recorded = RuntimeState(

@@ -41,6 +41,32 @@ class MigSpec:
 
 
 @dataclass(frozen=True)
+class HealthSpec:
+    """What a GPU reports about its health (docs/scenarios.md, "Health").
+
+    Count timelines never decrease. ``None`` for ``memory_temperature_celsius`` means the
+    board has no such sensor (NOT_SUPPORTED); for ``throttle_reasons`` it means derived
+    (``gpu_idle`` while the GPU is idle, nothing while busy).
+    """
+
+    memory_temperature_celsius: Timeline | None
+    fans: int  # 0: passively cooled, fan calls answer NOT_SUPPORTED
+    throttle_reasons: Timeline | None  # a bitmask of nvmlClocksEventReason* values
+    ecc: bool  # ECC enabled; when off, error counts are NOT_SUPPORTED
+    ecc_corrected: Timeline  # volatile counts; aggregate reads the same (no history)
+    ecc_uncorrected: Timeline
+    retired_pages_single_bit: Timeline  # page retirement: before Ampere only
+    retired_pages_double_bit: Timeline
+    retired_pages_pending: bool
+    remapped_rows_correctable: Timeline  # row remapping: Ampere and later only
+    remapped_rows_uncorrectable: Timeline
+    remapped_rows_pending: bool
+    remapped_rows_failure: bool
+    pcie_replay: Timeline
+    xid: tuple[tuple[float, int], ...]  # (scenario time, Xid code), in time order
+
+
+@dataclass(frozen=True)
 class GpuSpec:
     """One physical GPU. ``None`` timelines are derived from the processes (see docs)."""
 
@@ -66,6 +92,12 @@ class GpuSpec:
     persistence_mode: bool
     display_active: bool
     mig: tuple[MigSpec, ...]
+    health: HealthSpec
+
+    @property
+    def remaps_rows(self) -> bool:
+        """Ampere and later remap rows; older boards retire pages instead."""
+        return self.cuda_capability[0] >= 8
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from gpuwatch.nvml.fake.scenario import (
     Scenario,
     Spawn,
 )
+from gpuwatch.nvml.fake.scenario_health import read_health
 from gpuwatch.nvml.fake.scenario_values import Table
 from gpuwatch.nvml.fake.timeline import Constant
 from gpuwatch.quantities import parse_bytes, parse_seconds
@@ -181,6 +182,7 @@ class _ScenarioReader:
             persistence_mode=table.get("persistence_mode", values.boolean, True),
             display_active=table.get("display_active", values.boolean, False),
             mig=mig,
+            health=read_health(table),
         )
         table.done()
         return spec

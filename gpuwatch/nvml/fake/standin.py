@@ -27,6 +27,8 @@ _PR_SET_NAME = 15  # prctl(2): set the comm name shown by ps -o comm and psutil.
 _STATE_POLL_SECONDS = 1.0
 # If the supervisor dies before writing the state file, do not linger.
 _STATE_APPEAR_SECONDS = 60.0
+_UNSEEN_STATE = -1
+_PR_SET_DUMPABLE = 4
 
 
 def rewrite_cmdline(argv: list[str]) -> None:
@@ -46,20 +48,37 @@ def rewrite_cmdline(argv: list[str]) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(comm), 0, 0, 0)
 
 
+def _become(uid: int, gid: int) -> None:
+    """Drop root for ``uid``/``gid`` (lifecycle's ``run_as``). Done here, once the
+    interpreter runs, because that user may not be allowed to execute it (a Python
+    under /root). Dumpable again afterwards, so /proc shows the process as that user's."""
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
 def _state_inode(path: str) -> int | None:
     try:
         return os.stat(path).st_ino
     except FileNotFoundError:
         return None
+    except PermissionError:
+        # Started as another user (lifecycle's run_as), it cannot see the booter's
+        # runtime dir: a constant "inode" leaves stopping it to its supervisor.
+        return _UNSEEN_STATE
 
 
 def run(config: dict[str, Any]) -> None:
     """Become the stand-in described by ``config`` and wait until it should exit.
 
     ``config``: ``argv`` (list of str), ``ready_fd`` (int; one byte is written once the
-    cmdline is in place), ``deadline`` (Unix seconds), ``state_path`` (str).
+    cmdline is in place), ``deadline`` (Unix seconds), ``state_path`` (str), ``run_as``
+    (``[uid, gid]`` or None).
     """
     rewrite_cmdline(config["argv"])
+    if config.get("run_as"):
+        _become(*config["run_as"])
     os.chdir("/")  # started in sys.base_prefix only so CPython finds its stdlib
     os.write(config["ready_fd"], b"1")
     os.close(config["ready_fd"])

@@ -61,6 +61,7 @@ def _start_standin(plan: dict[str, Any], state_path: str, ready_write: int) -> i
             "ready_fd": ready_write,
             "deadline": plan["deadline"],
             "state_path": state_path,
+            "run_as": plan.get("run_as"),
         }
     )
     child = subprocess.Popen(

@@ -12,7 +12,10 @@ written in TOML as:
 =============================================  =========================================
 
 Every shape stays within the values it was written with, so :meth:`bounds` lets the
-scenario reader check ranges (0..100 for percentages) once, at load time.
+scenario reader check ranges (0..100 for percentages) once, at load time. Each shape
+also knows its :meth:`integral` from 0 to ``t`` in closed form (watts -> joules for the
+energy counter), and whether it never decreases (:func:`never_decreases`), which a
+counter such as an ECC error count must not.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class Constant:
     def bounds(self) -> tuple[float, float]:
         return (self.value, self.value)
 
+    def integral(self, t: float) -> float:
+        return self.value * max(0.0, t)
+
 
 @dataclass(frozen=True)
 class Linear:
@@ -55,6 +61,15 @@ class Linear:
     def bounds(self) -> tuple[float, float]:
         return (min(self.start, self.end), max(self.start, self.end))
 
+    def integral(self, t: float) -> float:
+        if t <= 0:
+            return 0.0
+        ramp = min(t, self.over)
+        area = self.start * ramp
+        if self.over > 0:
+            area += (self.end - self.start) * ramp * ramp / (2 * self.over)
+        return area + self.end * max(0.0, t - self.over)
+
 
 @dataclass(frozen=True)
 class Sawtooth:
@@ -71,6 +86,13 @@ class Sawtooth:
     def bounds(self) -> tuple[float, float]:
         return (min(self.low, self.high), max(self.low, self.high))
 
+    def integral(self, t: float) -> float:
+        if t <= 0:
+            return 0.0
+        periods, rest = divmod(t, self.period)
+        whole = periods * self.period * (self.low + self.high) / 2
+        return whole + self.low * rest + (self.high - self.low) * rest * rest / (2 * self.period)
+
 
 @dataclass(frozen=True)
 class Steps:
@@ -85,8 +107,29 @@ class Steps:
     def bounds(self) -> tuple[float, float]:
         return (min(self.values), max(self.values))
 
+    def integral(self, t: float) -> float:
+        area, since = 0.0, 0.0
+        for start, value in zip(self.times[1:], self.values, strict=False):
+            if start >= t:
+                break
+            if start > since:
+                area += value * (start - since)
+                since = start
+        return area + self.at(since) * max(0.0, t - since)
+
 
 Timeline = Constant | Linear | Sawtooth | Steps
+
+
+def never_decreases(timeline: Timeline) -> bool:
+    """True for shapes that only hold or rise (what a counter's timeline must do)."""
+    if isinstance(timeline, Sawtooth):
+        return timeline.low == timeline.high
+    if isinstance(timeline, Linear):
+        return timeline.end >= timeline.start
+    if isinstance(timeline, Steps):
+        return list(timeline.values) == sorted(timeline.values)
+    return True
 
 
 def parse_timeline(raw: object, scalar: Callable[[object], float]) -> Timeline:

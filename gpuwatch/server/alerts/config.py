@@ -55,9 +55,18 @@ class FillingUpRule(RuleSettings):
 
 
 class NearlyFullRule(RuleSettings):
-    """A GPU at or above ``used_ratio`` of its memory, growing or not."""
+    """A GPU that jumped to ``used_ratio`` or more: it was at least ``jump_ratio`` of
+    its memory lower within ``jump_within``. For GPUs that jump rather than grow (the
+    trend needs a window of growth); a GPU that sits full, flat, is its owner's steady
+    state and raises nothing."""
 
     used_ratio: float = Field(0.95, gt=0, le=1, description="Used memory at or above this share.")
+    jump_ratio: float = Field(
+        0.2, gt=0, le=1, description="It rose by at least this share of its memory..."
+    )
+    jump_within_seconds: Duration = Field(
+        900.0, alias="jump_within", gt=0, description="...within this long."
+    )
 
 
 class HeldRule(RuleSettings):
@@ -99,12 +108,14 @@ class JobEndedRule(RuleSettings):
 class Rules(_Strict):
     """The shipped rules, each overridable by name: ``[server.alerts.rules.<name>]``."""
 
+    # Short `for`: the filling_up verdict already needs a window of growth evidence, and
+    # every minute of `for` is a minute of warning lost (bench/README.md, alerts).
     gpu_filling_up_warning: FillingUpRule = FillingUpRule.model_validate(
-        {"for": "2m", "keep_firing_for": "10m", "free_ratio": 0.25, "within": "2h"}
+        {"for": "1m", "keep_firing_for": "10m", "free_ratio": 0.25, "within": "2h"}
     )
     gpu_filling_up_critical: FillingUpRule = FillingUpRule.model_validate(
         {
-            "for": "1m",
+            "for": "0s",
             "keep_firing_for": "10m",
             "free_ratio": 0.1,
             "within": "30m",

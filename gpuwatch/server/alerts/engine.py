@@ -33,10 +33,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import Table, delete, select, update
+from sqlalchemy import Table, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.alerts import dispatch, lifecycle, rules
+from gpuwatch.server.alerts.config import AlertSettings
 from gpuwatch.server.alerts.facts import read_facts
 from gpuwatch.server.alerts.lifecycle import AlertState
 from gpuwatch.server.alerts.models import AlertGroupRow, AlertRow, NotificationRow, SilenceRow
@@ -106,6 +107,8 @@ class AlertEngine:
                 settings=settings,
                 now=now,
                 ended_since=now - job_ended.announce_for_seconds if job_ended.enabled else None,
+                holders_above=_holders_above(config),
+                lookback_seconds=config.rules.gpu_nearly_full.jump_within_seconds,
             )
         candidates = rules.evaluate(facts, config, now=now)
         with database.writer() as session, session.begin():
@@ -244,6 +247,13 @@ class AlertEngine:
         return outcome
 
 
+def _holders_above(config: AlertSettings) -> float:
+    """The used share above which a GPU's holders and recent low are read: the nearly-full
+    rule names the largest holders of such GPUs (other rules read theirs by event)."""
+    rule = config.rules.gpu_nearly_full
+    return rule.used_ratio if rule.enabled else 2.0
+
+
 def sample_notification(receiver: str, now: float) -> Notification:
     """What ``alerts test-receiver`` sends: a plausible filling-up alert, marked a test."""
     from gpuwatch.server.notifications.model import NotifiedAlert
@@ -288,30 +298,34 @@ def _load(session: Session, states: tuple[str, ...]) -> list[AlertState]:
 
 
 def _store_alerts(session: Session, changed: list[AlertState]) -> None:
-    for alert in changed:
-        if alert.dropped:
-            if alert.id is not None:
-                session.execute(delete(AlertRow).where(AlertRow.id == alert.id))
-            continue
-        values = {
-            "fingerprint": alert.fingerprint,
-            "rule": alert.rule,
-            "labels": alert.labels,
-            "severity": alert.severity,
-            "state": alert.state,
-            "summary": alert.summary[:1024],
-            "description": alert.description[:2048],
-            "culprits": alert.culprits_json(),
-            "active_since": alert.active_since,
-            "fired_at": alert.fired_at,
-            "last_true_at": alert.last_true_at,
-            "resolved_at": alert.resolved_at,
-        }
-        if alert.id is None:
-            session.add(AlertRow(**values))
-        else:
-            session.execute(update(AlertRow).where(AlertRow.id == alert.id).values(values))
-    session.flush()
+    """Write the alerts that changed: one DELETE, one INSERT and one UPDATE executemany,
+    however many there are (every active alert changes each round: ``last_true_at``)."""
+    dropped = [a.id for a in changed if a.dropped and a.id is not None]
+    if dropped:
+        session.execute(delete(AlertRow).where(AlertRow.id.in_(dropped)))
+    new = [_alert_values(a) for a in changed if not a.dropped and a.id is None]
+    if new:
+        session.execute(insert(AlertRow), new)
+    updated = [{"id": a.id, **_alert_values(a)} for a in changed if not a.dropped and a.id]
+    if updated:
+        session.execute(update(AlertRow), updated)
+
+
+def _alert_values(alert: AlertState) -> dict[str, object]:
+    return {
+        "fingerprint": alert.fingerprint,
+        "rule": alert.rule,
+        "labels": alert.labels,
+        "severity": alert.severity,
+        "state": alert.state,
+        "summary": alert.summary[:1024],
+        "description": alert.description[:2048],
+        "culprits": alert.culprits_json(),
+        "active_since": alert.active_since,
+        "fired_at": alert.fired_at,
+        "last_true_at": alert.last_true_at,
+        "resolved_at": alert.resolved_at,
+    }
 
 
 def _load_groups(session: Session) -> dict[tuple[str, str], dispatch.GroupState]:
@@ -331,8 +345,10 @@ def _load_groups(session: Session) -> dict[tuple[str, str], dispatch.GroupState]
 
 
 def _store_groups(session: Session, groups: list[dispatch.GroupState]) -> None:
-    for group in groups:
-        values = {
+    """Write the groups whose state moved (new ones inserted, others in one executemany)."""
+    values = [
+        {
+            "id": group.id,
             "receiver": group.receiver,
             "group_key": group.group_key[:512],
             "group_labels": group.group_labels,
@@ -341,13 +357,14 @@ def _store_groups(session: Session, groups: list[dispatch.GroupState]) -> None:
             "notified_at": group.notified_at,
             "notified_firing": list(group.notified_firing),
         }
-        if group.id is None:
-            session.add(AlertGroupRow(**values))
-        else:
-            session.execute(
-                update(AlertGroupRow).where(AlertGroupRow.id == group.id).values(values)
-            )
-    session.flush()
+        for group in groups
+    ]
+    new = [{k: v for k, v in row.items() if k != "id"} for row in values if row["id"] is None]
+    if new:
+        session.execute(insert(AlertGroupRow), new)
+    changed = [row for row in values if row["id"] is not None]
+    if changed:
+        session.execute(update(AlertGroupRow), changed)
 
 
 def _load_silences(session: Session, now: float) -> list[dispatch.Silence]:

@@ -14,8 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.events.models import Event
-from gpuwatch.server.hosts.models import Gpu, Host
+from gpuwatch.server.hosts.models import Gpu, GpuWindow, Host
 from gpuwatch.server.hosts.service import silence_threshold_seconds
+from gpuwatch.server.processes import window
 from gpuwatch.server.processes.models import ProcessLifetime
 from gpuwatch.settings import ServerSettings
 
@@ -46,6 +47,9 @@ class GpuFact:
     # False when the host is silent or the GPU unreadable: its figures are stale.
     current: bool
     holders: tuple[Holder, ...] = ()
+    # The lowest used memory over the lookback (from the GPU's recent window), read for
+    # GPUs above ``holders_above`` only: how far a GPU that is full now has jumped.
+    lowest_recent_bytes: int | None = None
 
     @property
     def used_ratio(self) -> float | None:
@@ -90,66 +94,165 @@ class Facts:
 
 
 def read_facts(
-    *, session: Session, settings: ServerSettings, now: float, ended_since: float | None
+    *,
+    session: Session,
+    settings: ServerSettings,
+    now: float,
+    ended_since: float | None,
+    holders_above: float = 0.0,
+    lookback_seconds: float = 900.0,
 ) -> Facts:
     """The fleet as the rules see it at ``now``; ended lifetimes only when
-    ``ended_since`` is given (the job_ended rule is on)."""
+    ``ended_since`` is given (the job_ended rule is on).
+
+    Holders (open lifetimes) are read only for the GPUs a rule can name them on: those
+    with an open filling-up or idle event, and those at or above ``holders_above``
+    used; on a large fleet that is a small share of every open lifetime.
+    """
     reporting_since = now - silence_threshold_seconds(settings)
-    holders: dict[int, list[Holder]] = {}
-    by_lifetime: dict[int, Holder] = {}
-    for row in session.execute(
+    gpu_rows = session.execute(
         select(
-            ProcessLifetime.id,
-            ProcessLifetime.gpu_id,
-            ProcessLifetime.pid,
-            ProcessLifetime.user,
-            ProcessLifetime.command,
-            ProcessLifetime.name,
-            ProcessLifetime.current_bytes,
-            ProcessLifetime.container_id,
-            ProcessLifetime.pod_uid,
-            ProcessLifetime.slurm_job_id,
-        ).where(ProcessLifetime.ended_at.is_(None))
-    ):
-        holder = _holder(row[2:])
-        holders.setdefault(row.gpu_id, []).append(holder)
-        by_lifetime[row.id] = holder
+            Gpu.id,
+            Gpu.host_id,
+            Gpu.gpu_index,
+            Gpu.memory_total_bytes,
+            Gpu.memory_used_bytes,
+            Gpu.unattributed_bytes,
+            Gpu.lost,
+            Host.hostname,
+            Host.last_received_at,
+        ).join(Host, Host.id == Gpu.host_id)
+    ).all()
+    event_rows = session.execute(
+        select(
+            Event.kind,
+            Event.reason,
+            Event.host_id,
+            Host.hostname,
+            Event.gpu_index,
+            Event.pid,
+            Event.user,
+            Event.held_bytes,
+            Event.started_at,
+            Event.summary,
+            Event.evidence,
+            Event.lifetime_id,
+        )
+        .join(Host, Host.id == Event.host_id)
+        .where(Event.ended_at.is_(None), Event.kind.in_(ALERTED_KINDS))
+    ).all()
+    gpu_ids = {(row.host_id, row.gpu_index): row.id for row in gpu_rows}
+    wanted = {
+        gpu_ids[(e.host_id, e.gpu_index)]
+        for e in event_rows
+        if e.kind in _NAMED_ON_GPU and (e.host_id, e.gpu_index) in gpu_ids
+    }
+    wanted |= {
+        row.id
+        for row in gpu_rows
+        if row.memory_total_bytes
+        and row.memory_used_bytes is not None
+        and row.memory_used_bytes / row.memory_total_bytes >= holders_above
+    }
+    holders, by_lifetime = _holders(
+        session, wanted, [e.lifetime_id for e in event_rows if e.lifetime_id is not None]
+    )
+    full = [
+        row.id
+        for row in gpu_rows
+        if row.memory_total_bytes
+        and row.memory_used_bytes is not None
+        and row.memory_used_bytes / row.memory_total_bytes >= holders_above
+    ]
+    lowest = _lowest_recent(session, full, since=now - lookback_seconds)
     gpus = [
         GpuFact(
-            hostname=hostname,
-            gpu=gpu.gpu_index,
-            total_bytes=gpu.memory_total_bytes,
-            used_bytes=gpu.memory_used_bytes,
-            unattributed_bytes=gpu.unattributed_bytes,
-            current=(received or 0.0) >= reporting_since and not gpu.lost,
-            holders=tuple(sorted(holders.get(gpu.id, []), key=lambda h: -(h.memory_bytes or 0))),
+            hostname=row.hostname,
+            gpu=row.gpu_index,
+            total_bytes=row.memory_total_bytes,
+            used_bytes=row.memory_used_bytes,
+            unattributed_bytes=row.unattributed_bytes,
+            current=(row.last_received_at or 0.0) >= reporting_since and not row.lost,
+            holders=tuple(sorted(holders.get(row.id, []), key=lambda h: -(h.memory_bytes or 0))),
+            lowest_recent_bytes=lowest.get(row.id),
         )
-        for gpu, hostname, received in session.execute(
-            select(Gpu, Host.hostname, Host.last_received_at).join(Host, Host.id == Gpu.host_id)
-        )
+        for row in gpu_rows
     ]
     events = [
         EventFact(
-            kind=event.kind,
-            reason=event.reason,
-            hostname=hostname,
-            gpu=event.gpu_index,
-            pid=event.pid,
-            user=event.user,
-            held_bytes=event.held_bytes,
-            started_at=event.started_at,
-            summary=event.summary,
-            evidence=event.evidence or {},
-            holder=None if event.lifetime_id is None else by_lifetime.get(event.lifetime_id),
+            kind=e.kind,
+            reason=e.reason,
+            hostname=e.hostname,
+            gpu=e.gpu_index,
+            pid=e.pid,
+            user=e.user,
+            held_bytes=e.held_bytes,
+            started_at=e.started_at,
+            summary=e.summary,
+            evidence=e.evidence or {},
+            holder=None if e.lifetime_id is None else by_lifetime.get(e.lifetime_id),
         )
-        for event, hostname in session.execute(
-            select(Event, Host.hostname)
-            .join(Host, Host.id == Event.host_id)
-            .where(Event.ended_at.is_(None), Event.kind.in_(ALERTED_KINDS))
-        )
+        for e in event_rows
     ]
     ended = [] if ended_since is None else _ended(session, ended_since)
     return Facts(gpus=gpus, events=events, ended=ended)
+
+
+# Events whose rules name every holder of their GPU (culprits, contention).
+_NAMED_ON_GPU = ("filling_up", "idle")
+_CHUNK = 500  # ids per IN list: within every database's parameter limit
+
+
+def _lowest_recent(session: Session, gpu_ids: list[int], *, since: float) -> dict[int, int]:
+    """The lowest bucket floor of each GPU's recent window since ``since``."""
+    lowest: dict[int, int] = {}
+    for start in range(0, len(gpu_ids), _CHUNK):
+        chunk = gpu_ids[start : start + _CHUNK]
+        for gpu_id, blob in session.execute(
+            select(GpuWindow.gpu_id, GpuWindow.recent_window).where(GpuWindow.gpu_id.in_(chunk))
+        ):
+            floor = window.floor_since(blob, since)
+            if floor is not None:
+                lowest[gpu_id] = floor
+    return lowest
+
+
+def _holders(
+    session: Session, gpu_ids: set[int], lifetime_ids: list[int]
+) -> tuple[dict[int, list[Holder]], dict[int, Holder]]:
+    """Open lifetimes on ``gpu_ids`` (by GPU) and the lifetimes ``lifetime_ids``."""
+    columns = (
+        ProcessLifetime.id,
+        ProcessLifetime.gpu_id,
+        ProcessLifetime.pid,
+        ProcessLifetime.user,
+        ProcessLifetime.command,
+        ProcessLifetime.name,
+        ProcessLifetime.current_bytes,
+        ProcessLifetime.container_id,
+        ProcessLifetime.pod_uid,
+        ProcessLifetime.slurm_job_id,
+    )
+    by_gpu: dict[int, list[Holder]] = {}
+    by_lifetime: dict[int, Holder] = {}
+    ordered = sorted(gpu_ids)
+    for start in range(0, len(ordered), _CHUNK):
+        chunk = ordered[start : start + _CHUNK]
+        for row in session.execute(
+            select(*columns).where(
+                ProcessLifetime.ended_at.is_(None), ProcessLifetime.gpu_id.in_(chunk)
+            )
+        ):
+            holder = _holder(row[2:])
+            by_gpu.setdefault(row.gpu_id, []).append(holder)
+            by_lifetime[row.id] = holder
+    missing = sorted(set(lifetime_ids) - set(by_lifetime))
+    for start in range(0, len(missing), _CHUNK):
+        for row in session.execute(
+            select(*columns).where(ProcessLifetime.id.in_(missing[start : start + _CHUNK]))
+        ):
+            by_lifetime[row.id] = _holder(row[2:])
+    return by_gpu, by_lifetime
 
 
 def _holder(values: Any) -> Holder:

@@ -149,18 +149,25 @@ def _filling_culprit(raw: dict[str, object], gpu: GpuFact) -> Culprit:
 def _nearly_full(
     facts: Facts, settings: AlertSettings, name: str, now: float
 ) -> Iterator[Candidate]:
-    threshold = settings.rules.gpu_nearly_full.used_ratio
+    rule = settings.rules.gpu_nearly_full
     for gpu in facts.gpus:
         ratio = gpu.used_ratio
-        if ratio is None or ratio < threshold:
+        if ratio is None or ratio < rule.used_ratio or gpu.lowest_recent_bytes is None:
             continue
+        assert gpu.total_bytes  # used_ratio is known
+        was = gpu.lowest_recent_bytes / gpu.total_bytes
+        if ratio - was < rule.jump_ratio:
+            continue  # full and flat: nothing changed that anyone needs to hear about
         culprits = [culprit(h) for h in gpu.holders[:3]]
         top = f"; largest: {describe(culprits[0])}" if culprits else ""
         yield Candidate(
             rule=name,
-            severity=settings.rules.gpu_nearly_full.severity,
+            severity=rule.severity,
             labels=_labels(settings, name, gpu.hostname, gpu.gpu),
-            summary=f"GPU {gpu.gpu} on {gpu.hostname} is {ratio:.0%} full{top}",
+            summary=(
+                f"GPU {gpu.gpu} on {gpu.hostname} jumped to {ratio:.0%} full "
+                f"(from {was:.0%} within {format_seconds(rule.jump_within_seconds)}){top}"
+            ),
             description="\n".join(describe(c) for c in culprits),
             culprits=culprits,
         )

@@ -1,23 +1,55 @@
-"""Events: the read API, and the agent-authenticated POST for reaped / oom events."""
+"""Events: the read API, and the agent-authenticated POST for reaped / oom events.
+
+The POST resolves its arguments itself (:class:`ReportRoute`), in the order that keeps
+a hostile client cheap: the token from the headers (401/403), the host's rate limit
+(429), then at most ``MAX_EVENT_BODY`` bytes of body within the server's parse budget
+(413/503, ingest/body.py), then validation (422), and only then a write transaction,
+which confirms the token again. FastAPI's own handler would read and parse the body
+before any of that.
+"""
 
 from __future__ import annotations
 
-from typing import get_args
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, get_args
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
+from gpuwatch.server.auth.limits import event_cost, retry_after_header
+from gpuwatch.server.database.core import describe
 from gpuwatch.server.deps import (
     Agent,
     Context,
+    PushCredential,
     Reader,
     ReadSession,
+    ServerContext,
     WriteSession,
+    confirm_push,
     forbid_other_host,
+    get_context,
+    pushing_agent_of,
 )
 from gpuwatch.server.events import service
 from gpuwatch.server.events.schemas import EventKind, EventPage, IdleHolderOut
+from gpuwatch.server.ingest.body import (
+    FREE_JSON_BYTE_FACTOR,
+    STORE_ERRORS,
+    never_storable,
+    parse_estimate,
+    read_body,
+    refusal,
+    require_json,
+)
 from gpuwatch.server.pagination import MAX_LIMIT, Cursor
-from gpuwatch.wire import EVENTS_PATH, ReportedEvent, ReportedEventResult
+from gpuwatch.wire import EVENTS_PATH, MAX_EVENT_BODY, ReportedEvent, ReportedEventResult
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix=EVENTS_PATH, tags=["events"])
 
@@ -77,20 +109,15 @@ def top_idle(
     )
 
 
-@router.post(
-    "",
-    summary="Report a reaped process or an OOM",
-    response_model=ReportedEventResult,
-    responses={
-        401: {"description": "No bearer token."},
-        403: {"description": "Unknown or revoked token, or a token of another host."},
-        503: {"description": "Database unavailable; retry after Retry-After seconds."},
-    },
-)
 def report_event(
     body: ReportedEvent, identity: Agent, session: WriteSession, context: Context
 ) -> ReportedEventResult:
-    """Store an event an agent observed (stored closed). A retry stores nothing more."""
+    """Store an event an agent observed (stored closed). A retry stores nothing more.
+
+    At most MAX_EVENT_BODY bytes (evidence at most MAX_EVIDENCE_BYTES); each host may
+    report a burst of events, then about one every 5 s (more for large ones): 429 with
+    Retry-After past that.
+    """
     forbid_other_host(identity, body.hostname)
     result = service.record_reported_event(
         session=session, host_id=identity.host_id, report=body, dialect=context.database.dialect
@@ -99,3 +126,90 @@ def report_event(
     if not result.duplicate:
         context.stats.count(context.stats.events_opened, body.kind)
     return result
+
+
+class ReportRoute(APIRoute):
+    """An :class:`APIRoute` that authenticates, rate-limits and bounds the body before
+    reading it, then calls :func:`report_event` with what it resolved. The endpoint's
+    signature still declares its body and dependencies, for the OpenAPI document."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        async def handle(request: Request) -> Response:
+            context = await get_context(request)
+            credential = await pushing_agent_of(request, context)
+            host_id = credential.identity.host_id
+            _limit(context, host_id, cost=1.0, taking=False)  # before reading anything
+            require_json(request)
+            with context.bodies.reserve() as reservation:
+                raw = await read_body(request, limit=MAX_EVENT_BODY, reservation=reservation)
+                _limit(context, host_id, cost=event_cost(len(raw)), taking=True)
+                reservation.grow_to(parse_estimate(raw, byte_factor=FREE_JSON_BYTE_FACTOR))
+                result = await run_in_threadpool(_record, raw, credential, context)
+            return Response(result.model_dump_json(), media_type="application/json")
+
+        return handle
+
+
+def _limit(context: ServerContext, host_id: int, *, cost: float, taking: bool) -> None:
+    """429 with Retry-After unless the host's bucket holds ``cost`` units (taken if
+    ``taking``)."""
+    limits = context.event_limits
+    ask = limits.take if taking else limits.wait
+    wait = ask(host_id, now=context.clock(), cost=cost)
+    if wait is not None:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            detail="this host reports events faster than the server accepts them",
+            headers=retry_after_header(wait),
+        )
+
+
+def _record(
+    raw: bytearray, credential: PushCredential, context: ServerContext
+) -> ReportedEventResult:
+    try:
+        body = ReportedEvent.model_validate_json(raw)
+    except ValidationError as err:
+        errors = err.errors(include_url=False, include_input=False)
+        for error in errors:
+            error["loc"] = ("body", *error["loc"])
+        raise RequestValidationError(errors) from err
+    with context.database.writer() as session:
+        confirm_push(session, context, credential)
+        try:
+            return report_event(body, credential.identity, session, context)
+        except STORE_ERRORS as err:
+            if not never_storable(err):
+                raise
+            log.error(
+                "host %s: quarantined a reported %s event the database refused: %s",
+                credential.identity.hostname,
+                body.kind,
+                describe(err),
+                exc_info=err,
+            )
+            raise refusal(
+                "quarantined", ("body",), f"the database cannot store this event: {describe(err)}"
+            ) from err
+
+
+router.add_api_route(
+    "",
+    report_event,
+    methods=["POST"],
+    summary="Report a reaped process or an OOM",
+    response_model=ReportedEventResult,
+    responses={
+        401: {"description": "No bearer token."},
+        403: {"description": "Unknown or revoked token, or a token of another host."},
+        413: {"description": "Body larger than MAX_EVENT_BODY (1 MiB), or too costly to parse."},
+        415: {"description": "Content-Type is not application/json."},
+        422: {"description": "Not a valid event, or one the database cannot store."},
+        429: {"description": "This host's event rate limit; retry after Retry-After seconds."},
+        503: {
+            "description": "Database unavailable, or the server is parsing as much as it may"
+            " at once; retry after Retry-After seconds."
+        },
+    },
+    route_class_override=ReportRoute,
+)

@@ -35,9 +35,17 @@ TrendDue = tuple[Gpu, GpuRow, LifetimeRow, Sample]
 FillingDue = tuple[Gpu, GpuRow, Sample]
 
 
-def apply_snapshot(state: HostState, snapshot: HostSnapshot, *, settings: ServerSettings) -> None:
-    """Advance ``state`` by one snapshot newer than any applied before."""
-    at = snapshot.collected_at
+def apply_snapshot(
+    state: HostState,
+    snapshot: HostSnapshot,
+    *,
+    settings: ServerSettings,
+    at: float | None = None,
+) -> None:
+    """Advance ``state`` by one snapshot newer than any applied before, observed at
+    ``at`` (default its ``collected_at``; ingest passes it clamped to the server's
+    clock, see service.py)."""
+    at = snapshot.collected_at if at is None else at
     host = state.host
     if host.boot_id is not None and snapshot.boot_id != host.boot_id:
         end_all_lifetimes(state)

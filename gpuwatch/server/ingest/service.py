@@ -2,11 +2,16 @@
 
 What "accepted" promises: the snapshot's key is committed in ``snapshots_seen`` in
 the same transaction as everything derived from it, so a crash either keeps both or
-neither, and the agent's retry after a lost reply is answered ``duplicate``.
+neither, and the agent's retry after a lost reply is answered ``duplicate``. Keys are
+per host (the token's), so no other host's token can claim them.
 
-Snapshots are applied oldest first. One older than the host's newest applied
-snapshot (a late spool drain) is recorded as seen but does not move the host's
-current state backwards: history keeps what the newer snapshots established.
+Snapshots are applied oldest first, each at its *effective time*: its ``collected_at``,
+but never later than the server's clock on arrival. An agent clock running ahead
+therefore cannot stamp the host's state with a future time that every correct
+snapshot after it would look older than. One not newer than the host's newest applied
+snapshot (a late spool drain) is recorded as seen but does not move the host's current
+state backwards: it is answered ``late``, not ``accepted``, so a snapshot is never
+answered as applied when it was not.
 """
 
 from __future__ import annotations
@@ -42,7 +47,12 @@ _SEEN: Table = SnapshotSeen.__table__  # type: ignore[assignment]
 
 
 class SnapshotRejected(GpuwatchError):
-    """A well-formed snapshot the server will not store (answered 422)."""
+    """A well-formed snapshot the server will not store (answered 422); ``index`` is its
+    place in the request."""
+
+    def __init__(self, message: str, *, index: int) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,12 @@ class IngestResult:
 
     @property
     def accepted(self) -> int:
-        return self.results.count("accepted")
+        """Snapshots this request stored: applied (``accepted``) or ``late``."""
+        return len(self.results) - self.duplicate
+
+    @property
+    def late(self) -> int:
+        return self.results.count("late")
 
     @property
     def duplicate(self) -> int:
@@ -79,32 +94,33 @@ def ingest_snapshots(
     ``now`` is the server's clock (epoch seconds). Raises :class:`SnapshotRejected`
     for a snapshot from too far in the future; nothing is written then.
     """
-    for snapshot in request.snapshots:
+    for index, snapshot in enumerate(request.snapshots):
         if snapshot.collected_at > now + MAX_FUTURE_SKEW_SECONDS:
             raise SnapshotRejected(
                 f"snapshot {snapshot.sequence} was collected {snapshot.collected_at - now:.0f} s"
-                " in the future; fix the agent's clock"
+                " in the future; fix the agent's clock",
+                index=index,
             )
     # Lock the host first: on Postgres this queues a concurrent request of the same
     # host here, before it can insert its keys.
     state = HostState.load(session=session, dialect=dialect, host_id=host_id, cache=cache)
     fresh = _record_seen(session, dialect, host_id, request.snapshots, now)
     results: list[ItemResult] = []
-    to_apply: list[HostSnapshot] = []
-    for snapshot in request.snapshots:
+    to_apply: list[tuple[float, int, int]] = []  # (effective time, sequence, index)
+    for index, snapshot in enumerate(request.snapshots):
         if snapshot.idempotency_key in fresh:
             fresh.discard(snapshot.idempotency_key)  # a repeat within the batch is a duplicate
             results.append("accepted")
-            to_apply.append(snapshot)
+            to_apply.append((min(snapshot.collected_at, now), snapshot.sequence, index))
         else:
             results.append("duplicate")
-    late = 0
-    for snapshot in sorted(to_apply, key=lambda s: s.collected_at):
+    for at, _, index in sorted(to_apply):
         newest = state.host.last_seen_at
-        if newest is not None and snapshot.collected_at <= newest:
-            late += 1
+        if newest is not None and at <= newest:
+            results[index] = "late"
             continue
-        apply_snapshot(state, snapshot, settings=settings)
+        apply_snapshot(state, request.snapshots[index], settings=settings, at=at)
+    late = results.count("late")
     if late:
         log.info("host %s: %d late snapshot(s) recorded without replay", state.host.hostname, late)
     state.host.last_received_at = now

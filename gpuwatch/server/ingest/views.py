@@ -6,9 +6,17 @@ FastAPI's ``json.loads`` plus validation on this shape (0.66 against 1.57 ms for
 50-process snapshot), and a 500-snapshot batch does not stall the event loop while
 it is parsed. The schema is still documented (:func:`openapi_schemas`).
 
-The token is confirmed inside the storing transaction (:func:`confirm_push`), so a
-request authenticated from this process's cache of verified tokens still cannot write
-after the token was revoked anywhere. The response is serialised here, once, rather
+Nothing of the body is read before the token is checked (from the headers), and then
+at most ``max_body_bytes`` of it, within the server's budget of bytes being parsed at
+once (ingest/body.py: 413 or 503 otherwise). The token is confirmed inside the storing
+transaction (:func:`confirm_push`), so a request authenticated from this process's
+cache of verified tokens still cannot write after the token was revoked anywhere.
+
+A batch that passed validation but that the database refuses to store (a value past a
+column's bounds, a constraint) is *quarantined*: the transaction is rolled back, the
+request counted as ``quarantined``, and the answer is a 422, on which the agent splits
+the batch until it can drop the one snapshot that cannot be stored. Retrying it would
+fail the same way forever, and hold the host's newer snapshots behind it. The response is serialised here, once, rather
 than validated again and re-encoded by FastAPI's ``response_model`` machinery (which
 still documents it).
 
@@ -20,15 +28,17 @@ server CPU (bench/README.md).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, Response, status
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from gpuwatch.server.database.core import describe
 from gpuwatch.server.deps import (
     Context,
     PushCredential,
@@ -41,7 +51,19 @@ from gpuwatch.server.deps import (
     reverify_push,
 )
 from gpuwatch.server.ingest import service
+from gpuwatch.server.ingest.body import (
+    SNAPSHOT_BYTE_FACTOR,
+    STORE_ERRORS,
+    never_storable,
+    parse_estimate,
+    read_body,
+    refusal,
+    require_json,
+)
+from gpuwatch.server.metrics import INGEST_RESULT_SCOPE_KEY
 from gpuwatch.wire import SNAPSHOTS_PATH, IngestRequest, IngestResponse
+
+log = logging.getLogger(__name__)
 
 
 class IngestRoute(APIRoute):
@@ -64,10 +86,20 @@ router = APIRouter(tags=["ingest"], route_class=IngestRoute)
 _ERRORS: dict[int | str, dict[str, str]] = {
     401: {"description": "No bearer token."},
     403: {"description": "Unknown or revoked token, or a token of another host."},
-    413: {"description": "Body larger than max_body_bytes (refused before it is read)."},
+    413: {
+        "description": "Body larger than max_body_bytes (refused before it is read when"
+        " Content-Length says so), or that would take more memory to parse than the"
+        " server allows: send fewer snapshots per request."
+    },
     415: {"description": "Content-Type is not application/json."},
-    422: {"description": "Not a valid batch of snapshots."},
-    503: {"description": "Database unavailable; retry after Retry-After seconds."},
+    422: {
+        "description": "Not a valid batch of snapshots, a clock too far ahead, or a batch"
+        " the database cannot store (type `quarantined`): drop the offending snapshot."
+    },
+    503: {
+        "description": "Database unavailable, or the server is parsing as much as it may"
+        " at once; retry after Retry-After seconds."
+    },
 }
 _BODY = {
     "required": True,
@@ -85,19 +117,32 @@ _BODY = {
 async def push_snapshots(request: Request, credential: PushingAgent, context: Context) -> Response:
     """Store 1-500 snapshots (an ``IngestRequest``) of the token's host, in one transaction.
 
-    Idempotent on ``(agent_id, boot_id, sequence)``: a retried snapshot is answered
-    ``duplicate`` and stored once. Nothing is written unless every snapshot names the
-    token's host.
+    Idempotent per host on ``(agent_id, boot_id, sequence)``: a retried snapshot is
+    answered ``duplicate`` and stored once. Nothing is written unless every snapshot
+    names the token's host.
     """
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "application/json":
-        await run_in_threadpool(reverify_push, context, credential)  # 403 comes first
-        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail="send application/json")
-    raw = await request.body()  # bounded by the app's max_body_size
-    return await run_in_threadpool(_store, raw, credential, context)
+    try:
+        require_json(request)
+        with context.bodies.reserve() as reservation:
+            raw = await read_body(
+                request, limit=context.settings.max_body_bytes, reservation=reservation
+            )
+            reservation.grow_to(parse_estimate(raw, byte_factor=SNAPSHOT_BYTE_FACTOR))
+            return await run_in_threadpool(_store, raw, credential, context)
+    except HTTPException as err:
+        if err.status_code in (413, 415):  # the agent drops on these: 403 comes first
+            await run_in_threadpool(reverify_push, context, credential)
+        raise
+    except _Quarantined as err:
+        request.scope[INGEST_RESULT_SCOPE_KEY] = "quarantined"
+        raise refusal("quarantined", ("body",), str(err)) from err
 
 
-def _store(raw: bytes, credential: PushCredential, context: ServerContext) -> Response:
+class _Quarantined(Exception):
+    """A valid batch the database refused to store: it never will."""
+
+
+def _store(raw: bytearray, credential: PushCredential, context: ServerContext) -> Response:
     identity = credential.identity
     try:
         body = IngestRequest.model_validate_json(raw)
@@ -118,12 +163,24 @@ def _store(raw: bytes, credential: PushCredential, context: ServerContext) -> Re
                 now=context.clock(),
                 cache=context.host_states,
             )
+            session.commit()
         except service.SnapshotRejected as err:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(err)) from err
-        session.commit()
+            raise refusal("clock_skew", ("body", "snapshots", err.index), str(err)) from err
+        except STORE_ERRORS as err:
+            if not never_storable(err):
+                raise
+            log.error(
+                "host %s: quarantined a batch of %d snapshot(s) the database refused: %s",
+                identity.hostname,
+                len(body.snapshots),
+                describe(err),
+                exc_info=err,
+            )
+            raise _Quarantined(f"the database cannot store this batch: {describe(err)}") from err
     if result.kept is not None:
         context.host_states.put(identity.host_id, result.kept)
     stats = context.stats
+    # "accepted" counts what this request stored: applied, or late (stored, not applied).
     stats.count(stats.ingest_snapshots, "accepted", result.accepted)
     stats.count(stats.ingest_snapshots, "duplicate", result.duplicate)
     for kind, n in result.opened.items():

@@ -62,7 +62,9 @@ class ProcessLifetime(Base):
     name: Mapped[str | None] = mapped_column(String(SHORT))
     command: Mapped[str | None] = mapped_column(String(LONG))
     user: Mapped[str | None] = mapped_column(String(SHORT))
-    uid: Mapped[int | None] = mapped_column(Integer)
+    # A Linux uid is a uint32, past Postgres INTEGER. SQLite's INTEGER holds 64 bits
+    # already, and declaring it BIGINT there would rebuild the table (and cascade).
+    uid: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"))
     container_id: Mapped[str | None] = mapped_column(String(SHORT))
     pod_uid: Mapped[str | None] = mapped_column(String(SHORT))
     slurm_job_id: Mapped[str | None] = mapped_column(String(SHORT))

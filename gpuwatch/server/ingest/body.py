@@ -1,0 +1,191 @@
+"""Agent request bodies, read only after the token is checked and only within bounds.
+
+Two bounds, because a body costs memory twice: once as bytes while it is read, and
+again, many times over, as the objects it parses into.
+
+* Per request: at most ``limit`` bytes (413 past it, before reading when
+  ``Content-Length`` says so, as soon as a chunked body passes it otherwise).
+* Across requests: a :class:`BodyBudget` of bytes that bodies being read and parsed
+  may take at once. A request reserves twice what it has read while it reads (a
+  growing buffer copies itself), then what its parse is estimated to allocate
+  (:func:`parse_estimate`), and keeps that until its answer is built. A request that
+  finds no room is answered 503 with ``Retry-After``; one whose estimate alone exceeds
+  the whole budget can never be parsed here and is answered 413, so the agent splits it.
+
+Without the budget, 100 concurrent 8 MiB pushes took a server to 2 GiB: each body was
+read whole, and a parse costs 6x the body for realistic snapshots and up to 133x for
+bodies of minimal objects (``{"pid":1}`` is 9 bytes and a 1.3 KiB process model).
+
+A body that is valid but that the database refuses to store is *quarantined*
+(:func:`never_storable`): answered 422 in the shape of every other 422
+(:func:`refusal`), which the agent drops rather than retries forever.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+from fastapi import HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError, StatementError
+
+from gpuwatch.server.database.core import is_unavailable
+
+# Seconds a 503 asks the agent to wait: memory frees as soon as parses finish.
+BUSY_RETRY_AFTER_SECONDS = 1
+# Python objects per JSON object: a GpuProcess with its ProcessOwner is ~1.3 KiB, a Gpu
+# ~1.25 KiB, a HostSnapshot ~1.35 KiB, however few of their fields the JSON sets.
+PER_OBJECT_BYTES = 1400
+PER_ARRAY_BYTES = 64
+# Per byte of body: values parsed into str, int and float objects. Snapshots set each
+# value under a key (6x at most, measured); free-form JSON can be arrays of short
+# strings (12x).
+SNAPSHOT_BYTE_FACTOR = 8
+FREE_JSON_BYTE_FACTOR = 12
+
+
+def parse_estimate(raw: bytes | bytearray, *, byte_factor: int) -> int:
+    """An upper bound on the bytes parsing ``raw`` allocates.
+
+    Every JSON object and array starts with ``{`` or ``[``, so counting those bytes
+    (strings included, which only overcounts) bounds the objects the parse creates.
+    ``count`` runs at memory speed: about 1 ms for 8 MiB.
+    """
+    return (
+        byte_factor * len(raw)
+        + PER_OBJECT_BYTES * raw.count(b"{")
+        + PER_ARRAY_BYTES * raw.count(b"[")
+    )
+
+
+class BodyBudget:
+    """Bytes that request bodies being read and parsed may hold at once, server-wide.
+
+    Thread-safe; a :class:`Reservation` takes from it and gives back.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be positive")
+        self.capacity = capacity
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def in_use(self) -> int:
+        with self._lock:
+            return self._used
+
+    def _take(self, n: int) -> bool:
+        with self._lock:
+            if self._used + n > self.capacity:
+                return False
+            self._used += n
+            return True
+
+    def _give(self, n: int) -> None:
+        with self._lock:
+            self._used -= n
+
+    def reserve(self) -> Reservation:
+        return Reservation(self)
+
+
+class Reservation:
+    """One request's share of a :class:`BodyBudget`; a context manager that gives it
+    all back on exit."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self._budget = budget
+        self.held = 0
+
+    def grow_to(self, n: int) -> None:
+        """Hold at least ``n`` bytes: 413 when ``n`` exceeds the whole budget, 503 with
+        ``Retry-After`` when other requests hold the room."""
+        if n <= self.held:
+            return
+        if n > self._budget.capacity:
+            raise HTTPException(
+                status.HTTP_413_CONTENT_TOO_LARGE,
+                detail="this body would take more memory to parse than the server allows;"
+                " send fewer snapshots per request",
+            )
+        if not self._budget._take(n - self.held):
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                detail="the server is parsing as much as it may at once; retry",
+                headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
+            )
+        self.held = n
+
+    def release(self) -> None:
+        held, self.held = self.held, 0
+        if held:
+            self._budget._give(held)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _traceback: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def require_json(request: Request) -> None:
+    """415 unless the body is declared ``application/json``."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail="send application/json")
+
+
+def _too_large(limit: int) -> HTTPException:
+    return HTTPException(
+        status.HTTP_413_CONTENT_TOO_LARGE, detail=f"body larger than {limit} bytes"
+    )
+
+
+async def read_body(request: Request, *, limit: int, reservation: Reservation) -> bytearray:
+    """The request's body, at most ``limit`` bytes, held within ``reservation``.
+
+    Call it only once the token has been checked: nothing of the body is read before.
+    Raises 413 past ``limit`` and 503 when the budget has no room (see the module
+    docstring); what was read by then is dropped.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            raise _too_large(limit)
+        reservation.grow_to(2 * int(declared))
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+        reservation.grow_to(2 * len(body))
+    return body
+
+
+def refusal(kind: str, loc: tuple[str | int, ...], msg: str) -> RequestValidationError:
+    """A 422 in the shape of every other (``HTTPValidationError`` in the OpenAPI)."""
+    return RequestValidationError([{"type": kind, "loc": loc, "msg": msg}])
+
+
+# What storing raises for data it can never store. SQLite's driver raises a bare
+# OverflowError for an int past 64 bits, where psycopg's is a DataError.
+STORE_ERRORS = (SQLAlchemyError, OverflowError)
+
+
+def never_storable(err: Exception) -> bool:
+    """True for an error the same data would meet again: a value its column cannot hold
+    (DataError, OverflowError), a constraint (IntegrityError), or a value the driver
+    cannot send. Outages (is_unavailable) are not: those are retried."""
+    if isinstance(err, OverflowError):
+        return True
+    if not isinstance(err, SQLAlchemyError) or is_unavailable(err):
+        return False
+    return isinstance(err, DataError | IntegrityError) or type(err) is StatementError

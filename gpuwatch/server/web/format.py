@@ -1,0 +1,68 @@
+"""How the pages write numbers and times: binary sizes (as nvidia-smi does), UTC times.
+
+Times are shown in UTC everywhere, charts included, so a time read off a chart is the
+time in a table and in the API (epoch seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from urllib.parse import quote
+
+_KIB = 2**10
+
+
+def size(value: int | float | None) -> str:
+    """``21474836480`` -> ``"20.0 GiB"``; None -> ``"–"`` (unknown, never 0)."""
+    if value is None:
+        return "–"
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", _KIB)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{int(value)} B"
+
+
+def when(t: float | None) -> str:
+    """``"2027-01-15 08:00:00Z"``; None -> ``"–"``."""
+    if t is None:
+        return "–"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
+
+
+def duration(seconds: float | None) -> str:
+    """``5400`` -> ``"1 h 30 min"``; coarse, for "how long" columns."""
+    if seconds is None:
+        return "–"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+def ago(t: float | None, now: float) -> str:
+    return "never" if t is None else f"{duration(now - t)} ago"
+
+
+def clock_label(t: float, span: float) -> str:
+    """An axis label: the time of day, with the date when the axis spans days."""
+    pattern = "%H:%M" if span <= 86400 else "%m-%d %H:%M"
+    return time.strftime(pattern, time.gmtime(t))
+
+
+def ratio(used: int | None, total: int | None) -> str:
+    if used is None or not total:
+        return "–"
+    return f"{used / total:.0%}"
+
+
+def path(root: str, *segments: str | int) -> str:
+    """A link inside the dashboard: ``root`` (the ASGI root path) and each segment
+    percent-encoded (hostnames come from agents), HTML-escaped for an attribute."""
+    return escape(root + "/" + "/".join(quote(str(s), safe="") for s in segments))

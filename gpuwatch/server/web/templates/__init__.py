@@ -1,0 +1,1 @@
+"""The dashboard's HTML, written by plain functions (no template engine)."""

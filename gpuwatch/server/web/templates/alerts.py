@@ -1,0 +1,123 @@
+"""The alerts page: what fires (and what is about to), the silences, the receivers.
+
+Read-only: silences are created and expired with ``gpuwatch alerts silence`` or the API
+(which need the admin token when one is set)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape as e
+
+from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceOut
+from gpuwatch.server.web.format import ago, path, size, when
+from gpuwatch.server.web.templates.layout import Chrome, page, table
+
+
+def alerts_page(
+    chrome: Chrome,
+    alerts: Sequence[AlertOut],
+    silences: Sequence[SilenceOut],
+    receivers: Sequence[ReceiverOut],
+) -> str:
+    firing = [a for a in alerts if a.state == "firing"]
+    pending = [a for a in alerts if a.state == "pending"]
+    body = (
+        f'<h1>Alerts</h1><h2>Firing <span class="count">{len(firing)}</span></h2>'
+        f"{_alerts(chrome, firing, empty='Nothing is firing.')}"
+        f'<h2>Pending <span class="count">{len(pending)}</span></h2>'
+        f"{_alerts(chrome, pending, empty='Nothing is pending.')}"
+        f'<h2>Silences <span class="count">{len(silences)}</span></h2>{_silences(silences)}'
+        f"<h2>Receivers</h2>{_receivers(chrome, receivers)}"
+    )
+    return page(chrome, title="Alerts", active="alerts", body=body)
+
+
+def _alerts(chrome: Chrome, alerts: Sequence[AlertOut], *, empty: str) -> str:
+    rows = []
+    for alert in alerts:
+        where = _where(chrome, alert.labels)
+        culprits = "<br>".join(
+            f"pid {c.pid} {e(c.user or '?')} {size(c.memory_bytes)}"
+            + (f" <code>{e((c.command or '')[:80])}</code>" if c.command else "")
+            for c in alert.culprits
+        )
+        muted = (
+            f'<span class="badge silenced">silenced by {", ".join(f"#{s}" for s in alert.silenced_by)}</span>'
+            if alert.silenced_by
+            else ""
+        )
+        since = alert.starts_at if alert.starts_at is not None else alert.active_since
+        rows.append(
+            [
+                f'<span class="severity {e(alert.severity)}">{e(alert.severity)}</span>',
+                e(alert.rule),
+                where,
+                f"<b>{e(alert.summary)}</b>"
+                + (f'<div class="muted">{e(alert.description)}</div>' if alert.description else "")
+                + muted,
+                culprits,
+                f'<span title="{when(since)}">{ago(since, chrome.now)}</span>',
+            ]
+        )
+    return table(
+        ["Severity", "Rule", "Where", "Summary", "Culprits", "Since"],
+        rows,
+        empty=empty,
+        css="alerts",
+    )
+
+
+def _where(chrome: Chrome, labels: dict[str, str]) -> str:
+    host = labels.get("hostname")
+    if host is None:
+        return ""
+    gpu = labels.get("gpu")
+    if gpu is not None and gpu.isdigit():
+        href = path(chrome.root, "hosts", host, "gpus", gpu)
+        return f'<a href="{href}">{e(host)} GPU {e(gpu)}</a>'
+    return f'<a href="{path(chrome.root, "hosts", host)}">{e(host)}</a>'
+
+
+def _silences(silences: Sequence[SilenceOut]) -> str:
+    rows = []
+    for s in silences:
+        matchers = " ".join(
+            f"<code>{e(m.name)}{'=~' if m.regex else '='}{e(m.value)}</code>" for m in s.matchers
+        )
+        rows.append(
+            [
+                f"#{s.id}",
+                f'<span class="badge {e(s.state)}">{e(s.state)}</span>',
+                matchers,
+                when(s.starts_at),
+                when(s.ends_at),
+                e(s.created_by),
+                e(s.comment),
+            ]
+        )
+    return table(
+        ["Id", "State", "Matchers", "From", "Until", "By", "Comment"],
+        rows,
+        empty="No active or pending silence. Create one with `gpuwatch alerts silence`.",
+        css="silences",
+    )
+
+
+def _receivers(chrome: Chrome, receivers: Sequence[ReceiverOut]) -> str:
+    rows = [
+        [
+            e(r.name),
+            e(r.type),
+            f'<span class="badge {e(r.status)}">{e(r.status)}</span>',
+            ago(r.last_sent_at, chrome.now) if r.last_sent_at else "never",
+            str(r.pending),
+            e(r.last_error or ""),
+        ]
+        for r in receivers
+    ]
+    return table(
+        ["Name", "Type", "Status", "Last sent", "Pending", "Last error"],
+        rows,
+        empty="No receiver is configured ([[server.receivers]] in the config).",
+        css="receivers",
+    )

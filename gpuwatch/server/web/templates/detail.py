@@ -1,0 +1,209 @@
+"""The host page and the GPU page: memory over time stacked by process, with the
+host's events marked on the same time axis, then who holds memory now and what
+happened."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape as e
+
+from gpuwatch.server.events.schemas import EventOut
+from gpuwatch.server.hosts.schemas import GpuOut, HostDetail
+from gpuwatch.server.processes.schemas import ProcessOut
+from gpuwatch.server.web.charts import Mark, memory_chart, user_colour
+from gpuwatch.server.web.format import ago, duration, path, ratio, size, when
+from gpuwatch.server.web.service import History
+from gpuwatch.server.web.templates.events import events_table
+from gpuwatch.server.web.templates.layout import Chrome, page, ranges, table
+
+COMMAND_CHARS = 120
+
+
+def host_page(
+    chrome: Chrome,
+    host: HostDetail,
+    charts: dict[str, History],
+    events: Sequence[EventOut],
+    *,
+    range_key: str,
+) -> str:
+    """``charts`` by GPU UUID; ``events`` of the host in the range, newest first."""
+    base = path(chrome.root, "hosts", host.hostname)
+    cards = []
+    for gpu in host.gpus:
+        history = charts.get(gpu.uuid)
+        chart = (
+            memory_chart(
+                history,
+                _marks(events, gpu.index),
+                width=560,
+                height=190,
+                label=f"GPU {gpu.index} memory by process",
+                now=chrome.now,
+            )
+            if history is not None
+            else ""
+        )
+        href = path(chrome.root, "hosts", host.hostname, "gpus", gpu.index)
+        cards.append(
+            f'<section class="card gpu"><h2><a href="{href}">GPU {gpu.index}</a> '
+            f"<small>{e(gpu.name or '')}</small></h2>{_gpu_line(gpu)}{chart}</section>"
+        )
+    processes = [p for gpu in host.gpus for p in gpu.processes]
+    body = (
+        f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / {e(host.hostname)}</nav>'
+        f"<h1>{e(host.hostname)}{_silent(host.silent)}</h1>{_host_line(chrome, host)}"
+        f"{ranges(chrome, base, range_key)}"
+        f'<div class="cards">{"".join(cards) or _no_gpus()}</div>'
+        "<h2>Processes holding memory now</h2>"
+        f"{process_table(chrome, processes, with_gpu=True)}"
+        f"<h2>Events in the range</h2>{events_table(chrome, events, with_host=False)}"
+    )
+    return page(chrome, title=host.hostname, active="", body=body)
+
+
+def gpu_page(
+    chrome: Chrome,
+    host: HostDetail,
+    gpu: GpuOut,
+    history: History,
+    events: Sequence[EventOut],
+    *,
+    range_key: str,
+) -> str:
+    base = path(chrome.root, "hosts", host.hostname, "gpus", gpu.index)
+    host_href = path(chrome.root, "hosts", host.hostname)
+    chart = memory_chart(
+        history,
+        _marks(events, gpu.index),
+        width=1000,
+        height=340,
+        label=f"{host.hostname} GPU {gpu.index} memory by process",
+        now=chrome.now,
+    )
+    gpu_events = [ev for ev in events if ev.gpu_index in (gpu.index, None)]
+    body = (
+        f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / '
+        f'<a href="{host_href}">{e(host.hostname)}</a> / GPU {gpu.index}</nav>'
+        f"<h1>{e(host.hostname)} · GPU {gpu.index} <small>{e(gpu.name or '')}</small>"
+        f"{_silent(host.silent)}</h1>{_gpu_line(gpu)}"
+        f'<p class="meta">UUID <code>{e(gpu.uuid)}</code> · last reading '
+        f"{ago(gpu.last_seen_at, chrome.now)}</p>"
+        f'{ranges(chrome, base, range_key)}<section class="card wide">{chart}'
+        f"{_legend(history)}</section>"
+        "<h2>Processes holding memory now</h2>"
+        f"{process_table(chrome, gpu.processes, with_gpu=False)}"
+        f"<h2>Events in the range</h2>{events_table(chrome, gpu_events, with_host=False)}"
+    )
+    return page(chrome, title=f"{host.hostname} GPU {gpu.index}", active="", body=body)
+
+
+def _marks(events: Sequence[EventOut], gpu_index: int) -> list[Mark]:
+    """The events drawn on one GPU's chart: its own and the host's (no GPU named)."""
+    return [
+        Mark(ev.kind, ev.started_at, ev.ended_at, ev.summary, ev.pid)
+        for ev in events
+        if ev.gpu_index in (gpu_index, None)
+    ]
+
+
+def _gpu_line(gpu: GpuOut) -> str:
+    state = ""
+    if gpu.lost:
+        state = ' <span class="badge silent">lost</span>'
+    elif gpu.read_error:
+        state = f' <span class="badge silent">read error: {e(gpu.read_error)}</span>'
+    users = sorted({p.user or "?" for p in gpu.processes})
+    utilisation = "–" if gpu.utilization_ratio is None else f"{gpu.utilization_ratio:.0%}"
+    return (
+        f'<p class="meta"><b>{size(gpu.memory_used_bytes)}</b> of '
+        f"{size(gpu.memory_total_bytes)} used ({ratio(gpu.memory_used_bytes, gpu.memory_total_bytes)})"
+        f" · unattributed {size(gpu.unattributed_bytes)} · utilisation {utilisation}"
+        f" · {len(gpu.processes)} processes{': ' + e(', '.join(users)) if users else ''}{state}</p>"
+    )
+
+
+def _host_line(chrome: Chrome, host: HostDetail) -> str:
+    dropped = (
+        f' · <span class="warn">{host.spool_dropped_total} snapshots dropped by its spool</span>'
+        if host.spool_dropped_total
+        else ""
+    )
+    return (
+        f'<p class="meta">driver {e(host.driver_version or "–")} · CUDA '
+        f"{e(host.cuda_driver_version or '–')} · agent <code>{e(host.agent_id or '–')}</code>"
+        f" · last report {ago(host.last_received_at, chrome.now)}"
+        f"{' · simulated GPUs' if host.fake else ''}{dropped}</p>"
+    )
+
+
+def _silent(silent: bool) -> str:
+    return ' <span class="badge silent">silent</span>' if silent else ""
+
+
+def _no_gpus() -> str:
+    return '<p class="empty">This host has not reported any GPU yet.</p>'
+
+
+def _legend(history: History) -> str:
+    rows = []
+    for layer in history.layers:
+        colour = "#bab0ac" if layer.lifetime_id is None else user_colour(layer.user)
+        swatch = f'<svg width="12" height="12" aria-hidden="true"><rect width="12" height="12" fill="{colour}"/></svg>'
+        if layer.lifetime_id is None:
+            rows.append(
+                [swatch, "", f"{layer.processes} smaller processes", size(layer.peak_bytes), ""]
+            )
+            continue
+        rows.append(
+            [
+                swatch,
+                str(layer.pid),
+                e(layer.user or "?"),
+                size(layer.peak_bytes),
+                _command(layer.command),
+            ]
+        )
+    return table(
+        ["", "PID", "User", "Peak in range", "Command"],
+        rows,
+        empty="No process held memory on this GPU in this range.",
+        css="legend-table",
+    )
+
+
+def process_table(chrome: Chrome, processes: Sequence[ProcessOut], *, with_gpu: bool) -> str:
+    rows = []
+    for p in processes:
+        flags = []
+        if p.orphaned:
+            flags.append('<span class="kind orphaned">orphaned</span>')
+        if p.idle_seconds:
+            flags.append(f'<span class="kind idle">idle {duration(p.idle_seconds)}</span>')
+        job = p.slurm_job_id or p.pod_uid or p.container_id
+        row = [
+            str(p.pid),
+            e(p.user or "?"),
+            size(p.current_bytes),
+            size(p.peak_bytes),
+            "–" if p.sm_ratio is None else f"{p.sm_ratio:.0%}",
+            f'<span title="{when(p.first_seen_at)}">{duration(chrome.now - p.first_seen_at)}</span>',
+            " ".join(flags),
+            _command(p.command),
+            e(job or ""),
+        ]
+        if with_gpu:
+            href = path(chrome.root, "hosts", p.hostname, "gpus", p.gpu_index)
+            row.insert(0, f'<a href="{href}">{p.gpu_index}</a>')
+        rows.append(row)
+    headers = ["PID", "User", "Memory", "Peak", "SM", "Holding for", "Flags", "Command", "Job"]
+    if with_gpu:
+        headers.insert(0, "GPU")
+    return table(headers, rows, empty="No process holds memory now.", css="processes")
+
+
+def _command(command: str | None) -> str:
+    if not command:
+        return ""
+    short = command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…"
+    return f'<code title="{e(command)}">{e(short)}</code>'

@@ -1,0 +1,268 @@
+"""The dashboard's pages over HTTP: thin views that read through the services and hand
+the results to the templates.
+
+``/`` fleet, ``/hosts/{hostname}`` and ``/hosts/{hostname}/gpus/{index}`` detail,
+``/events`` timeline, ``/alerts``; ``/login`` and ``/logout`` for the read token
+(see auth.py). Pages are ``no-store`` (they show live data) and carry a
+Content-Security-Policy that allows this server's own scripts and styles only, so a
+hostname or command an agent sent cannot run as script even if escaping failed.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Path, Query, Request, status
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from gpuwatch.server.alerts import service as alert_service
+from gpuwatch.server.deps import Context, ReadSession, ServerContext
+from gpuwatch.server.events import service as event_service
+from gpuwatch.server.events.models import EVENT_KINDS
+from gpuwatch.server.hosts import service as host_service
+from gpuwatch.server.pagination import Cursor, InvalidCursor
+from gpuwatch.server.web import auth, service
+from gpuwatch.server.web.templates.alerts import alerts_page
+from gpuwatch.server.web.templates.detail import gpu_page, host_page
+from gpuwatch.server.web.templates.events import EventFilters, events_page, format_utc, parse_utc
+from gpuwatch.server.web.templates.fleet import fleet_page
+from gpuwatch.server.web.templates.layout import DEFAULT_RANGE, RANGES, Chrome, not_found
+from gpuwatch.server.web.templates.login import login_page
+
+HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+EVENTS_PER_PAGE = 200
+# Events marked on a host's or a GPU's charts at most (newest first).
+CHART_EVENTS = 500
+HOST_CHART_COLUMNS = 180
+GPU_CHART_COLUMNS = 360
+
+pages = APIRouter(include_in_schema=False, dependencies=[Depends(auth.require_page_reader)])
+public = APIRouter(include_in_schema=False)
+
+
+def html(body: str, status_code: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status_code, headers=HEADERS)
+
+
+def _chrome(request: Request, session: ReadSession, context: ServerContext, now: float) -> Chrome:
+    return Chrome(
+        root=request.scope.get("root_path", ""),
+        now=now,
+        firing=service.firing_alerts(session=session),
+        sign_out=auth.token_required(context) and auth.COOKIE in request.cookies,
+    )
+
+
+def _range(value: str | None) -> tuple[str, float]:
+    key = value if value in RANGES else DEFAULT_RANGE
+    return key, RANGES[key][0]
+
+
+@pages.get("/", response_class=HTMLResponse)
+def fleet(request: Request, session: ReadSession, context: Context) -> HTMLResponse:
+    now = context.clock()
+    data = service.fleet_tiles(session=session, settings=context.settings, now=now)
+    return html(fleet_page(_chrome(request, session, context, now), data))
+
+
+@pages.get("/hosts/{hostname}", response_class=HTMLResponse)
+def host(
+    request: Request,
+    session: ReadSession,
+    context: Context,
+    hostname: str = Path(max_length=256),
+    range: str | None = Query(None, max_length=8),
+) -> HTMLResponse:
+    now = context.clock()
+    chrome = _chrome(request, session, context, now)
+    detail = host_service.get_host(
+        session=session, hostname=hostname, settings=context.settings, now=now
+    )
+    if detail is None:
+        return html(not_found(chrome, f"No host named {hostname!r}."), 404)
+    key, seconds = _range(range)
+    gpus = service.host_gpus(session=session, hostname=hostname)
+    histories = service.histories(
+        session=session,
+        gpus=gpus,
+        until=now,
+        seconds=seconds,
+        interval=context.settings.sample_interval_seconds,
+        columns=HOST_CHART_COLUMNS,
+    )
+    events = event_service.list_events(
+        session=session, hostname=hostname, since=now - seconds, until=now, limit=CHART_EVENTS
+    ).items
+    charts = {gpu.uuid: histories[gpu.id] for gpu in gpus}
+    return html(host_page(chrome, detail, charts, events, range_key=key))
+
+
+@pages.get("/hosts/{hostname}/gpus/{index}", response_class=HTMLResponse)
+def gpu(
+    request: Request,
+    session: ReadSession,
+    context: Context,
+    hostname: str = Path(max_length=256),
+    index: int = Path(ge=0, lt=1024),
+    range: str | None = Query(None, max_length=8),
+) -> HTMLResponse:
+    now = context.clock()
+    chrome = _chrome(request, session, context, now)
+    detail = host_service.get_host(
+        session=session, hostname=hostname, settings=context.settings, now=now
+    )
+    found = None if detail is None else next((g for g in detail.gpus if g.index == index), None)
+    refs = [
+        ref
+        for ref in service.host_gpus(session=session, hostname=hostname)
+        if ref.gpu_index == index
+    ]
+    if detail is None or found is None or not refs:
+        return html(not_found(chrome, f"No GPU {index} on a host named {hostname!r}."), 404)
+    key, seconds = _range(range)
+    ref = next((r for r in refs if r.uuid == found.uuid), refs[0])
+    history = service.histories(
+        session=session,
+        gpus=[ref],
+        until=now,
+        seconds=seconds,
+        interval=context.settings.sample_interval_seconds,
+        columns=GPU_CHART_COLUMNS,
+    )[ref.id]
+    events = event_service.list_events(
+        session=session, hostname=hostname, since=now - seconds, until=now, limit=CHART_EVENTS
+    ).items
+    return html(gpu_page(chrome, detail, found, history, events, range_key=key))
+
+
+@pages.get("/events", response_class=HTMLResponse)
+def events(
+    request: Request,
+    session: ReadSession,
+    context: Context,
+    host: str = Query("", max_length=256),
+    gpu: str = Query("", max_length=8),
+    user: str = Query("", max_length=256),
+    kind: str = Query("", max_length=32),
+    state: str = Query("", max_length=8),
+    since: str = Query("", max_length=32),
+    until: str = Query("", max_length=32),
+    cursor: str | None = Query(None, max_length=200),
+) -> HTMLResponse:
+    """Every filter is optional and arrives as the form sent it (empty when unset); a
+    filter that does not parse is reported on the page, not as a 422."""
+    now = context.clock()
+    filters = EventFilters(host.strip(), gpu.strip(), user.strip(), kind, state, since, until)
+    error = None
+    try:
+        gpu_index = int(filters.gpu) if filters.gpu else None
+        start, end = parse_utc(since), parse_utc(until)
+        page_cursor = None if cursor is None else Cursor.decode(cursor)
+    except (ValueError, InvalidCursor) as err:
+        error, gpu_index, start, end, page_cursor = (
+            f"Ignored a filter: {err}",
+            None,
+            None,
+            None,
+            None,
+        )
+    if kind and kind not in EVENT_KINDS:
+        error, kind = f"Unknown kind {kind!r}.", ""
+    found = event_service.list_events(
+        session=session,
+        hostname=filters.host or None,
+        gpu_index=gpu_index,
+        user=filters.user or None,
+        kind=kind or None,
+        since=start,
+        until=end,
+        is_open={"open": True, "ended": False}.get(state),
+        limit=EVENTS_PER_PAGE,
+        cursor=page_cursor,
+    )
+    chart_until = end if end is not None else now
+    chart_since = (
+        start
+        if start is not None
+        else min((ev.started_at for ev in found.items), default=chart_until - 86400)
+    )
+    if chart_since >= chart_until:
+        chart_since = chart_until - 3600
+    if since and start is not None:
+        filters = filters._replace(since=format_utc(start))
+    if until and end is not None:
+        filters = filters._replace(until=format_utc(end))
+    return html(
+        events_page(
+            _chrome(request, session, context, now),
+            filters,
+            found.items,
+            since=chart_since,
+            until=chart_until,
+            next_cursor=found.next_cursor,
+            error=error,
+        )
+    )
+
+
+@pages.get("/alerts", response_class=HTMLResponse)
+def alerts(request: Request, session: ReadSession, context: Context) -> HTMLResponse:
+    now = context.clock()
+    receivers = {} if context.alerts is None else context.alerts.receivers
+    return html(
+        alerts_page(
+            _chrome(request, session, context, now),
+            alert_service.list_alerts(session=session, states=("firing", "pending"), now=now),
+            alert_service.list_silences(session=session, now=now, include_expired=False),
+            alert_service.receiver_states(session=session, receivers=receivers),
+        )
+    )
+
+
+@public.get("/login", response_class=HTMLResponse)
+def login_form(
+    request: Request, context: Context, next: str = Query("/", max_length=2048)
+) -> Response:
+    root = request.scope.get("root_path", "")
+    if not auth.token_required(context):
+        return RedirectResponse(f"{root}/", status_code=status.HTTP_303_SEE_OTHER)
+    return html(login_page(root, next_path=auth.safe_next(next), message=None))
+
+
+@public.post("/login", response_class=HTMLResponse)
+async def login(request: Request, context: Context) -> Response:
+    token, next_path = await auth.read_login_form(request)
+    if auth.token_accepted(request, context, token):
+        return auth.sign_in(request, token, next_path)
+    root = request.scope.get("root_path", "")
+    return html(
+        login_page(
+            root, next_path=auth.safe_next(next_path), message="That token was not accepted."
+        ),
+        status.HTTP_401_UNAUTHORIZED,
+    )
+
+
+@public.post("/logout")
+async def logout(request: Request) -> Response:
+    return auth.sign_out(request.scope.get("root_path", ""))
+
+
+def login_required(request: Request, err: Exception) -> Response:
+    """The answer to :class:`auth.LoginRequired`: 401 with the login form."""
+    assert isinstance(err, auth.LoginRequired)
+    if err.reload:
+        return auth.reload_page()
+    message = "Your session has ended; sign in again." if err.rejected else None
+    response = html(
+        login_page(request.scope.get("root_path", ""), next_path=err.next_path, message=message),
+        status.HTTP_401_UNAUTHORIZED,
+    )
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response

@@ -1,0 +1,182 @@
+"""The dashboard's grouped reads on SQLite and Postgres: what a tile says, a fixed
+number of queries whatever the fleet size, and the chart's columns."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server.factories import GIB, T0, gpu, process, snapshot
+from server.harness import make_token
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.exc import OperationalError
+
+from gpuwatch.server.database import Database, create_database
+from gpuwatch.server.database.migrate import upgrade
+from gpuwatch.server.ingest.service import ingest_snapshots
+from gpuwatch.server.web import service
+from gpuwatch.settings import ServerSettings
+from gpuwatch.snapshot import Gpu, HostSnapshot
+from gpuwatch.wire import IngestRequest
+
+POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        db = create_database(f"sqlite:///{tmp_path / 'gpuwatch.db'}")
+        upgrade(db)
+        yield db
+        db.dispose()
+        return
+    schema = f"gwweb_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"Postgres is required under CI=true but unreachable: {err}")
+        pytest.skip("Postgres at 127.0.0.1:5432 is not reachable")
+    db = create_database(f"{POSTGRES_URL}?options=-csearch_path%3D{schema}")
+    try:
+        upgrade(db)
+        yield db
+    finally:
+        db.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> ServerSettings:
+    return ServerSettings(
+        data_dir=tmp_path,
+        scheduler=False,
+        sample_interval_seconds=60,
+        idle_window_seconds=600,
+        agent_push_interval_seconds=15,
+    )
+
+
+def push(database: Database, settings: ServerSettings, snaps: list[HostSnapshot]) -> None:
+    host = snaps[0].hostname
+    with database.reader() as session:
+        known = session.scalar(text("SELECT id FROM hosts WHERE hostname = :h"), {"h": host})
+    if known is None:
+        make_token(database, host)
+    with database.writer() as session, session.begin():
+        host_id = session.scalar(text("SELECT id FROM hosts WHERE hostname = :h"), {"h": host})
+        ingest_snapshots(
+            session=session,
+            dialect=database.dialect,
+            host_id=host_id,
+            request=IngestRequest(snapshots=snaps),
+            settings=settings,
+            now=snaps[-1].collected_at,
+        )
+
+
+def shared_gpu(seq: int) -> list[Gpu]:
+    return [
+        gpu(
+            0,
+            [
+                process(1, used_gib=4, user="alice"),
+                process(2, used_gib=9, user="bob"),
+                process(3, used_gib=2, user="alice"),
+            ],
+        ),
+        gpu(1, []),
+    ]
+
+
+def test_a_tile_names_the_largest_holder_and_counts_the_rest(
+    database: Database, settings: ServerSettings
+) -> None:
+    push(database, settings, [snapshot(s, shared_gpu(s), hostname="h1") for s in range(4)])
+    with database.reader() as session:
+        fleet = service.fleet_tiles(session=session, settings=settings, now=T0 + 60)
+    (host,) = fleet.hosts
+    assert (host.hostname, host.silent) == ("h1", False)
+    busy, idle = host.tiles
+    assert busy == (0, 80 * GIB, 15 * GIB, False, "bob", 9 * GIB, 3, 2)
+    assert idle == (1, 80 * GIB, 0, False, None, None, None, None)
+    assert fleet.fullness["0-25%"] == 2 and fleet.gpus == 2
+
+
+def test_the_fleet_is_read_in_the_same_queries_at_any_size(
+    database: Database, settings: ServerSettings
+) -> None:
+    def statements(hosts: int) -> int:
+        for n in range(hosts):
+            name = f"n{hosts}-{n}"
+            push(database, settings, [snapshot(s, shared_gpu(s), hostname=name) for s in range(2)])
+        seen: list[str] = []
+
+        def count(*args: object) -> None:
+            seen.append(str(args[2]))
+
+        event.listen(database.engine, "before_cursor_execute", count)
+        try:
+            with database.reader() as session:
+                fleet = service.fleet_tiles(session=session, settings=settings, now=T0 + 30)
+        finally:
+            event.remove(database.engine, "before_cursor_execute", count)
+        assert sum(len(h.tiles) for h in fleet.hosts) == 2 * len(fleet.hosts)
+        return sum(1 for statement in seen if statement.lstrip().upper().startswith("SELECT"))
+
+    assert statements(2) == statements(8) == 2
+
+
+def test_a_chart_has_a_column_per_step_stacked_by_process(
+    database: Database, settings: ServerSettings
+) -> None:
+    # 20 minutes at 15 s: pid 7 grows 1 GiB a minute, pid 8 holds 3 GiB.
+    snaps = [
+        snapshot(
+            s,
+            [gpu(0, [process(7, used_gib=1 + s // 4, user="erin"), process(8, used_gib=3)])],
+            hostname="h1",
+        )
+        for s in range(80)
+    ]
+    push(database, settings, snaps)
+    now = snaps[-1].collected_at
+    with database.reader() as session:
+        (ref,) = service.host_gpus(session=session, hostname="h1")
+        history = service.histories(
+            session=session, gpus=[ref], until=now, seconds=1200, interval=60, columns=10
+        )[ref.id]
+    assert history.step == 120  # two sample intervals per column
+    assert history.since <= now - 1200 < history.since + history.step
+    assert history.until > now
+    erin, other = history.layers
+    assert (erin.pid, erin.user, other.pid) == (7, "erin", 8)
+    filled = [v for v in erin.values if v]
+    assert filled == sorted(filled) and len(filled) >= 9
+    assert max(erin.values) == erin.peak_bytes == (1 + 79 // 4) * GIB  # the live reading
+    assert {v for v in other.values if v} == {3 * GIB}
+    assert history.used[-1] == (1 + 79 // 4 + 3) * GIB
+
+
+def test_a_chart_sums_the_smaller_processes_into_one_layer(
+    database: Database, settings: ServerSettings
+) -> None:
+    many = [process(100 + i, used_gib=(1 + i) / 2, user=f"u{i}") for i in range(14)]
+    push(database, settings, [snapshot(s, [gpu(0, many)], hostname="h1") for s in range(8)])
+    with database.reader() as session:
+        (ref,) = service.host_gpus(session=session, hostname="h1")
+        history = service.histories(
+            session=session, gpus=[ref], until=T0 + 8 * 15, seconds=3600, interval=60, columns=60
+        )[ref.id]
+    assert len(history.layers) == service.MAX_LAYERS
+    assert [layer.pid for layer in history.layers[:3]] == [113, 112, 111]
+    other = history.layers[-1]
+    assert (other.lifetime_id, other.processes) == (None, 14 - service.MAX_LAYERS + 1)
+    assert other.peak_bytes == sum(1 + i for i in range(5)) * GIB // 2
