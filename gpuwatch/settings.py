@@ -177,7 +177,7 @@ class AgentSettings(_Base):
     )
     snapshot_access: Literal["loopback", "token", "open"] = Field(
         "loopback",
-        description="Who may GET /snapshot (every user's full command lines): loopback = this host only; token = also clients sending Authorization: Bearer <snapshot_token>; open = anyone who can connect.",
+        description="Who may GET /snapshot (every user's full command lines) and /reaper/history (every process's activity): loopback = this host only; token = also clients sending Authorization: Bearer <snapshot_token>; open = anyone who can connect.",
     )
     snapshot_token: SecretStr | None = Field(
         None, description="Bearer token for /snapshot from other hosts (snapshot_access = token)."

@@ -258,6 +258,9 @@ def _handler_class(
     return Handler
 
 
+_PRIVATE_PATHS = ("/snapshot", "/reaper/history")
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -476,7 +479,9 @@ def _guarded(
             if not super().parse_request():
                 return False
             path = self.path.split("?", 1)[0]
-            if self.command in ("GET", "HEAD") and path == "/snapshot":
+            # /reaper/history names every process's PIDs, GPUs and activity: the same
+            # rule as the snapshot.
+            if self.command in ("GET", "HEAD") and path in _PRIVATE_PATHS:
                 if not self._may_read_snapshot():
                     self._error(403, _SNAPSHOT_REFUSED[policy.snapshot_access])
                     return False

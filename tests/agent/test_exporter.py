@@ -519,3 +519,20 @@ def test_tcp_peer_uid_reads_a_proc_net_fixture(tmp_path: Path) -> None:
     )
     assert tcp_peer_uid(("127.0.0.1", 0xD431), ("127.0.0.1", 0x2302), proc_root=tmp_path) == 1001
     assert tcp_peer_uid(("127.0.0.1", 1), ("127.0.0.1", 0x2302), proc_root=tmp_path) is None
+
+
+def test_the_reapers_history_follows_the_snapshots_access_rule() -> None:
+    remote = _non_loopback_ip()
+    if remote is None:
+        pytest.skip("no non-loopback address to act as another host")
+    exp = _exporter(
+        PortPolicy(snapshot_access="loopback"),
+        address=("0.0.0.0", 0),
+        history=lambda pid: b"{\"processes\": []}",
+    )
+    try:
+        far = httpx.get(f"http://{remote}:{_port(exp)}/reaper/history", timeout=5)
+        near = httpx.get(f"http://127.0.0.1:{_port(exp)}/reaper/history", timeout=5)
+        assert (far.status_code, near.status_code) == (403, 200)
+    finally:
+        exp.stop()

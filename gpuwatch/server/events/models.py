@@ -12,7 +12,7 @@ event, or a racing insert of the same condition, a no-op.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from sqlalchemy import (
     JSON,
@@ -27,18 +27,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpuwatch.server.database.core import Base, IdType
+from gpuwatch.server.events.schemas import EventKind
 
-EVENT_KINDS = (
-    "orphaned",
-    "runaway",
-    "idle",
-    "filling_up",
-    "gpu_lost",
-    "gpu_back",
-    "agent_silent",
-    "reaped",
-    "oom",
-)
+# Every kind, in the order the docs list them (the API's EventKind is the one source).
+EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 
 
 class Event(Base):
