@@ -6,8 +6,9 @@ same as for a leak (:mod:`gpuwatch.detectors.growth`), on the GPU's own bucket s
 so memory that breathes, a GPU that is full but flat, and one job loading a second
 model are not filling up. On top of that, the growth must still be going on (the floor
 rose over the newest third of the window at the minimum slope or more: a warm-up that
-has levelled off is not filling up however steep the window's line is), and at its
-rate the line must reach the GPU's total within a horizon. The processes that grew
+has levelled off is not filling up however steep the window's line is), a verdict
+opens only while the newest bucket shows the memory rising, and at the window's rate
+the line must reach the GPU's total within a horizon. The processes that grew
 are named, largest contribution first.
 """
 
@@ -30,6 +31,7 @@ def detect_filling(
     min_slope_bytes_per_second: float,
     min_duration_seconds: float,
     processes: Mapping[int, Sequence[Sample]],
+    already_open: bool = False,
 ) -> Finding | None:
     """Return a ``filling_up`` finding if the GPU's used memory grows and, at that rate,
     the GPU is full within ``horizon_seconds``.
@@ -40,6 +42,9 @@ def detect_filling(
     and ``min_duration_seconds``. ``free_bytes`` (the GPU's, now) over the slope is the
     time to full; when it is unknown, ``total_bytes`` minus the newest floor is used. A
     GPU whose total and free are both unknown cannot be judged.
+
+    A verdict *opens* (``already_open`` False) only while the newest bucket shows the
+    memory rising (:func:`growing_now`); an open one continues while the rest holds.
 
     ``processes`` maps each PID on the GPU to its own bucket samples; the evidence's
     ``culprits`` lists those whose floor rose across the GPU's window, as
@@ -62,6 +67,8 @@ def detect_filling(
     recent = recent_slope(samples, now=now, since=growth.window_start)
     if recent < min_slope_bytes_per_second:
         return None  # it grew, but it has stopped: no longer filling up
+    if not already_open and not growing_now(samples, now=now, slope=growth.slope):
+        return None  # a verdict opens only while the memory is seen rising
     if free_bytes is not None:
         basis, room = "free", free_bytes
     elif total_bytes is not None:
@@ -129,6 +136,29 @@ def recent_slope(samples: Sequence[Sample], *, now: float, since: float) -> floa
     if elapsed <= 0:
         return 0.0
     return (min(f for _, f, _ in end) - min(f for _, f, _ in start)) / elapsed
+
+
+# A verdict opens only when the newest bucket itself shows growth: its highest poll is
+# above its lowest by half of what the slope adds in a bucket. (Not "its floor above
+# the bucket before's peak": the last stretch of a steep load that stopped just past a
+# bucket boundary looks exactly like that.)
+NOW_SHARE = 0.5
+
+
+def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
+    """Does the newest bucket show the memory rising, at half of ``slope`` or more?
+
+    This is what tells a fill from a warm-up that has just levelled off: the window's
+    evidence of growth lasts a while after a steep load stops, but the newest bucket of
+    a load that stopped is flat. Once a verdict is open it does not need this (an
+    allocator that grows in steps is flat between its steps; it opens at a bucket
+    that holds one of its steps).
+    """
+    pts = points(samples, now=now)
+    if len(pts) < 2:
+        return False
+    (t0, _, _), (t1, floor1, peak1) = pts[-2], pts[-1]
+    return peak1 - floor1 >= NOW_SHARE * slope * (t1 - t0)
 
 
 def _culprits(

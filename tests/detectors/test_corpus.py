@@ -152,11 +152,13 @@ class Replay:
         polls = {i: Sample(t, self.gpu_used[i], None) for i, t in enumerate(self.times)}
         buckets = bucketize(polls.values(), INTERVAL)
         starts = [s.t for s in buckets]
+        filling_open = False  # as the server's event book would know it
         for i, at in closes(polls):
             since = at - LEAK_WINDOW - 2 * INTERVAL
             listed = [life for life in self.lifetimes if i in life.polls]
             filling = detect_filling(
                 window(buckets, starts, since, at),
+                already_open=filling_open,
                 now=at,
                 total_bytes=self.total,
                 free_bytes=self.total - self.gpu_used[i],
@@ -180,6 +182,7 @@ class Replay:
                 (f for p in processes if (f := detect_share(p, gpu, share_ratio=SHARE_RATIO))), None
             )
             unattributed = detect_unattributed(gpu, min_bytes=UNATTRIBUTED_MIN)
+            filling_open = filling is not None
             for name, finding in (
                 ("filling", filling),
                 ("share", share),

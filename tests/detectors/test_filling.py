@@ -14,12 +14,17 @@ TOTAL = 80 * GIB
 WINDOW = 30 * MINUTE
 
 
+POLL = 15.0
+
+
 def buckets(minutes: int, used_at: Callable[[float], float], spread: float = 0) -> list[Sample]:
-    """One bucket a minute for ``minutes``: lowest ``used_at(elapsed s)``, highest + spread."""
-    return [
-        Sample(T0 + m * MINUTE, int(used_at(m * MINUTE)), 0.5, int(used_at(m * MINUTE) + spread))
-        for m in range(minutes + 1)
-    ]
+    """One bucket a minute for ``minutes``, as the server keeps polls every 15 s: the
+    lowest of its polls, and the highest plus ``spread`` (bytes)."""
+    out = []
+    for m in range(minutes + 1):
+        polls = [used_at(m * MINUTE + k * POLL) for k in range(int(MINUTE / POLL))]
+        out.append(Sample(T0 + m * MINUTE, int(min(polls)), 0.5, int(max(polls) + spread)))
+    return out
 
 
 def total_of(*series: list[Sample]) -> list[Sample]:

@@ -136,3 +136,36 @@ def test_nearly_full_fires_on_a_jump_and_never_on_a_gpu_that_sits_full() -> None
     assert jumped.rule == "gpu_nearly_full" and "jumped to 98% full (from 50%" in jumped.summary
     assert rules.evaluate(full(77), config, now=T) == []  # full, flat: its steady state
     assert rules.evaluate(full(None), config, now=T) == []  # no history: no claim
+
+
+def test_health_rules_fire_on_what_nvml_reports_and_stay_quiet_on_everyday_states() -> None:
+    from gpuwatch.server.alerts.facts import GpuHealth
+
+    def gpu(health: GpuHealth) -> Facts:
+        return Facts([GpuFact("host-1", 3, 80 * GIB, 10 * GIB, 0, True, (), None, health)])
+
+    config = settings()
+    sick = GpuHealth(
+        ecc_uncorrected_volatile=2,
+        xid_errors=1,
+        xid_last_code=79,
+        xid_seen_at=T - 60,
+        throttle_reasons=frozenset({"hw_thermal_slowdown", "sw_power_cap"}),
+        remap_pending=True,
+    )
+    found = {c.rule: c for c in rules.evaluate(gpu(sick), config, now=T)}
+    assert set(found) == {"gpu_ecc_uncorrected", "gpu_xid", "gpu_throttled", "gpu_memory_repair"}
+    assert "Xid 79" in found["gpu_xid"].summary
+    assert found["gpu_throttled"].summary.endswith("slowed down: hw_thermal_slowdown")
+    assert found["gpu_ecc_uncorrected"].labels["gpu"] == "3"
+
+    everyday = GpuHealth(
+        ecc_uncorrected_volatile=0,
+        xid_errors=1,
+        xid_last_code=79,
+        xid_seen_at=T - 3600,  # an old Xid: not new
+        throttle_reasons=frozenset({"sw_power_cap", "gpu_idle"}),
+        remap_pending=False,
+        remap_failure=False,
+    )
+    assert rules.evaluate(gpu(everyday), config, now=T) == []

@@ -322,3 +322,37 @@ def test_two_replicas_on_postgres_send_each_notification_once(
 
     hosts = sorted(d.body["group_labels"]["hostname"] for d in hook.deliveries)
     assert hosts == ["host-1", "host-2", "host-3"]
+
+
+def test_an_xid_reported_by_the_agent_is_notified_once_and_resolves(
+    timeline: Timeline, hook: Sink
+) -> None:
+    def health(at: float, xid: int) -> None:
+        timeline.sequence.setdefault("host-1", 0)
+        if timeline.sequence["host-1"] == 0:
+            make_token(timeline.database, "host-1")
+        timeline.sequence["host-1"] += 1
+        sick = gpu(0, [process(100)], xid_errors=xid, xid_last_code=79 if xid else None)
+        snap = snapshot(timeline.sequence["host-1"], [sick], hostname="host-1", at=at)
+        with timeline.database.writer() as session, session.begin():
+            host_id = session.scalar(text("SELECT id FROM hosts WHERE hostname = 'host-1'"))
+            ingest_snapshots(
+                session=session,
+                dialect=timeline.database.dialect,
+                host_id=host_id,
+                request=IngestRequest(snapshots=[snap]),
+                settings=timeline.settings,
+                now=at,
+            )
+
+    # The agent pushes every 15 s; it sees one Xid event at 15 s, and none after.
+    t = T0
+    while t <= T0 + 1500:
+        health(t, 0 if t < T0 + 15 else 1)
+        timeline.run(t)
+        t += 15
+
+    bodies = timeline.bodies()
+    assert [b["status"] for b in bodies] == ["firing", "resolved"]
+    (alert,) = bodies[0]["alerts"]
+    assert alert["rule"] == "gpu_xid" and "Xid 79" in alert["summary"]

@@ -90,6 +90,28 @@ class IdleHolderRule(HeldRule):
     )
 
 
+class XidRule(RuleSettings):
+    """The GPU reported a new Xid error (a driver-detected fault) within ``within``."""
+
+    within_seconds: Duration = Field(
+        900.0, alias="within", gt=0, description="A new Xid error this recent fires it."
+    )
+
+
+class ThrottleRule(RuleSettings):
+    """The GPU is slowed by any of ``reasons`` (NVML's throttle reasons)."""
+
+    reasons: list[str] = Field(
+        default_factory=lambda: [
+            "hw_slowdown",
+            "hw_thermal_slowdown",
+            "sw_thermal_slowdown",
+            "hw_power_brake_slowdown",
+        ],
+        description="NVML throttle reasons that count (not the everyday sw_power_cap, gpu_idle).",
+    )
+
+
 class JobEndedRule(RuleSettings):
     """Opt-in per user or team: a process that held at least ``min_memory`` and was
     busy is gone. The alert fires once, for ``announce_for``, then resolves."""
@@ -133,6 +155,12 @@ class Rules(_Strict):
         {"for": "5m", "keep_firing_for": "10m"}
     )
     gpu_lost: RuleSettings = RuleSettings.model_validate({"severity": "critical"})
+    gpu_ecc_uncorrected: RuleSettings = RuleSettings.model_validate({"severity": "critical"})
+    gpu_xid: XidRule = XidRule.model_validate({"severity": "critical"})
+    gpu_throttled: ThrottleRule = ThrottleRule.model_validate(
+        {"for": "5m", "keep_firing_for": "5m"}
+    )
+    gpu_memory_repair: RuleSettings = RuleSettings.model_validate({})
     agent_silent: RuleSettings = RuleSettings.model_validate({"for": "1m"})
     job_ended: JobEndedRule = JobEndedRule.model_validate({"severity": "info"})
 

@@ -38,6 +38,19 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class GpuHealth:
+    """What NVML last said of the GPU's health (None: it could not say)."""
+
+    ecc_uncorrected_volatile: int | None = None
+    xid_errors: int | None = None
+    xid_last_code: int | None = None
+    xid_seen_at: float | None = None
+    throttle_reasons: frozenset[str] = frozenset()
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+
+
+@dataclass(frozen=True)
 class GpuFact:
     hostname: str
     gpu: int
@@ -50,6 +63,7 @@ class GpuFact:
     # The lowest used memory over the lookback (from the GPU's recent window), read for
     # GPUs above ``holders_above`` only: how far a GPU that is full now has jumped.
     lowest_recent_bytes: int | None = None
+    health: GpuHealth | None = None
 
     @property
     def used_ratio(self) -> float | None:
@@ -121,6 +135,13 @@ def read_facts(
             Gpu.lost,
             Host.hostname,
             Host.last_received_at,
+            Gpu.ecc_uncorrected_volatile,
+            Gpu.xid_errors,
+            Gpu.xid_last_code,
+            Gpu.xid_seen_at,
+            Gpu.throttle_reasons,
+            Gpu.remap_pending,
+            Gpu.remap_failure,
         ).join(Host, Host.id == Gpu.host_id)
     ).all()
     event_rows = session.execute(
@@ -175,6 +196,7 @@ def read_facts(
             current=(row.last_received_at or 0.0) >= reporting_since and not row.lost,
             holders=tuple(sorted(holders.get(row.id, []), key=lambda h: -(h.memory_bytes or 0))),
             lowest_recent_bytes=lowest.get(row.id),
+            health=_health(row),
         )
         for row in gpu_rows
     ]
@@ -201,6 +223,18 @@ def read_facts(
 # Events whose rules name every holder of their GPU (culprits, contention).
 _NAMED_ON_GPU = ("filling_up", "idle")
 _CHUNK = 500  # ids per IN list: within every database's parameter limit
+
+
+def _health(row: Any) -> GpuHealth:
+    return GpuHealth(
+        ecc_uncorrected_volatile=row.ecc_uncorrected_volatile,
+        xid_errors=row.xid_errors,
+        xid_last_code=row.xid_last_code,
+        xid_seen_at=row.xid_seen_at,
+        throttle_reasons=frozenset(filter(None, (row.throttle_reasons or "").split(","))),
+        remap_pending=row.remap_pending,
+        remap_failure=row.remap_failure,
+    )
 
 
 def _lowest_recent(session: Session, gpu_ids: list[int], *, since: float) -> dict[int, int]:

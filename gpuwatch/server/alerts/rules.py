@@ -15,8 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from gpuwatch.detectors._format import format_bytes, format_seconds
-from gpuwatch.server.alerts.config import AlertSettings, FillingUpRule, HeldRule
-from gpuwatch.server.alerts.facts import EventFact, Facts, GpuFact, Holder
+from gpuwatch.server.alerts.config import (
+    AlertSettings,
+    FillingUpRule,
+    HeldRule,
+    ThrottleRule,
+    XidRule,
+)
+from gpuwatch.server.alerts.facts import EventFact, Facts, GpuFact, GpuHealth, Holder
 from gpuwatch.server.notifications.model import Culprit
 
 
@@ -265,6 +271,59 @@ def _job_ended(facts: Facts, settings: AlertSettings, name: str, now: float) -> 
         )
 
 
+def _health(facts: Facts, settings: AlertSettings, name: str, now: float) -> Iterator[Candidate]:
+    """GPU health rules: one finding per GPU whose latest readings show the problem."""
+    rule = getattr(settings.rules, name)
+    for gpu in facts.gpus:
+        if gpu.health is None or not gpu.current:
+            continue
+        problem = _HEALTH_CHECKS[name](gpu.health, rule, now)
+        if problem is None:
+            continue
+        yield Candidate(
+            rule=name,
+            severity=rule.severity,
+            labels=_labels(settings, name, gpu.hostname, gpu.gpu),
+            summary=f"GPU {gpu.gpu} on {gpu.hostname}: {problem}",
+            culprits=[culprit(h) for h in gpu.holders[:3]],
+        )
+
+
+def _ecc(health: GpuHealth, rule: object, now: float) -> str | None:
+    count = health.ecc_uncorrected_volatile
+    if not count:
+        return None
+    return f"{count} uncorrected ECC error(s) since the driver loaded; drain it and reset the GPU"
+
+
+def _xid(health: GpuHealth, rule: XidRule, now: float) -> str | None:
+    if health.xid_seen_at is None or now - health.xid_seen_at > rule.within_seconds:
+        return None
+    code = "" if health.xid_last_code is None else f" (last: Xid {health.xid_last_code})"
+    return f"new Xid error{code} {format_seconds(now - health.xid_seen_at)} ago"
+
+
+def _throttled(health: GpuHealth, rule: ThrottleRule, now: float) -> str | None:
+    slowed = sorted(health.throttle_reasons & set(rule.reasons))
+    return None if not slowed else "slowed down: " + ", ".join(slowed)
+
+
+def _repair(health: GpuHealth, rule: object, now: float) -> str | None:
+    if health.remap_failure:
+        return "a row remapping failed: the GPU needs service"
+    if health.remap_pending:
+        return "memory rows wait to be remapped: reset the GPU when it is free"
+    return None
+
+
+_HEALTH_CHECKS: dict[str, Callable[..., str | None]] = {
+    "gpu_ecc_uncorrected": _ecc,
+    "gpu_xid": _xid,
+    "gpu_throttled": _throttled,
+    "gpu_memory_repair": _repair,
+}
+
+
 _RULES: dict[str, Callable[[Facts, AlertSettings, str, float], Iterator[Candidate]]] = {
     "gpu_filling_up_critical": _filling_up,
     "gpu_filling_up_warning": _filling_up,
@@ -273,6 +332,10 @@ _RULES: dict[str, Callable[[Facts, AlertSettings, str, float], Iterator[Candidat
     "idle_holder": _held("idle", contended_only=True),
     "runaway_process": _open_event("runaway"),
     "gpu_lost": _open_event("gpu_lost"),
+    "gpu_ecc_uncorrected": _health,
+    "gpu_xid": _health,
+    "gpu_throttled": _health,
+    "gpu_memory_repair": _health,
     "agent_silent": _open_event("agent_silent"),
     "job_ended": _job_ended,
 }

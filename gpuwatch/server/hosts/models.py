@@ -84,6 +84,17 @@ class Gpu(Base):
     # collected_at of the first snapshot of the current run that showed unattributed
     # memory above the threshold: one snapshot alone never opens the event.
     unattributed_since: Mapped[float | None] = mapped_column(Double)
+    # Health, as the newest readable snapshot reported it (None: NVML could not say).
+    ecc_uncorrected_volatile: Mapped[int | None] = mapped_column(BigInteger)
+    xid_errors: Mapped[int | None] = mapped_column(BigInteger)
+    xid_last_code: Mapped[int | None] = mapped_column(BigInteger)
+    # Server time the Xid count last rose: Xid alerts are about new errors.
+    xid_seen_at: Mapped[float | None] = mapped_column(Double)
+    # Comma-separated NVML throttle reasons (a plain string: the ingest writes GPU rows
+    # through the driver's executemany, without JSON type processing).
+    throttle_reasons: Mapped[str | None] = mapped_column(String(SHORT))
+    remap_pending: Mapped[bool | None] = mapped_column(Boolean)
+    remap_failure: Mapped[bool | None] = mapped_column(Boolean)
 
 
 class GpuWindow(Base):

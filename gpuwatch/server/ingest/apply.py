@@ -138,6 +138,13 @@ def _upsert_gpu(
                 "bucket_unattributed_bytes": None,
                 "bucket_low_bytes": None,
                 "unattributed_since": None,
+                "ecc_uncorrected_volatile": None,
+                "xid_errors": None,
+                "xid_last_code": None,
+                "xid_seen_at": None,
+                "throttle_reasons": None,
+                "remap_pending": None,
+                "remap_failure": None,
             }
         )
     row.gpu_index = gpu.index
@@ -152,6 +159,7 @@ def _upsert_gpu(
         row.memory_free_bytes = gpu.memory_free_bytes
         row.unattributed_bytes = gpu.unattributed_bytes
         row.utilization_ratio = gpu.utilization_ratio
+        _note_health(row, gpu, at=at)
         bucket = _bucket(at, settings)
         if row.bucket_start_at is not None and bucket > row.bucket_start_at:
             closed = state.add_gpu_sample(row)
@@ -168,6 +176,22 @@ def _upsert_gpu(
             )
     state.touch(row)
     return row, closed
+
+
+def _note_health(row: GpuRow, gpu: Gpu, *, at: float) -> None:
+    """Keep the GPU's health readings; note when its Xid count rose (a new error)."""
+    old, new = row.xid_errors, gpu.xid_errors
+    # The count is the agent's since it started: a lower one means it restarted, and
+    # anything it has counted since is new.
+    if new is not None and (new > (old or 0) or (old is not None and 0 < new < old)):
+        row.xid_seen_at = at
+    row.xid_errors = gpu.xid_errors
+    row.xid_last_code = gpu.xid_last_code
+    row.ecc_uncorrected_volatile = gpu.ecc_uncorrected_volatile
+    reasons = gpu.throttle_reasons
+    row.throttle_reasons = None if reasons is None else ",".join(sorted(reasons))
+    row.remap_pending = gpu.remapped_rows_pending
+    row.remap_failure = gpu.remapped_rows_failure
 
 
 def _open_new_lifetimes(

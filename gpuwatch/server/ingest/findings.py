@@ -238,6 +238,7 @@ def check_filling(
             min_duration_seconds=settings.leak_min_duration_seconds,
             min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
             processes={lt.pid: window.samples_since(blob, since) for lt, blob in lifetimes},
+            already_open=book.is_open(gpu_key("filling_up", gpu_row)),
         )
         if finding is not None:
             finding = _name_culprits(finding, by_pid)

@@ -75,6 +75,13 @@ class GpuRow:
     bucket_unattributed_bytes: int | None
     bucket_low_bytes: int | None
     unattributed_since: float | None
+    ecc_uncorrected_volatile: int | None
+    xid_errors: int | None
+    xid_last_code: int | None
+    xid_seen_at: float | None
+    throttle_reasons: str | None
+    remap_pending: bool | None
+    remap_failure: bool | None
 
 
 @dataclass(eq=False)
