@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from gpuwatch.agent.collectors import agent, dcgm, gpu, process, registry
+from gpuwatch.agent.collectors import agent, dcgm, gpu, process, reaper, registry
 from gpuwatch.errors import EXIT_CODES
 from gpuwatch.metricspec import MetricSpec
 from gpuwatch.settings import AgentSettings, ServerSettings
@@ -29,6 +29,11 @@ AGENT_METRIC_GROUPS: list[tuple[str, str, tuple[MetricSpec, ...]]] = [
         process.METRICS,
     ),
     ("Agent", "The agent's own health.", agent.METRICS + registry.METRICS),
+    (
+        "Reaper policy",
+        reaper.__doc__.split("\n\n")[1].replace("\n", " ") if reaper.__doc__ else "",
+        reaper.METRICS,
+    ),
     (
         "DCGM compatibility",
         dcgm.__doc__.split("\n\n")[1].replace("\n", " ") if dcgm.__doc__ else "",

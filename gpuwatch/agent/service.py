@@ -24,6 +24,7 @@ from gpuwatch.agent.collectors.agent import AgentCollector, PushStats
 from gpuwatch.agent.collectors.dcgm import DcgmCompatCollector
 from gpuwatch.agent.collectors.gpu import GpuCollector
 from gpuwatch.agent.collectors.process import ProcessCollector
+from gpuwatch.agent.collectors.reaper import ReaperCollector
 from gpuwatch.agent.collectors.registry import NamedCollector, ScrapeRenderer
 from gpuwatch.agent.exporter import Exporter, IncidentOrigin, PortPolicy
 from gpuwatch.agent.reaper.hooks import ReaperHooks
@@ -129,7 +130,8 @@ class Agent:
                 self.state,
                 torch_reports_total=lambda: self._torch.received_total,
                 push_stats=self._sink.push_stats if self._sink else None,
-            )
+            ),
+            ReaperCollector(self.reaper.policy_counts),
         ]
         return ScrapeRenderer(from_snapshot, live, sequence=self._latest_sequence)
 

@@ -4,7 +4,9 @@
     gpuwatch reap --idle 2h                # asks before stopping them
     gpuwatch reap --pid 4242               # the one `gpuwatch explain` pointed at
 
-Idle evidence comes from the local agent's history (``--agent``); this command polls
+Idle evidence comes from the local agent's history (``--agent``), and, for a process
+the agent has watched for less than the window (it restarted), from the central
+server's samples before that, when ``[agent] server_url`` is set. This command polls
 NVML itself only to see who is on the GPUs now and to confirm, right before each
 signal, that a process is still idle. Without history nothing is idle.
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from gpuwatch.agent.reaper.served import HistoryReport
     from gpuwatch.agent.reaper.settings import ReapSettings
     from gpuwatch.agent.sampler import Sampler
+    from gpuwatch.server.client import HistoryClient
     from gpuwatch.settings import AgentSettings
     from gpuwatch.snapshot import HostSnapshot
 
@@ -225,6 +228,9 @@ class _Session:
         exclude: re.Pattern[str] | None,
         only_orphans: bool,
     ) -> Plan:
+        import contextlib
+
+        from gpuwatch.agent.reaper.central import ServerHistory
         from gpuwatch.agent.reaper.plan import IdleRule, make_plan
         from gpuwatch.agent.reaper.policy import Selection
 
@@ -243,16 +249,60 @@ class _Session:
             pid=pid,
             force=self.force,
         )
-        return make_plan(
-            snapshot,
-            history.runs_for if history is not None else None,
-            now=self.now(),
-            rule=IdleRule(r.idle_seconds, r.min_memory_bytes, r.max_gap_seconds, r.coverage_ratio),
-            selection=selection,
-            protections=self.protections,
-            caller_uid=self.caller_uid,
-            notes=self.notes,
-        )
+        # The server's samples only extend an agent history of this host and boot.
+        client = self._server_client() if history is not None else None
+        server = None
+        if client is not None:
+            server = ServerHistory(
+                client,
+                hostname=snapshot.hostname,
+                server_url=str(self.settings.server_url),
+                note=self.notes.append,
+            )
+        with client if client is not None else contextlib.nullcontext():
+            plan = make_plan(
+                snapshot,
+                history.runs_for if history is not None else None,
+                now=self.now(),
+                rule=IdleRule(
+                    r.idle_seconds, r.min_memory_bytes, r.max_gap_seconds, r.coverage_ratio
+                ),
+                selection=selection,
+                protections=self.protections,
+                caller_uid=self.caller_uid,
+                notes=self.notes,
+                server=server,
+            )
+        used = server.summary() if server is not None else None
+        if used is not None:
+            plan.notes.append(used)
+        return plan
+
+    def _server_client(self) -> HistoryClient | None:
+        """A reader of the central server this host's agent pushes to (``[agent]
+        server_url`` and ``token``), with the read token ``gpuwatch history`` uses
+        (``GPUWATCH_SERVER_READ_TOKEN`` or ``[server] read_token``): an agent token
+        cannot read. ``None`` when no server is configured."""
+        import httpx
+
+        from gpuwatch.errors import ConfigError
+        from gpuwatch.server.client import HistoryClient
+        from gpuwatch.settings import ServerSettings, load
+
+        if not self.settings.server_url or self.settings.token is None:
+            return None
+        token = None
+        try:
+            read_token = load(ServerSettings).read_token
+        except ConfigError as err:
+            self.notes.append(f"no read token for the central server ({err})")
+        else:
+            token = None if read_token is None else read_token.get_secret_value()
+        try:
+            return HistoryClient(self.settings.server_url, token=token, timeout_seconds=5.0)
+        except httpx.InvalidURL as err:
+            self.notes.append(f"the central server's history is not used (server_url: {err})")
+            return None
 
     def _history(self, hostname: str, boot_id: str, pid: int | None) -> HistoryReport | None:
         from gpuwatch.agent.reaper.served import fetch_history

@@ -24,7 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from gpuwatch.errors import AuthError, ConfigError, NotFound, RemoteError
 from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceIn, SilenceOut, TestResult
 from gpuwatch.server.events.schemas import EventOut, EventPage, IdleHolderOut
-from gpuwatch.server.processes.schemas import ProcessOut, ProcessPage
+from gpuwatch.server.processes.schemas import ProcessOut, ProcessPage, ProcessSamples
 
 PAGE_SIZE = 500
 P = TypeVar("P", ProcessPage, EventPage)
@@ -116,6 +116,28 @@ class HistoryClient(_ApiClient):
         for page in self._pages("/api/v1/processes", ProcessPage, limit, filters):
             items += page.items
         return items[:limit]
+
+    def process_samples(
+        self,
+        lifetime_id: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 1440,
+    ) -> ProcessSamples:
+        """Lifetime ``lifetime_id`` and its coarse samples (the newest ``limit`` buckets
+        starting in ``[since, until)``, oldest first); :class:`NotFound` when it has none."""
+        data = self._request(
+            "GET",
+            f"/api/v1/processes/{lifetime_id}/samples",
+            params={
+                k: v
+                for k, v in {"since": since, "until": until, "limit": limit}.items()
+                if v is not None
+            },
+            not_found=f"no process lifetime {lifetime_id}",
+        )
+        return _parse(TypeAdapter(ProcessSamples), data, self._base_url)
 
     def events(self, *, limit: int, **filters: Any) -> list[EventOut]:
         """Events matching ``filters`` (host, gpu, user, kind, since, until, open)."""

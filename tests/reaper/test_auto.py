@@ -8,15 +8,27 @@ confirm and to verify, as in production.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from reaper.rig import ALICE, Hold, Rig, Victim
 
+from gpuwatch.agent.collectors import reaper as reaper_metrics
 from gpuwatch.agent.collectors.agent import PushStats
+from gpuwatch.agent.collectors.reaper import ReaperCollector
 from gpuwatch.agent.reaper.audit import AuditLog
+from gpuwatch.agent.reaper.stats import (
+    REFUSAL_REASONS,
+    STOP_OUTCOMES,
+    WITHDRAWN_REASONS,
+    PolicyCounts,
+)
 from gpuwatch.agent.service import Agent
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
@@ -175,3 +187,126 @@ def test_no_policy_without_a_writable_audit_log(rig: Rig, tmp_path: Path) -> Non
     blocked.write_text("")  # a file where the log's directory should be
     agent = _agent(rig, tmp_path, Events(), audit_log=str(blocked / "audit.jsonl"))
     assert agent.reaper.auto is None  # disabled at start, with the reason logged
+
+
+# --- /metrics: what the policy did, as the agent exports it ------------------------------
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _scrape(agent: Agent) -> tuple[str, Samples]:
+    response = httpx.get(f"{agent.exporter.url}/metrics")
+    assert response.status_code == 200
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+    return response.text, samples
+
+
+def _by(samples: Samples, name: str, label: str) -> dict[str, float]:
+    return {dict(labels)[label]: v for (n, labels), v in samples.items() if n == name}
+
+
+def _policy(samples: Samples) -> dict[str, object]:
+    return {
+        "warnings": samples[("gpuwatch_reaper_warnings_total", ())],
+        "warned": samples[("gpuwatch_reaper_warned_processes", ())],
+        "withdrawn": _by(samples, "gpuwatch_reaper_warnings_withdrawn_total", "reason"),
+        "stops": _by(samples, "gpuwatch_reaper_stops_total", "outcome"),
+        "refusals": _by(samples, "gpuwatch_reaper_refusals_total", "reason"),
+    }
+
+
+def _zero(values: tuple[str, ...], **counted: float) -> dict[str, float]:
+    return {**dict.fromkeys(values, 0.0), **counted}
+
+
+def test_metrics_count_warnings_withdrawals_and_stops_from_zero(
+    rig: Rig, victims: Callable[..., Victim], tmp_path: Path
+) -> None:
+    steady, wakes = victims(), victims(uid=ALICE + 1)
+    active = '{ steps = [["0s", 0], ["35m", 50], ["36m", 0]] }'
+    rig.install([Hold(steady.pid, memory="6GiB"), Hold(wakes.pid, memory="6GiB", sm=active)])
+    agent = _agent(rig, tmp_path, Events(), contended_ratio=0.3)
+    agent.exporter.start()
+    try:
+        text, first = _scrape(agent)
+        assert _policy(first) == {
+            "warnings": 0,
+            "warned": 0,
+            "withdrawn": _zero(WITHDRAWN_REASONS),
+            "stops": _zero(STOP_OUTCOMES),
+            "refusals": _zero(REFUSAL_REASONS),
+        }
+        if shutil.which("promtool"):
+            lint = subprocess.run(
+                ["promtool", "check", "metrics"], input=text.encode(), capture_output=True
+            )
+            assert lint.returncode == 0 and not lint.stderr.strip(), lint.stderr.decode()
+
+        _run(agent, rig, 31)  # both warned
+        warned = _policy(_scrape(agent)[1])
+        assert (warned["warnings"], warned["warned"]) == (2, 2)
+
+        _run(agent, rig, 6)  # `wakes` ran a kernel: its warning is withdrawn
+        spared = _policy(_scrape(agent)[1])
+        assert spared["withdrawn"] == _zero(WITHDRAWN_REASONS, not_idle=1)
+        assert spared["warned"] == 1
+
+        _run(agent, rig, 5, until=lambda: not steady.alive())  # `steady` is stopped
+        assert steady.exit_signal() == 15
+        done = _policy(_scrape(agent)[1])
+        assert done["stops"] == _zero(STOP_OUTCOMES, terminated=1)
+        assert (done["warnings"], done["warned"]) == (2, 0)
+        assert done["refusals"] == _zero(REFUSAL_REASONS)
+    finally:
+        agent.exporter.stop()
+
+
+def test_metrics_count_capped_stops_as_refusals(
+    rig: Rig, victims: Callable[..., Victim], tmp_path: Path
+) -> None:
+    a, b = victims(), victims()
+    rig.install([Hold(v.pid, memory="5GiB") for v in (a, b)])
+    agent = _agent(rig, tmp_path, Events(), max_per_user_per_hour=1, warn_before="0s")
+    agent.exporter.start()
+    try:
+        _run(agent, rig, 33)
+        counts = _policy(_scrape(agent)[1])
+    finally:
+        agent.exporter.stop()
+    assert counts["stops"] == _zero(STOP_OUTCOMES, terminated=1)
+    refusals = counts["refusals"]
+    assert isinstance(refusals, dict) and refusals["user_cap"] >= 1
+    # No warning step (warn_before 0): nobody was warned, so nobody is "under warning".
+    assert (counts["warnings"], counts["warned"]) == (0, 0)
+
+
+def test_metrics_show_a_policy_that_could_not_start_and_none_when_off(
+    rig: Rig, tmp_path: Path
+) -> None:
+    rig.install([])
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    broken = _agent(rig, tmp_path, Events(), audit_log=str(blocked / "audit.jsonl"))
+    off = _agent(rig, tmp_path / "off", Events(), enabled=False)
+    for agent in (broken, off):
+        agent.exporter.start()
+    try:
+        refusals = _policy(_scrape(broken)[1])["refusals"]
+        _, off_samples = _scrape(off)
+    finally:
+        for agent in (broken, off):
+            agent.exporter.stop()
+    assert refusals == _zero(REFUSAL_REASONS, policy_disabled=1)
+    assert not [name for name, _ in off_samples if name.startswith("gpuwatch_reaper_")]
+    assert off_samples[("gpuwatch_scrape_collector_success", (("collector", "reaper"),))] == 1
+
+
+def test_the_reaper_collector_yields_exactly_its_declared_families() -> None:
+    collector = ReaperCollector(lambda: PolicyCounts())
+    declared = {spec.name for spec in reaper_metrics.METRICS}
+    assert {family.name for family in collector.collect()} == declared
+    assert list(ReaperCollector(lambda: None).collect()) == []

@@ -20,6 +20,9 @@ each process the plan would stop:
 
 ``dry_run`` (or an agent that lacks ``CAP_KILL``) warns and records "would stop"
 without signalling anything.
+
+What it did is counted in :class:`~gpuwatch.agent.reaper.stats.PolicyStats`, which the
+agent exports as ``gpuwatch_reaper_*`` (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from gpuwatch.agent.reaper.history import ProcessHistory
 from gpuwatch.agent.reaper.plan import IdleRule, Plan, make_plan
 from gpuwatch.agent.reaper.policy import Decision, Protections, Selection
 from gpuwatch.agent.reaper.settings import ReapSettings
+from gpuwatch.agent.reaper.stats import PolicyStats
 from gpuwatch.snapshot import Gpu, HostSnapshot
 
 log = logging.getLogger(__name__)
@@ -49,11 +53,15 @@ Key = tuple[int, float | None]  # (pid, start time): one process lifetime
 
 @dataclass
 class PendingWarning:
-    """A warning given to one process, and when it may be stopped (epoch seconds)."""
+    """A warning given to one process, and when it may be stopped (epoch seconds).
+
+    ``issued`` is False when ``warn_before`` is 0: the process is due at once and
+    nobody was told, so there is nothing to withdraw either."""
 
     decision: Decision
     warned_at: float
     deadline: float
+    issued: bool = True
 
 
 class AutoReaper:
@@ -61,7 +69,8 @@ class AutoReaper:
 
     ``executor`` stops processes (its observer waits for the agent's next poll);
     ``clock`` is epoch seconds. ``background`` runs stops on a worker thread (the
-    agent); tests may run them inline.
+    agent); tests may run them inline. ``stats`` counts what it does (a fresh one
+    when not given).
     """
 
     def __init__(
@@ -75,8 +84,10 @@ class AutoReaper:
         can_signal: bool,
         clock: Callable[[], float] = time.time,
         background: bool = True,
+        stats: PolicyStats | None = None,
     ) -> None:
         self.settings = settings
+        self.stats = stats if stats is not None else PolicyStats()
         self._history = history
         self._executor = executor
         self._protections = protections
@@ -119,6 +130,7 @@ class AutoReaper:
         except ReapRefused as err:
             log.error("reaper policy disabled: %s", err)
             self._disabled = True
+            self.stats.refused("policy_disabled")
         except Exception:  # the policy must never take the poll loop down
             log.exception("reaper policy check failed")
 
@@ -140,6 +152,7 @@ class AutoReaper:
             if now >= warning.deadline:
                 due.append(decision)
         self._stop(plan, self._within_caps(due, now))
+        self.stats.under_warning(sum(1 for w in self.warnings.values() if w.issued))
 
     def _plan(self, snapshot: HostSnapshot, now: float) -> Plan:
         s = self.settings
@@ -174,10 +187,11 @@ class AutoReaper:
 
     def _warn(self, plan: Plan, decision: Decision, why: str, now: float) -> PendingWarning:
         wait = self.settings.warn_before_seconds
-        warning = PendingWarning(decision, now, now + wait)
+        warning = PendingWarning(decision, now, now + wait, issued=wait > 0)
         self.warnings[_key(decision)] = warning
-        if wait <= 0:
+        if not warning.issued:
             return warning
+        self.stats.warned()
         summary = (
             f"{describe(decision)} will be stopped in {format_duration(wait)} unless it becomes active "
             f"({decision.detail}; {why})"
@@ -201,13 +215,16 @@ class AutoReaper:
             if key in eligible:
                 continue
             warning = self.warnings.pop(key)
+            if not warning.issued:
+                continue
             current = decisions.get(key)
             if current is None:
-                why = "it no longer holds the memory floor, or exited"
+                reason, why = "gone", "it no longer holds the memory floor, or exited"
             elif current.verdict == "reap":
-                why = "its GPU is no longer contended"
+                reason, why = "uncontended", "its GPU is no longer contended"
             else:
-                why = f"it is spared now: {current.detail}"
+                reason, why = "not_idle", f"it is spared now: {current.detail}"
+            self.stats.withdrawn(reason)
             summary = f"warning withdrawn: {describe(warning.decision)} will not be stopped; {why}"
             log.info("%s", summary)
             self._executor.audit(
@@ -231,9 +248,11 @@ class AutoReaper:
             per_user = sum(1 for _, u in self._stops if u == user)
             if len(self._stops) >= self.settings.max_per_host_per_hour:
                 log.warning("reaper: host cap reached; %s waits", describe(decision))
+                self.stats.refused("host_cap")
                 continue
             if per_user >= self.settings.max_per_user_per_hour:
                 log.warning("reaper: cap for user %s reached; %s waits", user, describe(decision))
+                self.stats.refused("user_cap")
                 continue
             self._stops.append((now, user))
             allowed.append(decision)
@@ -249,9 +268,13 @@ class AutoReaper:
 
         def run() -> None:
             try:
-                self._executor.run(batch, dry_run=self.dry_run, record=True)
+                results = self._executor.run(batch, dry_run=self.dry_run, record=True)
             except Exception:
                 log.exception("reaper policy: stopping %d process(es) failed", len(decisions))
+                self.stats.refused("stop_error")
+                return
+            for result in results:
+                self.stats.stopped(result.outcome)
 
         if self._background:
             self._worker = threading.Thread(target=run, name="gpuwatch-reaper", daemon=True)

@@ -23,6 +23,7 @@ from gpuwatch.agent.reaper.killer import Killer
 from gpuwatch.agent.reaper.policy import Protections
 from gpuwatch.agent.reaper.procfs import ProcReader, may_signal_anyone
 from gpuwatch.agent.reaper.served import history_report
+from gpuwatch.agent.reaper.stats import PolicyCounts, PolicyStats
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import ReportedEvent
@@ -31,7 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class ReaperHooks:
-    """History (always) and the automatic policy (when ``[agent.reap] enabled``)."""
+    """History (always) and the automatic policy (when ``[agent.reap] enabled``).
+
+    ``stats`` is the policy's counters (``None`` when it is off); they outlive a
+    policy that could not start, which they count as ``policy_disabled``.
+    """
 
     def __init__(
         self,
@@ -40,9 +45,11 @@ class ReaperHooks:
         auto: AutoReaper | None = None,
         next_poll: NextPoll | None = None,
         clock: Callable[[], float] = time.time,
+        stats: PolicyStats | None = None,
     ) -> None:
         self.history = history
         self.auto = auto
+        self.stats = auto.stats if auto is not None else stats
         self._next_poll = next_poll
         self._clock = clock
         self._host = ("", "")
@@ -68,6 +75,7 @@ class ReaperHooks:
         )
         if not r.enabled:
             return cls(history, clock=clock)
+        stats = PolicyStats()
         can_signal = may_signal_anyone(settings.proc_root)
         caller_uid = None if can_signal else os.geteuid()
         protections = Protections.from_settings(r, self_pids=(os.getpid(),))
@@ -97,7 +105,8 @@ class ReaperHooks:
             executor.audit("policy_started", dry_run=r.dry_run or not can_signal, hostname="")
         except AuditError as err:
             log.error("reaper policy disabled: %s", err)
-            return cls(history, clock=clock)
+            stats.refused("policy_disabled")
+            return cls(history, clock=clock, stats=stats)
         auto = AutoReaper(
             r,
             history=history,
@@ -106,6 +115,7 @@ class ReaperHooks:
             caller_uid=caller_uid,
             can_signal=can_signal,
             clock=clock,
+            stats=stats,
         )
         return cls(history, auto=auto, next_poll=next_poll, clock=clock)
 
@@ -125,6 +135,10 @@ class ReaperHooks:
             self.history, hostname=hostname, boot_id=boot_id, generated_at=self._clock(), pid=pid
         )
         return report.model_dump_json().encode()
+
+    def policy_counts(self) -> PolicyCounts | None:
+        """What the policy did so far (``/metrics``); ``None`` when it is off."""
+        return None if self.stats is None else self.stats.snapshot()
 
     def note_oom(self, gpu_index: int | None, pid: int, at: float) -> None:
         if self.auto is not None:

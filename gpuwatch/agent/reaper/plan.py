@@ -8,10 +8,16 @@ without history every process is ``no_history`` (spared), whatever it shows now.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from gpuwatch.agent.reaper.central import (
+    SHORT_REASONS,
+    ServerLookup,
+    combine,
+    server_may_help,
+)
 from gpuwatch.agent.reaper.errors import ReapRefused
-from gpuwatch.agent.reaper.evidence import IdleEvidence, idle_evidence
+from gpuwatch.agent.reaper.evidence import IdleEvidence, format_duration, idle_evidence
 from gpuwatch.agent.reaper.history import Run
 from gpuwatch.agent.reaper.policy import (
     Candidate,
@@ -71,9 +77,13 @@ def make_plan(
     protections: Protections,
     caller_uid: int | None,
     notes: list[str] | None = None,
+    server: ServerLookup | None = None,
 ) -> Plan:
     """Decide for every GPU process of ``snapshot``. Raises :class:`ReapRefused` when
-    the host's PIDs are not visible here, or the ``--pid`` target holds no GPU memory."""
+    the host's PIDs are not visible here, or the ``--pid`` target holds no GPU memory.
+
+    ``server`` (the central server's history) is asked about the processes spared
+    only because ``runs_for`` starts inside the window; see the module docstring."""
     if snapshot.pid_namespace_isolated:
         raise ReapRefused(ISOLATED)
     candidates = candidates_from(snapshot, runs_for, now=now, rule=rule)
@@ -88,6 +98,20 @@ def make_plan(
     decisions = decide(
         candidates, selection=selection, protections=protections, caller_uid=caller_uid
     )
+    if server is not None and runs_for is not None and not selection.force:
+        decisions = [
+            _second_look(
+                d,
+                runs_for,
+                server,
+                now=now,
+                rule=rule,
+                selection=selection,
+                protections=protections,
+                caller_uid=caller_uid,
+            )
+            for d in decisions
+        ]
     all_notes = list(notes or [])
     if caller_uid is not None:
         all_notes.append(
@@ -180,3 +204,67 @@ def _evidence(
         max_gap_seconds=rule.max_gap_seconds,
         min_coverage=rule.min_coverage,
     )
+
+
+def _second_look(
+    decision: Decision,
+    runs_for: RunsLookup,
+    server: ServerLookup,
+    *,
+    now: float,
+    rule: IdleRule,
+    selection: Selection,
+    protections: Protections,
+    caller_uid: int | None,
+) -> Decision:
+    """``decision`` again, with the server's history before the agent's, when only a
+    history shorter than the window spares it (every other check passed, since idleness
+    is checked last) and no GPU it holds is already known not to be idle."""
+    c = decision.candidate
+    holdings = c.holdings
+    if (
+        decision.verdict == "reap"
+        or decision.reason not in SHORT_REASONS
+        or c.start_time is None
+        or any(not h.evidence.idle and h.evidence.reason not in SHORT_REASONS for h in holdings)
+    ):
+        return decision
+    begin = now - rule.window_seconds
+    largest = c.largest.gpu_index
+    changed = []
+    for h in holdings:
+        agent = runs_for(h.gpu_uuid, c.pid, c.start_time)
+        if h.evidence.idle or not server_may_help(agent, window_start=begin):
+            changed.append(h)
+            continue
+        earlier = server(
+            gpu_index=h.gpu_index,
+            gpu_uuid=h.gpu_uuid,
+            pid=c.pid,
+            start_time=c.start_time,
+            since=begin,
+        )
+        if not earlier:
+            changed.append(h)
+            continue
+        evidence = idle_evidence(
+            combine(earlier, agent),
+            now=now,
+            window_seconds=rule.window_seconds,
+            min_bytes=rule.min_memory_bytes if h.gpu_index == largest else 0,
+            max_gap_seconds=rule.max_gap_seconds,
+            min_coverage=rule.min_coverage,
+        )
+        where = (
+            f"agent history for the last {format_duration(now - agent[0].start)}, the server's before"
+            if agent
+            else "from the server's history alone (the agent has none of it yet)"
+        )
+        changed.append(replace(h, evidence=replace(evidence, detail=f"{evidence.detail}; {where}")))
+    (again,) = decide(
+        [replace(c, holdings=tuple(changed))],
+        selection=selection,
+        protections=protections,
+        caller_uid=caller_uid,
+    )
+    return again

@@ -40,3 +40,28 @@ class ProcessPage(BaseModel):
 
     items: list[ProcessOut]
     next_cursor: str | None
+
+
+class ProcessSampleOut(BaseModel):
+    """One closed downsampling bucket of a lifetime (``process_samples``)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    t: float = Field(description="Bucket start; the bucket spans sample_interval_seconds.")
+    used_bytes: int | None = Field(description="Lowest memory held in the bucket (its floor).")
+    peak_bytes: int | None = Field(description="Highest memory held in the bucket.")
+    sm_ratio: float | None = Field(
+        description="Busiest SM activity in the bucket; 0 only if every poll saw 0, null when "
+        "a poll could not tell."
+    )
+
+
+class ProcessSamples(BaseModel):
+    """A lifetime and its coarse samples, oldest first."""
+
+    lifetime: ProcessOut
+    sample_interval_seconds: float = Field(description="The server's bucket length.")
+    samples: list[ProcessSampleOut]
+    truncated: bool = Field(
+        description="True when older samples in the range were left out (past limit)."
+    )

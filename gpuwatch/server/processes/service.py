@@ -7,8 +7,13 @@ from sqlalchemy.orm import Session
 
 from gpuwatch.server.hosts.models import Gpu, Host
 from gpuwatch.server.pagination import Cursor, after
-from gpuwatch.server.processes.models import ProcessLifetime
-from gpuwatch.server.processes.schemas import ProcessOut, ProcessPage
+from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
+from gpuwatch.server.processes.schemas import (
+    ProcessOut,
+    ProcessPage,
+    ProcessSampleOut,
+    ProcessSamples,
+)
 
 
 def list_processes(
@@ -69,6 +74,38 @@ def open_processes(*, session: Session, host_id: int) -> list[ProcessOut]:
         .order_by(ProcessLifetime.current_bytes.desc().nulls_last(), ProcessLifetime.id)
     ).all()
     return [_to_out(*row) for row in rows]
+
+
+def process_samples(
+    *,
+    session: Session,
+    lifetime_id: int,
+    sample_interval_seconds: float,
+    since: float | None = None,
+    until: float | None = None,
+    limit: int = 1440,
+) -> ProcessSamples | None:
+    """The lifetime ``lifetime_id`` and its closed buckets with ``since <= t < until``,
+    oldest first; ``None`` when there is no such lifetime.
+
+    Past ``limit`` the *newest* samples are kept (what a recent-window check reads)
+    and ``truncated`` says so. The bucket being filled is not a sample yet.
+    """
+    row = session.execute(_base_query().where(ProcessLifetime.id == lifetime_id)).first()
+    if row is None:
+        return None
+    query = select(ProcessSample).where(ProcessSample.lifetime_id == lifetime_id)
+    if since is not None:
+        query = query.where(ProcessSample.t >= since)
+    if until is not None:
+        query = query.where(ProcessSample.t < until)
+    newest = session.scalars(query.order_by(ProcessSample.t.desc()).limit(limit + 1)).all()
+    return ProcessSamples(
+        lifetime=_to_out(*row),
+        sample_interval_seconds=sample_interval_seconds,
+        samples=[ProcessSampleOut.model_validate(s) for s in reversed(newest[:limit])],
+        truncated=len(newest) > limit,
+    )
 
 
 def _base_query() -> Select[ProcessLifetime, str, int, str]:

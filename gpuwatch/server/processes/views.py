@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, HTTPException, Path, Query, status
 
-from gpuwatch.server.deps import Reader, ReadSession
+from gpuwatch.server.deps import Context, Reader, ReadSession
 from gpuwatch.server.pagination import MAX_LIMIT, Cursor
 from gpuwatch.server.processes import service
-from gpuwatch.server.processes.schemas import ProcessPage
+from gpuwatch.server.processes.schemas import ProcessPage, ProcessSamples
+
+# A week of samples at the default 60 s interval.
+MAX_SAMPLES = 10080
 
 router = APIRouter(prefix="/api/v1/processes", tags=["processes"], dependencies=[Reader])
 
@@ -34,3 +37,36 @@ def list_processes(
         limit=limit,
         cursor=None if cursor is None else Cursor.decode(cursor),
     )
+
+
+@router.get(
+    "/{lifetime_id}/samples",
+    summary="Samples of one process lifetime",
+    response_model=ProcessSamples,
+    responses={404: {"description": "No lifetime of that id."}},
+)
+def process_samples(
+    session: ReadSession,
+    context: Context,
+    lifetime_id: int = Path(ge=1, le=2**62, description="The id of a lifetime (GET /processes)."),
+    since: float | None = Query(
+        None, ge=0, description="Epoch seconds: buckets starting then or later."
+    ),
+    until: float | None = Query(
+        None, ge=0, description="Epoch seconds: buckets starting before then."
+    ),
+    limit: int = Query(1440, ge=1, le=MAX_SAMPLES, description="At most this many, the newest."),
+) -> ProcessSamples:
+    """A lifetime's coarse per-bucket samples (floor and peak bytes, busiest SM), oldest
+    first: the history the reaper reads when the local agent's is shorter."""
+    found = service.process_samples(
+        session=session,
+        lifetime_id=lifetime_id,
+        sample_interval_seconds=context.settings.sample_interval_seconds,
+        since=since,
+        until=until,
+        limit=limit,
+    )
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no process lifetime {lifetime_id}")
+    return found
