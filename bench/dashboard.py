@@ -8,21 +8,35 @@ Postgres when it is reachable). Reported, side by side in the same run:
 * render: median latency of ``GET /`` (8,000 tiles, every one with its holders and
   flags) against ``GET /api/v1/fleet`` (the JSON summary of the same fleet) on the same
   server, requests alternating; also each one's time to the response headers, which
-  the server sends once the whole page is rendered. Goal: <= 2x.
+  the server sends once the whole page is rendered. Goal: <= 2x. With ``--compare
+  REF``, a second server runs the dashboard's code (``gpuwatch/server/web``) as
+  committed at git ``REF`` with the rest of this checkout (so both read the schema
+  they share) on the same database, and its page and summary join the alternation:
+  before and after, side by side, on the same fleet.
+* breakdown: where the page's time goes, measured in this process with this
+  checkout's code on the same database (medians, milliseconds): the two queries with
+  their rows fetched through Core (and, of those, the per-GPU aggregate over the open
+  lifetimes alone), grouping the rows by host, writing the HTML, encoding it; next to
+  the whole summary (its queries and its JSON) measured the same way.
 * paint: headless chromium (Debian's, through Selenium and chromedriver) loading ``/``
   from that server: time to first contentful paint and to the largest contentful
   paint (Chrome's successor to "first meaningful paint"), DOMContentLoaded and load,
   medians of several loads with the stylesheet and script cached, as a returning user
   has them. Reported, no target; skipped (saying why) without chromium.
 
-Run: ``./dev bench dashboard`` or ``.venv/bin/python -m bench dashboard``.
+Run: ``./dev bench dashboard`` or ``.venv/bin/python -m bench dashboard``; before and
+after: ``.venv/bin/python -m bench.dashboard --compare HEAD``.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +49,8 @@ from bench.server import (
     FLEET_HOSTS,
     GPUS,
     PROCS,
+    ROOT,
+    Target,
     fresh_database,
     history_base,
     make_tokens,
@@ -46,10 +62,16 @@ from bench.server import (
 
 SNAPSHOTS = 3  # per host, as the server benchmark's fleet step
 REQUESTS = 40  # of each page, alternating
+BREAKDOWN_RUNS = 15
 PAINT_LOADS = 7
 # A short idle window (and buckets to match), so the few snapshots per host open idle
-# events through ingest and tiles carry flags, as in bench/server.py's fleet step.
-ENV = {"GPUWATCH_SERVER_IDLE_WINDOW_SECONDS": "30", "GPUWATCH_SERVER_SAMPLE_INTERVAL_SECONDS": "15"}
+# events through ingest and tiles carry flags, as in bench/server.py's fleet step. Each
+# host pushes once, while populating, so with the default silence (4 intervals: 60 s)
+# hosts turned silent one after the other during the run (populating alone can take
+# longer), and the page measured late showed grey tiles the early one did not: silence
+# comes after 4 hours here, so every measurement sees the same, reporting, fleet.
+SETTINGS = {"idle_window_seconds": 30, "sample_interval_seconds": 15, "agent_silent_intervals": 960}
+ENV = {f"GPUWATCH_SERVER_{name.upper()}": str(value) for name, value in SETTINGS.items()}
 PAINT_SCRIPT = """
 const done = arguments[arguments.length - 1];
 let lcp = 0;
@@ -82,13 +104,19 @@ def _timed(client: httpx.Client, path: str) -> tuple[float, float, int]:
     return headers_at - started, time.perf_counter() - started, len(body)
 
 
-def bench_render(client: httpx.Client) -> dict[str, Any]:
-    samples: dict[str, list[tuple[float, float, int]]] = {"page": [], "fleet_json": []}
+def bench_render(clients: dict[str, httpx.Client]) -> dict[str, Any]:
+    """``clients``: "after" (this checkout), and "before" when comparing."""
     paths = {"page": "/", "fleet_json": "/api/v1/fleet"}
-    for path in paths.values():  # warm: imports, caches, the first connection
+    sides = {
+        (f"{name}_{side}" if side == "before" else name): (client, path)
+        for side, client in clients.items()
+        for name, path in paths.items()
+    }
+    samples: dict[str, list[tuple[float, float, int]]] = {name: [] for name in sides}
+    for client, path in sides.values():  # warm: imports, caches, the first connection
         _timed(client, path)
     for _ in range(REQUESTS):
-        for name, path in paths.items():
+        for name, (client, path) in sides.items():
             samples[name].append(_timed(client, path))
     out: dict[str, Any] = {}
     for name, values in samples.items():
@@ -99,12 +127,69 @@ def bench_render(client: httpx.Client) -> dict[str, Any]:
             "headers_median_ms": round(statistics.median(v[0] for v in values) * 1e3, 2),
             "bytes": values[-1][2],
         }
-    out["ratio_page_to_fleet_json"] = round(
-        out["page"]["median_ms"] / out["fleet_json"]["median_ms"], 2
+    for suffix in [""] + (["_before"] if "before" in clients else []):
+        page, summary = out[f"page{suffix}"], out[f"fleet_json{suffix}"]
+        out[f"ratio_page_to_fleet_json{suffix}"] = round(
+            page["median_ms"] / summary["median_ms"], 2
+        )
+        out[f"ratio_headers{suffix}"] = round(
+            page["headers_median_ms"] / summary["headers_median_ms"], 2
+        )
+    return out
+
+
+def bench_breakdown(target: Target) -> dict[str, Any]:
+    """Where the page's time goes, step by step, in this process (this checkout's code,
+    its own engine on the server's database): medians of :data:`BREAKDOWN_RUNS`."""
+    from sqlalchemy import select
+
+    from gpuwatch.server.fleet.service import fleet_summary
+    from gpuwatch.server.web import service
+    from gpuwatch.server.web.templates.fleet import fleet_page
+    from gpuwatch.server.web.templates.layout import Chrome
+    from gpuwatch.settings import ServerSettings
+
+    settings = ServerSettings.model_validate(
+        {**SETTINGS, "database_url": target.url, "scheduler": False}
     )
-    out["ratio_headers"] = round(
-        out["page"]["headers_median_ms"] / out["fleet_json"]["headers_median_ms"], 2
-    )
+    database = target.database()
+    holders = select(service.holders_by_gpu(database.dialect))
+    steps: dict[str, list[float]] = {}
+
+    def timed(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        value = fn(*args, **kwargs)
+        steps.setdefault(name, []).append(time.perf_counter() - started)
+        return value
+
+    size = 0
+    try:
+        for run in range(BREAKDOWN_RUNS + 1):  # the first warms caches, and is dropped
+            if run == 1:
+                steps.clear()
+            now = time.time()
+            chrome = Chrome(root="", now=now, firing=0, sign_out=False)
+            with database.reader() as session:
+                started = time.perf_counter()
+                rows = timed("sql_ms", service.read_fleet, session=session)
+                fleet = timed("group_ms", service.group_fleet, rows, settings=settings, now=now)
+                html = timed("render_ms", fleet_page, chrome, fleet)
+                size = len(timed("encode_ms", html.encode))
+                steps.setdefault("page_ms", []).append(time.perf_counter() - started)
+            with database.reader() as session:
+                timed("sql_holders_alone_ms", lambda: session.execute(holders).all())
+            with database.reader() as session:
+                started = time.perf_counter()
+                summary = fleet_summary(session=session, settings=settings, now=now)
+                summary.model_dump_json()
+                steps.setdefault("fleet_json_ms", []).append(time.perf_counter() - started)
+    finally:
+        database.dispose()
+    out: dict[str, Any] = {
+        name: round(statistics.median(values) * 1e3, 1) for name, values in steps.items()
+    }
+    out["page_bytes"] = size
+    out["ratio_page_to_fleet_json"] = round(out["page_ms"] / out["fleet_json_ms"], 2)
     return out
 
 
@@ -141,36 +226,68 @@ def bench_paint(url: str) -> dict[str, Any]:
     return out
 
 
-def bench_kind(kind: str, tmp: Path) -> dict[str, Any]:
-    with fresh_database(kind, tmp, "dashboard") as target:
+def dashboard_at(ref: str, into: Path) -> Path:
+    """This checkout's ``gpuwatch`` package, its ``server/web`` as committed at ``ref``."""
+    shutil.copytree(
+        ROOT / "gpuwatch", into / "gpuwatch", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "gpuwatch/server/web"],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def _page(client: httpx.Client) -> str:
+    """The fleet page, less the time it was rendered at (in the footer)."""
+    response = client.get("/")
+    response.raise_for_status()
+    return re.sub(r"Rendered [^(]*\(UTC\)", "Rendered", response.text)
+
+
+def bench_kind(kind: str, tmp: Path, before: Path | None) -> dict[str, Any]:
+    with fresh_database(kind, tmp, "dashboard") as target, contextlib.ExitStack() as stack:
         tokens = make_tokens(target, [f"fleet-{i}" for i in range(FLEET_HOSTS)])
-        with running_server(target, tmp, env=ENV) as client:
-            began = time.perf_counter()
-            send(
-                client,
-                pushes(tokens, first=0, per_host=1, batch=SNAPSHOTS, base=history_base(SNAPSHOTS)),
+        client = stack.enter_context(running_server(target, tmp, env=ENV))
+        began = time.perf_counter()
+        send(
+            client,
+            pushes(tokens, first=0, per_host=1, batch=SNAPSHOTS, base=history_base(SNAPSHOTS)),
+        )
+        populate_seconds = time.perf_counter() - began
+        summary = client.get("/api/v1/fleet").json()
+        if summary["hosts"] != FLEET_HOSTS or summary["gpus"] != FLEET_HOSTS * GPUS:
+            raise RuntimeError(f"the fleet is not what was ingested: {summary}")
+        clients = {"after": client}
+        if before is not None:  # the same database, read by the code at REF
+            clients["before"] = stack.enter_context(
+                running_server(target, tmp, code=before, env=ENV)
             )
-            populate_seconds = time.perf_counter() - began
-            summary = client.get("/api/v1/fleet").json()
-            if summary["hosts"] != FLEET_HOSTS or summary["gpus"] != FLEET_HOSTS * GPUS:
-                raise RuntimeError(f"the fleet is not what was ingested: {summary}")
-            page = client.get("/").text
-            tiles = page.count('<a class="t ')
-            if tiles != FLEET_HOSTS * GPUS:
-                raise RuntimeError(f"the page shows {tiles} tiles, not {FLEET_HOSTS * GPUS}")
-            result: dict[str, Any] = {
-                "hosts": summary["hosts"],
-                "gpus": summary["gpus"],
-                "tiles": tiles,
-                "populate_seconds": round(populate_seconds, 1),
-                "render": bench_render(client),
-            }
-            if kind == "sqlite":
-                result["paint"] = bench_paint(str(client.base_url) + "/")
+        pages = {side: _page(each) for side, each in clients.items()}
+        tiles = pages["after"].count('<a class="t ')
+        if tiles != FLEET_HOSTS * GPUS:
+            raise RuntimeError(f"the page shows {tiles} tiles, not {FLEET_HOSTS * GPUS}")
+        render = bench_render(clients)
+        silent = client.get("/api/v1/fleet").json()["silent_hosts"]
+        if silent:
+            raise RuntimeError(f"{len(silent)} hosts turned silent during the measurement")
+        result: dict[str, Any] = {
+            "hosts": summary["hosts"],
+            "gpus": summary["gpus"],
+            "tiles": tiles,
+            "populate_seconds": round(populate_seconds, 1),
+            "render": render,
+            "breakdown": bench_breakdown(target),
+        }
+        if before is not None:
+            result["same_page_before_and_after"] = pages["before"] == pages["after"]
+        if kind == "sqlite":
+            result["paint"] = bench_paint(str(client.base_url) + "/")
     return result
 
 
-def main() -> dict[str, Any]:
+def main(compare: str | None = None) -> dict[str, Any]:
     kinds = ["sqlite"]
     skipped = postgres_unavailable()
     if skipped is None:
@@ -181,10 +298,19 @@ def main() -> dict[str, Any]:
     if skipped:
         result["postgres_skipped"] = skipped
     with tempfile.TemporaryDirectory(prefix="gpuwatch-bench-dashboard-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        before = None
+        if compare:
+            before = dashboard_at(compare, tmp / "before")
+            commit = subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--short", compare],
+                capture_output=True, text=True, check=True,
+            ).stdout.strip()  # fmt: skip
+            result["compare"] = {"ref": compare, "commit": commit}
         for kind in kinds:
             started = time.monotonic()
             print(f"-- dashboard on {kind}", flush=True)
-            result[kind] = bench_kind(kind, Path(tmp_dir))
+            result[kind] = bench_kind(kind, tmp, before)
             print(f"   {time.monotonic() - started:.0f} s", flush=True)
     result["targets"] = {"ratio_page_to_fleet_json": 2.0}
     path = write_result("dashboard", result)
@@ -194,4 +320,8 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--compare", metavar="REF", help="also serve the page with the code at git REF (before)"
+    )
+    main(compare=parser.parse_args().compare)
