@@ -204,11 +204,16 @@ def _handler_class(
             if path == "/metrics":
                 self._metrics()
             elif path == "/snapshot":
-                latest = state.latest
-                if latest is None:
-                    self._error(503, "no poll has completed yet")
+                current = state.current
+                if current is None:
+                    reason = (
+                        "no poll has completed yet"
+                        if state.latest is None
+                        else ("the last poll failed; the previous one is stale")
+                    )
+                    self._error(503, reason)
                 else:
-                    self._send(200, latest.model_dump_json().encode(), "application/json")
+                    self._send(200, current.model_dump_json().encode(), "application/json")
             elif path == "/healthz":
                 latest = state.latest
                 if latest is None or clock() - latest.collected_at > stale_after:

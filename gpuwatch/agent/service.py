@@ -114,7 +114,7 @@ class Agent:
         )
 
     def _renderer(self) -> ScrapeRenderer:
-        source = lambda: self.state.latest  # noqa: E731 - read at scrape time
+        source = lambda: self.state.current  # noqa: E731 - read at scrape time
         from_snapshot: list[NamedCollector] = [
             GpuCollector(source),
             ProcessCollector(
@@ -136,8 +136,9 @@ class Agent:
         return ScrapeRenderer(from_snapshot, live, sequence=self._latest_sequence)
 
     def _latest_sequence(self) -> int | None:
-        latest = self.state.latest
-        return None if latest is None else latest.sequence
+        # What the snapshot families were rendered from: the current poll, or none.
+        current = self.state.current
+        return None if current is None else current.sequence
 
     def poll_once(self) -> HostSnapshot | None:
         """Poll now, outside the schedule; the snapshot is recorded, and offered to the

@@ -59,6 +59,9 @@ _ERROR_NAMES = {
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+# What nvmlDeviceGetMemoryInfo_v2 answers on a driver without it: missing symbol, the
+# struct version refused, or not supported on this board.
+_MEMORY_V2_ABSENT = frozenset({NVML_ERROR_FUNCTION_NOT_FOUND, 2, 3, 25})
 
 
 def error_name(code: int) -> str:
@@ -343,7 +346,7 @@ class NvmlSession(HealthReads):
         # v2 reports the driver's reserved memory separately from "used"; v1 folds it in.
         if self._memory_v2 is not False:
             try:
-                mem = self._call(
+                mem, code = self._attempt(
                     "nvmlDeviceGetMemoryInfo",
                     handle,
                     self._nv.nvmlMemory_v2,
@@ -352,7 +355,7 @@ class NvmlSession(HealthReads):
             except TypeError:
                 # Another library in this process replaced pynvml's wrapper with a
                 # one-argument version (gpustat does, on import); use it as v1 below.
-                mem = None
+                mem, code = None, NVML_ERROR_FUNCTION_NOT_FOUND
                 self._memory_v2 = False
             if mem is not None:
                 self._memory_v2 = True
@@ -360,6 +363,12 @@ class NvmlSession(HealthReads):
                 reading.memory_used_bytes = int(mem.used)
                 reading.memory_free_bytes = int(mem.free)
                 reading.memory_reserved_bytes = int(mem.reserved)
+                return
+            if code not in _MEMORY_V2_ABSENT:
+                # This read failed (UNKNOWN, TIMEOUT...), not the v2 call: the fields are
+                # unknown this time. Falling back would serve v1's "used", which counts
+                # the reserved memory too, and on a first read would switch every GPU
+                # to v1 for good.
                 return
             if self._memory_v2 is None:
                 log.info("memory info v2 unavailable; using v1 (no separate reserved figure)")

@@ -27,7 +27,7 @@ from gpuwatch.agent.reaper.policy import (
     Selection,
     decide,
 )
-from gpuwatch.snapshot import GpuProcess, HostSnapshot
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 # (gpu uuid, pid, start time) -> runs, or None when there is no history of it.
 RunsLookup = Callable[[str, int, float | None], list[Run] | None]
@@ -131,6 +131,7 @@ def candidates_from(
     """
     first: dict[int, GpuProcess] = {}
     held: dict[int, dict[int, tuple[str, int | None]]] = {}
+    unreadable = [g for g in snapshot.gpus if g.lost or g.read_error is not None]
     for gpu in snapshot.gpus:
         if gpu.lost or gpu.read_error is not None:
             continue
@@ -163,7 +164,7 @@ def candidates_from(
                 ),
             )
             for index, (uuid, used) in sorted(gpus.items())
-        )
+        ) + _unreadable_holdings(unreadable, runs_for, process)
         out.append(
             Candidate(
                 pid=pid,
@@ -181,6 +182,31 @@ def candidates_from(
             )
         )
     return out
+
+
+def _unreadable_holdings(
+    unreadable: list[Gpu], runs_for: RunsLookup | None, process: GpuProcess
+) -> tuple[Holding, ...]:
+    """GPUs that cannot be read now (lost, read error) where the history has this
+    process: it may still hold memory and be busy there, and nobody can tell, so each
+    is a holding whose idleness is unknown (which spares the process)."""
+    if runs_for is None:
+        return ()
+    return tuple(
+        Holding(
+            gpu_index=gpu.index,
+            gpu_uuid=gpu.uuid,
+            used_bytes=None,
+            evidence=IdleEvidence(
+                False,
+                "unknown",
+                f"it also held GPU {gpu.index}, which cannot be read now: its activity "
+                "there is unknown",
+            ),
+        )
+        for gpu in unreadable
+        if runs_for(gpu.uuid, process.pid, process.start_time)
+    )
 
 
 def _evidence(

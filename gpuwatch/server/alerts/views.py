@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from gpuwatch.server.alerts import service
 from gpuwatch.server.alerts.schemas import (
@@ -75,7 +75,12 @@ def create_silence(body: SilenceIn, session: WriteSession, context: Context) -> 
     dependencies=[Admin],
     responses={404: {"description": "No such silence."}},
 )
-def expire_silence(silence_id: int, session: WriteSession, context: Context) -> SilenceOut:
+def expire_silence(
+    session: WriteSession,
+    context: Context,
+    # Bounded as the column is: an id past 64 bits reached the driver and was a 500.
+    silence_id: int = Path(ge=1, le=2**62, description="The id of a silence (GET /silences)."),
+) -> SilenceOut:
     try:
         expired = service.expire_silence(
             session=session, silence_id=silence_id, now=context.clock()

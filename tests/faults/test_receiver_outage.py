@@ -1,0 +1,171 @@
+"""Slack answering 429 and 500 for ten minutes, then recovering.
+
+Real parts: snapshots through the real ingest into SQLite, the real alert engine and
+the real Slack receiver posting over HTTP to a local stand-in (``slack_stub``). Time is
+injected: the engine runs every evaluation interval of a fake clock, so ten minutes of
+refusals take a few hundred milliseconds. Two hosts lose a GPU, so two notifications
+are due; each must reach Slack exactly once, after the outage, with every retry
+waiting at least the ``Retry-After`` Slack asked for, and none given up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server.factories import T0, gpu, process, snapshot
+from server.harness import make_token
+from sqlalchemy import select, text
+from support.clock import FakeClock
+
+from faults.slack_stub import OK, SERVER_ERROR, Answer, rate_limited, slack
+from gpuwatch.server.alerts.engine import BACKOFF_CAP_SECONDS, AlertEngine
+from gpuwatch.server.alerts.models import NotificationRow
+from gpuwatch.server.database import Database, create_database
+from gpuwatch.server.database.migrate import upgrade
+from gpuwatch.server.ingest.service import ingest_snapshots
+from gpuwatch.server.notifications.config import ReceiverConfig
+from gpuwatch.server.notifications.receivers.base import build_receiver
+from gpuwatch.settings import ServerSettings
+from gpuwatch.wire import IngestRequest
+
+OUTAGE = 600.0  # Slack refuses for the first ten minutes
+EVALUATION = 15.0
+RETRY_AFTER = 30
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Iterator[Database]:
+    db = create_database(f"sqlite:///{tmp_path / 'central.db'}")
+    upgrade(db)
+    yield db
+    db.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> ServerSettings:
+    return ServerSettings.model_validate(
+        {
+            "data_dir": tmp_path,
+            "database_url": f"sqlite:///{tmp_path / 'central.db'}",
+            "scheduler": False,
+            "alerts": {"group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h"},
+        }
+    )
+
+
+def lose_a_gpu(database: Database, settings: ServerSettings, host: str, at: float) -> None:
+    """One snapshot of ``host`` in which GPU 0 has fallen off the bus (``gpu_lost``)."""
+    make_token(database, host)
+    gpus = [gpu(0, lost=True, memory_used_bytes=None, memory_free_bytes=None), gpu(1, [process(7)])]
+    with database.writer() as session, session.begin():
+        host_id = session.scalar(text("SELECT id FROM hosts WHERE hostname = :h"), {"h": host})
+        ingest_snapshots(
+            session=session,
+            dialect=database.dialect,
+            host_id=host_id,
+            request=IngestRequest(snapshots=[snapshot(1, gpus, hostname=host, at=at)]),
+            settings=settings,
+            now=at,
+        )
+
+
+def outage_then_ok(at: float, _body: bytes) -> Answer:
+    """429 (Retry-After 30 s) and 500 by turns for ten minutes, then 200 ok."""
+    if at >= T0 + OUTAGE:
+        return OK
+    return rate_limited(RETRY_AFTER) if int(at) // 60 % 2 == 0 else SERVER_ERROR
+
+
+def test_slack_down_for_ten_minutes_gets_each_notification_once_after_it(
+    database: Database, settings: ServerSettings
+) -> None:
+    clock = FakeClock(T0)
+    client = httpx.Client()
+    with slack(clock) as stub:
+        stub.answer = outage_then_ok
+        receiver = build_receiver(
+            ReceiverConfig(name="ops", type="slack", url=stub.url), client=client, clock=clock
+        )
+        engine = AlertEngine(
+            receivers={"ops": receiver}, clock=clock, sleep=clock.advance, rng=lambda: 0.5
+        )
+        lose_a_gpu(database, settings, "host-1", T0)
+        lose_a_gpu(database, settings, "host-2", T0)
+        end = T0 + OUTAGE + 300
+        while clock.now <= end:
+            engine.run(database=database, settings=settings, now=clock.now)
+            clock.now = max(clock.now, _next_tick(clock.now))
+        client.close()
+        posts = list(stub.posts)
+    with database.reader() as session:
+        rows = session.scalars(select(NotificationRow)).all()
+
+    by_host = _by_host(posts)
+    assert set(by_host) == {"host-1", "host-2"}
+    for host, attempts in by_host.items():
+        delivered = [p for p in attempts if p.status == 200]
+        assert len(delivered) == 1, f"{host}: {len(delivered)} messages delivered"
+        assert attempts[-1] is delivered[0]  # nothing sent after the one that landed
+        assert all(p.at < T0 + OUTAGE for p in attempts[:-1])
+        assert delivered[0].at >= T0 + OUTAGE
+        assert delivered[0].at <= T0 + OUTAGE + BACKOFF_CAP_SECONDS * 1.5 + EVALUATION
+        _check_backoff(attempts)
+        assert len(attempts) <= 20, "Slack was hammered"
+    assert sorted(r.status for r in rows) == ["sent", "sent"]
+    assert all(r.last_error is None and r.sent_at is not None for r in rows)
+    # Slack's pace: one message a second at most, to the one webhook.
+    times = sorted(p.at for p in posts)
+    assert all(b - a >= 1.0 for a, b in pairwise(times))
+
+
+def _next_tick(now: float) -> float:
+    return T0 + ((now - T0) // EVALUATION + 1) * EVALUATION
+
+
+def _by_host(posts: list[Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for post in posts:
+        host = "host-1" if "host-1" in post.text else "host-2"
+        assert host in post.text
+        out.setdefault(host, []).append(post)
+    return out
+
+
+def _check_backoff(attempts: list[Any]) -> None:
+    """Every retry waits at least what Slack asked for (429), or the engine's backoff
+    (500): 2^(n-1) seconds after the n-th attempt, capped (the jitter is fixed at 1x)."""
+    after_500 = 0
+    for n, (before, after) in enumerate(pairwise(attempts), start=1):
+        gap = after.at - before.at
+        if before.status == 429:
+            assert before.retry_after == RETRY_AFTER
+            assert gap >= RETRY_AFTER, f"retried {gap:.0f}s after a 429 asking for {RETRY_AFTER}s"
+        else:
+            assert before.status == 500
+            assert gap >= min(BACKOFF_CAP_SECONDS, 2.0 ** (n - 1))
+            after_500 += 1
+    assert after_500, "the outage never answered 500 to this notification"
+
+
+def test_slack_answers_are_judged_as_slack_documents_them(database: Database) -> None:
+    # The three answers of the outage, each on its own, through the real receiver.
+    clock = FakeClock(T0)
+    client = httpx.Client()
+    with slack(clock) as stub:
+        receiver = build_receiver(
+            ReceiverConfig(name="ops", type="slack", url=stub.url), client=client, clock=clock
+        )
+        engine = AlertEngine(receivers={"ops": receiver}, clock=clock, sleep=clock.advance)
+        outcomes = []
+        for answer in (rate_limited(RETRY_AFTER), SERVER_ERROR, OK):
+            stub.answer = lambda _at, _body, a=answer: a  # type: ignore[misc]
+            outcomes.append(engine.test_receiver(database=database, name="ops"))
+        client.close()
+    assert [o.outcome for o in outcomes] == ["retry", "retry", "sent"]
+    assert outcomes[0].retry_after == RETRY_AFTER
+    assert stub.url not in " ".join(o.detail for o in outcomes)  # the webhook is a credential
