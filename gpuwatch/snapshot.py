@@ -39,7 +39,8 @@ NO_NUL = r"^[^\x00]*$"
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 Epoch = Annotated[float, Field(ge=0.0, le=2**33)]
-Count = Annotated[int, Field(ge=0, le=2**63)]
+# Event counters: the largest a signed 64-bit column (BIGINT) holds, as the server stores them.
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Hertz = Annotated[float, Field(ge=0, le=1e11)]
 Celsius = Annotated[float, Field(ge=-100, le=300)]
 # NVML's clock event ("throttle") reasons, nvmlClocksEventReason* in nvml.h, by name.

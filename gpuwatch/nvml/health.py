@@ -60,6 +60,10 @@ HEALTH_FIELDS = (
 )  # fmt: skip
 
 
+# Counters at or beyond this are sentinels, not counts (gpuwatch.snapshot.Count's bound).
+_COUNT_LIMIT = 2**63
+
+
 @dataclass
 class XidWatch:
     """One device's Xid event set and what it has delivered so far."""
@@ -168,7 +172,10 @@ class HealthReads:
             count, _ = self._board(
                 index, "nvmlDeviceGetTotalEccErrors", handle, error_type, counter
             )
-            setattr(reading, attribute, None if count is None else int(count))
+            # Drivers answer the all-ones sentinel (2**64 - 1) for "not counted": past
+            # what a counter can honestly reach (and a BIGINT holds), so unknown.
+            known = count is not None and 0 <= int(count) < _COUNT_LIMIT
+            setattr(reading, attribute, int(count) if known else None)
 
     def _read_retirement(self, index: int, handle: Any, reading: DeviceReading) -> None:
         nv = self._nv

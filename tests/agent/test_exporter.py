@@ -528,7 +528,7 @@ def test_the_reapers_history_follows_the_snapshots_access_rule() -> None:
     exp = _exporter(
         PortPolicy(snapshot_access="loopback"),
         address=("0.0.0.0", 0),
-        history=lambda pid: b"{\"processes\": []}",
+        history=lambda pid: b'{"processes": []}',
     )
     try:
         far = httpx.get(f"http://{remote}:{_port(exp)}/reaper/history", timeout=5)
