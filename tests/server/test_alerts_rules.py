@@ -169,3 +169,23 @@ def test_health_rules_fire_on_what_nvml_reports_and_stay_quiet_on_everyday_state
         remap_failure=False,
     )
     assert rules.evaluate(gpu(everyday), config, now=T) == []
+
+
+def test_job_ended_tells_only_the_users_who_asked_once_and_says_if_memory_was_freed() -> None:
+    from gpuwatch.server.alerts.facts import EndedProcess
+
+    ran = Holder(77, "alice", "python train.py", int(30 * GIB))
+    other = Holder(78, "bob", "python train.py", int(30 * GIB))
+    gpu = GpuFact("host-1", 0, 80 * GIB, 0, 0, True)
+
+    def ended(holder: Holder, busy: bool = True) -> EndedProcess:
+        return EndedProcess("host-1", 0, holder, T - 7200, T - 60, 30 * GIB, busy)
+
+    config = settings(rules={"job_ended": {"enabled": True, "users": ["alice"]}})
+    facts = Facts([gpu], [], [ended(ran), ended(other), ended(ran, busy=False)])
+    (alert,) = rules.evaluate(facts, config, now=T)
+    assert alert.labels["user"] == "alice" and alert.labels["pid"] == "77"
+    assert "ended after 2.0 h" in alert.summary and "its memory was freed" in alert.summary
+    # Off unless asked for; and an old ending is not announced.
+    assert rules.evaluate(facts, settings(), now=T) == []
+    assert rules.evaluate(facts, config, now=T + 3600) == []

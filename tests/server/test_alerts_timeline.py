@@ -356,3 +356,36 @@ def test_an_xid_reported_by_the_agent_is_notified_once_and_resolves(
     assert [b["status"] for b in bodies] == ["firing", "resolved"]
     (alert,) = bodies[0]["alerts"]
     assert alert["rule"] == "gpu_xid" and "Xid 79" in alert["summary"]
+
+
+def test_a_reaper_warning_is_announced_once_and_ends_unannounced(
+    timeline: Timeline, hook: Sink
+) -> None:
+    from gpuwatch.server.events.service import record_reported_event
+    from gpuwatch.wire import ReportedEvent
+
+    make_token(timeline.database, "host-1")
+    warning = ReportedEvent(
+        kind="reaped",
+        hostname="host-1",
+        gpu_index=1,
+        pid=4242,
+        user="alice",
+        held_bytes=11 * 2**30,
+        summary="pid 4242 (alice, jupyter kernel, 11 GiB on gpu1) will be stopped in 30 min "
+        "unless it becomes active",
+        evidence={"stage": "warning", "detail": "idle for 2 h on a contended GPU"},
+        occurred_at=T0,
+    )
+    with timeline.database.writer() as session, session.begin():
+        host_id = session.scalar(text("SELECT id FROM hosts WHERE hostname = 'host-1'"))
+        record_reported_event(
+            session=session, host_id=host_id, report=warning, dialect=timeline.database.dialect
+        )
+    timeline.run_every(T0, T0 + 3600, step=60)
+
+    (body,) = timeline.bodies()
+    (alert,) = body["alerts"]
+    assert alert["rule"] == "process_reaped"
+    assert (alert["labels"]["user"], alert["labels"]["stage"]) == ("alice", "warning")
+    assert "will be stopped in 30 min" in alert["summary"]

@@ -17,7 +17,10 @@ Duration = Annotated[float, BeforeValidator(parse_seconds)]
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 Severity = Literal["info", "warning", "critical"]
 # Labels an alert can carry; group_by and route matchers may name only these.
-LABELS = ("rule", "severity", "hostname", "gpu", "pid", "user", "team")
+LABELS = ("rule", "severity", "hostname", "gpu", "pid", "user", "team", "stage")
+# Rules that announce something that happened (a job ended, a process was reaped):
+# they fire once and resolve on their own, and their resolution is not notified.
+ANNOUNCEMENTS = ("job_ended", "process_reaped")
 
 
 class _Strict(BaseModel):
@@ -112,6 +115,19 @@ class ThrottleRule(RuleSettings):
     )
 
 
+class ReapedRule(RuleSettings):
+    """The reaper acted (or, for ``warning``, will act) on a process: tell its owner and
+    the channel. The alert fires for ``announce_for``, then resolves silently."""
+
+    stages: list[str] = Field(
+        default_factory=lambda: ["warning", "withdrawn", "stopped", "failed"],
+        description="Reaper stages to announce (also: dry_run, refused).",
+    )
+    announce_for_seconds: Duration = Field(
+        600.0, alias="announce_for", description="The alert fires this long, then resolves."
+    )
+
+
 class JobEndedRule(RuleSettings):
     """Opt-in per user or team: a process that held at least ``min_memory`` and was
     busy is gone. The alert fires once, for ``announce_for``, then resolves."""
@@ -162,6 +178,7 @@ class Rules(_Strict):
     )
     gpu_memory_repair: RuleSettings = RuleSettings.model_validate({})
     agent_silent: RuleSettings = RuleSettings.model_validate({"for": "1m"})
+    process_reaped: ReapedRule = ReapedRule.model_validate({"severity": "info"})
     job_ended: JobEndedRule = JobEndedRule.model_validate({"severity": "info"})
 
     @model_validator(mode="before")

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwatch.server.alerts.config import AlertSettings, Route
+from gpuwatch.server.alerts.config import ANNOUNCEMENTS, AlertSettings, Route
 from gpuwatch.server.alerts.lifecycle import AlertState
 from gpuwatch.server.notifications.model import Notification, NotifiedAlert
 
@@ -158,7 +158,10 @@ def _look(
     resolved = {
         a.fingerprint: a
         for a in members
-        if a.state == "resolved" and a.fingerprint in notified and a.fingerprint not in firing
+        if a.state == "resolved"
+        and a.fingerprint in notified
+        and a.fingerprint not in firing
+        and a.rule not in ANNOUNCEMENTS  # an announcement ends unannounced
     }
     if not firing and not resolved:
         # Empty: forget the timers, so the next alert waits group_wait again.

@@ -108,6 +108,11 @@ class AlertEngine:
                 now=now,
                 ended_since=now - job_ended.announce_for_seconds if job_ended.enabled else None,
                 holders_above=_holders_above(config),
+                reaped_since=(
+                    now - config.rules.process_reaped.announce_for_seconds
+                    if config.rules.process_reaped.enabled
+                    else None
+                ),
                 lookback_seconds=config.rules.gpu_nearly_full.jump_within_seconds,
             )
         candidates = rules.evaluate(facts, config, now=now)

@@ -105,6 +105,8 @@ class Facts:
     gpus: list[GpuFact] = field(default_factory=list)
     events: list[EventFact] = field(default_factory=list)
     ended: list[EndedProcess] = field(default_factory=list)
+    # ``reaped`` point events of the announcement window, newest last.
+    reaped: list[EventFact] = field(default_factory=list)
 
 
 def read_facts(
@@ -115,6 +117,7 @@ def read_facts(
     ended_since: float | None,
     holders_above: float = 0.0,
     lookback_seconds: float = 900.0,
+    reaped_since: float | None = None,
 ) -> Facts:
     """The fleet as the rules see it at ``now``; ended lifetimes only when
     ``ended_since`` is given (the job_ended rule is on).
@@ -217,7 +220,32 @@ def read_facts(
         for e in event_rows
     ]
     ended = [] if ended_since is None else _ended(session, ended_since)
-    return Facts(gpus=gpus, events=events, ended=ended)
+    reaped = [] if reaped_since is None else _reaped(session, reaped_since)
+    return Facts(gpus=gpus, events=events, ended=ended, reaped=reaped)
+
+
+def _reaped(session: Session, since: float) -> list[EventFact]:
+    rows = session.execute(
+        select(Event, Host.hostname)
+        .join(Host, Host.id == Event.host_id)
+        .where(Event.kind == "reaped", Event.started_at >= since)
+        .order_by(Event.started_at, Event.id)
+    )
+    return [
+        EventFact(
+            kind=e.kind,
+            reason=e.reason,
+            hostname=hostname,
+            gpu=e.gpu_index,
+            pid=e.pid,
+            user=e.user,
+            held_bytes=e.held_bytes,
+            started_at=e.started_at,
+            summary=e.summary,
+            evidence=e.evidence or {},
+        )
+        for e, hostname in rows
+    ]
 
 
 # Events whose rules name every holder of their GPU (culprits, contention).

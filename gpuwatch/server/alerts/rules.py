@@ -238,6 +238,31 @@ def _open_event(kind: str) -> Callable[..., Iterator[Candidate]]:
     return rule_fn
 
 
+def _reaped(facts: Facts, settings: AlertSettings, name: str, now: float) -> Iterator[Candidate]:
+    """Each recent ``reaped`` event of an announced stage: the owner and the channel
+    hear of a warning before the stop, of a warning withdrawn, and of the stop."""
+    rule = settings.rules.process_reaped
+    for event in facts.reaped:
+        stage = str(event.evidence.get("stage", "stopped"))
+        if stage not in rule.stages or now - event.started_at >= rule.announce_for_seconds:
+            continue
+        yield Candidate(
+            rule=name,
+            severity=rule.severity,
+            labels=_labels(
+                settings,
+                name,
+                event.hostname,
+                event.gpu,
+                pid=event.pid,
+                user=event.user,
+                stage=stage,
+            ),
+            summary=event.summary,
+            description=str(event.evidence.get("detail") or ""),
+        )
+
+
 def _job_ended(facts: Facts, settings: AlertSettings, name: str, now: float) -> Iterator[Candidate]:
     rule = settings.rules.job_ended
     gpus = {(g.hostname, g.gpu): g for g in facts.gpus}
@@ -337,5 +362,6 @@ _RULES: dict[str, Callable[[Facts, AlertSettings, str, float], Iterator[Candidat
     "gpu_throttled": _health,
     "gpu_memory_repair": _health,
     "agent_silent": _open_event("agent_silent"),
+    "process_reaped": _reaped,
     "job_ended": _job_ended,
 }
