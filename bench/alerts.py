@@ -949,7 +949,7 @@ def time_evaluations(database: Any, settings: Any, at: float) -> dict[str, Any]:
             seconds.append(time.perf_counter() - started)
         if not r % 2:
             raw.append(_timed(raw_round, database, now))
-        changed.append(result.changed)
+        changed.append(result.written)
     client.close()
     with database.reader() as session:
         alerts = dict(

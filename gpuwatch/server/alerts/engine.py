@@ -64,9 +64,11 @@ _NOTIFICATIONS: Table = NotificationRow.__table__  # type: ignore[assignment]
 
 @dataclass
 class RunResult:
-    """What one run did: alerts by new state, notifications planned, attempts made."""
+    """What one run did: alerts written by state (every alert whose condition still
+    holds is rewritten, for its ``last_true_at``; ``dropped``: pending ones that ended
+    unheard), notifications planned, and (receiver, outcome) per delivery attempt."""
 
-    changed: dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
     planned: int = 0
     attempts: list[tuple[str, str]] = field(default_factory=list)
 
@@ -151,7 +153,7 @@ class AlertEngine:
         for alert in changed:
             state = "dropped" if alert.dropped else alert.state
             counts[state] = counts.get(state, 0) + 1
-        return RunResult(changed=counts, planned=planned)
+        return RunResult(written=counts, planned=planned)
 
     def deliver(self, *, database: Database, now: float) -> list[tuple[str, str]]:
         """Attempt every pending notification whose time has come; return (receiver,
