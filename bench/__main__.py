@@ -5,7 +5,17 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("agent", "server", "detection", "detection_share", "alerts", "reaper", "dashboard")
+BENCHMARKS = (
+    "agent",
+    "server",
+    "detection",
+    "detection_share",
+    "alerts",
+    "reaper",
+    "dashboard",
+    "load",
+    "reliability",  # last: renders docs/reliability.md from the results above
+)
 
 
 def main(argv: list[str]) -> int:
