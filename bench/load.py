@@ -29,7 +29,7 @@ the server; its own CPU, the machine's and the lateness of scheduled pushes are
 reported with every phase, so a result limited by the generator says so.
 
 Run: ``./dev bench load`` or ``.venv/bin/python -m bench load``; ``python -m bench.load
---quick`` is a ~1-minute smoke run (fewer hosts at a shorter interval, the same offered
+--quick`` is a ~2-minute smoke run (fewer hosts at a shorter interval, the same offered
 rate). Results: ``bench/results/load.json`` (``load-quick.json`` for ``--quick``).
 """
 
