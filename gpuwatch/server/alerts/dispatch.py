@@ -180,8 +180,8 @@ def _look(
     )
     # The first look waits group_wait from the group's first alert; later ones follow
     # the previous look by group_interval.
-    first = state.flushed_at is None
-    due = state.first_alert_at + wait if first else state.flushed_at + interval  # type: ignore[operator]
+    last_look = state.flushed_at
+    due = state.first_alert_at + wait if last_look is None else last_look + interval
     if now < due:
         return state, None
     state = replace(state, flushed_at=now)
