@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,16 @@ def _live_pids(gpu: dict[str, Any]) -> set[int]:
     return {p["pid"] for p in gpu["processes"] if p["alive"] and p["visible"]}
 
 
-def _exporter_metrics(runtime_dir: Path, scenario: str, gpus: int) -> tuple[str, str]:
-    """Run nvitop-exporter until it has exported every readable GPU; its metrics and log."""
+def _exporter_metrics(
+    runtime_dir: Path, scenario: str, complete: Callable[[str], bool]
+) -> tuple[str, str]:
+    """Run nvitop-exporter until ``complete`` holds for its metrics page; that page and its log.
+
+    The exporter updates its series one GPU at a time, so a scrape can land halfway through a
+    pass (the last GPU's memory exported, its processes not yet): wait for a whole pass rather
+    than for the first page that names every GPU. Past the deadline, the last page comes back
+    and the caller's assertions say what is missing.
+    """
     port = _free_port()
     log = runtime_dir.parent / f"nvitop-exporter-{scenario}.log"
     with log.open("w") as out:
@@ -80,6 +89,7 @@ def _exporter_metrics(runtime_dir: Path, scenario: str, gpus: int) -> tuple[str,
             stdout=out, stderr=subprocess.STDOUT, env=_env(),
         )  # fmt: skip
     try:
+        text = ""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"nvitop-exporter exited:\n{log.read_text()}"
@@ -87,14 +97,26 @@ def _exporter_metrics(runtime_dir: Path, scenario: str, gpus: int) -> tuple[str,
                 text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
             except httpx.HTTPError:
                 text = ""
-            exported = set(re.findall(r'^gpu_memory_used_MiB\{[^}]*index="(\d+)"', text, re.M))
-            if len(exported) >= gpus:
-                return text, log.read_text()
+            if complete(text):
+                break
             time.sleep(0.2)
-        raise AssertionError(f"nvitop-exporter never exported {gpus} GPUs:\n{log.read_text()}")
+        return text, log.read_text()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _exported(text: str) -> tuple[dict[int, float], dict[int, float], dict[int, set[int]]]:
+    """Per physical GPU index: memory used (MiB), memory total (MiB), and the PIDs with series."""
+    used = {int(labels["index"]): value for labels, value in _samples(text, "gpu_memory_used_MiB")
+            if labels["index"].isdigit()}  # fmt: skip
+    total = {int(labels["index"]): value for labels, value in _samples(text, "gpu_memory_total_MiB")
+             if labels["index"].isdigit()}  # fmt: skip
+    pids: dict[int, set[int]] = {}
+    for labels, _ in _samples(text, "process_gpu_memory_MiB"):
+        if labels["index"].isdigit():
+            pids.setdefault(int(labels["index"]), set()).add(int(labels["pid"]))
+    return used, total, pids
 
 
 def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
@@ -136,19 +158,18 @@ def test_third_party_tools_run_and_agree_with_gpuwatch(scenario: str, runtime_di
         assert "GPU is Lost" in screen, index
 
     # nvitop-exporter: per-GPU memory in MiB and per-process series, for physical GPUs.
-    metrics, log = _exporter_metrics(runtime_dir, scenario, len(status["gpus"]))
+    def complete(text: str) -> bool:
+        used, total, pids = _exported(text)
+        return set(used) & set(total) >= set(readable) and all(
+            pids.get(index, set()) >= _live_pids(gpu) for index, gpu in readable.items()
+        )
+
+    metrics, log = _exporter_metrics(runtime_dir, scenario, complete)
     assert "Traceback" not in log, log
     problems = [line for line in log.splitlines() if "ERROR" in line and "GPU is Lost" not in line]
     assert not problems, log
-    used = {int(labels["index"]): value for labels, value in _samples(metrics, "gpu_memory_used_MiB")
-            if labels["index"].isdigit()}  # fmt: skip
-    total = {int(labels["index"]): value for labels, value in _samples(metrics, "gpu_memory_total_MiB")
-             if labels["index"].isdigit()}  # fmt: skip
-    pids: dict[int, set[int]] = {}
-    for labels, _ in _samples(metrics, "process_gpu_memory_MiB"):
-        if labels["index"].isdigit():
-            pids.setdefault(int(labels["index"]), set()).add(int(labels["pid"]))
+    used, total, pids = _exported(metrics)
     for index, gpu in readable.items():
-        assert used[index] == gpu["memory_used_bytes"] / MIB, index
-        assert total[index] == gpu["memory_total_bytes"] / MIB, index
+        assert used.get(index) == gpu["memory_used_bytes"] / MIB, index
+        assert total.get(index) == gpu["memory_total_bytes"] / MIB, index
         assert pids.get(index, set()) >= _live_pids(gpu), index
