@@ -40,23 +40,20 @@ from __future__ import annotations
 
 import cProfile
 import io
-import json
 import multiprocessing
 import pstats
 import random
 import statistics
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.common import write_result
+from tests.support.sink import sink
 
 GIB, MIB, MINUTE = 2**30, 2**20, 60.0
 TOTAL = 80 * GIB
@@ -108,41 +105,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-@dataclass
-class Sink:
-    url: str
-    clock: Callable[[], float]
-    deliveries: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
-
-
-@contextmanager
-def sink(clock: Callable[[], float]) -> Iterator[Sink]:
-    """A local HTTP server that keeps each POSTed body with the fake clock's time."""
-    box: list[Sink] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            box[0].deliveries.append((box[0].clock(), json.loads(raw)))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    box.append(Sink(f"http://127.0.0.1:{server.server_address[1]}/hook", clock))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield box[0]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 # --- scenarios --------------------------------------------------------------------------
@@ -398,7 +360,7 @@ def replay(scenario: Scenario, settings_values: dict[str, Any]) -> dict[str, Any
                     )
                 clock.now = T0 + n * PUSH + ENGINE_LAG
                 engine.run(database=database, settings=settings, now=clock.now)
-            deliveries = list(hook.deliveries)
+            deliveries = [(d.at, d.body) for d in hook.deliveries]
         with database.reader() as session:
             alerts = [
                 (
