@@ -316,6 +316,18 @@ class ServerSettings(_Base):
         unknown = sorted({r.receiver for r in self.alerts.routes} - names)
         if unknown:
             raise ValueError(f"alerts.routes: unknown receiver(s) {', '.join(unknown)}")
+        # One attempt can take a connect, a send and a read, each up to the timeout: a
+        # lease shorter than that could let a second try start while the first runs.
+        slow = [
+            r.name
+            for r in self.receivers
+            if 3 * r.timeout_seconds >= self.alerts.delivery_lease_seconds
+        ]
+        if slow:
+            raise ValueError(
+                f"alerts.delivery_lease ({self.alerts.delivery_lease_seconds:g}s) must exceed 3 x the "
+                f"timeout_seconds of receiver(s) {', '.join(slow)}"
+            )
         return self
 
     def resolved_database_url(self) -> str:

@@ -29,6 +29,7 @@ When = Literal["before_answering", "after_answering"]
 class Post:
     raw: bytes
     headers: dict[str, str]
+    at: float = field(default_factory=time.time)  # epoch seconds it arrived
 
     def body(self) -> Any:
         return json.loads(self.raw)

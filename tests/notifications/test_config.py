@@ -140,15 +140,9 @@ timeout_seconds = 5
 """
 
 
-def _needs_settings_field() -> None:
-    if "receivers" not in ServerSettings.model_fields:
-        pytest.skip("ServerSettings has no receivers field yet (the lead adds it)")
-
-
 def test_receivers_load_from_the_config_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _needs_settings_field()
     path = tmp_path / "gpuwatch.toml"
     path.write_text(RECEIVERS_TOML)
     monkeypatch.setenv("GPUWATCH_CONFIG", str(path))
@@ -169,12 +163,15 @@ def test_receivers_load_from_the_config_file(
         (('name = "ops-hook"', 'name = "team-a"'), "duplicate receiver name 'team-a'"),
         (('type = "slack"', 'type = "slack"\ncolour = "red"'), "receivers.0.colour: Extra inputs"),
         (("https://ops.example.com", "ops.example.com"), "url must start with http://"),
+        (
+            ("timeout_seconds = 5", "timeout_seconds = 40"),
+            "alerts.delivery_lease (120s) must exceed 3 x the timeout_seconds of receiver(s) ops-hook",
+        ),
     ],
 )
 def test_bad_receivers_in_the_config_file_stop_the_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: tuple[str, str], message: str
 ) -> None:
-    _needs_settings_field()
     path = tmp_path / "gpuwatch.toml"
     path.write_text(RECEIVERS_TOML.replace(*edit))
     monkeypatch.setenv("GPUWATCH_CONFIG", str(path))

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select, text
 from support.sink import Sink, sink
 
-from gpuwatch.server.alerts.engine import LEASE_SECONDS, AlertEngine
+from gpuwatch.server.alerts.engine import AlertEngine
 from gpuwatch.server.alerts.models import NotificationRow
 from gpuwatch.server.alerts.schemas import SilenceIn
 from gpuwatch.server.alerts.service import create_silence, expire_silence
@@ -256,7 +256,8 @@ def test_killed_between_sending_and_recording_sends_at_most_one_duplicate(
         timeline.run(T0 + 30, dying)
     assert len(hook.deliveries) == 1
 
-    timeline.run_every(T0 + 45, T0 + 30 + LEASE_SECONDS + 30)
+    lease = timeline.settings.alerts.delivery_lease_seconds
+    timeline.run_every(T0 + 45, T0 + 30 + lease + 30)
     assert len(hook.deliveries) == 2  # sent again once its lease ran out, not more
     with timeline.database.reader() as session:
         (status,) = session.scalars(select(NotificationRow.status)).all()

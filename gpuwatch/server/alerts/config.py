@@ -253,6 +253,12 @@ class AlertSettings(_Strict):
         gt=0,
         description="A notification is retried (with backoff) until this long after it was due, then given up.",
     )
+    delivery_lease_seconds: Duration = Field(
+        120.0,
+        alias="delivery_lease",
+        gt=0,
+        description="A notification being sent is not tried again, by this or another replica, for this long: a server killed mid-send sends it once more after the lease. Must exceed 3 x every receiver's timeout_seconds (an attempt's longest run).",
+    )
     resolved_retention_seconds: Duration = Field(
         86400.0,
         alias="resolved_retention",

@@ -49,9 +49,6 @@ from gpuwatch.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
-# A claimed notification is not tried again (by this or another replica) for this
-# long: longer than any receiver's timeout.
-LEASE_SECONDS = 120.0
 BACKOFF_CAP_SECONDS = 60.0
 # Sent and given-up notifications are kept this long (the log the API shows).
 NOTIFICATION_RETENTION_SECONDS = 7 * 86400.0
@@ -95,7 +92,9 @@ class AlertEngine:
     def run(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
         """Evaluate and dispatch at ``now``, then deliver what is due."""
         result = self.evaluate(database=database, settings=settings, now=now)
-        result.attempts = self.deliver(database=database, now=now)
+        result.attempts = self.deliver(
+            database=database, now=now, lease_seconds=settings.alerts.delivery_lease_seconds
+        )
         return result
 
     def evaluate(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
@@ -155,9 +154,12 @@ class AlertEngine:
             counts[state] = counts.get(state, 0) + 1
         return RunResult(written=counts, planned=planned)
 
-    def deliver(self, *, database: Database, now: float) -> list[tuple[str, str]]:
+    def deliver(
+        self, *, database: Database, now: float, lease_seconds: float
+    ) -> list[tuple[str, str]]:
         """Attempt every pending notification whose time has come; return (receiver,
-        outcome) per attempt."""
+        outcome) per attempt. Each is claimed for ``lease_seconds`` first (longer than an
+        attempt can take, which settings check), so no one else tries it meanwhile."""
         with database.writer() as session, session.begin():
             due = session.scalars(
                 select(NotificationRow)
@@ -171,7 +173,7 @@ class AlertEngine:
             ]
             for row in due:
                 row.attempts += 1
-                row.next_attempt_at = now + LEASE_SECONDS
+                row.next_attempt_at = now + lease_seconds
         outcomes = []
         for row_id, name, body, attempts, deadline in claimed:
             attempt = self._attempt(name, body)
