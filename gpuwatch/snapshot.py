@@ -12,13 +12,29 @@ Conventions:
   not available, or the process is not visible). It never means zero.
 * The schema is strict (``extra="forbid"``) and bounded, because the server ingests
   it from the network. ``schema_version`` changes when a field changes meaning.
+* Types are the published schema's, exactly: an integer is a JSON integer (or a
+  number with no fractional part, ``1.0``, as JSON Schema allows), never a boolean or
+  a numeric string; a number is never a boolean or a string; a boolean is ``true`` or
+  ``false`` only. Pydantic's default (lax) mode would take ``true`` as 1 and ``"7"``
+  as 7 (:data:`JSON_INTEGER`, ``Strict()``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    Strict,
+    StrictBool,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 SCHEMA_VERSION = 1
 
@@ -36,13 +52,46 @@ MAX_UID = 2**32 - 1
 # from NVML or /proc contains one. Refused (422 at the server), not stripped.
 NO_NUL = r"^[^\x00]*$"
 
-Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
-Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
-Epoch = Annotated[float, Field(ge=0.0, le=2**33)]
+
+class _JsonInteger:
+    """Validation of an ``int`` field as the JSON Schema ``integer`` it is published as.
+
+    Put it after the field's bounds: ``Annotated[int, Field(ge=0), JSON_INTEGER]``.
+    First the value must be a number and not a boolean or a string (strict int, or
+    strict float, which takes no booleans either), then it is the bounded integer
+    (lax, so ``1.0`` is 1 and ``1.5`` is refused). Both steps run in pydantic-core:
+    a Python validator per field would cost a third of a snapshot's validation, and
+    strict checks are cheaper than lax ones. The JSON schema is the bounded integer's.
+    """
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        bounded = handler(source)
+        if bounded["type"] != "int":
+            raise TypeError(f"JSON_INTEGER annotates an int, not {bounded['type']}")
+        number = core_schema.union_schema(
+            [core_schema.int_schema(strict=True), core_schema.float_schema(strict=True)],
+            custom_error_type="int_type",
+        )
+        return core_schema.chain_schema([number, {**bounded, "strict": False}])
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        assert schema["type"] == "chain"
+        return handler(schema["steps"][1])
+
+
+JSON_INTEGER = _JsonInteger()
+
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
+Ratio = Annotated[float, Strict(), Field(ge=0.0, le=1.0)]
+Epoch = Annotated[float, Strict(), Field(ge=0.0, le=2**33)]
 # Event counters: the largest a signed 64-bit column (BIGINT) holds, as the server stores them.
-Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Hertz = Annotated[float, Field(ge=0, le=1e11)]
-Celsius = Annotated[float, Field(ge=-100, le=300)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1), JSON_INTEGER]
+Hertz = Annotated[float, Strict(), Field(ge=0, le=1e11)]
+Celsius = Annotated[float, Strict(), Field(ge=-100, le=300)]
 # NVML's clock event ("throttle") reasons, nvmlClocksEventReason* in nvml.h, by name.
 ThrottleReason = Literal[
     "gpu_idle",
@@ -82,7 +131,7 @@ class ProcessOwner(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     user: ShortStr | None = None
-    uid: Annotated[int, Field(ge=0, le=MAX_UID)] | None = None
+    uid: Annotated[int, Field(ge=0, le=MAX_UID), JSON_INTEGER] | None = None
     container_runtime: Literal["docker", "containerd", "podman", "cri-o", "lxc"] | None = None
     container_id: ShortStr | None = None
     pod_uid: ShortStr | None = None
@@ -95,25 +144,27 @@ class ProcessOwner(_Strict):
 class GpuProcess(_Strict):
     """One process holding a context on one GPU (nvidia-smi's bottom table)."""
 
-    pid: Annotated[int, Field(ge=0, le=MAX_PID)]
+    pid: Annotated[int, Field(ge=0, le=MAX_PID), JSON_INTEGER]
     kind: Literal["compute", "graphics", "mps"] = "compute"
     used_bytes: Bytes | None = None
     sm_ratio: Ratio | None = None
+    # The MIG GPU instance it runs in (MigInstance.gpu_instance_id); None off MIG.
+    gpu_instance_id: Annotated[int, Field(ge=0, le=2**32), JSON_INTEGER] | None = None
     # Process facts from /proc. ``visible`` is False when the agent cannot see the PID
     # (another PID namespace, e.g. the agent in a container without hostPID).
-    visible: bool = True
-    alive: bool = True
+    visible: StrictBool = True
+    alive: StrictBool = True
     name: ShortStr | None = None
     command: LongStr | None = None
     start_time: Epoch | None = None
-    ppid: Annotated[int, Field(ge=0, le=MAX_PID)] | None = None
+    ppid: Annotated[int, Field(ge=0, le=MAX_PID), JSON_INTEGER] | None = None
     # True when the original parent is gone and the process was reparented to init
     # or a subreaper (the "training run whose shell died" case).
-    orphaned: bool = False
+    orphaned: StrictBool = False
     # A Jupyter kernel (ipykernel_launcher and friends): its connection file and
     # whether the notebook server that started it is still running.
-    jupyter_kernel: bool = False
-    jupyter_server_alive: bool | None = None
+    jupyter_kernel: StrictBool = False
+    jupyter_server_alive: StrictBool | None = None
     owner: ProcessOwner = Field(default_factory=ProcessOwner)
     torch: TorchAllocatorStats | None = None
 
@@ -121,26 +172,29 @@ class GpuProcess(_Strict):
 class MigInstance(_Strict):
     """A MIG GPU instance carved out of a physical GPU."""
 
-    index: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    index: Annotated[int, Field(ge=0, le=2**31 - 1), JSON_INTEGER]
     uuid: ShortStr
     name: ShortStr | None = None
     # NVML's GPU instance id (nvmlDeviceGetGpuInstanceId; dcgm-exporter's GPU_I_ID) and
     # profile ("3g.40gb", from the instance's name; dcgm-exporter's GPU_I_PROFILE).
-    gpu_instance_id: Annotated[int, Field(ge=0, le=2**32)] | None = None
+    gpu_instance_id: Annotated[int, Field(ge=0, le=2**32), JSON_INTEGER] | None = None
     profile: ShortStr | None = None
     memory_total_bytes: Bytes | None = None
     memory_used_bytes: Bytes | None = None
+    # Share of the time since the previous poll the instance's engines were busy (GPM's
+    # GRAPHICS_UTIL, Hopper and later); None where GPM cannot say (A100, older drivers).
+    activity_ratio: Ratio | None = None
 
 
 class Gpu(_Strict):
     """One physical GPU, as ``nvidia-smi -q`` would describe it, plus its processes."""
 
-    index: Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+    index: Annotated[int, Field(ge=0, lt=MAX_GPUS), JSON_INTEGER]
     uuid: ShortStr
     name: ShortStr | None = None
     pci_bus_id: ShortStr | None = None
     # True when NVML reported GPU_IS_LOST ("fallen off the bus"); other fields are None.
-    lost: bool = False
+    lost: StrictBool = False
     # Set when this poll could not read the GPU at all, e.g. "timeout" when an NVML call
     # hung past the poll deadline. Fields are then None (unknown), not zero.
     read_error: ShortStr | None = None
@@ -151,13 +205,13 @@ class Gpu(_Strict):
     utilization_ratio: Ratio | None = None
     memory_busy_ratio: Ratio | None = None
     temperature_celsius: Celsius | None = None
-    power_watts: Annotated[float, Field(ge=0, le=100_000)] | None = None
-    power_limit_watts: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    power_watts: Annotated[float, Strict(), Field(ge=0, le=100_000)] | None = None
+    power_limit_watts: Annotated[float, Strict(), Field(ge=0, le=100_000)] | None = None
     # Health, each None where the board or driver does not report it (docs/metrics.md).
     # HBM temperature (nvidia-smi "Memory Current Temp").
     memory_temperature_celsius: Celsius | None = None
     # Energy since the driver loaded (nvmlDeviceGetTotalEnergyConsumption, Volta+).
-    energy_joules: Annotated[float, Field(ge=0, le=2**63 / 1000)] | None = None
+    energy_joules: Annotated[float, Strict(), Field(ge=0, le=2**63 / 1000)] | None = None
     clock_sm_hertz: Hertz | None = None
     clock_memory_hertz: Hertz | None = None
     # Fan speed as a fraction of its maximum (first fan); None on passively cooled boards.
@@ -174,19 +228,19 @@ class Gpu(_Strict):
     # Page retirement (before Ampere) and row remapping (Ampere and later).
     retired_pages_single_bit: Count | None = None
     retired_pages_double_bit: Count | None = None
-    retired_pages_pending: bool | None = None
+    retired_pages_pending: StrictBool | None = None
     remapped_rows_correctable: Count | None = None
     remapped_rows_uncorrectable: Count | None = None
-    remapped_rows_pending: bool | None = None
-    remapped_rows_failure: bool | None = None
+    remapped_rows_pending: StrictBool | None = None
+    remapped_rows_failure: StrictBool | None = None
     # Xid (critical error) events since the agent started watching, and the last code.
     xid_errors: Count | None = None
-    xid_last_code: Annotated[int, Field(ge=0, le=2**32)] | None = None
+    xid_last_code: Annotated[int, Field(ge=0, le=2**32), JSON_INTEGER] | None = None
     pcie_replay_errors: Count | None = None
     # Coherent-memory GPUs (Grace Hopper) and MIG parents: "used" is not the sum of
     # processes, so the unattributed figure is masked (None).
-    coherent_memory: bool = False
-    processes_visible: bool = True
+    coherent_memory: StrictBool = False
+    processes_visible: StrictBool = True
     unattributed_bytes: Bytes | None = None
     processes: Annotated[list[GpuProcess], Field(max_length=MAX_PROCESSES_PER_GPU)] = Field(
         default_factory=list
@@ -203,15 +257,15 @@ class HostSnapshot(_Strict):
     agent_id: ShortStr
     hostname: ShortStr
     boot_id: ShortStr
-    sequence: Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
+    sequence: Annotated[int, Field(ge=0, le=MAX_SEQUENCE), JSON_INTEGER]
     collected_at: Epoch
-    poll_duration_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    poll_duration_seconds: Annotated[float, Strict(), Field(ge=0, le=3600)] = 0.0
     driver_version: ShortStr | None = None
     nvml_version: ShortStr | None = None
     cuda_driver_version: ShortStr | None = None
     # True when the agent runs in a PID namespace that hides host PIDs NVML reports.
-    pid_namespace_isolated: bool = False
-    fake: bool = False
+    pid_namespace_isolated: StrictBool = False
+    fake: StrictBool = False
     gpus: Annotated[list[Gpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
 
     @model_validator(mode="after")

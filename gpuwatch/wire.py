@@ -14,7 +14,9 @@ module holds the envelopes around it and the other bodies:
 Sizes are bytes, times Unix epoch seconds. Bodies are strict (``extra="forbid"``) and
 bounded, because each side takes them from another process: every number fits the
 column that stores it, no float is NaN or infinite, and no string holds NUL (refused,
-not stripped; see :data:`~gpuwatch.snapshot.NO_NUL`). Free-form JSON (an event's
+not stripped; see :data:`~gpuwatch.snapshot.NO_NUL`), and every integer, number and
+boolean is one (never ``true`` for 1 or ``"7"`` for 7; see
+:data:`~gpuwatch.snapshot.JSON_INTEGER`). Free-form JSON (an event's
 ``evidence``, an incident's ``explanation``) is bounded in bytes and depth. The answers
 (:class:`IngestResponse`, :class:`ReportedEventResult`) ignore fields they do not know,
 so a newer server can add one without breaking older agents.
@@ -34,6 +36,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpuwatch.snapshot import (
+    JSON_INTEGER,
     MAX_BYTES,
     MAX_GPUS,
     MAX_PID,
@@ -159,10 +162,8 @@ class IngestRequest(_Body):
     snapshots: Annotated[
         list[HostSnapshot], Field(min_length=1, max_length=MAX_SNAPSHOTS_PER_REQUEST)
     ]
-    spool_dropped_total: int | None = Field(
+    spool_dropped_total: Annotated[int, Field(ge=0, le=2**62), JSON_INTEGER] | None = Field(
         default=None,
-        ge=0,
-        le=2**62,
         description="Snapshots the agent's spool has dropped since the agent started (a counter).",
     )
 
@@ -212,10 +213,10 @@ class ReportedEvent(_Body):
 
     kind: ReportedKind
     hostname: ShortStr
-    gpu_index: int | None = Field(default=None, ge=0, lt=MAX_GPUS)
-    pid: int | None = Field(default=None, ge=0, le=MAX_PID)
+    gpu_index: Annotated[int, Field(ge=0, lt=MAX_GPUS), JSON_INTEGER] | None = None
+    pid: Annotated[int, Field(ge=0, le=MAX_PID), JSON_INTEGER] | None = None
     user: ShortStr | None = None
-    held_bytes: int | None = Field(default=None, ge=0, le=MAX_BYTES)
+    held_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER] | None = None
     summary: str = Field(max_length=MAX_EVENT_SUMMARY_CHARS, pattern=NO_NUL)
     evidence: Evidence = Field(
         default_factory=dict,
@@ -238,13 +239,13 @@ class ReportedEventResult(BaseModel):
 class TorchReport(_Body):
     """PyTorch's allocator on one device of one process (``torch.cuda.memory_stats``)."""
 
-    pid: int = Field(ge=1, le=MAX_PID)
-    device_index: int = Field(ge=0, lt=MAX_GPUS)
-    allocated_bytes: int = Field(ge=0, le=MAX_BYTES)
-    reserved_bytes: int = Field(ge=0, le=MAX_BYTES)
-    reserved_unallocated_bytes: int = Field(ge=0, le=MAX_BYTES)
+    pid: Annotated[int, Field(ge=1, le=MAX_PID), JSON_INTEGER]
+    device_index: Annotated[int, Field(ge=0, lt=MAX_GPUS), JSON_INTEGER]
+    allocated_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
+    reserved_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
+    reserved_unallocated_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
     # The peak since the previous report (the reporter resets PyTorch's counter).
-    peak_allocated_bytes: int = Field(ge=0, le=MAX_BYTES)
+    peak_allocated_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
     reported_at: Epoch
 
 
@@ -256,8 +257,8 @@ class OomIncident(_Body):
     ``None`` when the sender's clock is unknown; the agent then uses its own.
     """
 
-    pid: int = Field(ge=1, le=MAX_PID)
-    device_index: int | None = Field(default=None, ge=0, lt=MAX_GPUS)
+    pid: Annotated[int, Field(ge=1, le=MAX_PID), JSON_INTEGER]
+    device_index: Annotated[int, Field(ge=0, lt=MAX_GPUS), JSON_INTEGER] | None = None
     message: str = Field(max_length=MAX_OOM_MESSAGE_CHARS, pattern=NO_NUL)
     explanation: Explanation | None = None
     occurred_at: Epoch | None = None

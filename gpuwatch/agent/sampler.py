@@ -122,6 +122,7 @@ class Sampler:
                     memory_used_bytes=m.memory_used_bytes,
                     gpu_instance_id=m.gpu_instance_id,
                     profile=m.profile,
+                    activity_ratio=m.activity_ratio,
                 )
                 for m in reading.mig
             ],
@@ -140,6 +141,8 @@ class Sampler:
             kind=usage.kind,
             used_bytes=usage.used_bytes,
             sm_ratio=sm,
+            # Only meaningful against the GPU's instances; off MIG NVML may say 0.
+            gpu_instance_id=usage.gpu_instance_id if reading.mig else None,
             torch=torch,
             **facts.to_gpu_process_fields(),
         )

@@ -281,8 +281,9 @@ class _Session:
     def _server_client(self) -> HistoryClient | None:
         """A reader of the central server this host's agent pushes to (``[agent]
         server_url`` and ``token``), with the read token ``gpuwatch history`` uses
-        (``GPUWATCH_SERVER_READ_TOKEN`` or ``[server] read_token``): an agent token
-        cannot read. ``None`` when no server is configured."""
+        (``GPUWATCH_SERVER_READ_TOKEN`` or ``[server] read_token``), else the policy's
+        (``[agent.reap] server_read_token``): an agent token cannot read. ``None`` when
+        no server is configured."""
         import httpx
 
         from gpuwatch.errors import ConfigError
@@ -298,6 +299,8 @@ class _Session:
             self.notes.append(f"no read token for the central server ({err})")
         else:
             token = None if read_token is None else read_token.get_secret_value()
+        if token is None and self.reap.server_read_token is not None:
+            token = self.reap.server_read_token.get_secret_value()
         try:
             return HistoryClient(self.settings.server_url, token=token, timeout_seconds=5.0)
         except httpx.InvalidURL as err:

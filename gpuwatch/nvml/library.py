@@ -17,7 +17,8 @@ Versioned functions are probed once per session: memory info v2 (which separates
 driver's reserved memory from "used") falls back to v1; running-process lists v3 fall
 back to v2. A function the driver lacks is logged once, then skipped. Health readings
 (clocks, energy, ECC, Xid, ...: :mod:`gpuwatch.nvml.health`) a board does not support
-are asked once per device.
+are asked once per device. MIG instances' activity comes from GPM
+(:mod:`gpuwatch.nvml.gpm`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from types import ModuleType
 from typing import Any, Literal, TypeVar
 
 from gpuwatch.errors import NvmlUnavailable
+from gpuwatch.nvml.gpm import GpmReads, GpmState
 from gpuwatch.nvml.health import HealthReads, HealthState
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,8 @@ _ERROR_NAMES = {
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+# gpuInstanceId of a process on a GPU not in MIG mode (0xFFFFFFFF in nvml.h).
+_NO_INSTANCE = 0xFFFFFFFF
 # What nvmlDeviceGetMemoryInfo_v2 answers on a driver without it: missing symbol, the
 # struct version refused, or not supported on this board.
 _MEMORY_V2_ABSENT = frozenset({NVML_ERROR_FUNCTION_NOT_FOUND, 2, 3, 25})
@@ -114,9 +118,10 @@ class ProcessUsage:
     pid: int
     kind: Literal["compute", "graphics", "mps"]
     used_bytes: int | None
+    gpu_instance_id: int | None = None  # the MIG GPU instance it runs in; None off MIG
 
 
-@dataclass(frozen=True)
+@dataclass
 class MigReading:
     index: int
     uuid: str
@@ -125,6 +130,8 @@ class MigReading:
     memory_used_bytes: int | None
     gpu_instance_id: int | None = None
     profile: str | None = None  # "3g.40gb"
+    # Busy share of the time since the previous poll (GPM); None: not measurable.
+    activity_ratio: float | None = None
 
 
 @dataclass
@@ -184,7 +191,7 @@ def _to_str(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-class NvmlSession(HealthReads):
+class NvmlSession(HealthReads, GpmReads):
     """An initialised NVML, and typed reads of each device.
 
     Open with :meth:`open`, close with :meth:`close` (or use as a context manager).
@@ -203,6 +210,7 @@ class NvmlSession(HealthReads):
         self._util_ts: dict[int, int] = {}
         self._handles: dict[int, Any] = {}
         self._health = HealthState()
+        self._gpm = GpmState()
         self.driver_version: str | None = None
         self.nvml_version: str | None = None
         self.cuda_driver_version: str | None = None
@@ -226,6 +234,7 @@ class NvmlSession(HealthReads):
 
     def close(self) -> None:
         self._close_health()
+        self._close_gpm()
         try:
             self._nv.nvmlShutdown()
         except self._nv.NVMLError:
@@ -329,9 +338,11 @@ class NvmlSession(HealthReads):
             self._read_health(index, handle, reading)
             reading.process_sm = self._read_process_sm(index, handle)
             reading.mig = self._read_mig(handle)
+            self._read_mig_activity(index, handle, reading.mig)
         except GpuLost:
             # Keep what identifies the GPU; everything else is unknowable now.
             self._handles.pop(index, None)
+            self._forget_gpm(index)
             return DeviceReading(index=index, uuid=reading.uuid, name=reading.name, lost=True)
         return reading
 
@@ -403,8 +414,14 @@ class NvmlSession(HealthReads):
         for kind, base in kinds:
             for proc in self._process_list(base, handle) or ():
                 used = proc.usedGpuMemory  # pynvml maps NVML_VALUE_NOT_AVAILABLE to None
+                instance = getattr(proc, "gpuInstanceId", None)  # v2 and later
                 rows[(int(proc.pid), kind)] = ProcessUsage(
-                    pid=int(proc.pid), kind=kind, used_bytes=None if used is None else int(used)
+                    pid=int(proc.pid),
+                    kind=kind,
+                    used_bytes=None if used is None else int(used),
+                    gpu_instance_id=None
+                    if instance is None or instance == _NO_INSTANCE
+                    else int(instance),
                 )
         return list(rows.values())
 

@@ -32,7 +32,6 @@ from hypothesis.errors import Unsatisfiable
 from pydantic import SecretStr
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.core.failures import AcceptedNegativeData, FailureGroup
 from schemathesis.specs.openapi.checks import negative_data_rejection
 from server.harness import make_token, serve
 
@@ -83,20 +82,6 @@ CONFIG = {
 }
 
 statuses: Counter[tuple[str, str, int]] = Counter()
-known: Counter[str] = Counter()  # accepted-invalid cases of the known bug, by path
-
-
-_BOOL_FOR_NUMBER = re.compile(r"violates `type` .*\(was (integer|number|null), became boolean\)")
-
-
-def _bool_for_int(failure: BaseException) -> bool:
-    """A JSON boolean accepted where the schema says a number (or a nullable one), and
-    nothing else wrong: the one known way invalid data gets in (the strict xfail below).
-    A boolean where a nullable string belongs is refused (422), so it never lands here."""
-    if not isinstance(failure, AcceptedNegativeData):
-        return False
-    violations = [line for line in str(failure.message).splitlines() if "violates" in line]
-    return bool(violations) and all(_BOOL_FOR_NUMBER.search(v) for v in violations)
 
 
 @pytest.fixture(scope="module")
@@ -181,14 +166,9 @@ def exercise(operation: Any, mode: GenerationMode, live: dict[str, str], caller:
     def check(case: Any) -> None:
         response = case.call(base_url=live["url"], headers=headers, timeout=30)
         statuses[(f"{case.method} {case.path}", caller, response.status_code)] += 1
-        try:
-            case.validate_response(
-                response, checks=[not_a_server_error, negative_data_rejection], headers=headers
-            )
-        except FailureGroup as group:
-            if not all(_bool_for_int(f) for f in group.exceptions):
-                raise
-            known[case.path] += 1  # test_a_json_boolean_is_not_an_integer, below
+        case.validate_response(
+            response, checks=[not_a_server_error, negative_data_rejection], headers=headers
+        )
 
     check()
 
@@ -214,13 +194,6 @@ def test_no_server_errors_and_no_invalid_data_accepted(
         assert stored > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the wire models validate in pydantic's lax mode, which takes a JSON "
-    "boolean for an integer (true -> 1): POST /api/v1/events with gpu_index: false is "
-    "stored as GPU 0, where the published schema says integer (gpuwatch/wire.py, "
-    "gpuwatch/snapshot.py: the same holds for every integer of a snapshot)",
-)
 def test_a_json_boolean_is_not_an_integer(live: dict[str, str]) -> None:
     event = {
         "kind": "oom",
@@ -236,6 +209,53 @@ def test_a_json_boolean_is_not_an_integer(live: dict[str, str]) -> None:
         timeout=30,
     )
     assert response.status_code == 422
+
+
+def _snapshot(sequence: int, **process: Any) -> dict[str, Any]:
+    return {
+        "agent_id": "agent-st",
+        "hostname": AGENT_HOST,
+        "boot_id": "boot-st",
+        "sequence": sequence,
+        "collected_at": 1_700_000_000.0 + sequence,  # the past: the server runs on real time
+        "gpus": [{"index": 0, "uuid": "GPU-st-0", "processes": [{"pid": 7, **process}]}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("pid", True),  # integer
+        ("pid", "7"),
+        ("pid", 7.5),
+        ("used_bytes", False),  # nullable integer
+        ("sm_ratio", True),  # number
+        ("sm_ratio", "0.5"),
+        ("orphaned", 1),  # boolean
+        ("orphaned", "true"),
+    ],
+)
+def test_a_snapshot_takes_only_its_schemas_types(
+    live: dict[str, str], field: str, value: object
+) -> None:
+    headers = {"Authorization": f"Bearer {live['agent']}"}
+    bad = {"snapshots": [_snapshot(1, **{field: value})]}
+
+    response = httpx.post(f"{live['url']}/api/v1/snapshots", json=bad, headers=headers, timeout=30)
+
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][-1] == field
+
+
+def test_a_whole_number_is_an_integer_as_the_schema_says(live: dict[str, str]) -> None:
+    # JSON Schema's integer is any number without a fractional part: 7.0 is 7.
+    headers = {"Authorization": f"Bearer {live['agent']}"}
+    body = {"snapshots": [_snapshot(2, used_bytes=1024.0)]}
+
+    response = httpx.post(f"{live['url']}/api/v1/snapshots", json=body, headers=headers, timeout=30)
+
+    assert response.status_code == 200, response.text
+    assert response.json()["results"] == ["accepted"]
 
 
 def test_a_silence_id_past_64_bits_is_422_not_500(live: dict[str, str]) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from reaper.central_rig import Central, central_fixture
 from reaper.rig import Rig, Victim, rig_fixture, victims_fixture
 from support.clock import FakeClock
 
@@ -26,3 +27,9 @@ def clock() -> FakeClock:
 def rig(tmp_path: Path, clock: FakeClock) -> Iterator[Rig]:
     """Fake GPUs in this process on the fake clock; stand-ins stopped afterwards."""
     yield from rig_fixture(tmp_path, clock)
+
+
+@pytest.fixture
+def central(tmp_path: Path) -> Iterator[Central]:
+    """A live gpuwatch server (SQLite) this host's agent token may push to."""
+    yield from central_fixture(tmp_path)

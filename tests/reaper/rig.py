@@ -112,9 +112,13 @@ class Rig:
         self._count = 0
 
     def install(self, holds: list[Hold], **kwargs: object) -> Path:
+        return self.install_text(scenario_text(holds, **kwargs))  # type: ignore[arg-type]
+
+    def install_text(self, text: str) -> Path:
+        """Install a whole scenario file's text (for GPUs ``scenario_text`` cannot say)."""
         self._count += 1
         path = self.tmp_path / f"reap-{self._count}.toml"
-        path.write_text(scenario_text(holds, **kwargs), encoding="utf-8")  # type: ignore[arg-type]
+        path.write_text(text, encoding="utf-8")
         self.close()
         fake.install(path, clock=self.clock, runtime_dir=self.runtime_dir)
         self.session = NvmlSession.open()

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from reaper.policy_rig import Events, policy_agent, run_polls
 from reaper.rig import ALICE, Hold, Rig, Victim
 
 from gpuwatch.agent.collectors import reaper as reaper_metrics
-from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.collectors.reaper import ReaperCollector
 from gpuwatch.agent.reaper.audit import AuditLog
 from gpuwatch.agent.reaper.stats import (
@@ -30,81 +28,6 @@ from gpuwatch.agent.reaper.stats import (
     PolicyCounts,
 )
 from gpuwatch.agent.service import Agent
-from gpuwatch.agent.state import AgentState
-from gpuwatch.agent.torch_reports import TorchReports
-from gpuwatch.settings import AgentSettings, load
-from gpuwatch.snapshot import HostSnapshot
-from gpuwatch.wire import ReportedEvent
-
-MINUTE = 60.0
-
-
-class Events:
-    """The agent's sink, keeping the events it is given."""
-
-    def __init__(self) -> None:
-        self.events: list[ReportedEvent] = []
-
-    def offer(self, snapshot: HostSnapshot) -> None:
-        pass
-
-    def push_stats(self) -> PushStats:
-        return PushStats()
-
-    def send_event(self, event: ReportedEvent) -> None:
-        self.events.append(event)
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def stages(self, pid: int) -> list[str]:
-        return [e.evidence["stage"] for e in self.events if e.pid == pid]
-
-
-def _agent(rig: Rig, tmp_path: Path, sink: Events, **reap: Any) -> Agent:
-    settings = load(
-        AgentSettings,
-        listen="127.0.0.1:0",
-        poll_interval_seconds=30.0,
-        spool_dir=tmp_path / "spool",
-        reap={
-            "enabled": True,
-            "idle": "30m",
-            "warn_before": "10m",
-            "check_interval": "1m",
-            "contended_ratio": 0.5,
-            "grace": "5s",
-            "audit_log": str(tmp_path / "audit.jsonl"),
-            **reap,
-        },
-    )
-    return Agent(
-        settings,
-        sampler=rig.sampler(),
-        state=AgentState(),
-        torch_reports=TorchReports(),
-        sink=sink,
-        clock=rig.clock,
-    )
-
-
-def _run(
-    agent: Agent, rig: Rig, minutes: float, *, until: Callable[[], bool] = lambda: False
-) -> None:
-    """Poll every 30 s of fake time for ``minutes``, letting stops in progress finish."""
-    end = rig.clock.now + minutes * MINUTE
-    while rig.clock.now < end and not until():
-        agent.poll_once()
-        auto = agent.reaper.auto
-        assert auto is not None
-        deadline = time.monotonic() + 30
-        while auto.busy and time.monotonic() < deadline:
-            time.sleep(0.05)  # the worker waits for the next poll: give it one
-            agent.poll_once()
-        rig.clock.advance(30)
 
 
 def test_warned_then_spared_on_activity_then_stopped_while_still_idle(
@@ -115,8 +38,8 @@ def test_warned_then_spared_on_activity_then_stopped_while_still_idle(
     active = '{ steps = [["0s", 0], ["35m", 50], ["36m", 0]] }'
     rig.install([Hold(steady.pid, memory="6GiB"), Hold(wakes.pid, memory="6GiB", sm=active)])
     sink = Events()
-    agent = _agent(rig, tmp_path, sink, contended_ratio=0.3)  # 6 of 16 GiB is enough
-    _run(agent, rig, 31)
+    agent = policy_agent(rig, tmp_path, sink, contended_ratio=0.3)  # 6 of 16 GiB is enough
+    run_polls(agent, rig, 31)
     assert sink.stages(steady.pid) == ["warning"] and sink.stages(wakes.pid) == ["warning"]
     warning = next(e for e in sink.events if e.pid == steady.pid)
     assert "will be stopped in 10m unless it becomes active" in warning.summary
@@ -124,11 +47,11 @@ def test_warned_then_spared_on_activity_then_stopped_while_still_idle(
         f"pid {steady.pid} ({ALICE}, " in warning.summary and "6.0 GiB on gpu0" in warning.summary
     )
 
-    _run(agent, rig, 6)  # minute 37: `wakes` was active, its warning is withdrawn
+    run_polls(agent, rig, 6)  # minute 37: `wakes` was active, its warning is withdrawn
     assert sink.stages(wakes.pid) == ["warning", "withdrawn"]
     assert steady.alive() and wakes.alive()
 
-    _run(agent, rig, 5, until=lambda: not steady.alive())  # minute 42: past the deadline
+    run_polls(agent, rig, 5, until=lambda: not steady.alive())  # minute 42: past the deadline
     assert sink.stages(steady.pid) == ["warning", "stopped"]
     assert steady.exit_signal() == 15
     stopped = [e for e in sink.events if e.pid == steady.pid][-1]
@@ -136,7 +59,7 @@ def test_warned_then_spared_on_activity_then_stopped_while_still_idle(
     assert wakes.alive()
 
     # Still idle after its burst: warned again 30 minutes later, then stopped.
-    _run(agent, rig, 45, until=lambda: not wakes.alive())
+    run_polls(agent, rig, 45, until=lambda: not wakes.alive())
     assert sink.stages(wakes.pid) == ["warning", "withdrawn", "warning", "stopped"]
     rows = [(r["event"], r.get("pid")) for r in AuditLog(tmp_path / "audit.jsonl").read()]
     assert rows[0] == ("policy_started", None)
@@ -150,8 +73,8 @@ def test_never_acts_on_an_uncontended_gpu(
     idle = victims()
     rig.install([Hold(idle.pid, memory="2GiB")])  # 2 of 16 GiB: nobody needs it
     sink = Events()
-    agent = _agent(rig, tmp_path, sink)
-    _run(agent, rig, 90)
+    agent = policy_agent(rig, tmp_path, sink)
+    run_polls(agent, rig, 90)
     assert sink.events == [] and idle.alive()
     assert [r["event"] for r in AuditLog(tmp_path / "audit.jsonl").read()] == ["policy_started"]
 
@@ -159,7 +82,7 @@ def test_never_acts_on_an_uncontended_gpu(
     # (The agent hands each OOM incident it relays to the policy: Agent._on_oom.)
     agent.reaper.note_oom(0, 99999, rig.clock.now)
     sink.events.clear()
-    _run(agent, rig, 12, until=lambda: not idle.alive())
+    run_polls(agent, rig, 12, until=lambda: not idle.alive())
     assert sink.stages(idle.pid) == ["warning", "stopped"]
 
 
@@ -167,15 +90,15 @@ def test_rate_caps_and_dry_run(rig: Rig, victims: Callable[..., Victim], tmp_pat
     a, b, c = victims(), victims(), victims()
     rig.install([Hold(v.pid, memory="5GiB") for v in (a, b, c)])
     sink = Events()
-    agent = _agent(rig, tmp_path, sink, max_per_user_per_hour=1, warn_before="0s")
-    _run(agent, rig, 33)
+    agent = policy_agent(rig, tmp_path, sink, max_per_user_per_hour=1, warn_before="0s")
+    run_polls(agent, rig, 33)
     stopped = [v for v in (a, b, c) if not v.alive()]
     assert len(stopped) == 1  # one of alice's per hour
     assert sum(s == "stopped" for v in (a, b, c) for s in sink.stages(v.pid)) == 1
 
     dry_sink = Events()
-    dry = _agent(rig, tmp_path / "dry", dry_sink, dry_run=True, warn_before="0s")
-    _run(dry, rig, 33)
+    dry = policy_agent(rig, tmp_path / "dry", dry_sink, dry_run=True, warn_before="0s")
+    run_polls(dry, rig, 33)
     survivors = [v for v in (a, b, c) if v.alive()]
     assert len(survivors) == 2
     assert sorted(s for v in survivors for s in dry_sink.stages(v.pid)) == ["dry_run", "dry_run"]
@@ -185,7 +108,7 @@ def test_no_policy_without_a_writable_audit_log(rig: Rig, tmp_path: Path) -> Non
     rig.install([])
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("")  # a file where the log's directory should be
-    agent = _agent(rig, tmp_path, Events(), audit_log=str(blocked / "audit.jsonl"))
+    agent = policy_agent(rig, tmp_path, Events(), audit_log=str(blocked / "audit.jsonl"))
     assert agent.reaper.auto is None  # disabled at start, with the reason logged
 
 
@@ -229,7 +152,7 @@ def test_metrics_count_warnings_withdrawals_and_stops_from_zero(
     steady, wakes = victims(), victims(uid=ALICE + 1)
     active = '{ steps = [["0s", 0], ["35m", 50], ["36m", 0]] }'
     rig.install([Hold(steady.pid, memory="6GiB"), Hold(wakes.pid, memory="6GiB", sm=active)])
-    agent = _agent(rig, tmp_path, Events(), contended_ratio=0.3)
+    agent = policy_agent(rig, tmp_path, Events(), contended_ratio=0.3)
     agent.exporter.start()
     try:
         text, first = _scrape(agent)
@@ -246,16 +169,16 @@ def test_metrics_count_warnings_withdrawals_and_stops_from_zero(
             )
             assert lint.returncode == 0 and not lint.stderr.strip(), lint.stderr.decode()
 
-        _run(agent, rig, 31)  # both warned
+        run_polls(agent, rig, 31)  # both warned
         warned = _policy(_scrape(agent)[1])
         assert (warned["warnings"], warned["warned"]) == (2, 2)
 
-        _run(agent, rig, 6)  # `wakes` ran a kernel: its warning is withdrawn
+        run_polls(agent, rig, 6)  # `wakes` ran a kernel: its warning is withdrawn
         spared = _policy(_scrape(agent)[1])
         assert spared["withdrawn"] == _zero(WITHDRAWN_REASONS, not_idle=1)
         assert spared["warned"] == 1
 
-        _run(agent, rig, 5, until=lambda: not steady.alive())  # `steady` is stopped
+        run_polls(agent, rig, 5, until=lambda: not steady.alive())  # `steady` is stopped
         assert steady.exit_signal() == 15
         done = _policy(_scrape(agent)[1])
         assert done["stops"] == _zero(STOP_OUTCOMES, terminated=1)
@@ -270,10 +193,10 @@ def test_metrics_count_capped_stops_as_refusals(
 ) -> None:
     a, b = victims(), victims()
     rig.install([Hold(v.pid, memory="5GiB") for v in (a, b)])
-    agent = _agent(rig, tmp_path, Events(), max_per_user_per_hour=1, warn_before="0s")
+    agent = policy_agent(rig, tmp_path, Events(), max_per_user_per_hour=1, warn_before="0s")
     agent.exporter.start()
     try:
-        _run(agent, rig, 33)
+        run_polls(agent, rig, 33)
         counts = _policy(_scrape(agent)[1])
     finally:
         agent.exporter.stop()
@@ -290,8 +213,8 @@ def test_metrics_show_a_policy_that_could_not_start_and_none_when_off(
     rig.install([])
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("")
-    broken = _agent(rig, tmp_path, Events(), audit_log=str(blocked / "audit.jsonl"))
-    off = _agent(rig, tmp_path / "off", Events(), enabled=False)
+    broken = policy_agent(rig, tmp_path, Events(), audit_log=str(blocked / "audit.jsonl"))
+    off = policy_agent(rig, tmp_path / "off", Events(), enabled=False)
     for agent in (broken, off):
         agent.exporter.start()
     try:

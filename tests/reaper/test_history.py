@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from gpuwatch.agent.reaper.evidence import idle_evidence
-from gpuwatch.agent.reaper.history import ProcessHistory
+from gpuwatch.agent.reaper.history import ProcessHistory, classify
 from gpuwatch.agent.reaper.served import HistoryReport, fetch_history, history_report
 from gpuwatch.errors import RemoteError
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance
@@ -110,6 +110,26 @@ def test_unknown_sm_is_never_idle_and_mig_stays_unknown() -> None:
     h = hist()
     last = feed(h, T0, T0 + 7200, [(7, None)], util=0.0, mig=True)
     assert verdict(h, 7, last).reason == "unknown"
+
+
+@pytest.mark.parametrize(
+    ("instance_id", "activity", "expected"),
+    [(3, 0.0, "idle"), (3, 0.02, "active"), (3, None, "unknown"), (None, 0.0, "unknown")],
+)
+def test_on_mig_a_process_is_judged_by_its_own_instance(
+    instance_id: int | None, activity: float | None, expected: str
+) -> None:
+    gpu = Gpu(
+        index=0,
+        uuid="GPU-0",
+        mig_instances=[
+            MigInstance(index=0, uuid="MIG-0", gpu_instance_id=2, activity_ratio=0.9),
+            MigInstance(index=1, uuid="MIG-1", gpu_instance_id=3, activity_ratio=activity),
+        ],
+    )
+    process = GpuProcess(pid=7, sm_ratio=None, gpu_instance_id=instance_id)
+    # The busy neighbour on instance 2 says nothing about a process on instance 3.
+    assert classify(process, gpu) == expected
 
 
 def test_a_whole_gpu_at_zero_stands_in_for_missing_per_process_sm() -> None:

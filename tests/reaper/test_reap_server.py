@@ -16,74 +16,19 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from reaper.central_rig import READ_TOKEN, STEP, Central
 from reaper.rig import HistoryServer, Hold, Rig, Victim, _boot_id, run_cli, write_config
-from server.harness import make_token, serve
 
 from gpuwatch.agent.reaper.history import ProcessHistory
 from gpuwatch.agent.reaper.served import history_report
-from gpuwatch.server.app import create_app
-from gpuwatch.server.database import Database, create_database
-from gpuwatch.server.database.migrate import upgrade
-from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import HostSnapshot
-from gpuwatch.wire import ingest_request_json
 
-READ_TOKEN = "reader-secret"
 MINUTE = 60.0
 HOUR = 3600.0
-STEP = 30.0  # the stand-in agent polls and pushes every 30 s
-
-
-@dataclass
-class Central:
-    url: str
-    token: str
-    database: Database
-
-    def push(self, snapshots: list[HostSnapshot]) -> None:
-        for i in range(0, len(snapshots), 500):
-            batch = [s.model_dump_json().encode() for s in snapshots[i : i + 500]]
-            answer = httpx.post(
-                f"{self.url}/api/v1/snapshots",
-                content=ingest_request_json(batch, 0),
-                headers={
-                    "Authorization": f"Bearer {self.token}",
-                    "Content-Type": "application/json",
-                },
-                timeout=60,
-            )
-            assert answer.status_code == 200, answer.text
-
-    def reaped_pids(self) -> list[int]:
-        events = httpx.get(
-            f"{self.url}/api/v1/events",
-            params={"kind": "reaped"},
-            headers={"Authorization": f"Bearer {READ_TOKEN}"},
-        ).json()["items"]
-        return [e["pid"] for e in events]
-
-
-@pytest.fixture
-def central(tmp_path: Path) -> Iterator[Central]:
-    database = create_database(f"sqlite:///{tmp_path / 'server.db'}")
-    upgrade(database)
-    settings = ServerSettings(
-        data_dir=tmp_path / "server",
-        scheduler=False,
-        read_token=READ_TOKEN,
-        sample_interval_seconds=60,
-        agent_push_interval_seconds=STEP,
-    )
-    token = make_token(database, socket.gethostname(), time.time())
-    with serve(create_app(settings, engine=database.engine)) as url:
-        yield Central(url, token, database)
-    database.dispose()
 
 
 @pytest.fixture

@@ -1,8 +1,11 @@
 """The agent's automatic policy: warn, then stop idle processes on contended GPUs.
 
 Off by default (``[agent.reap] enabled``). Every ``check_interval`` the agent plans
-over its own history, exactly as ``gpuwatch reap --idle <idle>`` would, and then, for
-each process the plan would stop:
+over its own history, exactly as ``gpuwatch reap --idle <idle>`` would (with the
+central server's samples for a process it has watched for less than the window, when
+``server_history`` and ``[agent] server_url`` are set:
+:mod:`gpuwatch.agent.reaper.server_cache`), and then, for each process the plan would
+stop:
 
 1. **Only on a contended GPU**: one at least ``contended_ratio`` full, or on which
    another process hit an out-of-memory error within ``oom_wait`` (someone is
@@ -41,6 +44,7 @@ from gpuwatch.agent.reaper.execute import Executor, decision_row
 from gpuwatch.agent.reaper.history import ProcessHistory
 from gpuwatch.agent.reaper.plan import IdleRule, Plan, make_plan
 from gpuwatch.agent.reaper.policy import Decision, Protections, Selection
+from gpuwatch.agent.reaper.server_cache import CachedServerHistory
 from gpuwatch.agent.reaper.settings import ReapSettings
 from gpuwatch.agent.reaper.stats import PolicyStats
 from gpuwatch.snapshot import Gpu, HostSnapshot
@@ -70,7 +74,8 @@ class AutoReaper:
     ``executor`` stops processes (its observer waits for the agent's next poll);
     ``clock`` is epoch seconds. ``background`` runs stops on a worker thread (the
     agent); tests may run them inline. ``stats`` counts what it does (a fresh one
-    when not given).
+    when not given). ``server`` is the central server's history (``None``: the
+    agent's alone decides).
     """
 
     def __init__(
@@ -85,8 +90,10 @@ class AutoReaper:
         clock: Callable[[], float] = time.time,
         background: bool = True,
         stats: PolicyStats | None = None,
+        server: CachedServerHistory | None = None,
     ) -> None:
         self.settings = settings
+        self.server = server
         self.stats = stats if stats is not None else PolicyStats()
         self._history = history
         self._executor = executor
@@ -164,6 +171,7 @@ class AutoReaper:
             selection=Selection(window_seconds=s.idle_seconds, min_memory_bytes=s.min_memory_bytes),
             protections=self._protections,
             caller_uid=self._caller_uid,
+            server=None if self.server is None else self.server.for_check(snapshot.hostname),
         )
 
     def _contended(self, snapshot: HostSnapshot, decision: Decision, now: float) -> str | None:

@@ -70,7 +70,12 @@ def idle_evidence(
         if last.activity == "active":
             return IdleEvidence(False, "active", f"active now (SM {last.busiest_ratio:.0%})")
         if last.activity == "unknown":
-            return IdleEvidence(False, "unknown", "NVML cannot tell its SM activity")
+            return IdleEvidence(
+                False,
+                "unknown",
+                "NVML cannot tell its activity (no per-process SM; on MIG, no GPM for its "
+                "instance before Hopper)",
+            )
         return IdleEvidence(False, "below_min_memory", "holds less than the memory floor")
     idle_seconds = float(stretch.evidence["idle_seconds"])  # type: ignore[arg-type]
     if idle_seconds < window_seconds:

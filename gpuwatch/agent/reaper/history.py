@@ -26,8 +26,10 @@ process is idle (for the reaper) until a full window after the restart.
 
 Where NVML cannot give per-process SM (a failed ``nvmlDeviceGetProcessUtilization``),
 a poll is still ``idle`` when the whole GPU's utilisation was 0 (nothing ran on it, so
-no process did), except on MIG GPUs, whose instances' activity the snapshot does not
-carry: there, processes stay ``unknown`` and are never idle.
+no process did). MIG GPUs report neither; there a process is judged by the activity of
+the GPU instance it runs in (GPM, Hopper and later: ``MigInstance.activity_ratio``):
+``idle`` at 0, ``active`` above, ``unknown`` when it could not be read (an A100, an
+older driver, the agent's first poll) or the process's instance is not known.
 
 The agent serves it as JSON at ``GET /reaper/history``
 (:mod:`gpuwatch.agent.reaper.served`); :mod:`gpuwatch.agent.reaper.evidence` turns
@@ -82,11 +84,33 @@ TrackKey = tuple[str, int, float | None]  # (GPU uuid, pid, process start time)
 
 def classify(process: GpuProcess, gpu: Gpu) -> Activity:
     """One poll's activity for ``process`` on ``gpu`` (see the module docstring)."""
+    return _verdict(activity_ratio(process, gpu))
+
+
+def _verdict(ratio: float | None) -> Activity:
+    if ratio is None:
+        return "unknown"
+    return "active" if ratio > 0 else "idle"
+
+
+def activity_ratio(process: GpuProcess, gpu: Gpu) -> float | None:
+    """The busy share (0..1) that judges ``process`` in this poll: its own SM; else, on
+    MIG, its instance's activity; else its GPU's utilisation. ``None``: unknown."""
     if process.sm_ratio is not None:
-        return "active" if process.sm_ratio > 0 else "idle"
-    if not gpu.mig_instances and gpu.utilization_ratio is not None:
-        return "active" if gpu.utilization_ratio > 0 else "idle"
-    return "unknown"
+        return process.sm_ratio
+    if gpu.mig_instances:
+        return _instance_activity(process, gpu)
+    return gpu.utilization_ratio
+
+
+def _instance_activity(process: GpuProcess, gpu: Gpu) -> float | None:
+    """The activity of the MIG instance ``process`` runs in (``None``: unknown)."""
+    if process.gpu_instance_id is None:
+        return None
+    for instance in gpu.mig_instances:
+        if instance.gpu_instance_id == process.gpu_instance_id:
+            return instance.activity_ratio
+    return None
 
 
 class ProcessHistory:
@@ -131,7 +155,7 @@ class ProcessHistory:
         polled = list(_observations(snapshot))
         cpu: dict[int, float | None] = {}
         if self._cpu_seconds is not None:
-            for _, _, process, activity in polled:
+            for _, _, process, activity, _ in polled:
                 if (
                     activity == "idle"
                     and process.visible
@@ -140,7 +164,7 @@ class ProcessHistory:
                 ):
                     cpu[process.pid] = self._cpu_seconds(process.pid)
         with self._lock:
-            for gpu_index, gpu_uuid, process, activity in polled:
+            for gpu_index, gpu_uuid, process, activity, ratio in polled:
                 key = (gpu_uuid, process.pid, process.start_time)
                 track = self._tracks.get(key)
                 if track is None:
@@ -148,11 +172,17 @@ class ProcessHistory:
                         gpu_index, gpu_uuid, process.pid, process.start_time, t, None, []
                     )
                     self._tracks[key] = track
-                self._add(track, t, activity, process, cpu.get(process.pid))
+                self._add(track, t, activity, ratio, process, cpu.get(process.pid))
             self._expire(t)
 
     def _add(
-        self, track: _Track, t: float, activity: Activity, process: GpuProcess, cpu: float | None
+        self,
+        track: _Track,
+        t: float,
+        activity: Activity,
+        ratio: float | None,
+        process: GpuProcess,
+        cpu: float | None,
     ) -> None:
         runs = track.runs
         dt = t - track.last_t
@@ -164,7 +194,7 @@ class ProcessHistory:
         track.last_cpu = cpu
         covered = bool(runs) and dt <= self.cover_seconds
         used = process.used_bytes
-        sm = process.sm_ratio or 0.0
+        sm = ratio or 0.0
         last = runs[-1] if runs else None
         track.last_t = t
         if last is not None and covered and last.activity == activity and last.cpu_busy == cpu_busy:
@@ -267,21 +297,24 @@ def _copy(r: Run) -> Run:
     return Run(r.start, r.end, r.activity, r.low_bytes, r.high_bytes, r.busiest_ratio, r.cpu_busy)
 
 
-def _observations(snapshot: HostSnapshot) -> Iterable[tuple[int, str, GpuProcess, Activity]]:
-    """``(gpu index, gpu uuid, process, activity)`` once per process and GPU."""
+def _observations(
+    snapshot: HostSnapshot,
+) -> Iterable[tuple[int, str, GpuProcess, Activity, float | None]]:
+    """``(gpu index, gpu uuid, process, activity, ratio)`` once per process and GPU."""
     for gpu in snapshot.gpus:
         if gpu.lost or gpu.read_error is not None:
             continue  # nothing is known about this GPU's processes: a gap for each
-        seen: dict[int, tuple[GpuProcess, Activity]] = {}
+        seen: dict[int, tuple[GpuProcess, Activity, float | None]] = {}
         for process in gpu.processes:
-            activity = classify(process, gpu)
+            ratio = activity_ratio(process, gpu)
+            activity = _verdict(ratio)
             previous = seen.get(process.pid)
             # A PID listed twice (a compute and a graphics context) is one process: any
             # activity wins, then unknown, and it is idle only if both say so.
             if previous is None or _rank(activity) > _rank(previous[1]):
-                seen[process.pid] = (process, activity)
-        for process, activity in seen.values():
-            yield gpu.index, gpu.uuid, process, activity
+                seen[process.pid] = (process, activity, ratio)
+        for process, activity, ratio in seen.values():
+            yield gpu.index, gpu.uuid, process, activity, ratio
 
 
 def _rank(activity: Activity) -> int:

@@ -23,6 +23,7 @@ from gpuwatch.agent.reaper.killer import Killer
 from gpuwatch.agent.reaper.policy import Protections
 from gpuwatch.agent.reaper.procfs import ProcReader, may_signal_anyone
 from gpuwatch.agent.reaper.served import history_report
+from gpuwatch.agent.reaper.server_cache import CachedServerHistory
 from gpuwatch.agent.reaper.stats import PolicyCounts, PolicyStats
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
@@ -116,6 +117,7 @@ class ReaperHooks:
             can_signal=can_signal,
             clock=clock,
             stats=stats,
+            server=_server_history(settings, clock),
         )
         return cls(history, auto=auto, next_poll=next_poll, clock=clock)
 
@@ -143,3 +145,29 @@ class ReaperHooks:
     def note_oom(self, gpu_index: int | None, pid: int, at: float) -> None:
         if self.auto is not None:
             self.auto.note_oom(gpu_index, pid, at)
+
+
+# Short: the policy asks from the poll loop, and a hung server costs one timeout per
+# retry period (gpuwatch.agent.reaper.server_cache).
+_SERVER_TIMEOUT_SECONDS = 3.0
+
+
+def _server_history(
+    settings: AgentSettings, clock: Callable[[], float]
+) -> CachedServerHistory | None:
+    """The central server's history for the policy, when configured (else ``None``)."""
+    r = settings.reap
+    if not r.server_history or not settings.server_url:
+        return None
+    from gpuwatch.agent.reaper.server_reads import ServerReads  # only agents that use it
+
+    token = None if r.server_read_token is None else r.server_read_token.get_secret_value()
+    reads = ServerReads(
+        str(settings.server_url), token=token, timeout_seconds=_SERVER_TIMEOUT_SECONDS
+    )
+    return CachedServerHistory(
+        reads,
+        server_url=str(settings.server_url),
+        clock=clock,
+        retry_min_seconds=r.check_interval_seconds,
+    )

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator
 
 from gpuwatch.quantities import parse_bytes, parse_seconds
 
@@ -94,6 +94,14 @@ class ReapSettings(BaseModel):
     )
     check_interval_seconds: Duration = Field(
         60.0, alias="check_interval", gt=0, description="How often the policy looks."
+    )
+    server_history: bool = Field(
+        True,
+        description="The policy also reads the central server's samples (`[agent] server_url`) for a process the agent has watched for less than the window (after an agent restart); a server that cannot be read makes nothing idle.",
+    )
+    server_read_token: SecretStr | None = Field(
+        None,
+        description="Read token for those samples (the server's `read_token`; an agent token cannot read); unset: for a server that sets none. `gpuwatch reap` uses it when `[server] read_token` is unset.",
     )
 
     # --- what counts as idle ------------------------------------------------------------

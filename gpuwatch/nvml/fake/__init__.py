@@ -17,7 +17,7 @@ Modules, in the order data flows:
 ``scenario_file`` -> ``scenario`` (+ ``timeline``, ``quantities``)   what the file says
 ``lifecycle``, ``supervisor``, ``standin``, ``runtime_state``, ``procfs``   real stand-in processes
 ``host``                                       the GPUs and processes at a moment
-``library`` (+ ``calls_*``, ``symbols``, ``cargs``)   the C symbols pynvml calls
+``library`` (+ ``calls_*``, ``symbols``, ``cargs``)   the C symbols pynvml calls (``calls_gpm``: GPM)
 ``installation``                               install / uninstall beneath pynvml
 ``inject/sitecustomize.py``                    the same, inside any Python program
 """

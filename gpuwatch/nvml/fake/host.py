@@ -192,6 +192,34 @@ class FakeHost:
             return round(spec.memory_busy_percent.at(t))
         return min(100, sum(p.memory_busy_percent for p in self.processes(gpu, t)))
 
+    def activity_percent(self, gpu: int, t: float, *, mig: int | None = None) -> int:
+        """GR-engine activity at ``t``: the GPU's utilisation, or for MIG instance ``mig``
+        its ``activity_percent``, else the SM percentages of its processes (at most 100)."""
+        if mig is None:
+            return self.utilization_percent(gpu, t)
+        timeline = self.scenario.gpus[gpu].mig[mig].activity_percent
+        if timeline is not None:
+            return round(timeline.at(t))
+        return min(100, sum(p.sm_percent for p in self.processes(gpu, t, mig=mig)))
+
+    def busy_percent_seconds(self, gpu: int, t: float, *, mig: int | None = None) -> float:
+        """Activity integrated since the scenario booted (percent x seconds), as a GPM
+        counter accumulates it: of the GPU's ``utilization_percent`` (or the MIG
+        instance's ``activity_percent``) when given, else of the ``sm_percent`` the
+        scenario schedules on it (liveness aside, as for energy), at most 100 % at a time."""
+        spec = self.scenario.gpus[gpu]
+        timeline = spec.utilization_percent if mig is None else spec.mig[mig].activity_percent
+        if timeline is not None:
+            return timeline.integral(t)
+        busy = 0.0
+        for p in self.scenario.processes_on(gpu):
+            if mig is not None and p.mig != mig:
+                continue
+            until = t if p.exit is None else min(t, p.exit)
+            if until > p.start:
+                busy += p.sm_percent.integral(until - p.start)
+        return min(busy, 100 * max(0.0, t))
+
     def power_watts(self, gpu: int, t: float) -> float:
         spec = self.scenario.gpus[gpu]
         if spec.power_watts is not None:
@@ -203,15 +231,7 @@ class FakeHost:
         spec = self.scenario.gpus[gpu]
         if spec.power_watts is not None:
             return spec.power_watts.integral(t)
-        if spec.utilization_percent is not None:
-            busy = spec.utilization_percent.integral(t) / 100
-        else:
-            busy = 0.0
-            for p in self.scenario.processes_on(gpu):
-                until = t if p.exit is None else min(t, p.exit)
-                if until > p.start:
-                    busy += p.sm_percent.integral(until - p.start) / 100
-        busy = min(busy, max(0.0, t))  # utilisation is at most 100 %
+        busy = self.busy_percent_seconds(gpu, t) / 100
         return spec.power_limit_watts * (0.12 * max(0.0, t) + 0.8 * busy)
 
     def throttle_mask(self, gpu: int, t: float) -> int:

@@ -27,6 +27,7 @@ import pynvml as nv
 from gpuwatch.nvml.fake import cargs
 from gpuwatch.nvml.fake.calls_device import DeviceCalls
 from gpuwatch.nvml.fake.calls_events import EventCalls, EventSets
+from gpuwatch.nvml.fake.calls_gpm import GpmCalls, GpmSamples
 from gpuwatch.nvml.fake.calls_health import HealthCalls
 from gpuwatch.nvml.fake.calls_mig import MigCalls
 from gpuwatch.nvml.fake.calls_processes import ProcessCalls
@@ -77,12 +78,15 @@ def is_implemented(symbol: str) -> bool:
     return any(name == symbol or symbol_family(name) == symbol for name in implemented_symbols())
 
 
-class FakeNvmlLibrary(SystemCalls, DeviceCalls, HealthCalls, EventCalls, ProcessCalls, MigCalls):
+class FakeNvmlLibrary(
+    SystemCalls, DeviceCalls, HealthCalls, EventCalls, ProcessCalls, MigCalls, GpmCalls
+):
     """The fake C library for one :class:`FakeHost`. Thread-safe, like NVML."""
 
     def __init__(self, host: FakeHost) -> None:
         self.host = host
         self.event_sets = EventSets()
+        self.gpm_samples = GpmSamples()
         self.missing: set[str] = set()
         self._init_count = 0
         self._lock = threading.Lock()

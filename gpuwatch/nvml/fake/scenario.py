@@ -38,6 +38,9 @@ class MigSpec:
     memory_total: int
     gpu_instance_id: int
     compute_instance_id: int
+    # The instance's GR-engine activity (GPM's GRAPHICS_UTIL); None: derived from the
+    # SM percentages of its processes.
+    activity_percent: Timeline | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class GpuSpec:
     display_active: bool
     mig: tuple[MigSpec, ...]
     health: HealthSpec
+    # GPU Performance Monitoring (nvmlGpm*): Hopper and later; per MIG instance too.
+    gpm: bool = False
 
     @property
     def remaps_rows(self) -> bool:

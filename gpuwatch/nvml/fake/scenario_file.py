@@ -183,6 +183,8 @@ class _ScenarioReader:
             display_active=table.get("display_active", values.boolean, False),
             mig=mig,
             health=read_health(table),
+            # Real GPM needs Hopper (compute capability 9.0) or later.
+            gpm=table.get("gpm", values.boolean, int(major) >= 9),
         )
         table.done()
         return spec
@@ -197,6 +199,7 @@ class _ScenarioReader:
             memory_total=table.require("memory_total", parse_bytes),
             gpu_instance_id=table.get("gpu_instance_id", values.index, index + 1),
             compute_instance_id=table.get("compute_instance_id", values.index, 0),
+            activity_percent=table.get("activity_percent", values.PERCENT, None),
         )
         table.done()
         return spec
