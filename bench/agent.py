@@ -134,9 +134,12 @@ def _rss_bytes(pid: int) -> int:
 def _import_floor_rss() -> int:
     """RSS of a Python that only imports what the agent imports: the part no poll or
     scrape adds, to read the agent's own RSS against."""
+    # What `gpuwatch agent` imports: only its own command registered (gpuwatch.cli
+    # registers the others' modules for other commands only).
     probe = (
-        "import re, gpuwatch.cli, gpuwatch.agent.assemble, gpuwatch.nvml.fake.library; "
-        "gpuwatch.cli._register_all(); "
+        "import re, gpuwatch.cli, gpuwatch.agent.assemble, gpuwatch.agent.push, "
+        "gpuwatch.nvml.fake.library; "
+        "gpuwatch.cli._register_for(['agent']); "
         "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

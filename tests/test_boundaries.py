@@ -6,6 +6,8 @@
   lives beside ``gpuwatch/snapshot.py`` (``wire``, ``metricspec``, ``detectors``).
 * One event path: only ``gpuwatch/server/events/`` writes ``events`` rows (and their
   outbox rows). Everything else goes through its ``EventBook`` or service.
+* The running agent imports none of the heavy packages it does without (its memory
+  budget, bench/README.md "Agent RSS"); this one is checked on a real agent process.
 
 Imports are read with ``ast``, function-level ones included, so a lazy import cannot
 slip past.
@@ -14,6 +16,11 @@ slip past.
 from __future__ import annotations
 
 import ast
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +93,61 @@ def test_the_check_sees_a_writer() -> None:
     # The rule above must be able to fail: it flags the shapes it looks for.
     source = "update(Event).values(x=1)\ninsert_ignoring_conflicts(Event.__table__, 'pg')\n"
     assert sorted(_writes_event_rows(ast.parse(source))) == [1, 2]
+
+
+# What ``gpuwatch agent`` does without, each with what it would cost the agent's RSS:
+# settings are merged in gpuwatch.settings (pydantic-settings, and the asyncio,
+# argparse and python-dotenv it imports: 3.5 MiB), and only the agent command is
+# registered (the others' modules: 1.3 MiB).
+AGENT_NEVER_IMPORTS = (
+    "httpx",
+    "pydantic_settings",
+    "dotenv",
+    "asyncio",
+    "argparse",
+    "gpuwatch.cli.demo",
+    "gpuwatch.cli.history",
+    "gpuwatch.cli.alerts",
+    "gpuwatch.server.app",
+)
+
+
+def _imports_of_a_running_agent(tmp_path: Path) -> set[str]:
+    """Every module a real ``gpuwatch agent`` (simulated GPUs, pushing to a server that
+    is away) imported by the time it had served a scrape, from ``python -X importtime``."""
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "GPUWATCH_CONFIG": "/nonexistent"}
+    command = [sys.executable, "-X", "importtime", "-m", "gpuwatch", "agent"]
+    command += ["--fake-gpus", "workstation", "--listen", "127.0.0.1:0"]
+    command += ["--server", "http://127.0.0.1:9", "--token", "t" * 32]
+    agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    assert agent.stderr is not None
+    lines: list[str] = []
+    try:
+        for line in agent.stderr:
+            lines.append(line)
+            if "gpuwatch agent: serving " in line:
+                url = line.split("serving ", 1)[1].strip()
+                with urllib.request.urlopen(url, timeout=60) as scrape:
+                    assert scrape.status == 200
+                break
+        agent.send_signal(signal.SIGTERM)
+        lines += agent.communicate(timeout=60)[1].splitlines()
+    finally:
+        agent.kill()
+        subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "fake-nvml", "stop", "--all"],
+            env=env, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+    return {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+
+
+def test_the_agent_process_does_without_the_heavy_packages(tmp_path: Path) -> None:
+    imported = _imports_of_a_running_agent(tmp_path)
+    # The listing is complete enough to trust its absences: what the agent uses is in it.
+    assert {"gpuwatch.agent.reporter", "gpuwatch.agent.exporter", "pynvml"} <= imported
+    unwanted = sorted(
+        name
+        for name in imported
+        if any(name == f or name.startswith(f + ".") for f in AGENT_NEVER_IMPORTS)
+    )
+    assert unwanted == []

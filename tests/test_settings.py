@@ -56,6 +56,31 @@ def test_invalid_values_are_one_line_config_errors(config: Path) -> None:
         load(AgentSettings)
 
 
+def test_a_table_from_the_environment_is_json_merged_into_the_files(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config.write_text("[agent.reap]\ndry_run = true\nmax_per_host_per_hour = 3\n")
+    monkeypatch.setenv("GPUWATCH_AGENT_REAP", '{"max_per_host_per_hour": 5}')
+    reap = load(AgentSettings).reap
+    assert (reap.dry_run, reap.max_per_host_per_hour) == (True, 5)
+    monkeypatch.setenv("GPUWATCH_AGENT_REAP", "{not json")
+    with pytest.raises(ConfigError, match="GPUWATCH_AGENT_REAP must be JSON"):
+        load(AgentSettings)
+
+
+def test_variable_names_are_read_in_any_case(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("gpuwatch_agent_poll_interval_seconds", "7.5")
+    assert load(AgentSettings).poll_interval_seconds == 7.5
+
+
+def test_only_load_reads_the_file_and_the_environment(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUWATCH_AGENT_POLL_INTERVAL_SECONDS", "7.5")
+    assert AgentSettings().listen == "127.0.0.1:9402"
+    assert AgentSettings().poll_interval_seconds == 5.0
+
+
 def test_broken_config_file_from_the_cli_is_exit_3(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[agent]\npoll_interval_seconds = 'often'\n")

@@ -15,10 +15,9 @@ import logging
 import threading
 import time
 
-import httpx
-
 from gpuwatch.agent.collectors.agent import PushStats
-from gpuwatch.agent.reporter import Reporter
+from gpuwatch.agent.http_post import Endpoint, Poster, Unreachable
+from gpuwatch.agent.reporter import HTTP_TIMEOUT_SECONDS, Reporter
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import EVENTS_PATH, ReportedEvent
@@ -32,17 +31,13 @@ EVENT_BACKOFF_SECONDS = 2.0
 class ServerSink:
     """Implements the agent's ``SnapshotSink`` on top of :class:`Reporter`."""
 
-    def __init__(
-        self, settings: AgentSettings, *, transport: httpx.BaseTransport | None = None
-    ) -> None:
-        self.reporter = Reporter(settings, transport=transport)
-        base = (settings.server_url or "").rstrip("/")
-        self._events_url = base + EVENTS_PATH
+    def __init__(self, settings: AgentSettings) -> None:
+        self.reporter = Reporter(settings)
+        self._events_url = Endpoint.parse(settings.server_url, EVENTS_PATH).url
         token = settings.token.get_secret_value() if settings.token else None
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._transport = transport
 
     def offer(self, snapshot: HostSnapshot) -> None:
         self.reporter.offer(snapshot)
@@ -66,20 +61,20 @@ class ServerSink:
 
     def _send(self, event: ReportedEvent) -> None:
         body = event.model_dump_json().encode()
-        with httpx.Client(transport=self._transport, timeout=10.0) as client:
-            for attempt in range(1, EVENT_ATTEMPTS + 1):
-                try:
-                    response = client.post(self._events_url, content=body, headers=self._headers)
-                except httpx.HTTPError as err:
-                    problem = f"unreachable ({type(err).__name__})"
-                else:
-                    if response.is_success:
-                        return
-                    problem = f"HTTP {response.status_code}"
-                    if response.status_code in (400, 401, 403, 404, 413, 422):
-                        break  # retrying will not change the answer
-                if attempt < EVENT_ATTEMPTS:
-                    time.sleep(EVENT_BACKOFF_SECONDS * attempt)
+        client = Poster(timeout_seconds=HTTP_TIMEOUT_SECONDS)
+        for attempt in range(1, EVENT_ATTEMPTS + 1):
+            try:
+                response = client.post(self._events_url, body, self._headers)
+            except Unreachable as err:
+                problem = f"unreachable ({err})"
+            else:
+                if response.is_success:
+                    return
+                problem = f"HTTP {response.status}"
+                if response.status in (400, 401, 403, 404, 413, 422):
+                    break  # retrying will not change the answer
+            if attempt < EVENT_ATTEMPTS:
+                time.sleep(EVENT_BACKOFF_SECONDS * attempt)
         log.error(
             "could not record %s event for pid %s on the server (%s); it is only in this log: %s",
             event.kind,

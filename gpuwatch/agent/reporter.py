@@ -40,12 +40,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 
-import httpx
 from pydantic import ValidationError
 
 from gpuwatch.agent.collectors.agent import PushStats
+from gpuwatch.agent.http_post import Endpoint, Poster, Reply, Unreachable
 from gpuwatch.agent.spool import Spool, SpooledSnapshot
-from gpuwatch.errors import ConfigError
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import (
@@ -129,8 +128,7 @@ class _Sent:
 class Reporter:
     """Spools offered snapshots and pushes them to ``settings.server_url``.
 
-    ``transport`` replaces httpx's network transport (tests pass a mock or nothing and
-    run a local server). ``clock`` is monotonic seconds, for backoff; ``wall_clock`` is
+    ``clock`` is monotonic seconds, for backoff; ``wall_clock`` is
     Unix epoch seconds, for ``last_success_time``, the spool's enqueue stamps and
     HTTP-date ``Retry-After`` values; ``rand`` returns floats in [0, 1) for jitter.
 
@@ -142,12 +140,12 @@ class Reporter:
         self,
         settings: AgentSettings,
         *,
-        transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._url, self._shown_url = _snapshots_url(settings.server_url)
+        endpoint = Endpoint.parse(settings.server_url, SNAPSHOTS_PATH)
+        self._url, self._shown_url = endpoint.url, endpoint.shown
         token = settings.token.get_secret_value() if settings.token else None
         self._headers = {"Content-Type": "application/json"}
         if token:
@@ -157,7 +155,7 @@ class Reporter:
         self._spool = Spool(
             settings.spool_dir, max_bytes=settings.spool_max_bytes, clock=wall_clock
         )
-        self._client = httpx.Client(transport=transport, timeout=HTTP_TIMEOUT_SECONDS)
+        self._client = Poster(timeout_seconds=HTTP_TIMEOUT_SECONDS)
         self._max_batch_bytes = MAX_BATCH_BYTES
         self._lock = threading.Lock()  # guards the counters below
         self._drain_lock = threading.Lock()  # one drain at a time
@@ -249,11 +247,11 @@ class Reporter:
         # bytes, not by parsing them back into models.
         body = ingest_request_json([r.body for r in batch], self._dropped_total())
         try:
-            response = self._client.post(self._url, content=body, headers=self._headers)
-        except httpx.TransportError as err:
+            response = self._client.post(self._url, body, self._headers)
+        except Unreachable as err:
             self._spool.release(batch)
-            return self._count(_Sent(failure="unreachable", detail=str(err) or type(err).__name__))
-        status = response.status_code
+            return self._count(_Sent(failure="unreachable", detail=str(err)))
+        status = response.status
         if 200 <= status < 300:
             self._acknowledge(batch, response)
             return self._count(_Sent(delivered=len(batch)))
@@ -292,7 +290,7 @@ class Reporter:
             return first
         return first.then(self._send(batch[half:]))
 
-    def _acknowledge(self, batch: Sequence[SpooledSnapshot], response: httpx.Response) -> None:
+    def _acknowledge(self, batch: Sequence[SpooledSnapshot], response: Reply) -> None:
         self._spool.ack(batch)
         results = _results(response, len(batch))
         with self._lock:
@@ -388,21 +386,7 @@ class Reporter:
             self._wake.wait(wait)
 
 
-def _snapshots_url(server_url: str | None) -> tuple[str, str]:
-    """The endpoint to post to, and the server URL as it may be logged (no userinfo)."""
-    if not server_url:
-        raise ConfigError("the reporter needs server_url")
-    try:
-        base = httpx.URL(server_url)
-    except httpx.InvalidURL as err:
-        raise ConfigError(f"invalid server_url: {err}") from err
-    if base.scheme not in ("http", "https") or not base.host:
-        raise ConfigError("server_url must be an http:// or https:// URL with a host")
-    shown = str(base.copy_with(username=None, password=None)).rstrip("/")
-    return str(base).rstrip("/") + SNAPSHOTS_PATH, shown
-
-
-def _results(response: httpx.Response, sent: int) -> dict[str, int]:
+def _results(response: Reply, sent: int) -> dict[str, int]:
     """How many of the batch the server answered ``accepted``, ``late`` or ``duplicate``
     (each delivered); all ``accepted`` when the answer is not an
     :class:`~gpuwatch.wire.IngestResponse` or does not cover the batch item by item."""

@@ -55,9 +55,32 @@ def _register_all() -> None:
     reap.register(app)
 
 
+def _register_for(args: list[str]) -> None:
+    """Register what running ``args`` needs: ``gpuwatch agent`` only itself, because the
+    agent is a daemon with a memory budget and the other commands' modules cost it
+    about 1.3 MiB (bench/README.md, "Agent RSS"); anything else, every command."""
+    if _subcommand(args) == "agent":
+        from gpuwatch.cli import agent
+
+        agent.register(app)
+    else:
+        _register_all()
+
+
+def _subcommand(args: list[str]) -> str | None:
+    """The subcommand ``args`` names, read past the root options (see :func:`_root`)."""
+    rest = iter(args)
+    for arg in rest:
+        if arg == "--log-level":
+            next(rest, None)  # its value
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning gpuwatch errors into one line and an exit code."""
-    _register_all()
+    _register_for(sys.argv[1:] if argv is None else argv)
     try:
         # standalone mode: the CLI framework reports usage errors itself (exit 2).
         app(args=argv)

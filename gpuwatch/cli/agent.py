@@ -84,6 +84,9 @@ def register(app: typer.Typer) -> None:
             dcgm_compat=dcgm_compat,
         )
         check_startup(settings)
+        from gpuwatch.agent.arenas import limit_malloc_arenas
+
+        limit_malloc_arenas()  # before _build starts the first thread
         running = _build(settings)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: running.stop())

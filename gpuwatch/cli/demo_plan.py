@@ -34,8 +34,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
-
 from gpuwatch.nvml.fake.scenario_file import bundled_scenario_dir
 from gpuwatch.settings import ServerSettings
 
@@ -105,25 +103,13 @@ class Timings:
         return {f.name: round(getattr(self, f.name), 3) for f in fields(self)}
 
 
-class DemoServerSettings(ServerSettings):
-    """The server's settings from the demo alone: no config file, no environment."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
-
-
 def server_settings(
     t: Timings, *, listen: str, data_dir: Path, sink_url: str, sink_secret: str, dashboard: str
 ) -> ServerSettings:
-    """SQLite under ``data_dir``, short windows, and one signed webhook: the demo's sink."""
+    """SQLite under ``data_dir``, short windows, and one signed webhook: the demo's sink.
+
+    From the demo alone: built directly, not by ``load``, so no config file and no
+    environment variable changes it."""
     quick = {"for": t.alert_for, "keep_firing_for": t.keep_firing}
     held = {"held_for": t.alert_for, "keep_firing_for": t.keep_firing}
     values: dict[str, Any] = {
@@ -154,7 +140,7 @@ def server_settings(
             },
         },
     }
-    return DemoServerSettings(**values)
+    return ServerSettings(**values)
 
 
 def new_run_id() -> str:

@@ -17,6 +17,7 @@ from pydantic import SecretStr
 from support.clock import FakeClock
 from support.snapshots import sample_snapshot
 
+from agent.answering import Received, answering
 from gpuwatch.agent.collectors.agent import (
     BATCH_RESULTS,
     DROP_REASONS,
@@ -54,14 +55,14 @@ class StubSampler:
 
 
 def _settings(tmp_path: Path, **overrides: object) -> AgentSettings:
-    return AgentSettings(
-        listen="127.0.0.1:0",
+    values: dict[str, object] = {
+        "listen": "127.0.0.1:0",
         # Nothing listens on the discard port: the server is away for the whole test.
-        server_url="http://127.0.0.1:9",
-        token=SecretStr("t" * 32),
-        spool_dir=tmp_path / "spool",
-        **overrides,  # type: ignore[arg-type]
-    )
+        "server_url": "http://127.0.0.1:9",
+        "token": SecretStr("t" * 32),
+        "spool_dir": tmp_path / "spool",
+    }
+    return AgentSettings(**{**values, **overrides})  # type: ignore[arg-type]
 
 
 @dataclass
@@ -141,41 +142,35 @@ def test_one_spool_overflow_moves_its_series_up_from_zero(running: Running) -> N
 # --- the known sets are the ones the code counts under ------------------------------------
 
 
-def _answer(status: int | str, request: httpx.Request) -> httpx.Response:
+def _answer(status: int | str, request: Received) -> tuple[int, bytes]:
     """The server's answer to one push: a status, or a 200 saying which it had already."""
-    if status == "unreachable":
-        raise httpx.ConnectError("refused", request=request)
     if isinstance(status, int):
-        return httpx.Response(status)
-    sent = len(json.loads(request.content)["snapshots"])
+        return status, b"{}"
+    sent = len(json.loads(request.body)["snapshots"])
     duplicate = sent if status == "duplicate" else 0
-    body = {
-        "accepted": sent - duplicate,
-        "duplicate": duplicate,
-        "results": [status] * sent,
-    }
-    return httpx.Response(200, json=body)
+    body = {"accepted": sent - duplicate, "duplicate": duplicate, "results": [status] * sent}
+    return 200, json.dumps(body).encode()
 
 
 def test_the_reporter_counts_batches_and_pushes_only_under_known_results(
     tmp_path: Path,
 ) -> None:
     answers: list[int | str] = [
-        "accepted", "duplicate", "late", 401, 403, 413, 422, 429, 500, 503, 418, "unreachable",
+        "accepted", "duplicate", "late", 401, 403, 413, 422, 429, 500, 503, 418,
     ]  # fmt: skip
     batches: set[str] = set()
     pushed: set[str] = set()
-    for answer in answers:
-        reporter = Reporter(
-            _settings(tmp_path / str(answer)),
-            transport=httpx.MockTransport(lambda r, a=answer: _answer(a, r)),  # type: ignore[misc]
-        )
-        try:
-            reporter.offer(sample_snapshot())
-            reporter.drain_once()
-            stats = reporter.stats()
-        finally:
-            reporter.close()
+    for answer in [*answers, "unreachable"]:
+        with answering(lambda r, a=answer: _answer(a, r)) as server:  # type: ignore[misc]
+            # "unreachable": the default URL, where nothing listens.
+            url = {} if answer == "unreachable" else {"server_url": server.url}
+            reporter = Reporter(_settings(tmp_path / str(answer), **url))
+            try:
+                reporter.offer(sample_snapshot())
+                reporter.drain_once()
+                stats = reporter.stats()
+            finally:
+                reporter.close()
         batches |= set(stats.batches_total)
         pushed |= set(stats.pushed_total)
     assert batches == set(BATCH_RESULTS)
@@ -185,24 +180,20 @@ def test_the_reporter_counts_batches_and_pushes_only_under_known_results(
 def test_the_reporter_and_spool_drop_only_under_known_reasons(tmp_path: Path) -> None:
     dropped: set[str] = set()
     for status in (413, 422):  # one snapshot the server refuses: too_large, rejected
-        reporter = Reporter(
-            _settings(tmp_path / str(status)),
-            transport=httpx.MockTransport(lambda r, s=status: httpx.Response(s)),  # type: ignore[misc]
-        )
-        try:
-            reporter.offer(sample_snapshot())
-            reporter.drain_once()
-            dropped |= set(reporter.stats().dropped_total)
-        finally:
-            reporter.close()
+        with answering(lambda r, s=status: (s, b"{}")) as server:  # type: ignore[misc]
+            reporter = Reporter(_settings(tmp_path / str(status), server_url=server.url))
+            try:
+                reporter.offer(sample_snapshot())
+                reporter.drain_once()
+                dropped |= set(reporter.stats().dropped_total)
+            finally:
+                reporter.close()
 
     spool_dir = tmp_path / "spool"
     spool_dir.mkdir()
     (spool_dir / f"{7:020d}.tmp").write_bytes(b"{")  # a write a crash cut short: corrupt
-    reporter = Reporter(
-        _settings(tmp_path, spool_max_bytes=2**16),
-        transport=httpx.MockTransport(lambda r: httpx.Response(503)),
-    )
+    # Nothing is sent: offers only spool, and no drain runs.
+    reporter = Reporter(_settings(tmp_path, spool_max_bytes=2**16))
     try:
         (spool_dir / f"{0:020d}.tmp").mkdir()  # the next record's temp name is taken
         reporter.offer(sample_snapshot())  # write_failed

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from support.snapshots import sample_snapshot
 
+from agent.answering import answering
 from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.push import ServerSink
 from gpuwatch.agent.service import Agent
@@ -107,24 +108,17 @@ def test_an_incident_without_a_time_gets_the_agents(agent) -> None:
 
 
 def test_the_server_sink_posts_the_event_model(tmp_path: Path) -> None:
-    requests: list[httpx.Request] = []
-
-    def server(request: httpx.Request) -> httpx.Response:
-        requests.append(request)
-        return httpx.Response(201, json={"id": 1, "duplicate": False})
-
-    settings = load(
-        AgentSettings, server_url="http://server.test", token="t0ken", spool_dir=tmp_path
-    )
-    sink = ServerSink(settings, transport=httpx.MockTransport(server))
     event = ReportedEvent(
         kind="oom", hostname="gpu-box", pid=42, summary="CUDA out of memory", occurred_at=NOW
     )
-    sink.send_event(event).join(timeout=10)
-    sink.reporter.close()
-    (request,) = requests
-    assert request.url.path == EVENTS_PATH
+    with answering(lambda r: (201, b'{"id": 1, "duplicate": false}')) as server:
+        settings = load(AgentSettings, server_url=server.url, token="t0ken", spool_dir=tmp_path)
+        sink = ServerSink(settings)
+        sink.send_event(event).join(timeout=10)
+        sink.reporter.close()
+    (request,) = server.received
+    assert request.path == EVENTS_PATH
     assert request.headers["authorization"] == "Bearer t0ken"
     assert request.headers["content-type"] == "application/json"
-    assert ReportedEvent.model_validate_json(request.content) == event
-    assert json.loads(request.content)["kind"] == "oom"
+    assert ReportedEvent.model_validate_json(request.body) == event
+    assert json.loads(request.body)["kind"] == "oom"

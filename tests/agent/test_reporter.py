@@ -50,7 +50,7 @@ class Ingest(ThreadingHTTPServer):
         self.script: deque[tuple[int, dict[str, str], bool]] = deque()
         self.max_body_bytes: int | None = None
         self.poison: set[int] = set()  # sequences answered with 422
-        self.dropped_reports: list[object] = []  # each request's "spool_dropped_total"
+        self.dropped_reports: list[int] = []  # each request's "spool_dropped_total"
         self.stored_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch.agent.reaper.policy import Decision
 from gpuwatch.wire import EVENTS_PATH, MAX_EVENT_SUMMARY_CHARS, ReportedEvent
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class EventPoster:
         self.failures: list[str] = []
 
     def send_event(self, event: ReportedEvent) -> bool:
+        import httpx  # here, not at the top: the agent process does without httpx
+
         body = event.model_dump_json().encode()
         problem = ""
         with httpx.Client(timeout=self._timeout, transport=self._transport) as client:

@@ -8,15 +8,17 @@ command line takes it from another process. Times are epoch seconds.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuwatch.agent.reaper.history import Activity, ProcessHistory, Run
 from gpuwatch.agent.reaper.procfs import same_start
 from gpuwatch.errors import RemoteError
 from gpuwatch.snapshot import MAX_BYTES, MAX_PID, ShortStr
+
+if TYPE_CHECKING:
+    import httpx
 
 HISTORY_PATH = "/reaper/history"
 # 64 GPUs x 1024 processes; runs per track as many as the settings allow.
@@ -102,6 +104,8 @@ def fetch_history(
     Raises :class:`~gpuwatch.errors.RemoteError` when the agent is unreachable, answers
     an error, or sends something that is not a history.
     """
+    import httpx  # here, not at the top: the agent process does without httpx
+
     target = url.rstrip("/") + HISTORY_PATH
     params = {"pid": str(pid)} if pid is not None else None
     try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 ReceiverType = Literal["slack", "webhook", "alertmanager"]
@@ -60,6 +59,9 @@ class ReceiverConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ReceiverConfig:
         label = self.label()
+        # Imported here: the agent process loads these settings classes, not httpx.
+        import httpx
+
         url = self.url.get_secret_value()
         # Never echo the URL: say what is wrong with it instead.
         try:
