@@ -13,17 +13,16 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from support.agent_sink import RecordingSink
 from support.clock import FakeClock
 
 from gpuwatch.agent.cadence import PollSchedule, PushSchedule
-from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.service import Agent
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.errors import NvmlUnavailable
 from gpuwatch.settings import AgentSettings, load
 from gpuwatch.snapshot import HostSnapshot
-from gpuwatch.wire import ReportedEvent
 
 EPOCH = 1_700_000_000.0
 T0 = 1000.0  # where the fake monotonic clock starts
@@ -59,29 +58,6 @@ class TimedSampler:
             sequence=number,
             collected_at=EPOCH + self.started[-1],
         )
-
-
-class RecordingSink:
-    """The agent's SnapshotSink, recording what it is given."""
-
-    def __init__(self) -> None:
-        self.offered: list[HostSnapshot] = []
-        self.events: list[ReportedEvent] = []
-
-    def offer(self, snapshot: HostSnapshot) -> None:
-        self.offered.append(snapshot)
-
-    def push_stats(self) -> PushStats:
-        return PushStats()
-
-    def send_event(self, event: ReportedEvent) -> None:
-        self.events.append(event)
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
 
 def run_agent(

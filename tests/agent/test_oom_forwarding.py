@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.agent_sink import RecordingSink
 from support.snapshots import sample_snapshot
 
 from agent.answering import answering
-from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.push import ServerSink
 from gpuwatch.agent.service import Agent
 from gpuwatch.agent.state import AgentState
@@ -33,34 +33,14 @@ from gpuwatch.wire import (
 NOW = 1_700_010_100.0
 
 
-class EventSink:
-    def __init__(self) -> None:
-        self.events: list[ReportedEvent] = []
-
-    def offer(self, snapshot: HostSnapshot) -> None:
-        pass
-
-    def push_stats(self) -> PushStats:
-        return PushStats()
-
-    def send_event(self, event: ReportedEvent) -> None:
-        self.events.append(event)
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
 class NeverPolled:
     def poll(self) -> HostSnapshot:
         raise AssertionError("these tests do not poll")
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[tuple[Agent, EventSink]]:
-    sink = EventSink()
+def agent(tmp_path: Path) -> Iterator[tuple[Agent, RecordingSink]]:
+    sink = RecordingSink()
     state = AgentState()
     state.record_poll(sample_snapshot())
     running = Agent(

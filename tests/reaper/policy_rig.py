@@ -13,41 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from reaper.rig import Rig
+from support.agent_sink import RecordingSink as Events
 
-from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.service import Agent
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.settings import AgentSettings, load
-from gpuwatch.snapshot import HostSnapshot
-from gpuwatch.wire import ReportedEvent
 
 MINUTE = 60.0
-
-
-class Events:
-    """The agent's sink, keeping the events it is given (snapshots are dropped)."""
-
-    def __init__(self) -> None:
-        self.events: list[ReportedEvent] = []
-
-    def offer(self, snapshot: HostSnapshot) -> None:
-        pass
-
-    def push_stats(self) -> PushStats:
-        return PushStats()
-
-    def send_event(self, event: ReportedEvent) -> None:
-        self.events.append(event)
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def stages(self, pid: int) -> list[str]:
-        return [e.evidence["stage"] for e in self.events if e.pid == pid]
 
 
 def policy_agent(
