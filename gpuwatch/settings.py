@@ -207,7 +207,7 @@ class AgentSettings(_Base):
         max_length=253,
         description="The hostname this agent reports (snapshots, the server's host list, the token's host); default: this machine's. For several simulated hosts on one machine (gpuwatch demo); give each its own agent_id too.",
     )
-    # The HTTP port's bounds and access (gpuwatch.agent.exporter.PortPolicy).
+    # The HTTP port's bounds and access (gpuwatch.agent.port.PortPolicy).
     http_workers: int = Field(
         default=8,
         ge=1,

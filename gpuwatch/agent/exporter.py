@@ -17,41 +17,33 @@ this host, and a remote peer must not be able to invent allocator figures or
 incidents even when ``/metrics`` listens on all interfaces for Prometheus.
 Bodies are bounded and validated; bad input gets a 4xx with a one-line reason.
 
-Bounds and access (:class:`PortPolicy`, from the agent's settings): a fixed pool of
-worker threads, request heads read without a thread, a deadline on every request
-(:class:`BoundedHTTPServer`); ``/snapshot`` (every user's full command lines) readable
+Bounds and access (:class:`~gpuwatch.agent.port.PortPolicy`, from the agent's
+settings): a fixed pool of worker threads, request heads read without a thread, a
+deadline on every request (:mod:`gpuwatch.agent.port`); ``/snapshot`` (every user's full command lines) readable
 from this host only unless ``snapshot_access`` says otherwise; OOM incidents refused
 when ``accept_oom_incidents`` is off, and otherwise tagged with who posted them
-(:class:`IncidentOrigin`): any local user can post over TCP loopback, and the agent
+(:mod:`gpuwatch.agent.incident_origin`): any local user can post over TCP loopback, and the agent
 forwards under the host's token.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hmac
-import io
 import ipaddress
 import json
 import logging
-import pwd
-import queue
-import selectors
-import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ValidationError
 
+from gpuwatch.agent.incident_origin import IncidentOrigin
+from gpuwatch.agent.port import BoundedHTTPServer, PortPolicy
 from gpuwatch.agent.reaper.served import HISTORY_PATH
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
@@ -65,7 +57,7 @@ from gpuwatch.wire import (
 )
 
 if TYPE_CHECKING:
-    from gpuwatch.settings import AgentSettings
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +96,8 @@ class Exporter:
             history=history,
             clock=clock,
         )
-        self._server = BoundedHTTPServer(address, handler, policy=policy or PortPolicy())
+        policy = policy or PortPolicy()
+        self._server = BoundedHTTPServer(address, _guarded(handler, policy), policy=policy)
         self._thread: threading.Thread | None = None
 
     @property
@@ -286,126 +279,6 @@ _INDEX = b"""<!doctype html><title>gpuwatch agent</title>
 """
 
 
-# -- bounds and access (the port is reachable by anyone who can connect) -----------------
-#
-# One thread per connection let 200 half-sent requests hold 200 threads. Now a single
-# thread (serve_forever) accepts connections and reads each request head into a small
-# buffer with a selector, costing no thread; only a complete head is handed to one of
-# ``workers`` threads, which serves that one request and hands a keep-alive connection
-# back to the selector to wait for the next. Every stage has a deadline: the head must
-# arrive within ``header_timeout_seconds`` (``keepalive_idle_seconds`` for an idle
-# kept-alive connection), and a request in a worker is cut off (its socket shut down)
-# after ``request_timeout_seconds``. Past ``workers`` x QUEUE_PER_WORKER requests in
-# flight a new one gets 503 at once; past ``max_waiting_connections`` waiting heads the
-# oldest is closed.
-
-QUEUE_PER_WORKER = 4
-MAX_HEAD_BYTES = 8 * 1024  # our clients send a few hundred bytes of headers
-KEEPALIVE_IDLE_SECONDS = 30.0
-SELECT_INTERVAL_SECONDS = 0.1  # how late a deadline may be noticed
-SnapshotAccess = Literal["loopback", "token", "open"]
-
-
-@dataclass(frozen=True)
-class PortPolicy:
-    """How many connections the port serves, for how long, and who may read what.
-
-    ``snapshot_access``: ``/snapshot`` holds every user's full command lines, so by
-    default only this host may read it (``loopback``); ``token`` also admits clients
-    sending ``Authorization: Bearer <snapshot_token>``; ``open`` admits anyone.
-    ``accept_oom_incidents`` false refuses ``POST /incidents/oom`` (403).
-    """
-
-    workers: int = 8
-    request_timeout_seconds: float = 10.0
-    header_timeout_seconds: float = 5.0
-    max_waiting_connections: int = 256
-    snapshot_access: SnapshotAccess = "loopback"
-    snapshot_token: str | None = None
-    accept_oom_incidents: bool = True
-    proc_root: Path = Path("/proc")
-
-    @classmethod
-    def from_settings(cls, settings: AgentSettings) -> PortPolicy:
-        token = settings.snapshot_token
-        return cls(
-            workers=settings.http_workers,
-            request_timeout_seconds=settings.http_request_timeout_seconds,
-            header_timeout_seconds=min(5.0, settings.http_request_timeout_seconds),
-            max_waiting_connections=settings.http_max_waiting_connections,
-            snapshot_access=settings.snapshot_access,
-            snapshot_token=token.get_secret_value() if token else None,
-            accept_oom_incidents=settings.accept_oom_incidents,
-            proc_root=settings.proc_root,
-        )
-
-
-@dataclass(frozen=True)
-class IncidentOrigin:
-    """Who posted an OOM incident: always this host (loopback), and which user.
-
-    Any local user can post one, and the agent forwards it under the host's token, so
-    the event says it was reported by the agent from a local process, with the
-    poster's uid as the kernel knows it (``/proc/net/tcp``), not as the body claims.
-    """
-
-    peer_address: str
-    peer_uid: int | None
-    peer_user: str | None
-    reported_by: str = "agent-local"
-
-    def evidence(self) -> dict[str, Any]:
-        return {
-            "reported_by": self.reported_by,
-            "reporter_uid": self.peer_uid,
-            "reporter_user": self.peer_user,
-        }
-
-
-def tcp_peer_uid(
-    client: tuple[str, int], server: tuple[str, int], *, proc_root: Path = Path("/proc")
-) -> int | None:
-    """The uid owning the client end of a local TCP connection, from ``/proc/net/tcp{,6}``.
-
-    On loopback both ends are this host's sockets: the client's row has ``local_address``
-    = client and ``rem_address`` = server. ``None`` when not found or not readable.
-    """
-    try:
-        local = ipaddress.ip_address(client[0])
-        remote = ipaddress.ip_address(server[0])
-    except ValueError:
-        return None
-    if local.version != remote.version:
-        return None
-    table = "tcp" if local.version == 4 else "tcp6"
-    want = (_proc_net_address(local, client[1]), _proc_net_address(remote, server[1]))
-    try:
-        lines = (proc_root / "net" / table).read_text(encoding="ascii").splitlines()[1:]
-    except (OSError, UnicodeDecodeError):
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 7 and (fields[1], fields[2]) == want and fields[7].isdigit():
-            return int(fields[7])
-    return None
-
-
-def _proc_net_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
-    # The kernel prints each 32-bit word of the address in host byte order, in hex.
-    packed = address.packed
-    words = struct.unpack(f"={len(packed) // 4}I", packed)
-    return "".join(f"{word:08X}" for word in words) + f":{port:04X}"
-
-
-def _user_name(uid: int | None) -> str | None:
-    if uid is None:
-        return None
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
-
-
 # The incident's origin, set by the guarded handler for the request being served.
 _request = threading.local()
 
@@ -438,48 +311,10 @@ def _forwarder(
 def _guarded(
     handler: type[BaseHTTPRequestHandler], policy: PortPolicy
 ) -> type[BaseHTTPRequestHandler]:
-    """``handler`` serving one request per hand-off, with the access rules applied
-    before any route runs (the routes themselves are unchanged)."""
+    """``handler`` with the access rules applied before any route runs (the routes
+    themselves are unchanged)."""
 
     class Guarded(handler):  # type: ignore[valid-type,misc]
-        server: BoundedHTTPServer
-        handed_back = False
-
-        def setup(self) -> None:
-            self.connection = self.request
-            self.connection.setblocking(True)
-            self.connection.settimeout(policy.header_timeout_seconds)
-            if self.disable_nagle_algorithm:
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-            prefix = self.server.take_head(self.connection)
-            self.rfile = io.BufferedReader(_PrefixedReader(prefix, self.connection))
-            self.wfile = _SocketWriter(self.connection)
-
-        def handle(self) -> None:
-            self.close_connection = True
-            self.server.begin(self.connection)
-            self.handle_one_request()
-            while not self.close_connection:
-                if not self._next_request_buffered():
-                    # Wait for the next request in the selector, not in this thread.
-                    self.handed_back = True
-                    return
-                self.server.begin(self.connection)
-                self.handle_one_request()
-
-        def _next_request_buffered(self) -> bool:
-            """True when the client already sent (part of) its next request; it was
-            read into ``rfile``'s buffer, so this thread must serve it."""
-            self.connection.setblocking(False)
-            try:
-                return bool(self.rfile.peek(1))
-            except OSError:
-                self.close_connection = True
-                return False
-            finally:
-                self.connection.setblocking(True)
-                self.connection.settimeout(policy.header_timeout_seconds)
-
         def parse_request(self) -> bool:
             if not super().parse_request():
                 return False
@@ -511,8 +346,7 @@ def _guarded(
         def _origin(self) -> IncidentOrigin:
             client = (str(self.client_address[0]), int(self.client_address[1]))
             local = self.connection.getsockname()
-            uid = tcp_peer_uid(client, (local[0], local[1]), proc_root=policy.proc_root)
-            return IncidentOrigin(f"{client[0]}:{client[1]}", uid, _user_name(uid))
+            return IncidentOrigin.of_peer(client, (local[0], local[1]), proc_root=policy.proc_root)
 
         def _error(self, status: int, message: str) -> None:  # routes define it too
             super()._error(status, message)  # type: ignore[misc]
@@ -527,242 +361,3 @@ _SNAPSHOT_REFUSED = {
     "token": "/snapshot needs Authorization: Bearer <snapshot_token> from other hosts",
     "open": "",
 }
-
-
-class _PrefixedReader(io.RawIOBase):
-    """A socket's bytes, after the head the selector already read from it."""
-
-    def __init__(self, prefix: bytes, sock: socket.socket) -> None:
-        self._prefix = memoryview(prefix)
-        self._raw = socket.SocketIO(sock, "rb")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int | None:
-        if self._prefix:
-            count = min(len(buffer), len(self._prefix))
-            buffer[:count] = self._prefix[:count]
-            self._prefix = self._prefix[count:]
-            return count
-        return self._raw.readinto(buffer)
-
-    def close(self) -> None:
-        self._raw.close()  # the socket stays open: the server owns it
-        super().close()
-
-
-class _SocketWriter(io.BufferedIOBase):
-    """Unbuffered, complete writes (``sendall``), as :mod:`socketserver` does."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self._sock.sendall(data)
-        with memoryview(data) as view:
-            return view.nbytes
-
-
-_SERVICE_UNAVAILABLE = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 40\r\n\r\n"
-    b'{"error": "agent busy: try again soon"}\n'
-)
-
-
-class BoundedHTTPServer(HTTPServer):
-    """An HTTP server with bounded threads and time (the section comment above)."""
-
-    # socketserver's default backlog of 5 drops the SYNs of a burst of connections
-    # (each then waits a 1 s retransmit) before the selector thread gets to accept them.
-    request_queue_size = 128
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        handler: type[BaseHTTPRequestHandler],
-        *,
-        policy: PortPolicy,
-    ) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        self.policy = policy
-        # Everything server_close() releases exists before binding: a failed bind calls it.
-        self._selector = selectors.DefaultSelector()
-        self._lock = threading.Lock()
-        # Waiting for a complete head (no thread): socket -> (deadline, address, head so far).
-        self._waiting: dict[socket.socket, tuple[float, Any, bytearray]] = {}
-        self._heads: dict[socket.socket, bytes] = {}  # complete heads for the workers
-        self._busy: dict[socket.socket, float] = {}  # in a worker: request deadline
-        self._in_flight = 0
-        self._returned: queue.SimpleQueue[tuple[socket.socket, Any]] = queue.SimpleQueue()
-        self._wake_read, self._wake_write = socket.socketpair()
-        self._pool = ThreadPoolExecutor(policy.workers, thread_name_prefix="gpuwatch-http")
-        self._stopping = threading.Event()
-        self._stopped = threading.Event()
-        self._stopped.set()
-        self.refused_total = 0  # answered 503: too many requests in flight
-        self.timed_out_total = 0  # closed at a deadline
-        super().__init__(address, _guarded(handler, policy))
-
-    # -- the selector thread ---------------------------------------------------------
-
-    def serve_forever(self, poll_interval: float = SELECT_INTERVAL_SECONDS) -> None:
-        self._stopped.clear()
-        try:
-            self.socket.setblocking(False)
-            self._selector.register(self.socket, selectors.EVENT_READ, "listen")
-            self._selector.register(self._wake_read, selectors.EVENT_READ, "wake")
-            while not self._stopping.is_set():
-                for key, _ in self._selector.select(timeout=poll_interval):
-                    if key.data == "listen":
-                        self._accept()
-                    elif key.data == "wake":
-                        self._drain_wakeups()
-                    else:
-                        self._read_head(key.fileobj)  # type: ignore[arg-type]
-                self._take_back()
-                self._expire(time.monotonic())
-        finally:
-            self._stopped.set()
-
-    def shutdown(self) -> None:
-        self._stopping.set()
-        self._wake()
-        self._stopped.wait()
-
-    def server_close(self) -> None:
-        super().server_close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            doomed = [*self._waiting, *self._busy]
-            self._waiting.clear()
-            self._busy.clear()
-        for conn in doomed:
-            _close(conn)
-        self._selector.close()
-        self._wake_read.close()
-        self._wake_write.close()
-
-    def _accept(self) -> None:
-        for _ in range(64):  # drain the backlog, a burst at a time
-            try:
-                conn, address = self.socket.accept()
-            except OSError:
-                return
-            if len(self._waiting) >= self.policy.max_waiting_connections:
-                self._drop(next(iter(self._waiting)))  # the oldest waiting head
-            self._wait_for_head(conn, address, self.policy.header_timeout_seconds)
-
-    def _wait_for_head(self, conn: socket.socket, address: Any, timeout: float) -> None:
-        conn.setblocking(False)
-        self._waiting[conn] = (time.monotonic() + timeout, address, bytearray())
-        self._selector.register(conn, selectors.EVENT_READ, address)
-
-    def _read_head(self, conn: socket.socket) -> None:
-        deadline, address, head = self._waiting[conn]
-        try:
-            chunk = conn.recv(MAX_HEAD_BYTES - len(head))
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._drop(conn)  # the client went away
-            return
-        if not head:  # an idle kept-alive connection starts a request: its head timer
-            deadline = min(deadline, time.monotonic() + self.policy.header_timeout_seconds)
-        head += chunk
-        self._waiting[conn] = (deadline, address, head)
-        if b"\r\n\r\n" in head or len(head) >= MAX_HEAD_BYTES:
-            self._selector.unregister(conn)
-            del self._waiting[conn]
-            self._dispatch(conn, address, bytes(head))
-
-    def _dispatch(self, conn: socket.socket, address: Any, head: bytes) -> None:
-        with self._lock:
-            full = self._in_flight >= self.policy.workers * QUEUE_PER_WORKER
-            if not full:
-                self._in_flight += 1
-                self._heads[conn] = head
-        if full:
-            self.refused_total += 1
-            with contextlib.suppress(OSError):
-                conn.send(_SERVICE_UNAVAILABLE)  # fits in an empty send buffer
-            _close(conn)
-            return
-        self._pool.submit(self._serve, conn, address)
-
-    def _take_back(self) -> None:
-        while True:
-            try:
-                conn, address = self._returned.get_nowait()
-            except queue.Empty:
-                return
-            self._wait_for_head(conn, address, KEEPALIVE_IDLE_SECONDS)
-
-    def _expire(self, now: float) -> None:
-        for conn in [c for c, (deadline, _, _) in self._waiting.items() if deadline <= now]:
-            self.timed_out_total += 1
-            self._drop(conn)
-        with self._lock:
-            late = [c for c, deadline in self._busy.items() if deadline <= now]
-            for conn in late:
-                del self._busy[conn]
-        for conn in late:
-            # Unblocks the worker's read or write; it then ends the request.
-            self.timed_out_total += 1
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-
-    def _drop(self, conn: socket.socket) -> None:
-        self._waiting.pop(conn, None)
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(conn)
-        _close(conn)
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_write.send(b"x")
-
-    def _drain_wakeups(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_read.recv(4096)
-
-    # -- the workers -----------------------------------------------------------------
-
-    def take_head(self, conn: socket.socket) -> bytes:
-        with self._lock:
-            return self._heads.pop(conn, b"")
-
-    def begin(self, conn: socket.socket) -> None:
-        """A request starts on ``conn``: it must be answered by the request deadline."""
-        with self._lock:
-            self._busy[conn] = time.monotonic() + self.policy.request_timeout_seconds
-
-    def _serve(self, conn: socket.socket, address: Any) -> None:
-        handed_back = False
-        try:
-            handler = self.RequestHandlerClass(conn, address, self)  # type: ignore[arg-type]
-            handed_back = bool(getattr(handler, "handed_back", False))
-        except Exception as err:  # a client that vanished mid-response, a cut-off request
-            log.debug("connection from %s ended: %s", address, err)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-                timed_out = self._busy.pop(conn, None) is None
-                self._heads.pop(conn, None)
-            if handed_back and not timed_out and not self._stopping.is_set():
-                self._returned.put((conn, address))
-                self._wake()
-            else:
-                _close(conn)
-
-
-def _close(conn: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        conn.close()

@@ -26,7 +26,9 @@ from gpuwatch.agent.collectors.gpu import GpuCollector
 from gpuwatch.agent.collectors.process import ProcessCollector
 from gpuwatch.agent.collectors.reaper import ReaperCollector
 from gpuwatch.agent.collectors.registry import NamedCollector, ScrapeRenderer
-from gpuwatch.agent.exporter import Exporter, IncidentOrigin, PortPolicy
+from gpuwatch.agent.exporter import Exporter
+from gpuwatch.agent.incident_origin import IncidentOrigin
+from gpuwatch.agent.port import PortPolicy
 from gpuwatch.agent.reaper.hooks import ReaperHooks
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports

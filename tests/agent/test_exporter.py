@@ -22,7 +22,9 @@ from gpuwatch.agent.collectors.dcgm import DcgmCompatCollector
 from gpuwatch.agent.collectors.gpu import GpuCollector
 from gpuwatch.agent.collectors.process import ProcessCollector
 from gpuwatch.agent.collectors.registry import ScrapeRenderer, build_registry
-from gpuwatch.agent.exporter import Exporter, IncidentOrigin, PortPolicy, tcp_peer_uid
+from gpuwatch.agent.exporter import Exporter
+from gpuwatch.agent.incident_origin import IncidentOrigin, tcp_peer_uid
+from gpuwatch.agent.port import PortPolicy
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.wire import OomIncident
