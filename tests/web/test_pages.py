@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -84,6 +85,9 @@ def test_tiles_show_fullness_holders_and_flags(site: Site, browser: Browser) -> 
         element = browser.driver.find_element(
             By.CSS_SELECTOR, f'section.host[data-h="{where[0]}"] a.t[href$="/gpus/{where[1]}"]'
         )
+        # The tooltip is worded by the page's script when the tile is first hovered.
+        assert not element.get_attribute("title")
+        ActionChains(browser.driver).move_to_element(element).perform()
         return (
             set(element.get_attribute("class").split()),
             element.text,
@@ -92,15 +96,20 @@ def test_tiles_show_fullness_holders_and_flags(site: Site, browser: Browser) -> 
 
     classes, text, title = tile(site.fleet.orphaned)
     assert "o" in classes and text == "gho+"  # the dead process is the largest; carol too
-    assert "orphaned" in title and "2 processes, 2 users" in title
+    assert title.splitlines() == [
+        f"GPU {site.fleet.orphaned[1]}: 22.0 of 80.0 GiB (27%)",
+        "largest: ghost 12.0 GiB · 2 processes, 2 users",
+        "orphaned",
+    ]
     classes, text, title = tile(site.fleet.idle)
     assert "i" in classes and text == "dav" and "idle holder" in title
-    classes, text, _ = tile(site.fleet.lost)
+    classes, text, title = tile(site.fleet.lost)
     assert {"l", "u"} <= classes and text == "✕"
+    assert "no current reading" in title and "fallen off the bus" in title
     classes, text, title = tile(site.fleet.empty)
     assert "c0" in classes and text == "" and "no processes" in title
     classes, _, title = tile(site.fleet.steady)  # 50 of 80 GiB
-    assert "c6" in classes and "62%" in title
+    assert "c6" in classes and "50.0 of 80.0 GiB (62%)" in title
     silent = browser.driver.find_element(
         By.CSS_SELECTOR, f'section.host[data-h="{site.fleet.silent_host}"]'
     )

@@ -1,5 +1,6 @@
-"""The dashboard's grouped reads on SQLite and Postgres: what a tile says, a fixed
-number of queries whatever the fleet size, and the chart's columns."""
+"""The dashboard's grouped reads on SQLite and Postgres: what a tile says (the largest
+holder, ties included), the header's counts (flags per GPU, fullness as the API has
+it), a fixed number of queries whatever the fleet size, and the chart's columns."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from sqlalchemy.exc import OperationalError
 
 from gpuwatch.server.database import Database, create_database
 from gpuwatch.server.database.migrate import upgrade
+from gpuwatch.server.fleet.service import fleet_summary
 from gpuwatch.server.ingest.service import ingest_snapshots
-from gpuwatch.server.web import service
+from gpuwatch.server.web import service, tiles
 from gpuwatch.settings import ServerSettings
-from gpuwatch.snapshot import Gpu, HostSnapshot
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 from gpuwatch.wire import IngestRequest
 
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -101,13 +103,94 @@ def test_a_tile_names_the_largest_holder_and_counts_the_rest(
 ) -> None:
     push(database, settings, [snapshot(s, shared_gpu(s), hostname="h1") for s in range(4)])
     with database.reader() as session:
-        fleet = service.fleet_tiles(session=session, settings=settings, now=T0 + 60)
+        fleet = tiles.fleet_tiles(session=session, settings=settings, now=T0 + 60)
     (host,) = fleet.hosts
     assert (host.hostname, host.silent) == ("h1", False)
-    busy, idle = host.tiles
+    busy, idle = (tuple(tile[2:]) for tile in host.tiles)
     assert busy == (0, 80 * GIB, 15 * GIB, False, "bob", 9 * GIB, 3, 2)
     assert idle == (1, 80 * GIB, 0, False, None, None, None, None)
+    assert (host.masks, host.flagged) == ({}, False)
     assert fleet.fullness["0-25%"] == 2 and fleet.gpus == 2
+
+
+def test_a_tie_for_largest_names_one_of_the_tied_holders(
+    database: Database, settings: ServerSettings
+) -> None:
+    tied = [
+        gpu(
+            0,
+            [
+                process(1, used_gib=1, user="alice"),
+                process(2, used_gib=6, user="carol"),
+                process(3, used_gib=6, user="dave"),
+            ],
+        )
+    ]
+    push(database, settings, [snapshot(s, tied, hostname="h1") for s in range(2)])
+    with database.reader() as session:
+        fleet = tiles.fleet_tiles(session=session, settings=settings, now=T0 + 30)
+    ((_, _, index, _, used, _, user, largest, processes, users),) = fleet.hosts[0].tiles
+    assert (index, used, largest, processes, users) == (0, 13 * GIB, 6 * GIB, 3, 3)
+    assert user in {"carol", "dave"}  # never the smaller holder
+
+
+def flagged_fleet(seq: int) -> list[Gpu]:
+    """GPU 0: two dead processes still holding memory (two orphaned events on one GPU)
+    beside a live one; GPU 1: one dead process, and dave computing nothing; GPU 2: a
+    busy process, no flag."""
+
+    def ghost(pid: int) -> GpuProcess:
+        return process(pid, used_gib=2, sm=0.0, alive=False, orphaned=True, user="ghost")
+
+    return [
+        gpu(0, [ghost(10), ghost(11), process(12, used_gib=8, sm=0.9, user="carol")]),
+        gpu(1, [ghost(20), process(21, used_gib=10, sm=0.0, user="dave")]),
+        gpu(2, [process(30, used_gib=4, sm=0.9, user="erin")]),
+    ]
+
+
+def test_flags_are_counted_once_per_gpu_as_the_tiles_show_them(
+    database: Database, settings: ServerSettings
+) -> None:
+    # Eleven minutes at 15 s: past the 600 s idle window, so dave's process is idle.
+    snaps = [snapshot(s, flagged_fleet(s), hostname="h1") for s in range(45)]
+    push(database, settings, snaps)
+    now = snaps[-1].collected_at
+    with database.reader() as session:
+        fleet = tiles.fleet_tiles(session=session, settings=settings, now=now)
+        open_orphans = session.scalar(
+            text("SELECT count(*) FROM events WHERE kind = 'orphaned' AND ended_at IS NULL")
+        )
+    (host,) = fleet.hosts
+    masks = [host.masks.get(tile[2], 0) for tile in host.tiles]
+    orphaned, idle = (1 << tiles.TILE_FLAGS.index(kind) for kind in ("orphaned", "idle"))
+    assert open_orphans == 3  # two on GPU 0, one on GPU 1
+    assert [bool(mask & orphaned) for mask in masks] == [True, True, False]
+    assert masks[1] & idle and not masks[2]
+    assert fleet.flagged["orphaned"] == 2  # GPUs, not events
+    assert fleet.flagged == {
+        kind: sum(1 for mask in masks if mask & 1 << bit)
+        for bit, kind in enumerate(tiles.TILE_FLAGS)
+    }
+    assert host.flagged and len(host.tiles) == 3
+
+
+def test_the_header_counts_fullness_as_the_fleet_api_does(
+    database: Database, settings: ServerSettings
+) -> None:
+    push(database, settings, [snapshot(s, shared_gpu(s), hostname="busy") for s in range(2)])
+    heavy = [gpu(0, [process(1, used_gib=70)]), gpu(1, [process(2, used_gib=45)])]
+    push(database, settings, [snapshot(s, heavy, hostname="heavy") for s in range(2)])
+    quiet = [gpu(0, [process(3, used_gib=50)])]
+    push(database, settings, [snapshot(0, quiet, hostname="quiet", at=T0 - 3600)])
+    now = T0 + 30
+    with database.reader() as session:
+        fleet = tiles.fleet_tiles(session=session, settings=settings, now=now)
+        summary = fleet_summary(session=session, settings=settings, now=now)
+    assert fleet.fullness == summary.gpus_by_fullness
+    assert fleet.fullness["unknown"] == 1  # the silent host's GPU: its reading is stale
+    assert fleet.fullness["75-90%"] == 1 and fleet.fullness["50-75%"] == 1
+    assert (fleet.gpus, fleet.silent_hosts) == (summary.gpus, len(summary.silent_hosts)) == (5, 1)
 
 
 def test_the_fleet_is_read_in_the_same_queries_at_any_size(
@@ -125,13 +208,14 @@ def test_the_fleet_is_read_in_the_same_queries_at_any_size(
         event.listen(database.engine, "before_cursor_execute", count)
         try:
             with database.reader() as session:
-                fleet = service.fleet_tiles(session=session, settings=settings, now=T0 + 30)
+                fleet = tiles.fleet_tiles(session=session, settings=settings, now=T0 + 30)
         finally:
             event.remove(database.engine, "before_cursor_execute", count)
         assert sum(len(h.tiles) for h in fleet.hosts) == 2 * len(fleet.hosts)
         return sum(1 for statement in seen if statement.lstrip().upper().startswith("SELECT"))
 
-    assert statements(2) == statements(8) == 2
+    # Tiles, events by kind, GPUs per fullness bucket.
+    assert statements(2) == statements(8) == 3
 
 
 def test_a_chart_has_a_column_per_step_stacked_by_process(

@@ -19,7 +19,7 @@ from gpuwatch.server.events import service as event_service
 from gpuwatch.server.events.models import EVENT_KINDS
 from gpuwatch.server.hosts import service as host_service
 from gpuwatch.server.pagination import Cursor, InvalidCursor
-from gpuwatch.server.web import auth, service
+from gpuwatch.server.web import auth, service, tiles
 from gpuwatch.server.web.templates.alerts import alerts_page
 from gpuwatch.server.web.templates.detail import gpu_page, host_page
 from gpuwatch.server.web.templates.events import EventFilters, events_page, format_utc, parse_utc
@@ -67,7 +67,7 @@ def _range(value: str | None) -> tuple[str, float]:
 @pages.get("/", response_class=HTMLResponse)
 def fleet(request: Request, session: ReadSession, context: Context) -> HTMLResponse:
     now = context.clock()
-    data = service.fleet_tiles(session=session, settings=context.settings, now=now)
+    data = tiles.fleet_tiles(session=session, settings=context.settings, now=now)
     return html(fleet_page(_chrome(request, session, context, now), data))
 
 

@@ -2,13 +2,13 @@
 
 A tile's colour is its used/total in tenths (grey when its reading is stale or lost);
 its text is the owner of its largest process ("+" when other users hold some too);
-corner marks and borders flag open events (orphaned, idle, filling up, runaway). Its
-tooltip has the figures, and it links to the GPU's page.
+corner marks and borders flag open events (orphaned, idle, filling up, runaway). It
+links to the GPU's page, and its tooltip (written by dashboard.js on hover or focus
+from the tile's ``data-v`` figures) has the memory, the holders and the flags in words.
 
-At 8,000 GPUs the tile loop is about a sixth of the page's time (bench/dashboard.py:
-14 of 80 ms on SQLite; SQL is most of the rest), so it does per tile only what differs
-per tile: three ``%`` formats of ready templates, no function call but for a user not
-seen before. What repeats is worked out once: the classes and words of each
+At 8,000 GPUs this is the only loop over the tiles, so it does per tile only what
+differs per tile: one or two ``%`` formats of ready templates, no function call but
+for a user not seen before. What repeats is worked out once: the classes of each
 combination of flags (a table indexed by the tile's flag mask), the colour of each
 whole percent, each user's escaped name and initials.
 """
@@ -21,10 +21,9 @@ from urllib.parse import quote
 from gpuwatch.server.fleet.schemas import FULL_BUCKET, UNKNOWN_BUCKET
 from gpuwatch.server.web.charts import fullness_bar
 from gpuwatch.server.web.format import size
-from gpuwatch.server.web.service import TILE_FLAGS, Fleet, FleetHost
 from gpuwatch.server.web.templates.layout import Chrome, page
+from gpuwatch.server.web.tiles import TILE_FLAGS, Fleet, FleetHost
 
-GIB = 2**30
 # Open event kind -> tile class and the word its tooltip uses.
 FLAGS = {
     "orphaned": ("o", "orphaned"),
@@ -97,26 +96,27 @@ def _host(host: FleetHost, root_hosts: str, users: dict[str | None, tuple[str, s
     href = root_hosts + e(quote(host.hostname, safe=""))
     gpus = href + "/gpus/"
     silent = host.silent
+    masks = host.masks
     tiles = []
-    for (index, total, used, lost, user, largest, processes, count), mask in zip(
-        host.tiles, host.masks, strict=True
-    ):
+    for _, _, index, total, used, lost, user, largest, processes, count in host.tiles:
+        mask = masks.get(index, 0)
+        if processes:
+            names = users.get(user) or _names(users, user)
+            text = names[2] if count > 1 else names[1]
+            holder = _HOLDER % ((largest or 0) >> 20, processes, count, names[0])
+        else:
+            text, holder = "", _NOBODY
+        if mask & _LOST:
+            text = "✕"
         if silent or lost or used is None or not total:
-            css, figures = "u", "no current reading"
+            tiles.append(_STALE % (_FLAG_CLASSES[mask], gpus, index, holder, text))
         else:
             percent = used * 100 // total
             css = _FULLNESS[percent] if percent < 100 else "c9"
-            figures = _FIGURES % (used / GIB, total / GIB, percent)
-        if mask & _LOST:
-            text, who = "✕", "fallen off the bus"
-        elif processes:
-            names = users.get(user) or _names(users, user)
-            text = names[2] if count > 1 else names[1]
-            who = _HOLDERS % (names[0], (largest or 0) / GIB, processes, count)
-        else:
-            text, who = "", "no processes"
-        classes, words = _FLAG_PARTS[mask]
-        tiles.append(_TILE % (css, classes, gpus, index, index, figures, who, words, text))
+            flags = _FLAG_CLASSES[mask]
+            tiles.append(
+                _TILE % (css, flags, gpus, index, percent, used >> 20, total >> 20, holder, text)
+            )
     css = "host flagged" if host.flagged else "host"
     badge = ' <span class="badge silent">silent</span>' if silent else ""
     return (
@@ -135,20 +135,21 @@ def _names(users: dict[str | None, tuple[str, str, str]], user: str | None) -> t
     return names
 
 
-def _flag_parts(mask: int) -> tuple[str, str]:
-    """The tile's extra classes and its tooltip line for a mask of open event kinds."""
-    known = [kind for bit, kind in enumerate(TILE_FLAGS) if mask & 1 << bit]
-    classes = "".join(" " + FLAGS[kind][0] for kind in known)
-    words = ", ".join(FLAGS[kind][1] for kind in known)
-    return classes, ("&#10;" + words if words else "")
-
-
-# What a tile says, worked out once rather than per tile: its classes and tooltip line
-# per flag mask (see service.TILE_FLAGS), its colour class per whole percent used.
-_FLAG_PARTS = [_flag_parts(mask) for mask in range(1 << len(TILE_FLAGS))]
+# What a tile says, worked out once rather than per tile: its flag classes per flag mask
+# (see tiles.TILE_FLAGS), its colour class per whole percent used.
+_FLAG_CLASSES = [
+    "".join(" " + FLAGS[kind][0] for bit, kind in enumerate(TILE_FLAGS) if mask & 1 << bit)
+    for mask in range(1 << len(TILE_FLAGS))
+]
 _FULLNESS = ["c%d" % min(percent // 10, 9) for percent in range(101)]  # noqa: UP031
 _LOST = 1 << TILE_FLAGS.index("gpu_lost")
-# ``%`` templates: measured faster than f-strings and ``format`` in this loop.
-_TILE = '<a class="t %s%s" href="%s%d" title="GPU %d: %s&#10;%s%s">%s</a>'
-_FIGURES = "%.1f of %.1f GiB (%d%%)"
-_HOLDERS = "largest: %s %.1f GiB · %d processes, %d users"
+# ``%`` templates: measured faster than f-strings and ``format`` in this loop. A tile's
+# figures travel as one compact attribute, ``data-v``: whole percent used ("-" when
+# there is no current reading), used and total MiB, the largest holder's MiB, how many
+# processes and users hold memory, and that holder's name (last: it may hold spaces).
+# dashboard.js words them into the tile's tooltip when it is hovered or focused, which
+# halved the page's bytes and the time to write them (bench/dashboard.py).
+_TILE = '<a class="t %s%s" href="%s%d" data-v="%d %d %d %s">%s</a>'
+_STALE = '<a class="t u%s" href="%s%d" data-v="- %s">%s</a>'
+_HOLDER = "%d %d %d %s"
+_NOBODY = "0 0 0 "
