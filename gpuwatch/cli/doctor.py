@@ -11,6 +11,7 @@ any, 11 cannot tell (the answer depends on the model's shape: give ``--config``)
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +40,9 @@ def register(app: typer.Typer) -> None:
 
 def explain(
     source: str | None = typer.Argument(
-        None, metavar="[FILE|-]", help="File holding the message or log; '-' or absent reads stdin."
+        None,
+        metavar="[FILE|-]",
+        help="File holding the message or log; '-' or absent reads stdin; the message itself, in quotes, also works.",
     ),
     text: str | None = typer.Option(None, "--text", help="The message itself, instead of a file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (the explanation)."),
@@ -117,9 +120,19 @@ def _server_history(
     return fetch_gpu_history(url, hostname=hostname, gpu_index=int(index), now=time.time())
 
 
+def _is_message(argument: str) -> bool:
+    """True when the argument is the message itself, pasted in quotes, not a file name:
+    it names no existing file and reads like a sentence (people paste the error line
+    straight after ``explain``; ``--text`` says so explicitly)."""
+    # os.path.exists, not Path.exists: a long message is "File name too long", not False.
+    return not os.path.exists(argument) and ("\n" in argument or len(argument.split()) >= 4)
+
+
 def _read_input(source: str | None) -> str:
     from gpuwatch.errors import ConfigError
 
+    if source not in (None, "-") and _is_message(source):
+        return source[:MAX_INPUT_BYTES]
     try:
         if source in (None, "-"):
             raw = sys.stdin.buffer.read(MAX_INPUT_BYTES)

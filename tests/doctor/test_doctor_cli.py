@@ -56,6 +56,24 @@ def test_explain_text_option_human_output(
     assert "$ gpuwatch status" in out
 
 
+def test_explain_takes_the_message_pasted_as_its_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(["explain", MESSAGE, "--json", "--no-live"], capsys)
+    assert code == 0 and json.loads(out)["requested_bytes"] == 2 * 2**30
+    # A name that is no file, and reads like no sentence, is still a missing file (exit 3).
+    code, _, err = run(["explain", "train.log", "--no-live"], capsys)
+    assert (
+        code == 3
+        and err.strip() == "gpuwatch: error: cannot read train.log: No such file or directory"
+    )
+    # A file whose name happens to be a sentence is read as a file.
+    (tmp_path / "a b c d").write_text(MESSAGE)
+    code, out, _ = run(["explain", "a b c d", "--json", "--no-live"], capsys)
+    assert code == 0 and json.loads(out)["recognized"] is True
+
+
 def test_explain_reads_stdin(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
