@@ -214,7 +214,7 @@ def protection(c: Candidate, p: Protections) -> tuple[str, str] | None:
     if c.pid in p.self_pids or _GPUWATCH.search(command):
         return "protected_self", "gpuwatch itself is never signalled"
     if c.uid == 0:
-        return "protected_root", "root's processes are never reaped"
+        return "protected_root", "runs as uid 0: root's processes are never reaped"
     if c.uid is not None and c.uid <= p.system_uid_max:
         return "protected_system_user", f"system user (uid {c.uid} <= {p.system_uid_max})"
     if c.name is not None and c.name in p.display_servers:
