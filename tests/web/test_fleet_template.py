@@ -1,13 +1,13 @@
 """The fleet page's tiles as markup: what a tile's ``data-v`` carries for the script's
-tooltip, and that a name an agent sent stays text there."""
+tooltip, that a name an agent sent stays text there, and how the header sums the
+tiles into fullness buckets."""
 
 from __future__ import annotations
 
 import re
 from html import unescape
 
-from gpuwatch.server.fleet.schemas import FULL_BUCKET, FULLNESS_BUCKETS, UNKNOWN_BUCKET
-from gpuwatch.server.web.templates.fleet import fleet_page
+from gpuwatch.server.web.templates.fleet import fleet_page, fullness
 from gpuwatch.server.web.templates.layout import Chrome
 from gpuwatch.server.web.tiles import TILE_FLAGS, Fleet, FleetHost
 
@@ -28,18 +28,16 @@ def test_a_tile_carries_its_figures_and_an_escaped_holder() -> None:
         hostname="h/1",
         silent=False,
         tiles=[
-            ("h/1", 0.0, 0, 80 * GIB, 50 * GIB + 5 * MIB, False, HOSTILE, 30 * GIB, 3, 2),
-            ("h/1", 0.0, 1, 80 * GIB, 0, False, None, None, None, None),
-            ("h/1", 0.0, 2, 80 * GIB, None, True, "bob", 4 * GIB, 1, 1),
+            (1, 0, 80 * GIB, 50 * GIB + 5 * MIB, HOSTILE, 30 * GIB, 3, 2),
+            (1, 1, 80 * GIB, 0, None, None, 0, 0),
+            (1, 2, 80 * GIB, None, "bob", 4 * GIB, 1, 1),  # lost: no current reading
         ],
         masks={0: idle},
         flagged=True,
     )
-    buckets = [name for name, _ in FULLNESS_BUCKETS] + [FULL_BUCKET, UNKNOWN_BUCKET]
     fleet = Fleet(
         hosts=[host],
         gpus=3,
-        fullness=dict.fromkeys(buckets, 1),
         held_bytes={"orphaned": 0, "idle": 0},
         flagged=dict.fromkeys(TILE_FLAGS, 0),
         silent_hosts=0,
@@ -56,3 +54,20 @@ def test_a_tile_carries_its_figures_and_an_escaped_holder() -> None:
     )
     assert empty == ("t c0", "/gw/hosts/h%2F1/gpus/1", "0 0 81920 0 0 0 ", "")
     assert lost == ("t u", "/gw/hosts/h%2F1/gpus/2", "- 4096 1 1 bob", "bob")
+
+
+def test_the_header_buckets_whole_percents_as_the_fleet_api_does() -> None:
+    # The API buckets used/total against 0.25, 0.5, 0.75 and 0.9; the page counts whole
+    # percents (what its tiles show) and sums them: 25% is in 25-50%, 89% in 75-90%,
+    # 90% and anything over 100% in 90-100%; GPUs it drew grey are unknown.
+    percents = [0] * 101
+    for whole in (0, 24, 25, 49, 50, 74, 75, 89, 90, 99, 100):
+        percents[whole] += 1
+    assert fullness(percents, gpus=13) == {
+        "0-25%": 2,
+        "25-50%": 2,
+        "50-75%": 2,
+        "75-90%": 2,
+        "90-100%": 3,
+        "unknown": 2,
+    }

@@ -1,10 +1,11 @@
 """The dashboard's grouped reads on SQLite and Postgres: what a tile says (the largest
-holder, ties included), the header's counts (flags per GPU, fullness as the API has
+holder as ingest keeps it on the GPU's row, ties included), the header's counts (flags per GPU, fullness as the API has
 it), a fixed number of queries whatever the fleet size, and the chart's columns."""
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from gpuwatch.server.database.migrate import upgrade
 from gpuwatch.server.fleet.service import fleet_summary
 from gpuwatch.server.ingest.service import ingest_snapshots
 from gpuwatch.server.web import service, tiles
+from gpuwatch.server.web.templates.fleet import fleet_page
+from gpuwatch.server.web.templates.layout import Chrome
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 from gpuwatch.wire import IngestRequest
@@ -84,6 +87,13 @@ def push(database: Database, settings: ServerSettings, snaps: list[HostSnapshot]
         )
 
 
+def header_fullness(fleet: tiles.Fleet) -> dict[str, int]:
+    """GPUs per fullness bucket as the page's header shows them."""
+    page = fleet_page(Chrome(root="", now=T0, firing=0, sign_out=False), fleet)
+    legend = re.findall(r'<i class="sw [^"]*"></i>(\S+)(?: full)? <b>([\d,]+)</b>', page)
+    return {name: int(count.replace(",", "")) for name, count in legend}
+
+
 def shared_gpu(seq: int) -> list[Gpu]:
     return [
         gpu(
@@ -106,32 +116,30 @@ def test_a_tile_names_the_largest_holder_and_counts_the_rest(
         fleet = tiles.fleet_tiles(session=session, settings=settings, now=T0 + 60)
     (host,) = fleet.hosts
     assert (host.hostname, host.silent) == ("h1", False)
-    busy, idle = (tuple(tile[2:]) for tile in host.tiles)
-    assert busy == (0, 80 * GIB, 15 * GIB, False, "bob", 9 * GIB, 3, 2)
-    assert idle == (1, 80 * GIB, 0, False, None, None, None, None)
+    busy, idle = (tuple(tile[1:]) for tile in host.tiles)
+    assert busy == (0, 80 * GIB, 15 * GIB, "bob", 9 * GIB, 3, 2)
+    assert idle == (1, 80 * GIB, 0, None, None, 0, 0)
     assert (host.masks, host.flagged) == ({}, False)
-    assert fleet.fullness["0-25%"] == 2 and fleet.gpus == 2
+    assert header_fullness(fleet)["0-25%"] == 2 and fleet.gpus == 2
 
 
-def test_a_tie_for_largest_names_one_of_the_tied_holders(
+def test_a_tie_for_largest_names_the_oldest_of_the_tied_holders(
     database: Database, settings: ServerSettings
 ) -> None:
-    tied = [
-        gpu(
-            0,
-            [
-                process(1, used_gib=1, user="alice"),
-                process(2, used_gib=6, user="carol"),
-                process(3, used_gib=6, user="dave"),
-            ],
-        )
-    ]
-    push(database, settings, [snapshot(s, tied, hostname="h1") for s in range(2)])
+    alice, carol, dave = (
+        process(1, used_gib=1, user="alice"),
+        process(2, used_gib=6, user="carol"),
+        process(3, used_gib=6, user="dave"),
+    )
+    # dave's process was seen first, carol's is listed first: dave's is the older.
+    snaps = [snapshot(0, [gpu(0, [dave])], hostname="h1")]
+    snaps += [snapshot(s, [gpu(0, [alice, carol, dave])], hostname="h1") for s in (1, 2)]
+    push(database, settings, snaps)
     with database.reader() as session:
         fleet = tiles.fleet_tiles(session=session, settings=settings, now=T0 + 30)
-    ((_, _, index, _, used, _, user, largest, processes, users),) = fleet.hosts[0].tiles
+    ((_, index, _, used, user, largest, processes, users),) = fleet.hosts[0].tiles
     assert (index, used, largest, processes, users) == (0, 13 * GIB, 6 * GIB, 3, 3)
-    assert user in {"carol", "dave"}  # never the smaller holder
+    assert user == "dave"
 
 
 def flagged_fleet(seq: int) -> list[Gpu]:
@@ -162,7 +170,7 @@ def test_flags_are_counted_once_per_gpu_as_the_tiles_show_them(
             text("SELECT count(*) FROM events WHERE kind = 'orphaned' AND ended_at IS NULL")
         )
     (host,) = fleet.hosts
-    masks = [host.masks.get(tile[2], 0) for tile in host.tiles]
+    masks = [host.masks.get(tile[1], 0) for tile in host.tiles]
     orphaned, idle = (1 << tiles.TILE_FLAGS.index(kind) for kind in ("orphaned", "idle"))
     assert open_orphans == 3  # two on GPU 0, one on GPU 1
     assert [bool(mask & orphaned) for mask in masks] == [True, True, False]
@@ -179,7 +187,10 @@ def test_the_header_counts_fullness_as_the_fleet_api_does(
     database: Database, settings: ServerSettings
 ) -> None:
     push(database, settings, [snapshot(s, shared_gpu(s), hostname="busy") for s in range(2)])
+    # 87.5% and 56%; then on the bounds: exactly 25% and 90%, and a MiB under 90%.
     heavy = [gpu(0, [process(1, used_gib=70)]), gpu(1, [process(2, used_gib=45)])]
+    heavy += [gpu(2 + i, [process(4 + i, used_gib=gib)]) for i, gib in enumerate((20, 72))]
+    heavy.append(gpu(4, [process(6, used_gib=72 - 1 / 1024)]))
     push(database, settings, [snapshot(s, heavy, hostname="heavy") for s in range(2)])
     quiet = [gpu(0, [process(3, used_gib=50)])]
     push(database, settings, [snapshot(0, quiet, hostname="quiet", at=T0 - 3600)])
@@ -187,10 +198,17 @@ def test_the_header_counts_fullness_as_the_fleet_api_does(
     with database.reader() as session:
         fleet = tiles.fleet_tiles(session=session, settings=settings, now=now)
         summary = fleet_summary(session=session, settings=settings, now=now)
-    assert fleet.fullness == summary.gpus_by_fullness
-    assert fleet.fullness["unknown"] == 1  # the silent host's GPU: its reading is stale
-    assert fleet.fullness["75-90%"] == 1 and fleet.fullness["50-75%"] == 1
-    assert (fleet.gpus, fleet.silent_hosts) == (summary.gpus, len(summary.silent_hosts)) == (5, 1)
+    fullness = header_fullness(fleet)
+    assert fullness == summary.gpus_by_fullness
+    assert fullness == {
+        "0-25%": 2,  # the busy host's
+        "25-50%": 1,
+        "50-75%": 1,
+        "75-90%": 2,
+        "90-100%": 1,
+        "unknown": 1,  # the silent host's GPU: its reading is stale
+    }
+    assert (fleet.gpus, fleet.silent_hosts) == (summary.gpus, len(summary.silent_hosts)) == (8, 1)
 
 
 def test_the_fleet_is_read_in_the_same_queries_at_any_size(
@@ -214,7 +232,7 @@ def test_the_fleet_is_read_in_the_same_queries_at_any_size(
         assert sum(len(h.tiles) for h in fleet.hosts) == 2 * len(fleet.hosts)
         return sum(1 for statement in seen if statement.lstrip().upper().startswith("SELECT"))
 
-    # Tiles, events by kind, GPUs per fullness bucket.
+    # Hosts, tiles, open events.
     assert statements(2) == statements(8) == 3
 
 

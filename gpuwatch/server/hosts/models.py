@@ -95,6 +95,15 @@ class Gpu(Base):
     throttle_reasons: Mapped[str | None] = mapped_column(String(SHORT))
     remap_pending: Mapped[bool | None] = mapped_column(Boolean)
     remap_failure: Mapped[bool | None] = mapped_column(Boolean)
+    # Who holds memory here now, kept by every writer of the GPU's open lifetimes
+    # (ingest/state.py, on flush) so the fleet page reads it with the GPU instead of
+    # aggregating the fleet's open lifetimes per request: the owner of the largest
+    # (ties: the oldest lifetime) and its bytes, how many open lifetimes and distinct
+    # users (a NULL owner not counted).
+    holder_user: Mapped[str | None] = mapped_column(String(SHORT))
+    holder_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    holder_processes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    holder_users: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class GpuWindow(Base):

@@ -82,6 +82,12 @@ class GpuRow:
     throttle_reasons: str | None
     remap_pending: bool | None
     remap_failure: bool | None
+    # Who holds memory on the GPU: refilled from the open lifetimes on every flush
+    # (:meth:`HostState.refill_holders`); a new GPU starts with nobody.
+    holder_user: str | None = None
+    holder_bytes: int | None = None
+    holder_processes: int = 0
+    holder_users: int = 0
 
 
 @dataclass(eq=False)
@@ -312,10 +318,43 @@ class HostState:
         self._windows[lifetime_id] = blob
         self._dirty_windows.add(lifetime_id)
 
+    def refill_holders(self) -> None:
+        """Set each GPU's ``holder_*`` from the open lifetimes as they are now, and
+        touch the GPUs whose holders moved. Every change to which lifetimes are open
+        (ingest, a reboot, the stale-lifetime job) is written by :meth:`flush`, which
+        calls this, so the GPU rows never disagree with the lifetimes they summarise.
+        The largest holder has the most bytes (unknown bytes count as fewest), then
+        the oldest lifetime (lowest id); distinct users leave out an unknown owner."""
+        # One pass over the host's open lifetimes (about 50): a few microseconds.
+        found: dict[int, list[Any]] = {}
+        for lifetime in self.open.values():
+            held = found.get(lifetime.gpu_id)
+            if held is None:
+                found[lifetime.gpu_id] = [lifetime, 1, {lifetime.user}]
+                continue
+            held[1] += 1
+            held[2].add(lifetime.user)
+            top = held[0]
+            size = -1 if lifetime.current_bytes is None else lifetime.current_bytes
+            top_size = -1 if top.current_bytes is None else top.current_bytes
+            if size > top_size or (size == top_size and lifetime.id < top.id):
+                held[0] = lifetime
+        for gpu in self.gpus.values():
+            held = found.get(gpu.id)
+            if held is None:
+                holders: tuple[Any, ...] = _NOBODY
+            else:
+                top, count, users = held
+                holders = (top.user, top.current_bytes, count, len(users) - (None in users))
+            if _HOLDERS(gpu) != holders:
+                gpu.holder_user, gpu.holder_bytes, gpu.holder_processes, gpu.holder_users = holders
+                self._dirty_gpus[gpu.id] = gpu
+
     def flush(self) -> None:
         """Write every touched row, window and produced sample, and bump the host's
         ``state_version`` (which tells other processes their copies are stale)."""
         connection = self.connection
+        self.refill_holders()
         self.host.state_version += 1
         _UPDATE_HOST.execute(connection, [_HOST_VALUES(self.host)])
         _UPDATE_GPUS.execute(connection, [_GPU_VALUES(row) for row in self._dirty_gpus.values()])
@@ -411,6 +450,8 @@ _UPDATE_HOST = _update_by_id(_HOSTS, HostRow)
 _UPDATE_GPUS = _update_by_id(_GPUS, GpuRow)
 _UPDATE_LIFETIMES = _update_by_id(_LIFETIMES, LifetimeRow)
 _HOST_VALUES = attrgetter(*_columns(HostRow), "id")
+_HOLDERS = attrgetter("holder_user", "holder_bytes", "holder_processes", "holder_users")
+_NOBODY = (None, None, 0, 0)
 _GPU_VALUES = attrgetter(*_columns(GpuRow), "id")
 _LIFETIME_VALUES = attrgetter(*_columns(LifetimeRow), "id")
 # What a snapshot of a running process changes. The other columns (owner, command,
