@@ -169,6 +169,34 @@ class GpuProcess(_Strict):
     torch: TorchAllocatorStats | None = None
 
 
+# Bytes per second over PCIe: PCIe 6.0 x16 moves ~128 GB/s each way; 2**40 leaves room.
+BytesPerSecond = Annotated[float, Strict(), Field(ge=0, le=2**40)]
+
+
+class Profiling(_Strict):
+    """Hardware activity over the time since the previous poll, from NVML's GPU
+    Performance Monitoring (Hopper and later): what DCGM's profiler reports as
+    ``DCGM_FI_PROF_*``. Each field is ``None`` where the driver did not answer it.
+
+    Ratios are shares of the interval (pipes: of cycles; occupancy: of warp slots; DRAM:
+    of peak bandwidth); PCIe is bytes/s, headers and payload, seen from the GPU.
+    """
+
+    graphics_ratio: Ratio | None = None  # a graphics or compute engine busy
+    sm_active_ratio: Ratio | None = None  # SMs with at least one warp assigned
+    sm_occupancy_ratio: Ratio | None = None  # resident warps vs the theoretical maximum
+    tensor_ratio: Ratio | None = None  # any tensor pipe
+    tensor_dfma_ratio: Ratio | None = None
+    tensor_hmma_ratio: Ratio | None = None
+    tensor_imma_ratio: Ratio | None = None
+    dram_ratio: Ratio | None = None
+    fp64_ratio: Ratio | None = None  # non-tensor FP64 pipes
+    fp32_ratio: Ratio | None = None
+    fp16_ratio: Ratio | None = None
+    pcie_tx_bytes_per_second: BytesPerSecond | None = None
+    pcie_rx_bytes_per_second: BytesPerSecond | None = None
+
+
 class MigInstance(_Strict):
     """A MIG GPU instance carved out of a physical GPU."""
 
@@ -183,7 +211,10 @@ class MigInstance(_Strict):
     memory_used_bytes: Bytes | None = None
     # Share of the time since the previous poll the instance's engines were busy (GPM's
     # GRAPHICS_UTIL, Hopper and later); None where GPM cannot say (A100, older drivers).
+    # Rounded to a whole percent; ``profiling.graphics_ratio`` is the same, unrounded.
     activity_ratio: Ratio | None = None
+    # The instance's GPM figures since the previous poll; None: no GPM, or the first poll.
+    profiling: Profiling | None = None
 
 
 class Gpu(_Strict):
@@ -237,6 +268,9 @@ class Gpu(_Strict):
     xid_errors: Count | None = None
     xid_last_code: Annotated[int, Field(ge=0, le=2**32), JSON_INTEGER] | None = None
     pcie_replay_errors: Count | None = None
+    # The GPU's GPM figures since the previous poll; None: no GPM (before Hopper, older
+    # drivers) or the first poll.
+    profiling: Profiling | None = None
     # Coherent-memory GPUs (Grace Hopper) and MIG parents: "used" is not the sum of
     # processes, so the unattributed figure is masked (None).
     coherent_memory: StrictBool = False

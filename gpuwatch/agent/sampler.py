@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from gpuwatch.agent.procinfo import ProcInfo
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.nvml.bounded import BoundedReader, DeviceTimeout
+from gpuwatch.nvml.gpm import GpmActivity
 from gpuwatch.nvml.health import HEALTH_FIELDS
 from gpuwatch.nvml.library import DeviceReading, NvmlSession, ProcessUsage
-from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance, Profiling
 
 # GPUs whose memory is coherent with the CPU (Grace Hopper / Grace Blackwell): NVML's
 # "used" there includes memory no process list accounts for, so "unattributed" is masked.
@@ -109,6 +110,7 @@ class Sampler:
             power_watts=reading.power_watts,
             power_limit_watts=reading.power_limit_watts,
             **{name: getattr(reading, name) for name in HEALTH_FIELDS},
+            profiling=_profiling(reading.gpm),
             coherent_memory=coherent,
             processes_visible=visible,
             unattributed_bytes=_unattributed(reading, masked=coherent or not visible),
@@ -123,6 +125,7 @@ class Sampler:
                     gpu_instance_id=m.gpu_instance_id,
                     profile=m.profile,
                     activity_ratio=m.activity_ratio,
+                    profiling=_profiling(m.gpm),
                 )
                 for m in reading.mig
             ],
@@ -146,6 +149,10 @@ class Sampler:
             torch=torch,
             **facts.to_gpu_process_fields(),
         )
+
+
+def _profiling(activity: GpmActivity | None) -> Profiling | None:
+    return None if activity is None else Profiling(**vars(activity))
 
 
 def _unattributed(reading: DeviceReading, *, masked: bool) -> int | None:

@@ -17,8 +17,8 @@ Versioned functions are probed once per session: memory info v2 (which separates
 driver's reserved memory from "used") falls back to v1; running-process lists v3 fall
 back to v2. A function the driver lacks is logged once, then skipped. Health readings
 (clocks, energy, ECC, Xid, ...: :mod:`gpuwatch.nvml.health`) a board does not support
-are asked once per device. MIG instances' activity comes from GPM
-(:mod:`gpuwatch.nvml.gpm`).
+are asked once per device. Profiling figures of each GPU and MIG instance (engine, SM,
+tensor, DRAM and PCIe activity; Hopper and later) come from GPM (:mod:`gpuwatch.nvml.gpm`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any, Literal, TypeVar
 
 from gpuwatch.errors import NvmlUnavailable
-from gpuwatch.nvml.gpm import GpmReads, GpmState
+from gpuwatch.nvml.gpm import GpmActivity, GpmReads, GpmState
 from gpuwatch.nvml.health import HealthReads, HealthState
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,8 @@ class MigReading:
     profile: str | None = None  # "3g.40gb"
     # Busy share of the time since the previous poll (GPM); None: not measurable.
     activity_ratio: float | None = None
+    # Every GPM figure since the previous poll; None: no GPM, or no pair yet.
+    gpm: GpmActivity | None = None
 
 
 @dataclass
@@ -185,6 +187,8 @@ class DeviceReading:
     # pid -> SM busy ratio since the previous poll; None when the call itself failed.
     process_sm: dict[int, float] | None = None
     mig: list[MigReading] = field(default_factory=list)
+    # GPM figures of the whole GPU since the previous poll; None: no GPM, or no pair yet.
+    gpm: GpmActivity | None = None
 
 
 def _to_str(value: Any) -> str:
@@ -338,7 +342,7 @@ class NvmlSession(HealthReads, GpmReads):
             self._read_health(index, handle, reading)
             reading.process_sm = self._read_process_sm(index, handle)
             reading.mig = self._read_mig(handle)
-            self._read_mig_activity(index, handle, reading.mig)
+            self._read_gpm(index, handle, reading)
         except GpuLost:
             # Keep what identifies the GPU; everything else is unknowable now.
             self._handles.pop(index, None)

@@ -20,6 +20,7 @@ import pytest
 from support.clock import FakeClock
 
 from gpuwatch.agent.reporter import BACKOFF_MAX_SECONDS, Reporter, ReporterStats
+from gpuwatch.agent.spool import encode
 from gpuwatch.errors import ConfigError
 from gpuwatch.settings import AgentSettings, load
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
@@ -292,7 +293,7 @@ def test_too_large_batches_are_split_until_they_fit(
     ingest: Ingest, tmp_path: Path, clock: FakeClock
 ) -> None:
     ingest.up()
-    one = len(snapshot(0, padding=1000).model_dump_json())
+    one = len(encode(snapshot(0, padding=1000)))
     ingest.max_body_bytes = 3 * one + 100
     reporter = reporter_for(settings_for(ingest, tmp_path), clock)
     for i in range(20):

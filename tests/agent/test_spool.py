@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.clock import FakeClock
 
-from gpuwatch.agent.spool import Spool
+from gpuwatch.agent.spool import Spool, encode
 from gpuwatch.errors import ConfigError
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
@@ -35,7 +35,7 @@ def sequences(spool: Spool) -> list[int]:
 
 
 def size_of(s: HostSnapshot) -> int:
-    return len(s.model_dump_json().encode())
+    return len(encode(s))
 
 
 def test_records_come_back_oldest_first_and_ack_deletes_them(tmp_path: Path) -> None:

@@ -3,14 +3,15 @@
 On paper: every dashboard parses, is templated by data source (no datasource uid written
 in it), host and GPU, and every query names metrics gpuwatch exports and parses as PromQL.
 
-For real: a central server, two agents on simulated GPUs (``workstation``; ``a100-mig``
-for MIG) with per-process and dcgm-compatible metrics on, and a real Prometheus (Debian's
+For real: a central server, agents on simulated GPUs (``workstation``; ``a100-mig``
+for MIG; a failing A100; Hopper boards, whole and in MIG mode, with GPM) with per-process and dcgm-compatible metrics on, and a real Prometheus (Debian's
 ``prometheus``) running ``deploy/prometheus/prometheus.yml`` changed only in its targets
 and intervals. Each dashboard's variables are resolved by their own queries and
 substituted as Grafana does with "All" selected; then every panel query goes through
 Prometheus's HTTP API and must return data. NVIDIA's dcgm-exporter dashboard
 (``fixtures/dcgm-exporter-dashboard.json``, unchanged) runs the same way; its queries may
-come back empty only for fields docs/dcgm.md lists as absent.
+come back empty only for fields docs/dcgm.md lists as absent, and its "Tensor Core
+Utilization" panel returns the Hopper boards' GPM figures.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import httpx
 import pytest
 import yaml
 
+from gpuwatch.agent.collectors import dcgm
+
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
@@ -46,7 +49,7 @@ GPUWATCH = [sys.executable, "-m", "gpuwatch"]
 DEADLINE_SECONDS = 45.0
 # Orphans, dead PIDs, an idle notebook and ECC off; a GPU in MIG mode next to a whole A100;
 # and a GPU going bad within seconds, for the health alerts (written by the fixture).
-SCENARIOS = ("workstation", "a100-mig", "failing")
+SCENARIOS = ("workstation", "a100-mig", "failing", "hopper")
 FAILING = """
 [fake]
 name = "failing"
@@ -63,6 +66,45 @@ throttle_reasons = ["hw_power_brake_slowdown"]
 # Xids every 10 s: increase() counts those after Prometheus's first scrape of the agent.
 xid = [["10s", 48], ["20s", 48], ["30s", 48], ["40s", 48], ["50s", 48], ["60s", 48]]
 """
+# GPM (Hopper and later): the profiling fields, for a whole GPU and per MIG instance.
+HOPPER = """
+[fake]
+name = "hopper"
+lifetime = "10m"
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+[[gpu.mig]]
+profile = "3g.40gb"
+memory_total = "40GiB"
+gpu_instance_id = 2
+[[gpu.mig]]
+profile = "2g.20gb"
+memory_total = "20GiB"
+gpu_instance_id = 3
+
+[[process]]
+gpu = 0
+ghost = 4100201
+memory = "60GiB"
+sm_percent = 90
+tensor_percent = 60
+
+[[process]]
+gpu = 1
+mig = 0
+ghost = 4100202
+memory = "30GiB"
+sm_percent = 50
+tensor_percent = 20
+"""
+# Scenarios written by the fixture rather than bundled.
+INLINE = {"failing": FAILING, "hopper": HOPPER}
 # What Grafana puts for its interval variables; the stack scrapes every second.
 GRAFANA_INTERVALS = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
 
@@ -255,10 +297,10 @@ def _absent_dcgm_fields() -> set[str]:
     return set(re.findall(r"`(DCGM_[A-Z0-9_]+)`", text))
 
 
-def test_the_absent_list_names_the_profiler_fields() -> None:
+def test_the_absent_list_leaves_out_what_gpm_gives() -> None:
     absent = _absent_dcgm_fields()
-    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in absent
     assert not {f for f in absent if f.startswith("DCGM_FI_DEV_FB_")}
+    assert not absent & {spec.name for spec in dcgm.METRICS}, "exported, yet listed absent"
 
 
 # -- for real: server, agents, Prometheus ---------------------------------------------
@@ -401,9 +443,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
             [*GPUWATCH, "server", "--listen", "127.0.0.1:0", "--database-url", stack.db_url],
         )
         server = stack.url_in(server_log, "listening on")
-        (tmp / "failing.toml").write_text(FAILING, encoding="utf-8")
+        for name, text in INLINE.items():
+            (tmp / f"{name}.toml").write_text(text, encoding="utf-8")
         agent_logs = [
-            _start_agent(stack, str(tmp / f"{s}.toml") if s == "failing" else s, server, token)
+            _start_agent(stack, str(tmp / f"{s}.toml") if s in INLINE else s, server, token)
             for s in SCENARIOS
         ]
         agents = [stack.url_in(log, "serving") for log in agent_logs]
@@ -539,13 +582,32 @@ def test_nvidia_dcgm_exporter_dashboard_works_unchanged(
     # Its variables resolve from DCGM_FI_DEV_GPU_TEMP: every agent, every GPU index.
     assert len(values["instance"]) == len(SCENARIOS), values
     assert set(values["gpu"]) == {"0", "1", "2", "3"}, values
-    assert [title for title, _ in empty] == ["Tensor Core Utilization"]  # DCGM profiler only
+    assert not empty, empty  # all 8 panels, "Tensor Core Utilization" from GPM included
     assert len(_targets(dashboard)) == 8
+
+
+def test_tensor_activity_comes_from_gpm_on_hopper_only(prometheus: Prometheus) -> None:
+    """DCGM_FI_PROF_PIPE_TENSOR_ACTIVE: the whole H100 and each MIG instance its own,
+    as 0-1 ratios; nothing for the A100s and the RTX A6000s (no GPM)."""
+    query = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+    # Three series once the agent's second poll has paired GPM samples and been scraped.
+    assert not _until_settled(lambda: [] if len(prometheus.query(query)) >= 3 else [query])
+    series = prometheus.query(query)
+    assert {s["metric"]["modelName"] for s in series} == {"NVIDIA H100 80GB HBM3"}
+    found = {
+        (s["metric"]["gpu"], s["metric"].get("GPU_I_ID", "")): float(s["value"][1]) for s in series
+    }
+    # GPU 0: its process's 60 %; GPU 1, in MIG mode, has no series of its own.
+    assert found == {("0", ""): 0.6, ("1", "2"): 0.2, ("1", "3"): 0.0}
+    native = prometheus.query('gpuwatch_gpu_activity_ratio{activity="tensor"}')
+    assert {(s["metric"]["gpu"], s["metric"].get("gpu_instance_id", "")) for s in native} >= {
+        ("0", ""), ("1", "2"), ("1", "3"),
+    }  # fmt: skip
 
 
 def test_mig_instances_get_their_own_dcgm_series(prometheus: Prometheus) -> None:
     """dcgm-exporter's MIG labels: one series per GPU instance, none for its GPU."""
-    used = prometheus.query('DCGM_FI_DEV_FB_USED{GPU_I_ID!=""}')
+    used = prometheus.query('DCGM_FI_DEV_FB_USED{GPU_I_ID!="", modelName=~"NVIDIA A100.*"}')
     assert sorted((s["metric"]["GPU_I_PROFILE"], s["metric"]["GPU_I_ID"]) for s in used) == [
         ("2g.20gb", "2"), ("2g.20gb", "3"), ("3g.40gb", "1"),
     ]  # fmt: skip

@@ -110,7 +110,7 @@ def test_other_metrics_unknown_instances_and_bad_samples_are_refused() -> None:
     first, second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
     pynvml.nvmlGpmMigSampleGet(parent, 2, first)
     pynvml.nvmlGpmMigSampleGet(parent, 2, second)
-    code, _ = _utilisation(first, second, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+    code, _ = _utilisation(first, second, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY)
     assert code == pynvml.NVML_ERROR_NOT_SUPPORTED  # in the metric's own return code
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlGpmMigSampleGet(parent, 7, first)  # no GPU instance 7
@@ -133,3 +133,20 @@ def test_an_a100_has_no_gpm() -> None:
     with pytest.raises(pynvml.NVMLError_NotSupported):
         pynvml.nvmlGpmSampleGet(a100, sample)
     pynvml.nvmlGpmSampleFree(sample)
+
+
+@pytest.mark.usefixtures("booted")
+def test_two_samples_at_one_moment_give_the_activity_at_that_moment() -> None:
+    # A frozen scenario (--at) never advances: the figures are those of that instant.
+    parent = pynvml.nvmlDeviceGetHandleByIndex(0)
+    first, second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    try:
+        pynvml.nvmlGpmMigSampleGet(parent, 2, first)
+        pynvml.nvmlGpmMigSampleGet(parent, 2, second)
+        code, value = _utilisation(first, second, pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL)
+        assert (code, value) == (pynvml.NVML_SUCCESS, 60.0)
+        code, value = _utilisation(first, second, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+        assert (code, value) == (pynvml.NVML_SUCCESS, 24.0)  # 40 % of its SM's 60 %
+    finally:
+        pynvml.nvmlGpmSampleFree(first)
+        pynvml.nvmlGpmSampleFree(second)

@@ -1,4 +1,5 @@
-"""MIG instance activity (gpuwatch.nvml.gpm) over the real pynvml and the fake GPUs."""
+"""GPM figures of GPUs and MIG instances (gpuwatch.nvml.gpm) over the real pynvml and the
+fake GPUs."""
 
 from __future__ import annotations
 
@@ -54,6 +55,18 @@ mig = 0
 ghost = 30003
 memory = "4GiB"
 sm_percent = 50
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+memory_busy_percent = 30
+
+[[process]]
+gpu = 2
+ghost = 30004
+memory = "4GiB"
+sm_percent = 80
+tensor_percent = { steps = [["0s", 60], ["45s", 0]] }
 
 [[fault]]
 gpu = 0
@@ -115,10 +128,42 @@ def test_an_a100_has_no_instance_activity_and_no_error_counted(
 def test_a_lost_gpu_frees_its_sample_buffers(session: NvmlSession, clock: FakeClock) -> None:
     buffers = pynvml.nvmlLib.gpm_samples  # the fake library's allocations
     _activity(session, 0)
-    assert len(buffers) == 4  # two per instance, reused every poll
+    assert len(buffers) == 6  # two for the GPU and two per instance, reused every poll
     clock.advance(30)
     _activity(session, 0)
-    assert len(buffers) == 4
+    assert len(buffers) == 6
     clock.advance(80)  # past the GPU's loss at 100 s
     assert session.read_device(0).lost
     assert len(buffers) == 0
+
+
+def test_a_whole_gpu_reads_every_gpm_figure_the_driver_answers(
+    session: NvmlSession, clock: FakeClock
+) -> None:
+    assert session.read_device(2).gpm is None  # no pair yet
+    clock.advance(30)
+    first = session.read_device(2).gpm
+    assert first is not None
+    assert (first.graphics_ratio, first.sm_active_ratio) == (0.8, 0.8)
+    assert (first.tensor_ratio, first.dram_ratio) == (0.6, 0.3)
+    # The fake's PCIe: 200 KB/s + 60 MB/s x 80 % busy, in bytes/s (nvml.h: MiB/s).
+    assert first.pcie_tx_bytes_per_second == first.pcie_rx_bytes_per_second == 48_200_000
+    # Metrics the driver answers NOT_SUPPORTED in their own slot: unknown, not 0.
+    assert first.sm_occupancy_ratio is None and first.fp32_ratio is None
+    clock.advance(30)  # 30 s..60 s: tensor busy until 45 s, half the interval
+    second = session.read_device(2).gpm
+    assert second is not None and second.tensor_ratio == 0.3
+
+
+def test_mig_instances_read_their_own_figures_and_their_gpu_its_own(
+    session: NvmlSession, clock: FakeClock
+) -> None:
+    session.read_device(0)
+    clock.advance(30)
+    reading = session.read_device(0)
+    busy, idle = (m.gpm for m in reading.mig)
+    assert busy is not None and idle is not None
+    assert (busy.graphics_ratio, busy.dram_ratio) == (0.4, 0.16)  # memory busy: 40 % of SM
+    assert (idle.graphics_ratio, idle.tensor_ratio) == (0.0, 0.0)
+    assert busy.pcie_tx_bytes_per_second is None  # the fake has no per-instance PCIe
+    assert reading.gpm is not None and reading.gpm.graphics_ratio == 0.4

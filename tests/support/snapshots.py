@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, ProcessOwner, TorchAllocatorStats
+from gpuwatch.snapshot import (
+    Gpu,
+    GpuProcess,
+    HostSnapshot,
+    ProcessOwner,
+    Profiling,
+    TorchAllocatorStats,
+)
 
 GiB = 2**30
 MiB = 2**20
@@ -95,6 +102,22 @@ def sample_snapshot() -> HostSnapshot:
                 xid_errors=1,
                 xid_last_code=13,
                 pcie_replay_errors=0,
+                # GPM figures (Hopper and later; set on this sample board for the exposition).
+                profiling=Profiling(
+                    graphics_ratio=0.62,
+                    sm_active_ratio=0.55,
+                    sm_occupancy_ratio=0.31,
+                    tensor_ratio=0.4,
+                    tensor_dfma_ratio=0.0,
+                    tensor_hmma_ratio=0.4,
+                    tensor_imma_ratio=0.0,
+                    dram_ratio=0.27,
+                    fp64_ratio=0.0,
+                    fp32_ratio=0.12,
+                    fp16_ratio=0.05,
+                    pcie_tx_bytes_per_second=52428800.0,
+                    pcie_rx_bytes_per_second=1048576.0,
+                ),
                 unattributed_bytes=1 * GiB,
                 processes=[notebook, trainer, ghost],
             ),

@@ -6,8 +6,10 @@ memory, MHz for clocks, percent for utilisation, W, mJ and °C; labels ``gpu``, 
 ``DCGM_FI_DRIVER_VERSION``. A GPU in MIG mode has no series of its own, as in
 dcgm-exporter: each MIG instance gets the set, with ``GPU_I_ID`` and ``GPU_I_PROFILE``,
 its own framebuffer figures and its GPU's device-wide ones (temperature, power,
-clocks). Fields that need DCGM's profiler (``DCGM_FI_PROF_*``) are absent:
-docs/dcgm.md lists them. Off by default (``--dcgm-compat`` /
+clocks). The profiling fields (``DCGM_FI_PROF_*``) come from NVML's GPU Performance
+Monitoring on Hopper and later, per GPU and per MIG instance (each instance its own);
+they are absent on older GPUs and on the agent's first poll: docs/dcgm.md says which.
+Off by default (``--dcgm-compat`` /
 ``GPUWATCH_AGENT_DCGM_COMPAT``); the native ``gpuwatch_gpu_*`` metrics, in base units,
 are the ones to build new dashboards on.
 """
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpuwatch.metricspec import MetricSpec
-from gpuwatch.snapshot import Gpu, HostSnapshot, MigInstance
+from gpuwatch.snapshot import Gpu, HostSnapshot, MigInstance, Profiling
 
 _L = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID",
       "Hostname", "DCGM_FI_DRIVER_VERSION")  # fmt: skip
@@ -27,6 +29,7 @@ _XID_L = (*_L, "err_code", "err_msg")
 _MIB = 2**20
 _MHZ = 1e6
 _OPT_IN = "opt-in: dcgm_compat; GPU_I_* on MIG instances only"
+_GPM = _OPT_IN + "; GPM (Hopper and later), from the agent's second poll"
 # Xid texts as dcgm-exporter labels them (internal/pkg/collector/xid_errors.go, Apache-2.0,
 # after NVIDIA's Xid catalog), for the codes seen most; others read "Unknown Error" here.
 XID_TEXT = {
@@ -101,11 +104,62 @@ RETIRED_DBE = _spec(
 )
 RETIRED_PENDING = _spec("DCGM_FI_DEV_RETIRED_PENDING", "Total number of pages pending retirement.")
 
+
+def _prof(name: str, help: str) -> MetricSpec:
+    return MetricSpec(name, "gauge", help, _L, _GPM)
+
+
+# dcgm-exporter's help texts; ratios 0-1 and bytes/s, as DCGM reports them.
+GR_ENGINE_ACTIVE = _prof(
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active."
+)
+SM_ACTIVE = _prof(
+    "DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned."
+)
+SM_OCCUPANCY = _prof("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.")
+TENSOR_ACTIVE = _prof(
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active."
+)
+TENSOR_DFMA = _prof(
+    "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE", "Ratio of cycles the tensor (DFMA) pipe is active."
+)
+TENSOR_HMMA = _prof(
+    "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active."
+)
+TENSOR_IMMA = _prof(
+    "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE", "Ratio of cycles the tensor (IMMA) pipe is active."
+)
+DRAM_ACTIVE = _prof(
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "Ratio of cycles the device memory interface is active sending or receiving data.",
+)
+FP64_ACTIVE = _prof("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "Ratio of cycles the fp64 pipes are active.")
+FP32_ACTIVE = _prof("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "Ratio of cycles the fp32 pipes are active.")
+FP16_ACTIVE = _prof("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "Ratio of cycles the fp16 pipes are active.")
+PCIE_TX = _prof(
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+)
+PCIE_RX = _prof(
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+)
+# Each PROF field and the Profiling field (GPM metric) it reads.
+_PROFILING = (
+    (GR_ENGINE_ACTIVE, "graphics_ratio"), (SM_ACTIVE, "sm_active_ratio"),
+    (SM_OCCUPANCY, "sm_occupancy_ratio"), (TENSOR_ACTIVE, "tensor_ratio"),
+    (TENSOR_DFMA, "tensor_dfma_ratio"), (TENSOR_HMMA, "tensor_hmma_ratio"),
+    (TENSOR_IMMA, "tensor_imma_ratio"), (DRAM_ACTIVE, "dram_ratio"),
+    (FP64_ACTIVE, "fp64_ratio"), (FP32_ACTIVE, "fp32_ratio"), (FP16_ACTIVE, "fp16_ratio"),
+    (PCIE_TX, "pcie_tx_bytes_per_second"), (PCIE_RX, "pcie_rx_bytes_per_second"),
+)  # fmt: skip
+
 METRICS = (
     GPU_TEMP, MEMORY_TEMP, POWER, ENERGY, SM_CLOCK, MEM_CLOCK, GPU_UTIL, MEM_COPY_UTIL,
     ENC_UTIL, DEC_UTIL, FAN_SPEED, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL, XID, PCIE_REPLAY,
     ROWS_CORRECTABLE, ROWS_UNCORRECTABLE, ROW_REMAP_FAILURE, ECC_SBE_VOL, ECC_DBE_VOL,
     ECC_SBE_AGG, ECC_DBE_AGG, RETIRED_SBE, RETIRED_DBE, RETIRED_PENDING,
+    *(spec for spec, _ in _PROFILING),
 )  # fmt: skip
 
 
@@ -159,6 +213,13 @@ def _gpu_memory(gpu: Gpu) -> list[tuple[MetricSpec, float | None]]:
     ]
 
 
+def _profiling(profiling: Profiling | None) -> list[tuple[MetricSpec, float | None]]:
+    """The entity's own GPM figures (a MIG instance's are its own, not its GPU's)."""
+    if profiling is None:
+        return []
+    return [(spec, getattr(profiling, name)) for spec, name in _PROFILING]
+
+
 def _mig_memory(mig: MigInstance) -> list[tuple[MetricSpec, float | None]]:
     total, used = mig.memory_total_bytes, mig.memory_used_bytes
     free = None if total is None or used is None else max(0, total - used)
@@ -202,9 +263,10 @@ class DcgmCompatCollector:
                         "GPU_I_PROFILE": mig.profile or "",
                         "GPU_I_ID": "" if mig.gpu_instance_id is None else str(mig.gpu_instance_id),
                     }
-                    entities.append(({**base, **instance, **tail}, _mig_memory(mig)))
+                    own = _mig_memory(mig) + _profiling(mig.profiling)
+                    entities.append(({**base, **instance, **tail}, own))
             else:
-                entities.append(({**base, **tail}, _gpu_memory(gpu)))
+                entities.append(({**base, **tail}, _gpu_memory(gpu) + _profiling(gpu.profiling)))
             for labels, memory in entities:
                 for spec, value in _device_values(gpu) + memory:
                     if value is not None:

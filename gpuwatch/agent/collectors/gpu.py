@@ -1,5 +1,6 @@
 """Per-GPU metrics: memory, activity, power, and who (or nothing) accounts for the memory,
-plus the health series declared in :mod:`gpuwatch.agent.collectors.health`.
+plus the health series declared in :mod:`gpuwatch.agent.collectors.health` and the GPM
+profiling series declared in :mod:`gpuwatch.agent.collectors.profiling`.
 
 ``nvidia-smi --query-gpu=memory.total,memory.used,memory.free,utilization.gpu,...``
 """
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.metrics_core import Metric
 
-from gpuwatch.agent.collectors import health
+from gpuwatch.agent.collectors import health, profiling
 from gpuwatch.metricspec import Families, MetricSpec
 from gpuwatch.snapshot import Gpu, HostSnapshot
 
@@ -94,7 +95,7 @@ PROCESSES = MetricSpec(
 METRICS = (
     INFO, UP, LOST, MEMORY_TOTAL, MEMORY_USED, MEMORY_FREE, MEMORY_RESERVED, MEMORY_UNATTRIBUTED,
     MEMORY_DEAD, MEMORY_ORPHANED, UTILIZATION, MEMORY_BUSY, TEMPERATURE, POWER, POWER_LIMIT, PROCESSES,
-    *health.METRICS,
+    *health.METRICS, *profiling.METRICS,
 )  # fmt: skip
 
 
@@ -142,3 +143,4 @@ def _add_gpu(f: Families, gpu: Gpu) -> None:
     f.add(POWER_LIMIT, labels, gpu.power_limit_watts)
     f.add(PROCESSES, labels, len({p.pid for p in gpu.processes}))
     health.add_health(f, gpu)
+    profiling.add_profiling(f, gpu)

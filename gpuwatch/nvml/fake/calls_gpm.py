@@ -6,13 +6,16 @@ Real GPM (Hopper and later) works like this: allocate sample buffers
 instance), fill another later, and ask ``nvmlGpmMetricsGet`` for metrics over the time
 between them. It is the only NVML way to see a MIG instance's activity.
 
-The fake's sample holds what the counter would: the activity integrated since boot
-(:meth:`FakeHost.busy_percent_seconds`) and the scenario time. ``GRAPHICS_UTIL`` and
-``SM_UTIL`` between two samples are the mean activity over the interval (the activity at
-the second sample when no scenario time passed, e.g. a frozen scenario); other metrics
-answer NOT_SUPPORTED in their own return code. A GPU without ``gpm`` (before Hopper,
-e.g. an A100) reports ``isSupportedDevice = 0`` and NOT_SUPPORTED for samples, as real
-drivers do.
+The fake's sample holds what the counters would: activities integrated since boot
+(:meth:`FakeHost.busy_percent_seconds`, ``tensor_percent_seconds``,
+``dram_percent_seconds``) and the scenario time. Between two samples, each metric is the
+mean over the interval (the value at the second sample when no scenario time passed,
+e.g. a frozen scenario): ``GRAPHICS_UTIL`` and ``SM_UTIL`` the engine activity,
+``ANY_TENSOR_UTIL`` the tensor activity, ``DRAM_BW_UTIL`` the memory activity, and, for
+a whole GPU, ``PCIE_TX/RX_PER_SEC`` the PCIe traffic ``nvmlDeviceGetPcieThroughput``
+reports, in MiB/s. Other metrics (and PCIe on a MIG instance) answer NOT_SUPPORTED in
+their own return code. A GPU without ``gpm`` (before Hopper, e.g. an A100) reports
+``isSupportedDevice = 0`` and NOT_SUPPORTED for samples, as real drivers do.
 """
 
 from __future__ import annotations
@@ -26,11 +29,20 @@ from typing import Any
 import pynvml as nv
 
 from gpuwatch.nvml.fake import cargs
+from gpuwatch.nvml.fake.calls_health import PCIE_BUSY_KBPS, PCIE_IDLE_KBPS
 from gpuwatch.nvml.fake.symbols import CallsBase, DeviceRef, nvml_symbol
 
 # Sample buffer addresses: a range apart from device handle tokens (cargs).
 _SAMPLE_BASE = 0x6771_0000_0000
-_ACTIVITY_METRICS = frozenset({nv.NVML_GPM_METRIC_GRAPHICS_UTIL, nv.NVML_GPM_METRIC_SM_UTIL})
+# Metric -> which of a sample's activities (_Reading.busy/now) it reads.
+_ACTIVITY = {
+    nv.NVML_GPM_METRIC_GRAPHICS_UTIL: 0,
+    nv.NVML_GPM_METRIC_SM_UTIL: 0,
+    nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 1,
+    nv.NVML_GPM_METRIC_DRAM_BW_UTIL: 2,
+}
+_PCIE = frozenset({nv.NVML_GPM_METRIC_PCIE_TX_PER_SEC, nv.NVML_GPM_METRIC_PCIE_RX_PER_SEC})
+_MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -38,8 +50,7 @@ class _Reading:
     gpu: int
     mig: int | None  # MIG instance index on that GPU; None: the whole GPU
     t: float  # scenario seconds
-    busy: float  # percent x seconds since boot
-    now_percent: int  # activity at t
+    busy: tuple[float, float, float]  # engine, tensor, DRAM: percent x seconds since boot
 
 
 class GpmSamples:
@@ -132,18 +143,22 @@ class GpmCalls(CallsBase):
         if not self.gpm_samples.known(address):
             return nv.NVML_ERROR_INVALID_ARGUMENT
         assert address is not None
-        index = device.index
-        self.gpm_samples.fill(
-            address,
-            _Reading(
-                index,
-                mig,
-                t,
-                self.host.busy_percent_seconds(index, t, mig=mig),
-                self.host.activity_percent(index, t, mig=mig),
-            ),
+        index, host = device.index, self.host
+        busy = (
+            host.busy_percent_seconds(index, t, mig=mig),
+            host.tensor_percent_seconds(index, t, mig=mig),
+            host.dram_percent_seconds(index, t, mig=mig),
         )
+        self.gpm_samples.fill(address, _Reading(index, mig, t, busy))
         return nv.NVML_SUCCESS
+
+    def _now(self, reading: _Reading) -> list[float]:
+        host, gpu, mig, t = self.host, reading.gpu, reading.mig, reading.t
+        return [
+            float(host.activity_percent(gpu, t, mig=mig)),
+            host.tensor_percent(gpu, t, mig=mig),
+            float(host.dram_percent(gpu, t, mig=mig)),
+        ]
 
     @nvml_symbol("nvmlGpmMetricsGet", scope="system")
     def gpm_metrics_get(self, t: float, request: Any) -> int:
@@ -164,12 +179,18 @@ class GpmCalls(CallsBase):
         elapsed = second.t - first.t
         if elapsed < 0:
             return nv.NVML_ERROR_INVALID_ARGUMENT  # sample2 must be the later one
-        mean = (second.busy - first.busy) / elapsed if elapsed > 0 else second.now_percent
+        if elapsed > 0:
+            means = [(b - a) / elapsed for a, b in zip(first.busy, second.busy, strict=True)]
+        else:  # no scenario time passed (frozen): the activities at that moment
+            means = self._now(second)
         for metric in struct.metrics[: struct.numMetrics]:
-            if metric.metricId in _ACTIVITY_METRICS:
-                metric.value = min(100.0, max(0.0, mean))
+            which = _ACTIVITY.get(metric.metricId)
+            metric.value, metric.nvmlReturn = 0.0, nv.NVML_ERROR_NOT_SUPPORTED
+            if which is not None:
+                metric.value = min(100.0, max(0.0, means[which]))
                 metric.nvmlReturn = nv.NVML_SUCCESS
-            else:
-                metric.value = 0.0
-                metric.nvmlReturn = nv.NVML_ERROR_NOT_SUPPORTED
+            elif metric.metricId in _PCIE and second.mig is None:
+                kbps = PCIE_IDLE_KBPS + PCIE_BUSY_KBPS * min(100.0, max(0.0, means[0])) / 100
+                metric.value = kbps * 1000 / _MIB  # KB/s -> MiB/s, as nvml.h gives it
+                metric.nvmlReturn = nv.NVML_SUCCESS
         return nv.NVML_SUCCESS

@@ -21,8 +21,8 @@ _BAD = nv.NVML_ERROR_INVALID_ARGUMENT
 _UNSUPPORTED = nv.NVML_ERROR_NOT_SUPPORTED
 _ALL_REASONS = 0x1FF  # every nvmlClocksEventReason* bit the fake can report
 # PCIe traffic, KB/s: a trickle when idle, growing with utilisation (not simulated further).
-_PCIE_IDLE_KBPS = 200
-_PCIE_BUSY_KBPS = 60_000
+PCIE_IDLE_KBPS = 200
+PCIE_BUSY_KBPS = 60_000
 _WIDE_FIELDS = (nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, nv.NVML_FI_DEV_PCIE_REPLAY_COUNTER)
 
 
@@ -155,7 +155,7 @@ class HealthCalls(CallsBase):
         if cargs.value(counter) not in (nv.NVML_PCIE_UTIL_TX_BYTES, nv.NVML_PCIE_UTIL_RX_BYTES):
             return _BAD
         busy = self.host.utilization_percent(device.index, t) / 100
-        return _put(kbps, round(_PCIE_IDLE_KBPS + _PCIE_BUSY_KBPS * busy))
+        return _put(kbps, round(PCIE_IDLE_KBPS + PCIE_BUSY_KBPS * busy))
 
     # -- field values -------------------------------------------------------------------
 

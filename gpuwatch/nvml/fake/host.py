@@ -211,13 +211,55 @@ class FakeHost:
         timeline = spec.utilization_percent if mig is None else spec.mig[mig].activity_percent
         if timeline is not None:
             return timeline.integral(t)
+        return self._scheduled_percent_seconds(gpu, t, mig, lambda p, u: p.sm_percent.integral(u))
+
+    def tensor_percent(self, gpu: int, t: float, *, mig: int | None = None) -> float:
+        """Tensor-pipe activity at ``t``: its processes' ``tensor_percent`` (at most 100)."""
+        listed = self._listed_specs(gpu, t, mig)
+        return min(100.0, sum(p.tensor_percent.at(t - p.start) for p in listed))
+
+    def tensor_percent_seconds(self, gpu: int, t: float, *, mig: int | None = None) -> float:
+        """Tensor-pipe activity integrated since boot, like :meth:`busy_percent_seconds`."""
+        return self._scheduled_percent_seconds(
+            gpu, t, mig, lambda p, u: p.tensor_percent.integral(u)
+        )
+
+    def dram_percent(self, gpu: int, t: float, *, mig: int | None = None) -> float:
+        """DRAM activity at ``t``: the GPU's memory busy, or the instance's processes'."""
+        if mig is None:
+            return self.memory_busy_percent(gpu, t)
+        return min(100, sum(p.memory_busy_percent for p in self.processes(gpu, t, mig=mig)))
+
+    def dram_percent_seconds(self, gpu: int, t: float, *, mig: int | None = None) -> float:
+        """DRAM activity integrated since boot: the GPU's ``memory_busy_percent`` when
+        given, else its processes' (``memory_busy_percent``, or 40 % of ``sm_percent``)."""
+        spec = self.scenario.gpus[gpu]
+        if mig is None and spec.memory_busy_percent is not None:
+            return spec.memory_busy_percent.integral(t)
+
+        def busy(p: ProcessSpec, until: float) -> float:
+            if p.memory_busy_percent is not None:
+                return p.memory_busy_percent.integral(until)
+            return 0.4 * p.sm_percent.integral(until)
+
+        return self._scheduled_percent_seconds(gpu, t, mig, busy)
+
+    def _scheduled_percent_seconds(
+        self,
+        gpu: int,
+        t: float,
+        mig: int | None,
+        integral: Callable[[ProcessSpec, float], float],
+    ) -> float:
+        """Sum of ``integral(process, seconds it has run)`` over the processes the
+        scenario schedules on ``gpu`` (or instance ``mig``) up to ``t``, at most 100 %."""
         busy = 0.0
         for p in self.scenario.processes_on(gpu):
             if mig is not None and p.mig != mig:
                 continue
             until = t if p.exit is None else min(t, p.exit)
             if until > p.start:
-                busy += p.sm_percent.integral(until - p.start)
+                busy += integral(p, until - p.start)
         return min(busy, 100 * max(0.0, t))
 
     def power_watts(self, gpu: int, t: float) -> float:

@@ -141,6 +141,9 @@ class ProcessSpec:
     memory: Timeline  # bytes, over process time
     sm_percent: Timeline
     memory_busy_percent: Timeline | None
+    # Share of time its tensor pipes are busy (GPM's ANY_TENSOR_UTIL); like the hardware's,
+    # meant to be at most sm_percent, but not checked.
+    tensor_percent: Timeline
     start: float  # scenario seconds until the context appears
     exit: float | None  # scenario seconds at which it ends (the stand-in exits too)
     memory_not_available: bool  # report usedGpuMemory as NVML_VALUE_NOT_AVAILABLE

@@ -251,6 +251,7 @@ class _ScenarioReader:
             raise table.error("memory", "is larger than the GPU's memory_total")
         sm_percent = table.get("sm_percent", values.PERCENT, Constant(0))
         memory_busy = table.get("memory_busy_percent", values.PERCENT, None)
+        tensor = table.get("tensor_percent", values.PERCENT, Constant(0))
         not_available = table.get("memory_not_available", values.boolean, False)
         table.done()
         return [
@@ -264,6 +265,7 @@ class _ScenarioReader:
                 memory=memory,
                 sm_percent=sm_percent,
                 memory_busy_percent=memory_busy,
+                tensor_percent=tensor,
                 start=start,
                 exit=exit_at,
                 memory_not_available=not_available,
