@@ -45,6 +45,16 @@ _TMP_SUFFIX = ".tmp"
 _NAME_DIGITS = 20
 
 
+def encode(snapshot: HostSnapshot) -> bytes:
+    """A snapshot as the spool stores it and the reporter sends it.
+
+    Unknown (None) fields are left out: the server reads a missing field as None, the
+    body is smaller, and a server older than this agent still takes its snapshots as
+    long as the fields it does not know are unknown here (e.g. GPM figures on a board
+    without GPM)."""
+    return snapshot.model_dump_json(exclude_none=True).encode()
+
+
 @dataclass(frozen=True)
 class SpooledSnapshot:
     """One pending record: its number in the spool and the snapshot as UTF-8 JSON."""
@@ -98,7 +108,7 @@ class Spool:
 
     def append(self, snapshot: HostSnapshot) -> None:
         """Write ``snapshot`` durably, then evict the oldest records past the bound."""
-        body = snapshot.model_dump_json().encode()
+        body = encode(snapshot)
         with self._lock:
             if len(body) > self._max_bytes:
                 # It could never fit; evicting everything else for it would not help.
