@@ -198,8 +198,10 @@ def test_orphan_reaches_the_server_and_an_outage_loses_nothing(stack: Stack) -> 
     server = stack.start_server()  # same port, same database
     _wait(lambda: _metric(agent, "gpuwatch_agent_spool_pending") == 0, "the spool to drain")
 
-    # Stop offering, then compare what the agent says it delivered with what is stored.
-    agent_proc = stack.processes[1]
+    # Stop the server, then compare what the agent says it delivered with what is stored.
+    # With the server gone nothing more is stored, and the agent's counts can only lag
+    # by the one push that was in flight: stored but not yet (or never) counted accepted.
+    stack.stop_server()
     accepted = _metric(agent, "gpuwatch_agent_snapshots_pushed_total", 'result="accepted"')
     duplicate = _metric(agent, "gpuwatch_agent_snapshots_pushed_total", 'result="duplicate"')
     dropped = sum(
@@ -210,17 +212,12 @@ def test_orphan_reaches_the_server_and_an_outage_loses_nothing(stack: Stack) -> 
             re.M,
         )
     )
-    pending = _metric(agent, "gpuwatch_agent_spool_pending")
-    agent_proc.send_signal(signal.SIGSTOP)  # freeze it so nothing new is offered meanwhile
-    try:
-        with sqlite3.connect(stack.db) as db:
-            stored = db.execute("SELECT count(*) FROM snapshots_seen").fetchone()[0]
-    finally:
-        agent_proc.send_signal(signal.SIGCONT)
+    with sqlite3.connect(stack.db) as db:
+        stored = db.execute("SELECT count(*) FROM snapshots_seen").fetchone()[0]
     assert dropped == 0
     assert accepted >= 5
     # Each stored once: a snapshot whose response was lost comes back as a duplicate.
-    assert stored in range(int(accepted + duplicate), int(accepted + duplicate + pending) + 2)
+    assert stored in range(int(accepted + duplicate), int(accepted + duplicate) + 2)
 
 
 def test_oom_incident_from_a_training_process_is_recorded_with_who_was_there(stack: Stack) -> None:
