@@ -84,7 +84,13 @@ class Plan:
 
     fleet: int  # hosts pushing in the sustained phases
     interval: float  # their push interval, seconds
-    ramp: float  # seconds before measuring (every agent has pushed once)
+    # Seconds before measuring. A phase starts with every host's state out of the new
+    # server's cache and its open bucket older than the bucket interval (the wait for a
+    # quiet machine and the phase before lie between), so every host's first push reads
+    # its state and closes a bucket: a start-up surge, on a server with little headroom,
+    # whose backlog outlasted a 15 s ramp. The full plan's ramp lets every host push for one bucket interval and one
+    # push interval before measuring, so the measured window is the steady state.
+    ramp: float
     measure: float  # measured seconds of a sustained phase
     floor_measure: float
     warm_snapshots: int  # history each host pushes before anything is measured
@@ -99,7 +105,7 @@ class Plan:
 FULL = Plan(
     fleet=3000,
     interval=15.0,
-    ramp=15.0,
+    ramp=75.0,  # was 15 s (one push interval) until the bucket phases: see Plan.ramp
     measure=90.0,
     floor_measure=45.0,
     warm_snapshots=12,
@@ -947,11 +953,10 @@ def _rss(pid: int) -> int:
 # its RSS goes. The last step is the fake NVML library, absent on a GPU host.
 IMPORT_STEPS = (
     ("python", ()),
-    ("pydantic", ("pydantic", "pydantic_settings")),
+    ("pydantic", ("pydantic",)),
     ("prometheus_client", ("prometheus_client",)),
-    ("httpx", ("httpx",)),
-    ("typer, rich", ("typer", "rich")),
-    ("gpuwatch CLI, all commands registered", ("gpuwatch.cli",)),
+    ("typer", ("typer",)),
+    ("gpuwatch CLI, the agent command registered", ("gpuwatch.cli",)),
     ("agent modules", ("gpuwatch.agent.assemble", "gpuwatch.agent.reporter",
                        "gpuwatch.agent.exporter")),
     ("fake NVML library", ("gpuwatch.nvml.fake", "gpuwatch.nvml.fake.library")),
@@ -967,7 +972,7 @@ def import_steps() -> dict[str, int]:
         "out = {}\n"
         "for name, modules in json.loads(sys.argv[1]):\n"
         "    for m in modules: importlib.import_module(m)\n"
-        "    if 'gpuwatch.cli' in modules: importlib.import_module('gpuwatch.cli')._register_all()\n"
+        "    if 'gpuwatch.cli' in modules: importlib.import_module('gpuwatch.cli')._register_for(['agent'])\n"
         "    out[name] = rss()\n"
         "print(json.dumps(out))"
     )

@@ -6,6 +6,12 @@ the cost of storing a snapshot. A :class:`BulkStatement` compiles its Core state
 once per dialect and hands plain tuples (or dicts, for named paramstyles) straight to
 the DBAPI's ``executemany``. Only for statements whose values need no type processing:
 ints, floats, strings, booleans, bytes and None (no JSON, no dates).
+
+On Postgres a statement may instead be given as an :class:`~gpuwatch.server.database.
+dialects.ArraySql`: the whole batch in one statement, one array per column. psycopg's
+``executemany`` sends the statement once per row (in a pipeline, but with its Python
+around every row), and on a single-snapshot push that was about half of the server's
+own CPU (bench/README.md, load).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from sqlalchemy import Connection, Executable
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import Compiled
 
+from gpuwatch.server.database.dialects import ArraySql
+
 
 class BulkStatement:
     """A statement built lazily, compiled once per dialect, run with driver executemany.
@@ -24,9 +32,18 @@ class BulkStatement:
     Rows are tuples of values for the bind parameters ``names``, in that order.
     """
 
-    def __init__(self, build: Callable[[], Executable], names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        build: Callable[[], Executable],
+        names: Sequence[str],
+        *,
+        postgres: Callable[[], ArraySql] | None = None,
+    ) -> None:
         self._build = build
         self.names = tuple(names)
+        # On Postgres, the statement that takes the batch as arrays (built once).
+        self._postgres = postgres
+        self._arrays: ArraySql | None = None
         # dialect name -> (SQL text, row permutation for a positional paramstyle, or
         # None for a named one, which takes dicts)
         self._compiled: dict[str, tuple[str, tuple[int, ...] | None]] = {}
@@ -35,6 +52,9 @@ class BulkStatement:
         """Run the statement for every row, in one executemany, on ``connection`` (the
         session's, taken once per request: ``Session.connection()`` is not free)."""
         if not rows:
+            return
+        if self._postgres is not None and connection.dialect.name == "postgresql":
+            self._execute_arrays(connection, rows)
             return
         sql, order = self._compile(connection.dialect)
         params: Sequence[Any]
@@ -45,6 +65,20 @@ class BulkStatement:
         else:
             params = [tuple(row[i] for i in order) for row in rows]
         connection.exec_driver_sql(sql, params)  # type: ignore[arg-type]
+
+    def _execute_arrays(self, connection: Connection, rows: Sequence[Sequence[Any]]) -> None:
+        if self._arrays is None:
+            assert self._postgres is not None
+            self._arrays = self._postgres()
+        arrays = self._arrays
+        columns = zip(*rows, strict=True)  # one tuple per column
+        params = {
+            f"p{i}": [v if v is None or type(v) is float else float(v) for v in column]
+            if is_float
+            else list(column)
+            for i, (column, is_float) in enumerate(zip(columns, arrays.floats, strict=True))
+        }
+        connection.exec_driver_sql(arrays.sql, params)
 
     def _compile(self, dialect: Dialect) -> tuple[str, tuple[int, ...] | None]:
         found = self._compiled.get(dialect.name)

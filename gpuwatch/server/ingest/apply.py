@@ -7,13 +7,19 @@ Rules worth knowing:
   nothing about its processes, so their lifetimes stay open, untouched.
 * A new ``boot_id`` ends every open lifetime of the host at its last observation:
   no process survives a reboot.
-* Downsampling: a bucket is ``[k * interval, (k + 1) * interval)`` of snapshot time.
-  Each lifetime and GPU accumulates the bucket it is in (process: lowest and highest
+* Downsampling: a bucket is ``[phase + k * interval, phase + (k + 1) * interval)`` of
+  snapshot time, where ``phase`` is the host's own (:func:`bucket_phase`). Each
+  lifetime and GPU accumulates the bucket it is in (process: lowest and highest
   memory, busiest SM ratio; GPU: lowest and highest used, highest unattributed) and
-  writes it as one
-  sample row when a snapshot falls into a later bucket, or when the lifetime ends.
-  Bucket rows are stamped with the bucket's start, so a run of idle buckets can
-  overstate idleness by less than one interval.
+  writes it as one sample row when a snapshot falls into a later bucket, or when the
+  lifetime ends. Bucket rows are stamped with the bucket's start, so a run of idle
+  buckets can overstate idleness by less than one interval. Readers use those stored
+  starts; nothing recomputes a bucket boundary from the clock.
+* Why a phase per host: closing a bucket is the heavy part of a push (a sample row
+  per GPU and process, the windows rewritten, the trend detectors run). With buckets
+  on the wall-clock minute every host closed its buckets in the same push interval,
+  and for 15 s in every 60 the server did four times its average work (bench/README.md,
+  load). Phases spread evenly over the interval spread that work evenly too.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import math
 from typing import Any, TypeVar
 
 from gpuwatch.detectors import Sample
+from gpuwatch.detectors.buckets import bucket_start
 from gpuwatch.server.ingest import findings
 from gpuwatch.server.ingest.state import GpuRow, HostState, Identity, LifetimeRow
 from gpuwatch.server.processes import window
@@ -58,10 +65,11 @@ def apply_snapshot(
     host.pid_namespace_isolated = snapshot.pid_namespace_isolated
     host.fake = snapshot.fake
 
+    bucket = host_bucket(at, host_id=host.id, interval=settings.sample_interval_seconds)
     filling_due: list[FillingDue] = []
     gpu_rows: dict[str, GpuRow] = {}
     for gpu in snapshot.gpus:
-        gpu_rows[gpu.uuid], closed = _upsert_gpu(state, gpu, settings=settings, at=at)
+        gpu_rows[gpu.uuid], closed = _upsert_gpu(state, gpu, bucket=bucket, at=at)
         if closed is not None:
             filling_due.append((gpu, gpu_rows[gpu.uuid], closed))
     reconciled = [
@@ -74,25 +82,45 @@ def apply_snapshot(
         findings.check_gpu(
             state.events, gpu=gpu, gpu_row=gpu_rows[gpu.uuid], settings=settings, at=at
         )
+    # Each GPU's open lifetimes, in one pass (not one pass over the host's per GPU).
+    on_gpu: dict[int, list[LifetimeRow]] = {}
+    for (gpu_id, _, _), lifetime in state.open.items():
+        on_gpu.setdefault(gpu_id, []).append(lifetime)
     trend_due: list[TrendDue] = []
     for gpu in reconciled:
-        trend_due += _reconcile_processes(state, gpu, gpu_rows[gpu.uuid], settings=settings, at=at)
+        gpu_row = gpu_rows[gpu.uuid]
+        trend_due += _reconcile_processes(
+            state,
+            gpu,
+            gpu_row,
+            on_gpu.get(gpu_row.id, []),
+            settings=settings,
+            bucket=bucket,
+            at=at,
+        )
     _check_trends(state, trend_due, settings=settings, at=at)
     # After the trends: the culprit ranking reads the process windows they just extended.
     _check_filling(state, filling_due, settings=settings, at=at)
 
 
 def _reconcile_processes(
-    state: HostState, gpu: Gpu, gpu_row: GpuRow, *, settings: ServerSettings, at: float
+    state: HostState,
+    gpu: Gpu,
+    gpu_row: GpuRow,
+    open_on_gpu: list[LifetimeRow],
+    *,
+    settings: ServerSettings,
+    bucket: float,
+    at: float,
 ) -> list[TrendDue]:
-    """Update the lifetimes of the GPU's listed processes and end the unlisted ones;
-    return the lifetimes whose bucket closed (their trend check is due)."""
+    """Update the lifetimes of the GPU's listed processes and end the unlisted ones of
+    ``open_on_gpu``; return the lifetimes whose bucket closed (their trend check is due)."""
     due: list[TrendDue] = []
-    listed: set[Identity] = set()
+    listed: set[int] = set()
     for process in gpu.processes:
         lifetime = state.open[(gpu_row.id, process.pid, process.start_time)]
-        listed.add(lifetime.identity)
-        closed = _observe(lifetime, process, settings=settings, at=at, state=state)
+        listed.add(lifetime.id)
+        closed = _observe(lifetime, process, bucket=bucket, at=at, state=state)
         if closed is not None:
             due.append((gpu, gpu_row, lifetime, closed))
         state.touch(lifetime)
@@ -105,18 +133,16 @@ def _reconcile_processes(
             settings=settings,
             at=at,
         )
-    gone = [
-        lt for ident, lt in state.open.items() if ident[0] == gpu_row.id and ident not in listed
-    ]
-    for lifetime in gone:
+    for lifetime in [lt for lt in open_on_gpu if lt.id not in listed]:
         _end(state, lifetime, at=at)
     return due
 
 
 def _upsert_gpu(
-    state: HostState, gpu: Gpu, *, settings: ServerSettings, at: float
+    state: HostState, gpu: Gpu, *, bucket: float, at: float
 ) -> tuple[GpuRow, Sample | None]:
-    """Update (or insert) the GPU's row; return it and the sample of a bucket it closed."""
+    """Update (or insert) the GPU's row; return it and the sample of a bucket it closed
+    (``bucket``: the start of the bucket ``at`` falls in)."""
     closed = None
     row = state.gpus.get(gpu.uuid)
     if row is None:
@@ -160,7 +186,6 @@ def _upsert_gpu(
         row.unattributed_bytes = gpu.unattributed_bytes
         row.utilization_ratio = gpu.utilization_ratio
         _note_health(row, gpu, at=at)
-        bucket = _bucket(at, settings)
         if row.bucket_start_at is not None and bucket > row.bucket_start_at:
             closed = state.add_gpu_sample(row)
             row.bucket_start_at = None
@@ -263,7 +288,7 @@ def _observe(
     lifetime: LifetimeRow,
     process: GpuProcess,
     *,
-    settings: ServerSettings,
+    bucket: float,
     at: float,
     state: HostState,
 ) -> Sample | None:
@@ -287,7 +312,6 @@ def _observe(
     else:
         lifetime.idle_since = None
     closed = None
-    bucket = _bucket(at, settings)
     if lifetime.bucket_start_at is not None and bucket > lifetime.bucket_start_at:
         closed = state.add_process_sample(lifetime)
         lifetime.bucket_start_at = None
@@ -375,9 +399,25 @@ def end_all_lifetimes(state: HostState) -> int:
     return len(ending)
 
 
-def _bucket(at: float, settings: ServerSettings) -> float:
-    interval = settings.sample_interval_seconds
-    return math.floor(at / interval) * interval
+# The golden ratio's fraction: host ids are consecutive integers, and multiples of it
+# modulo 1 are the most evenly spread sequence there is, for any number of hosts.
+_SPREAD = (math.sqrt(5) - 1) / 2
+
+
+def bucket_phase(host_id: int, interval: float) -> float:
+    """The offset (seconds, in ``[0, interval)``) of the host's downsampling buckets
+    from multiples of ``interval``: stable for the host, spread evenly over the fleet.
+
+    Whole seconds, so bucket starts stay whole seconds when the interval is (the
+    dashboard cuts chart columns by integer seconds); 0 for intervals under a second.
+    """
+    return float(math.floor((host_id * _SPREAD) % 1.0 * interval))
+
+
+def host_bucket(at: float, *, host_id: int, interval: float) -> float:
+    """Start (epoch s) of the host's bucket that holds ``at``."""
+    phase = bucket_phase(host_id, interval)
+    return bucket_start(at - phase, interval) + phase
 
 
 def _busiest(a: float | None, b: float | None) -> float | None:

@@ -3,9 +3,10 @@
 Ingest is the hot path (hundreds of snapshots a second), and per-object ORM costs
 about 15x what Core does on it (docs: performance-anchors.md, §7.2), so this module
 reads plain column tuples into small dataclasses and writes them back with driver
-``executemany`` (:class:`~gpuwatch.server.database.bulk.BulkStatement`): per request,
-one UPDATE per table plus one INSERT per sample table, however many snapshots the
-request carried. The typed models stay the schema's source.
+``executemany`` (:class:`~gpuwatch.server.database.bulk.BulkStatement`; on Postgres one
+statement over arrays instead): per request, one UPDATE per table plus one INSERT per
+sample table, however many snapshots the request carried. The typed models stay the
+schema's source.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from sqlalchemy.orm import Session
 
 from gpuwatch.detectors import Sample
 from gpuwatch.server.database.bulk import BulkStatement
-from gpuwatch.server.database.dialects import insert_ignoring_conflicts, upsert
+from gpuwatch.server.database.dialects import (
+    insert_ignoring_conflicts,
+    unnest_insert,
+    unnest_update,
+    upsert,
+)
 from gpuwatch.server.events.book import EventBook
 from gpuwatch.server.hosts.models import Gpu, GpuSample, GpuWindow, Host
 from gpuwatch.server.ingest.cache import HostStateCache, KeptState
@@ -435,12 +441,30 @@ def _update_by_id(table: Table, cls: type, names: Sequence[str] | None = None) -
             .values({name: bindparam(name) for name in names})
         )
 
-    return BulkStatement(build, [*names, "row_id"])
+    params = [*names, "row_id"]
+    return BulkStatement(
+        build, params, postgres=partial(unnest_update, table, params, key="id", param="row_id")
+    )
 
 
 def _insert_ignoring(table: Table, names: Sequence[str]) -> dict[str, BulkStatement]:
     return {
-        dialect: BulkStatement(partial(insert_ignoring_conflicts, table, dialect), names)
+        dialect: BulkStatement(
+            partial(insert_ignoring_conflicts, table, dialect),
+            names,
+            postgres=partial(unnest_insert, table, names),
+        )
+        for dialect in ("sqlite", "postgresql")
+    }
+
+
+def _upsert(table: Table, key: str, column: str) -> dict[str, BulkStatement]:
+    return {
+        dialect: BulkStatement(
+            partial(upsert, table, dialect, key=[key], columns=[column]),
+            [key, column],
+            postgres=partial(unnest_insert, table, [key, column], key=[key], update=[column]),
+        )
         for dialect in ("sqlite", "postgresql")
     }
 
@@ -474,20 +498,8 @@ _LIFETIME_COLD = attrgetter(*(name for name in _columns(LifetimeRow) if name not
 _UPDATE_LIFETIMES_HOT = _update_by_id(_LIFETIMES, LifetimeRow, _LIFETIME_HOT)
 _LIFETIME_HOT_VALUES = attrgetter(*_LIFETIME_HOT, "id")
 # A lifetime has no window row until its first bucket closes.
-_UPSERT_WINDOWS = {
-    dialect: BulkStatement(
-        partial(upsert, _WINDOWS, dialect, key=["lifetime_id"], columns=["recent_window"]),
-        ["lifetime_id", "recent_window"],
-    )
-    for dialect in ("sqlite", "postgresql")
-}
-_UPSERT_GPU_WINDOWS = {
-    dialect: BulkStatement(
-        partial(upsert, _GPU_WINDOWS, dialect, key=["gpu_id"], columns=["recent_window"]),
-        ["gpu_id", "recent_window"],
-    )
-    for dialect in ("sqlite", "postgresql")
-}
+_UPSERT_WINDOWS = _upsert(_WINDOWS, "lifetime_id", "recent_window")
+_UPSERT_GPU_WINDOWS = _upsert(_GPU_WINDOWS, "gpu_id", "recent_window")
 _INSERT_PROCESS_SAMPLES = _insert_ignoring(
     _PROCESS_SAMPLES, ["lifetime_id", "t", "used_bytes", "peak_bytes", "sm_ratio"]
 )
