@@ -116,7 +116,7 @@ class GpmReads:
         raise NotImplementedError
 
     def _read_gpm(self, index: int, handle: Any, reading: DeviceReading) -> None:
-        """Set ``reading.gpm`` and each MIG instance's ``gpm`` and ``activity_ratio``."""
+        """Set ``reading.gpm`` and each MIG instance's ``gpm``."""
         ids = {m.gpu_instance_id for m in reading.mig if m.gpu_instance_id is not None}
         self._drop_pairs(index, keep=frozenset({None, *ids}))
         # An nvidia-ml-py without the GPM wrappers: nothing to ask.
@@ -129,12 +129,9 @@ class GpmReads:
             instance_id = instance.gpu_instance_id
             if instance_id is None:
                 continue
-            activity = self._activity(
+            instance.gpm = self._activity(
                 (index, instance_id), "nvmlGpmMigSampleGet", handle, instance_id
             )
-            instance.gpm = activity
-            graphics = None if activity is None else activity.graphics_ratio
-            instance.activity_ratio = None if graphics is None else round(graphics * 100) / 100
 
     def _gpm_supported(self, index: int, handle: Any) -> bool:
         known = self._gpm.supported.get(index)

@@ -130,10 +130,16 @@ class MigReading:
     memory_used_bytes: int | None
     gpu_instance_id: int | None = None
     profile: str | None = None  # "3g.40gb"
-    # Busy share of the time since the previous poll (GPM); None: not measurable.
-    activity_ratio: float | None = None
     # Every GPM figure since the previous poll; None: no GPM, or no pair yet.
     gpm: GpmActivity | None = None
+
+    @property
+    def activity_ratio(self) -> float | None:
+        """Busy share since the previous poll: GPM's graphics activity rounded to a whole
+        percent, like NVML's other utilisations (see :mod:`gpuwatch.nvml.gpm`); None:
+        not measurable."""
+        graphics = None if self.gpm is None else self.gpm.graphics_ratio
+        return None if graphics is None else round(graphics * 100) / 100
 
 
 @dataclass
