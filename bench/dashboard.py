@@ -178,7 +178,7 @@ def _others_share(
 def bench_breakdown(target: Target) -> dict[str, Any]:
     """Where the page's time goes, step by step, in this process (this checkout's code,
     its own engine on the server's database): medians of :data:`BREAKDOWN_RUNS`."""
-    from gpuwatch.server.fleet.service import fleet_summary
+    from gpuwatch.server.fleet.service import fleet_summary, held_bytes
     from gpuwatch.server.web import tiles
     from gpuwatch.server.web.templates.fleet import fleet_page
     from gpuwatch.server.web.templates.layout import Chrome
@@ -215,7 +215,8 @@ def bench_breakdown(target: Target) -> dict[str, Any]:
             with database.reader() as session:
                 connection = session.connection()
                 timed("sql_tiles_alone_ms", tiles._fetch, connection, tiles._TILES)
-                timed("sql_events_alone_ms", tiles._fetch, connection, tiles._EVENTS)
+            with database.reader() as session:
+                timed("sql_held_alone_ms", held_bytes, session=session)
             with database.reader() as session:
                 timed("sql_holders_aggregate_ms", lambda: session.execute(holders).all())
             with database.reader() as session:

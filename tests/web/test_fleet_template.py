@@ -28,11 +28,10 @@ def test_a_tile_carries_its_figures_and_an_escaped_holder() -> None:
         hostname="h/1",
         silent=False,
         tiles=[
-            (1, 0, 80 * GIB, 50 * GIB + 5 * MIB, HOSTILE, 30 * GIB, 3, 2),
-            (1, 1, 80 * GIB, 0, None, None, 0, 0),
-            (1, 2, 80 * GIB, None, "bob", 4 * GIB, 1, 1),  # lost: no current reading
+            (1, 0, 80 * GIB, 50 * GIB + 5 * MIB, HOSTILE, 30 * GIB, 3, 2, idle),
+            (1, 1, 80 * GIB, 0, None, None, 0, 0, 0),
+            (1, 2, 80 * GIB, None, "bob", 4 * GIB, 1, 1, 0),  # lost: no current reading
         ],
-        masks={0: idle},
         flagged=True,
     )
     fleet = Fleet(

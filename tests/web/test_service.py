@@ -117,9 +117,9 @@ def test_a_tile_names_the_largest_holder_and_counts_the_rest(
     (host,) = fleet.hosts
     assert (host.hostname, host.silent) == ("h1", False)
     busy, idle = (tuple(tile[1:]) for tile in host.tiles)
-    assert busy == (0, 80 * GIB, 15 * GIB, "bob", 9 * GIB, 3, 2)
-    assert idle == (1, 80 * GIB, 0, None, None, 0, 0)
-    assert (host.masks, host.flagged) == ({}, False)
+    assert busy == (0, 80 * GIB, 15 * GIB, "bob", 9 * GIB, 3, 2, 0)
+    assert idle == (1, 80 * GIB, 0, None, None, 0, 0, 0)
+    assert host.flagged is False
     assert header_fullness(fleet)["0-25%"] == 2 and fleet.gpus == 2
 
 
@@ -137,7 +137,7 @@ def test_a_tie_for_largest_names_the_oldest_of_the_tied_holders(
     push(database, settings, snaps)
     with database.reader() as session:
         fleet = tiles.fleet_tiles(session=session, settings=settings, now=T0 + 30)
-    ((_, index, _, used, user, largest, processes, users),) = fleet.hosts[0].tiles
+    ((_, index, _, used, user, largest, processes, users, _),) = fleet.hosts[0].tiles
     assert (index, used, largest, processes, users) == (0, 13 * GIB, 6 * GIB, 3, 3)
     assert user == "dave"
 
@@ -170,7 +170,7 @@ def test_flags_are_counted_once_per_gpu_as_the_tiles_show_them(
             text("SELECT count(*) FROM events WHERE kind = 'orphaned' AND ended_at IS NULL")
         )
     (host,) = fleet.hosts
-    masks = [host.masks.get(tile[1], 0) for tile in host.tiles]
+    masks = [tile[-1] for tile in host.tiles]
     orphaned, idle = (1 << tiles.TILE_FLAGS.index(kind) for kind in ("orphaned", "idle"))
     assert open_orphans == 3  # two on GPU 0, one on GPU 1
     assert [bool(mask & orphaned) for mask in masks] == [True, True, False]

@@ -18,6 +18,7 @@ from gpuwatch.server.hosts.service import silence_threshold_seconds
 from gpuwatch.settings import ServerSettings
 
 TOP_IDLE = 10
+HELD_KINDS = ("orphaned", "idle")  # the events whose held memory the summary sums
 
 
 def gpus_by_fullness(*, session: Session, settings: ServerSettings, now: float) -> dict[str, int]:
@@ -48,20 +49,27 @@ def gpus_by_fullness(*, session: Session, settings: ServerSettings, now: float) 
     return fullness
 
 
+def held_bytes(*, session: Session) -> dict[str, int]:
+    """Memory held by open ``orphaned`` and by open ``idle`` events, by kind (both present)."""
+    held = dict.fromkeys(HELD_KINDS, 0)
+    held.update(
+        (kind, int(total or 0))
+        for kind, total in session.execute(
+            select(Event.kind, func.sum(Event.held_bytes))
+            .where(Event.ended_at.is_(None), Event.kind.in_(HELD_KINDS))
+            .group_by(Event.kind)
+        )
+    )
+    return held
+
+
 def fleet_summary(
     *, session: Session, settings: ServerSettings, now: float, top: int = TOP_IDLE
 ) -> FleetOut:
     """Aggregated in SQL: a handful of grouped queries whatever the history size."""
     silent_before = now - silence_threshold_seconds(settings)
     fullness = gpus_by_fullness(session=session, settings=settings, now=now)
-    held = {
-        kind: int(total or 0)
-        for kind, total in session.execute(
-            select(Event.kind, func.sum(Event.held_bytes))
-            .where(Event.ended_at.is_(None), Event.kind.in_(("orphaned", "idle")))
-            .group_by(Event.kind)
-        )
-    }
+    held = held_bytes(session=session)
     top_idle = session.execute(
         select(Event, Host.hostname)
         .join(Host, Host.id == Event.host_id)
@@ -79,8 +87,8 @@ def fleet_summary(
         hosts=session.scalar(select(func.count(Host.id))) or 0,
         gpus=sum(fullness.values()),
         gpus_by_fullness=fullness,
-        orphaned_bytes=held.get("orphaned", 0),
-        idle_bytes=held.get("idle", 0),
+        orphaned_bytes=held["orphaned"],
+        idle_bytes=held["idle"],
         top_idle=[event_service.to_out(event, hostname) for event, hostname in top_idle],
         silent_hosts=list(silent),
     )

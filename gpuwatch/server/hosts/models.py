@@ -21,6 +21,11 @@ from gpuwatch.server.database.core import Base, IdType
 
 SHORT = 256  # matches gpuwatch.snapshot.ShortStr
 
+# The event kinds a GPU's ``open_flags`` mask records, in bit order: bit ``i`` set means
+# an open ``GPU_FLAG_KINDS[i]`` event on that GPU (its host and index). The fleet page's
+# flags; appending a kind keeps the stored masks' meaning.
+GPU_FLAG_KINDS = ("orphaned", "idle", "filling_up", "runaway", "gpu_lost")
+
 
 class Host(Base):
     """One machine running an agent. Created by ``gpuwatch token create``.
@@ -104,6 +109,10 @@ class Gpu(Base):
     holder_bytes: Mapped[int | None] = mapped_column(BigInteger)
     holder_processes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     holder_users: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The open events on this GPU (its host's events with its index) as a mask of
+    # GPU_FLAG_KINDS, kept the same way from the host's open events (ingest/state.py):
+    # the fleet page's flags, read with the GPU instead of from the open events.
+    open_flags: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class GpuWindow(Base):

@@ -29,7 +29,7 @@ from gpuwatch.server.database.dialects import (
     upsert,
 )
 from gpuwatch.server.events.book import EventBook
-from gpuwatch.server.hosts.models import Gpu, GpuSample, GpuWindow, Host
+from gpuwatch.server.hosts.models import GPU_FLAG_KINDS, Gpu, GpuSample, GpuWindow, Host
 from gpuwatch.server.ingest.cache import HostStateCache, KeptState
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
@@ -94,6 +94,9 @@ class GpuRow:
     holder_bytes: int | None = None
     holder_processes: int = 0
     holder_users: int = 0
+    # The host's open events on this GPU's index, as a mask of GPU_FLAG_KINDS: refilled
+    # from the event book on every flush (:meth:`HostState.refill_flags`).
+    open_flags: int = 0
 
 
 @dataclass(eq=False)
@@ -356,11 +359,31 @@ class HostState:
                 gpu.holder_user, gpu.holder_bytes, gpu.holder_processes, gpu.holder_users = holders
                 self._dirty_gpus[gpu.id] = gpu
 
+    def refill_flags(self) -> None:
+        """Set each GPU's ``open_flags`` from the host's open events as the event book
+        holds them now (what its flush is about to write), and touch the GPUs whose
+        flags moved. Every event that can set a flag is about a GPU or one of its
+        processes and is written through this host state's book (ingest, the
+        stale-lifetime job); the other writers of events write ``agent_silent`` (about
+        the host) or point events (stored closed), which no flag shows. A flag belongs
+        to the GPU's index, as the event names it."""
+        masks: dict[int, int] = {}
+        for event in self.events.open_rows():  # a handful per host
+            bit = _FLAG_BITS.get(event.kind)
+            if bit is not None and event.gpu_index is not None:
+                masks[event.gpu_index] = masks.get(event.gpu_index, 0) | bit
+        for gpu in self.gpus.values():
+            flags = masks.get(gpu.gpu_index, 0)
+            if gpu.open_flags != flags:
+                gpu.open_flags = flags
+                self._dirty_gpus[gpu.id] = gpu
+
     def flush(self) -> None:
         """Write every touched row, window and produced sample, and bump the host's
         ``state_version`` (which tells other processes their copies are stale)."""
         connection = self.connection
         self.refill_holders()
+        self.refill_flags()
         self.host.state_version += 1
         _UPDATE_HOST.execute(connection, [_HOST_VALUES(self.host)])
         _UPDATE_GPUS.execute(connection, [_GPU_VALUES(row) for row in self._dirty_gpus.values()])
@@ -476,6 +499,7 @@ _UPDATE_LIFETIMES = _update_by_id(_LIFETIMES, LifetimeRow)
 _HOST_VALUES = attrgetter(*_columns(HostRow), "id")
 _HOLDERS = attrgetter("holder_user", "holder_bytes", "holder_processes", "holder_users")
 _NOBODY = (None, None, 0, 0)
+_FLAG_BITS = {kind: 1 << bit for bit, kind in enumerate(GPU_FLAG_KINDS)}
 _GPU_VALUES = attrgetter(*_columns(GpuRow), "id")
 _LIFETIME_VALUES = attrgetter(*_columns(LifetimeRow), "id")
 # What a snapshot of a running process changes. The other columns (owner, command,

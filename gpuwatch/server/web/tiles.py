@@ -2,9 +2,11 @@
 how many processes and users hold memory on it, and its open flags.
 
 Three queries whatever the fleet size: the hosts (by name), the tiles (one row per GPU,
-by host and index, with the holders ingest keeps on the GPU's row), and the open events
-(one row each: they become the tiles' flag masks, the held memory, and the hosts with
-an event about the host itself). The tile rows are split by host with
+by host and index, with the holders and the open events' flags that ingest keeps on the
+GPU's row), and the memory open orphaned and idle events hold (the header's, summed as
+``/api/v1/fleet`` sums it). A host is flagged when it is silent or one of its GPUs is:
+the one open event about a host itself, ``agent_silent``, is its silence, which the
+page works out from the host's last report (as the API does). The tile rows are split by host with
 ``itertools.groupby`` and handed to the template as they came: the one Python loop
 that does real work per tile is the one that writes it (and counts GPUs per fullness
 bucket for the header as it goes, templates/fleet.py).
@@ -31,21 +33,22 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, Select, case, select
 from sqlalchemy.orm import Session
 
-from gpuwatch.server.events.models import Event
-from gpuwatch.server.hosts.models import Gpu, Host
+from gpuwatch.server.fleet.service import held_bytes
+from gpuwatch.server.hosts.models import GPU_FLAG_KINDS, Gpu, Host
 from gpuwatch.server.hosts.service import silence_threshold_seconds
 from gpuwatch.settings import ServerSettings
 
 # Event kinds a tile flags (an open event of the kind on that GPU), in the order of the
 # bits of a tile's flag mask: bit ``i`` set means an open ``TILE_FLAGS[i]`` event.
-TILE_FLAGS = ("orphaned", "idle", "filling_up", "runaway", "gpu_lost")
+TILE_FLAGS = GPU_FLAG_KINDS
 
 # A tile row, as the tiles query returns it: the GPU's host (id), index, total and used
 # bytes (used None: no current reading, or the GPU is lost); the owner of its largest
 # process and that process's bytes (None when nobody holds memory there), how many
-# processes and distinct users hold memory on it.
+# processes and distinct users hold memory on it; its open events as a mask of
+# TILE_FLAGS (0: none).
 TILE_COLUMNS = ("host_id", "gpu_index", "total_bytes", "used_bytes", "user", "largest_bytes",
-                "processes", "users")  # fmt: skip
+                "processes", "users", "flags")  # fmt: skip
 
 
 class FleetHost(NamedTuple):
@@ -54,10 +57,7 @@ class FleetHost(NamedTuple):
     hostname: str
     silent: bool
     tiles: Sequence[Sequence[Any]]
-    # GPU index -> its open events as a bit mask of TILE_FLAGS (bit ``i``: an open
-    # ``TILE_FLAGS[i]`` event); a GPU without any is absent.
-    masks: dict[int, int]
-    # Silent, or an open event about the host itself (agent_silent) or on one of its GPUs.
+    # Silent, or an open event on one of its GPUs.
     flagged: bool
 
 
@@ -76,8 +76,7 @@ class FleetRows(NamedTuple):
 
     hosts: Sequence[Sequence[Any]]  # id, hostname, last report (server clock); by name
     tiles: Sequence[Sequence[Any]]  # TILE_COLUMNS, one per GPU, by host id and index
-    # The open events: host id, GPU index (None: about the host), kind, held bytes.
-    events: Sequence[Sequence[Any]]
+    held_bytes: dict[str, int]  # open orphaned / idle events' held memory
 
 
 def fleet_tiles(*, session: Session, settings: ServerSettings, now: float) -> Fleet:
@@ -86,72 +85,50 @@ def fleet_tiles(*, session: Session, settings: ServerSettings, now: float) -> Fl
 
 
 def read_fleet(*, session: Session) -> FleetRows:
-    """What the fleet page shows: its hosts, one row per GPU, the open events.
+    """What the fleet page shows: its hosts, one row per GPU, the held memory.
 
-    Each GPU's holders are read from its own row, where ingest keeps them
-    (``gpus.holder_*``, ingest/state.py): aggregating the 50,000 open lifetimes of a
-    1,000-host fleet on every request was most of the page's time (bench/dashboard.py).
-    Rows come as plain tuples from the driver (:func:`_fetch`), and open events are
-    found through their ``(host_id, ended_at)`` index, so the closed ones that
-    retention keeps around are never read.
+    Each GPU's holders and flags are read from its own row, where ingest keeps them
+    (``gpus.holder_*`` and ``gpus.open_flags``, ingest/state.py): aggregating the
+    50,000 open lifetimes of a 1,000-host fleet on every request was most of the page's
+    time, and reading its 6,000 open events as rows to make the flags about a quarter
+    of the rest (bench/dashboard.py). Rows come as plain tuples from the driver
+    (:func:`_fetch`).
     """
     connection = session.connection()
     hosts = _fetch(connection, _HOSTS)
     tiles = _fetch(connection, _TILES)
-    # The open events, one row each: the tiles' flags, the held memory and the hosts with
-    # an event about the host itself are worked out from them in group_fleet. Joined to
-    # the tiles in SQL (a mask per GPU: grouped, materialised, indexed, looked up per
-    # GPU) they cost twice as much as read as rows and put in a dict per host; grouped
-    # into masks in SQL alone, 6.8 against 3.8 ms for 6,000 events on SQLite.
-    events = _fetch(connection, _EVENTS)
-    return FleetRows(hosts, tiles, events)
+    return FleetRows(hosts, tiles, held_bytes(session=session))
 
 
 def group_fleet(rows: FleetRows, settings: ServerSettings, now: float) -> Fleet:
     """The tile rows of :func:`read_fleet` split by host (each host's rows stay as they
-    came), the open events made into each host's flag masks, and the page's totals.
-    Per tile only the GPUs of hosts with flags are looked at (to count GPUs per flag
-    as the page shows them); the rest is per host or per event."""
-    held_bytes = {"orphaned": 0, "idle": 0}
-    about_host: set[int] = set()
-    masks: dict[int, dict[int, int]] = {}
-    for host_id, index, kind, event_bytes in rows.events:
-        if kind in held_bytes:
-            held_bytes[kind] += event_bytes or 0
-        if index is None:
-            about_host.add(host_id)
-        elif kind in _BITS:
-            host_masks = masks.setdefault(host_id, {})
-            host_masks[index] = host_masks.get(index, 0) | _BITS[kind]
+    came), and the page's totals. Per tile only its flags are looked at (to count GPUs
+    per flag and find the hosts with flags); the rest is per host."""
+    flagged_tiles = [tile for tile in rows.tiles if tile[_FLAGS]]
+    shown = Counter(tile[_FLAGS] for tile in flagged_tiles)  # GPUs per flag mask
+    flagged_hosts = {tile[0] for tile in flagged_tiles}
     by_host = {host_id: list(tiles) for host_id, tiles in groupby(rows.tiles, _HOST_ID)}
     reporting_since = now - silence_threshold_seconds(settings)
     hosts = []
-    shown: Counter[int] = Counter()  # flag masks of the GPUs on the page
     for host_id, hostname, received in rows.hosts:
-        tiles = by_host.get(host_id, _NO_TILES)
         silent = received is None or received < reporting_since
-        host_masks = masks.get(host_id, _NONE)
-        flagged = silent or host_id in about_host
-        if host_masks:
-            on_tiles = [host_masks[tile[1]] for tile in tiles if tile[1] in host_masks]
-            shown.update(on_tiles)
-            flagged = flagged or bool(on_tiles)
-        hosts.append(FleetHost(hostname, silent, tiles, host_masks, flagged))
+        flagged = silent or host_id in flagged_hosts
+        hosts.append(FleetHost(hostname, silent, by_host.get(host_id, _NO_TILES), flagged))
     flagged_gpus = {
         kind: sum(n for mask, n in shown.items() if mask & bit) for kind, bit in _BITS.items()
     }
     return Fleet(
         hosts=hosts,
         gpus=len(rows.tiles),
-        held_bytes=held_bytes,
+        held_bytes=rows.held_bytes,
         flagged=flagged_gpus,
         silent_hosts=sum(1 for host in hosts if host.silent),
     )
 
 
 _HOST_ID = itemgetter(0)
+_FLAGS = TILE_COLUMNS.index("flags")
 _BITS = {kind: 1 << bit for bit, kind in enumerate(TILE_FLAGS)}
-_NONE: dict[int, int] = {}
 _NO_TILES: list[Sequence[Any]] = []
 # Built once, and compiled once per dialect (:func:`_fetch`).
 _HOSTS = select(Host.id, Host.hostname, Host.last_received_at).order_by(Host.hostname)
@@ -164,10 +141,8 @@ _TILES = select(
     Gpu.holder_bytes,
     Gpu.holder_processes,
     Gpu.holder_users,
+    Gpu.open_flags,
 ).order_by(Gpu.host_id, Gpu.gpu_index)
-_EVENTS = select(Event.host_id, Event.gpu_index, Event.kind, Event.held_bytes).where(
-    Event.host_id.in_(select(Host.id)), Event.ended_at.is_(None)
-)
 
 
 def _fetch(connection: Connection, statement: Select[*tuple[Any, ...]]) -> Sequence[Any]:

@@ -129,11 +129,9 @@ def _host(
     href = root_hosts + e(quote(host.hostname, safe=""))
     gpus = href + "/gpus/"
     silent = host.silent
-    masks = host.masks
     tiles: list[str] = []
     append = tiles.append
-    for _, index, total, used, user, largest, processes, count in host.tiles:
-        mask = masks.get(index, 0) if masks else 0
+    for _, index, total, used, user, largest, processes, count, mask in host.tiles:
         if silent or used is None or not total:  # used is None for a lost GPU too
             append(_stale(gpus, index, mask, user, largest, processes, count, users))
             continue
