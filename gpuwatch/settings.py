@@ -282,6 +282,12 @@ class ServerSettings(_Base):
         ge=2**10,
         description="Largest accepted request body; larger ones get 413 unread.",
     )
+    ingest_time_budget_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="Time a snapshot push may take from its handler's start: past it before the database write starts, the push is answered 503 with Retry-After; past it midway, the snapshots done are committed and the rest answered 'deferred' (only to agents that send Gpuwatch-Partial). Half the agent's 10 s HTTP timeout, leaving the other half for the commit and the answer's way back.",
+    )
     state_cache_hosts: int = Field(
         default=1024,
         ge=0,

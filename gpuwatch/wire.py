@@ -5,7 +5,8 @@ one side only. The snapshot itself is :class:`~gpuwatch.snapshot.HostSnapshot`; 
 module holds the envelopes around it and the other bodies:
 
 * agent -> server, ``POST /api/v1/snapshots``: :class:`IngestRequest`, answered with
-  :class:`IngestResponse`;
+  :class:`IngestResponse` (partially, with ``deferred`` items, only to a request that
+  carries :data:`PARTIAL_HEADER`);
 * agent -> server, ``POST /api/v1/events`` (an OOM it relays, a process its reaper
   killed): :class:`ReportedEvent`, answered with :class:`ReportedEventResult`;
 * ``gpuwatch.torch`` -> the local agent, ``POST /torch``: :class:`TorchReport`;
@@ -57,6 +58,8 @@ __all__ = [
     "MAX_OOM_MESSAGE_CHARS",
     "MAX_SNAPSHOTS_PER_REQUEST",
     "MAX_TORCH_BODY",
+    "PARTIAL_DEFERRED",
+    "PARTIAL_HEADER",
     "SNAPSHOTS_PATH",
     "TORCH_PATH",
     "IngestRequest",
@@ -184,7 +187,15 @@ def ingest_request_json(snapshots: Sequence[bytes], spool_dropped_total: int) ->
     )
 
 
-ItemResult = Literal["accepted", "duplicate", "late"]
+# The request header by which an agent says it understands partial answers
+# (``deferred`` items), and the value it sends. An agent that predates ``deferred``
+# cannot validate an answer holding it, would take the whole batch as delivered and
+# delete it from its spool: so the server answers partially only to a request that
+# carries ``Gpuwatch-Partial: deferred``. A server that predates it ignores the header.
+PARTIAL_HEADER = "Gpuwatch-Partial"
+PARTIAL_DEFERRED = "deferred"
+
+ItemResult = Literal["accepted", "duplicate", "late", "deferred"]
 
 
 class IngestResponse(BaseModel):
@@ -194,7 +205,10 @@ class IngestResponse(BaseModel):
     recorded, so a retry is a duplicate) but not applied, because the host's state is
     already newer than it (a late spool drain); history does not move backwards.
     ``duplicate``: this host stored that ``(agent_id, boot_id, sequence)`` before (a
-    retry). All three are delivered. The ``accepted`` count covers ``accepted`` and
+    retry). All three are delivered. ``deferred``: not stored; send it again. The
+    server ran out of its time budget for the request after storing the others, which
+    it committed as if they had been sent alone; it defers only when the request
+    carried :data:`PARTIAL_HEADER`. The ``accepted`` count covers ``accepted`` and
     ``late`` items: the snapshots this request stored.
     """
 

@@ -13,19 +13,26 @@ it once, as ``accepted`` or, when an earlier try had already reached the server,
 * ``too_large``: the server answered 413 for that one snapshot alone;
 * ``write_failed``: the spool could not write it at all (disk full, read-only).
 
-Until then it is ``pending``. Delivery is at least once; the server stores each
-``(agent_id, boot_id, sequence)`` once, so a retry after a lost response is harmless.
+Until then it is ``pending``, and that includes a snapshot the server answered
+``deferred`` (below): it stays spooled and is sent again. Delivery is at least once;
+the server stores each ``(agent_id, boot_id, sequence)`` once, so a retry after a lost
+response is harmless.
 
 Protocol: ``POST {server_url}/api/v1/snapshots`` with ``Authorization: Bearer <token>``
 and an :class:`~gpuwatch.wire.IngestRequest`, ``{"snapshots": [HostSnapshot, ...],
 "spool_dropped_total": d}`` (1..500 snapshots; ``d`` is how many this agent has dropped
-so far, all reasons, which the server keeps per host for its spool-drop metric). 2xx
-acknowledges the batch with an :class:`~gpuwatch.wire.IngestResponse`
-(``{"accepted": n, "duplicate": m, "results": [...]}``). 413 and 422 split the batch in
-halves until the offending snapshot stands alone, which is then dropped and counted.
-401/403 keep everything spooled and raise the ``auth_failed`` flag. Anything else (429,
-5xx, other statuses, connection errors) is retried after exponential backoff with
-jitter, and never before the server's ``Retry-After``. The token is never logged.
+so far, all reasons, which the server keeps per host for its spool-drop metric), and
+``Gpuwatch-Partial: deferred`` (:data:`~gpuwatch.wire.PARTIAL_HEADER`): this agent
+understands partial answers. 2xx acknowledges the batch with an
+:class:`~gpuwatch.wire.IngestResponse` (``{"accepted": n, "duplicate": m, "results":
+[...]}``), item by item: the items answered ``deferred`` (the server's time budget for
+the request ran out before it got to them) are not acknowledged but kept, and sent
+again, oldest first, after a short pause (:data:`DEFERRED_PAUSE_SECONDS`); such a
+request counts as ``partial``, not as a failure. 413 and 422 split the batch in halves
+until the offending snapshot stands alone, which is then dropped and counted. 401/403
+keep everything spooled and raise the ``auth_failed`` flag. Anything else (429, 5xx,
+other statuses, connection errors) is retried after exponential backoff with jitter,
+and never before the server's ``Retry-After``. The token is never logged.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import (
     MAX_SNAPSHOTS_PER_REQUEST,
+    PARTIAL_DEFERRED,
+    PARTIAL_HEADER,
     SNAPSHOTS_PATH,
     IngestResponse,
     ingest_request_json,
@@ -64,7 +73,15 @@ BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
 # A buggy or hostile Retry-After must not silence the agent for days.
 MAX_RETRY_AFTER_SECONDS = 3600.0
+# The server gives itself half of this per request (ingest_time_budget_seconds).
 HTTP_TIMEOUT_SECONDS = 10.0
+# After a partial answer, the deferred snapshots are sent again after this long, with
+# equal jitter (half to all of it). Not at once: the server just spent its whole time
+# budget on our request, and resending at once would put the rest straight back in the
+# queue that made it late, ahead of the live pushes of other hosts. Not after a
+# backoff either: the server answered and stored what it could, so it is busy, not
+# failing, and each such request still moves the drain forward; the pause does not grow.
+DEFERRED_PAUSE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -72,7 +89,8 @@ class DrainResult:
     """What one :meth:`Reporter.drain_once` did.
 
     ``stopped_by`` is ``None`` when the spool was emptied, ``"backoff"`` when the retry
-    time had not come yet (nothing sent), else the failure that stopped the drain:
+    time had not come yet (nothing sent), ``"deferred"`` when the server deferred part
+    of a batch (not a failure: a pause), else the failure that stopped the drain:
     ``"unreachable"``, ``"auth_failed"``, ``"throttled"``, ``"server_error"`` or
     ``"unexpected_status"``. ``retry_in_seconds`` is when the next try may happen.
     """
@@ -89,8 +107,9 @@ class ReporterStats:
     """Counters the agent exports as metrics.
 
     ``pushed_total``: snapshots acknowledged, by result (``accepted``, ``duplicate``).
-    ``batches_total``: requests, by result (``success``, ``auth_failed``, ``too_large``,
-    ``rejected``, ``throttled``, ``server_error``, ``unreachable``, ``unexpected_status``).
+    ``batches_total``: requests, by result (``success``, ``partial``: stored in part,
+    the rest deferred, ``auth_failed``, ``too_large``, ``rejected``, ``throttled``,
+    ``server_error``, ``unreachable``, ``unexpected_status``).
     ``dropped_total``: snapshots given up, by reason (see the module docstring).
     ``last_success_time``: Unix epoch seconds of the last acknowledged batch.
     """
@@ -114,6 +133,8 @@ class _Sent:
     failure: str | None = None
     retry_after_seconds: float | None = None
     detail: str = ""
+    # Snapshots the last request's answer deferred: kept spooled, sent after a pause.
+    deferred: int = 0
 
     def then(self, other: _Sent) -> _Sent:
         return _Sent(
@@ -122,6 +143,7 @@ class _Sent:
             other.failure,
             other.retry_after_seconds,
             other.detail,
+            other.deferred,
         )
 
 
@@ -147,7 +169,7 @@ class Reporter:
         endpoint = Endpoint.parse(settings.server_url, SNAPSHOTS_PATH)
         self._url, self._shown_url = endpoint.url, endpoint.shown
         token = settings.token.get_secret_value() if settings.token else None
-        self._headers = {"Content-Type": "application/json"}
+        self._headers = {"Content-Type": "application/json", PARTIAL_HEADER: PARTIAL_DEFERRED}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._interval = settings.push_interval_seconds
@@ -238,6 +260,11 @@ class Reporter:
                     return DrainResult(
                         total.delivered, total.dropped, pending, total.failure, delay
                     )
+                if total.deferred:
+                    delay = DEFERRED_PAUSE_SECONDS * (0.5 + 0.5 * self._rand())
+                    self._next_attempt_at = self._clock() + delay
+                    pending = self._spool.pending_count()
+                    return DrainResult(total.delivered, total.dropped, pending, "deferred", delay)
             return DrainResult(total.delivered, total.dropped, self._spool.pending_count())
 
     def _send(self, batch: Sequence[SpooledSnapshot]) -> _Sent:
@@ -253,7 +280,12 @@ class Reporter:
             return self._count(_Sent(failure="unreachable", detail=str(err)))
         status = response.status
         if 200 <= status < 300:
-            self._acknowledge(batch, response)
+            deferred = self._acknowledge(batch, response)
+            if deferred:
+                log.debug("server deferred %d of %d snapshot(s)", deferred, len(batch))
+                return self._count(
+                    _Sent(delivered=len(batch) - deferred, deferred=deferred), "partial"
+                )
             return self._count(_Sent(delivered=len(batch)))
         if status in (413, 422):
             return self._split_or_drop(batch, status, len(body))
@@ -285,16 +317,24 @@ class Reporter:
             return _Sent(dropped=1)
         half = len(batch) // 2
         first = self._send(batch[:half])
-        if first.failure is not None:
+        if first.failure is not None or first.deferred:
             self._spool.release(batch[half:])
             return first
         return first.then(self._send(batch[half:]))
 
-    def _acknowledge(self, batch: Sequence[SpooledSnapshot], response: Reply) -> None:
-        self._spool.ack(batch)
+    def _acknowledge(self, batch: Sequence[SpooledSnapshot], response: Reply) -> int:
+        """Acknowledge what the server stored; keep what it deferred. Returns how many
+        it deferred."""
         results = _results(response, len(batch))
+        deferred = [r for r, result in zip(batch, results, strict=True) if result == "deferred"]
+        stored = [r for r, result in zip(batch, results, strict=True) if result != "deferred"]
+        self._spool.ack(stored)
+        # Back to pending, in order: they are the oldest, so the next batch starts there.
+        self._spool.release(deferred)
+        counts = Counter({"accepted": 0, "duplicate": 0})  # present even at 0, as before
+        counts.update(result for result in results if result != "deferred")
         with self._lock:
-            for result, n in results.items():
+            for result, n in counts.items():
                 self._pushed[result] += n
             self._last_success = self._wall_clock()
             self._failures = 0
@@ -303,6 +343,7 @@ class Reporter:
             log.info("server %s accepts snapshots again", self._shown_url)
             with self._lock:
                 self._failing = None
+        return len(deferred)
 
     def _count(self, sent: _Sent, result: str | None = None) -> _Sent:
         """Count one request under ``result`` (default: its failure, or ``success``)."""
@@ -386,21 +427,19 @@ class Reporter:
             self._wake.wait(wait)
 
 
-def _results(response: Reply, sent: int) -> dict[str, int]:
-    """How many of the batch the server answered ``accepted``, ``late`` or ``duplicate``
-    (each delivered); all ``accepted`` when the answer is not an
-    :class:`~gpuwatch.wire.IngestResponse` or does not cover the batch item by item."""
+def _results(response: Reply, sent: int) -> list[str]:
+    """What the server answered for each snapshot of the batch: ``accepted``, ``late`` or
+    ``duplicate`` (each delivered), or ``deferred`` (not stored). All ``accepted`` when
+    the answer is not an :class:`~gpuwatch.wire.IngestResponse` or does not cover the
+    batch item by item: a 2xx stored the batch (the server answers ``deferred`` only to
+    a request carrying ``Gpuwatch-Partial``, which this agent always sends)."""
     try:
-        results = IngestResponse.model_validate_json(response.content).results
+        results: list[str] = list(IngestResponse.model_validate_json(response.content).results)
     except ValidationError:
         results = []
-    counts = {"accepted": 0, "duplicate": 0}  # present even at 0, as before ``late``
     if len(results) != sent:
-        counts["accepted"] = sent
-        return counts
-    for result in results:
-        counts[result] = counts.get(result, 0) + 1
-    return counts
+        return ["accepted"] * sent
+    return results
 
 
 def _retry_after_seconds(value: str | None, now_epoch: float) -> float | None:

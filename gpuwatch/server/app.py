@@ -53,10 +53,12 @@ def create_app(
     clock: Callable[[], float] = time.time,
     engine: Engine | None = None,
     http_transport: httpx.BaseTransport | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
     """Build the API for ``settings``.
 
-    ``clock`` (epoch seconds) is the server's notion of now, injected for tests.
+    ``clock`` (epoch seconds) is the server's notion of now, and ``monotonic`` the
+    clock that request time budgets run on; both injected for tests.
     ``engine`` replaces the one built from ``settings.resolved_database_url()``; the
     app disposes only an engine it built. ``http_transport`` replaces the network
     under the receivers' HTTP client. The schema must already be migrated
@@ -85,6 +87,7 @@ def create_app(
         stats=stats,
         host_states=HostStateCache(settings.state_cache_hosts),
         alerts=alerts,
+        monotonic=monotonic,
     )
 
     @asynccontextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -58,6 +59,8 @@ class ServerContext:
     alerts: AlertEngine | None = None
     # Reported events per host (auth/limits.py); on ``clock``.
     event_limits: HostRateLimiter = field(default_factory=HostRateLimiter)
+    # Monotonic seconds, for time budgets (ingest/views.py): ``clock`` may step.
+    monotonic: Clock = time.monotonic
     bodies: BodyBudget = field(init=False)
 
     def __post_init__(self) -> None:

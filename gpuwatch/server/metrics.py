@@ -43,13 +43,15 @@ SERVER_SCRAPE_DURATION_SECONDS = MetricSpec(
 SERVER_INGEST_REQUESTS = MetricSpec(
     "gpuwatch_server_ingest_requests",
     "counter",
-    "Snapshot push requests answered, by result.",
+    "Snapshot push requests answered, by result (partial: some snapshots deferred;"
+    " over_budget: 503, its time budget spent before its turn).",
     ("result",),
 )
 SERVER_INGEST_SNAPSHOTS = MetricSpec(
     "gpuwatch_server_ingest_snapshots",
     "counter",
-    "Snapshots in accepted requests: accepted (stored) or duplicate (a retry).",
+    "Snapshots in accepted requests: accepted (stored), duplicate (a retry) or deferred"
+    " (not stored: the request's time budget ran out; the agent sends it again).",
     ("result",),
 )
 SERVER_EVENTS_OPENED = MetricSpec(
@@ -149,7 +151,8 @@ _RESULT_BY_STATUS = {
 }
 _OTHER_STATUS = "error"
 # Where the status alone does not tell the result (a 422 for a valid batch the database
-# refused to store), the ingest view names it in the request's scope under this key.
+# refused to store, a 503 for a request past its time budget, a 200 that deferred part
+# of its batch), the ingest view names it in the request's scope under this key.
 INGEST_RESULT_SCOPE_KEY = "gpuwatch.ingest_result"
 
 # Every value the counters' labels (and the open-events gauge's kind) can take, each
@@ -157,8 +160,14 @@ INGEST_RESULT_SCOPE_KEY = "gpuwatch.ingest_result"
 # increment hides that increment from rate() and increase(), and a kind with no open
 # event would otherwise be absent rather than 0. Job names come from the scheduler
 # (ServerStats.expect_jobs), which owns them.
-INGEST_RESULTS = (*dict.fromkeys(_RESULT_BY_STATUS.values()), "quarantined", _OTHER_STATUS)
-SNAPSHOT_RESULTS = ("accepted", "duplicate")
+INGEST_RESULTS = (
+    *dict.fromkeys(_RESULT_BY_STATUS.values()),
+    "partial",
+    "over_budget",
+    "quarantined",
+    _OTHER_STATUS,
+)
+SNAPSHOT_RESULTS = ("accepted", "duplicate", "deferred")
 JOB_RESULTS = ("ok", "failed", "skipped")
 NOTIFICATION_OUTCOMES = ("sent", "retry", "broken", "failed")
 

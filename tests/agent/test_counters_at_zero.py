@@ -156,7 +156,7 @@ def test_the_reporter_counts_batches_and_pushes_only_under_known_results(
     tmp_path: Path,
 ) -> None:
     answers: list[int | str] = [
-        "accepted", "duplicate", "late", 401, 403, 413, 422, 429, 500, 503, 418,
+        "accepted", "duplicate", "late", "deferred", 401, 403, 413, 422, 429, 500, 503, 418,
     ]  # fmt: skip
     batches: set[str] = set()
     pushed: set[str] = set()

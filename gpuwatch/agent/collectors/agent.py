@@ -21,11 +21,12 @@ from gpuwatch.wire import ItemResult
 # and spool.py); one they report that is missing here is still exported, from its first
 # increment. NVML errors are not listed: their (function, error) pairs are too many.
 POLL_RESULTS = ("success", "failure")
-# What the server says of each snapshot it acknowledged (the wire contract's ItemResult).
-PUSH_RESULTS: tuple[str, ...] = get_args(ItemResult)
+# What the server says of each snapshot it acknowledged (the wire contract's ItemResult,
+# less "deferred": a deferred snapshot is not acknowledged but sent again).
+PUSH_RESULTS: tuple[str, ...] = tuple(r for r in get_args(ItemResult) if r != "deferred")
 BATCH_RESULTS = (
-    "success", "auth_failed", "too_large", "rejected", "throttled", "server_error",
-    "unreachable", "unexpected_status",
+    "success", "partial", "auth_failed", "too_large", "rejected", "throttled",
+    "server_error", "unreachable", "unexpected_status",
 )  # fmt: skip
 DROP_REASONS = ("spool_full", "corrupt", "rejected", "too_large", "write_failed")
 

@@ -16,6 +16,10 @@ Without the budget, 100 concurrent 8 MiB pushes took a server to 2 GiB: each bod
 read whole, and a parse costs 6x the body for realistic snapshots and up to 133x for
 bodies of minimal objects (``{"pid":1}`` is 9 bytes and a 1.3 KiB process model).
 
+A third bound is time: a :class:`Deadline` per request (``ingest_time_budget_seconds``
+from the handler's start). One spent before its batch starts is answered 503 with
+``Retry-After`` (:func:`over_budget`), like a full memory budget.
+
 A body that is valid but that the database refuses to store is *quarantined*
 (:func:`never_storable`): answered 422 in the shape of every other 422
 (:func:`refusal`), which the agent drops rather than retries forever.
@@ -23,7 +27,10 @@ A body that is valid but that the database refuses to store is *quarantined*
 
 from __future__ import annotations
 
+import math
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 
 from fastapi import HTTPException, Request, status
@@ -135,6 +142,34 @@ class Reservation:
         _traceback: TracebackType | None,
     ) -> None:
         self.release()
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a request's time budget runs out, on ``clock`` (monotonic seconds)."""
+
+    at: float
+    clock: Callable[[], float]
+
+    @classmethod
+    def after(cls, seconds: float, *, clock: Callable[[], float]) -> Deadline:
+        return cls(at=clock() + seconds, clock=clock)
+
+    def passed(self) -> bool:
+        return self.clock() >= self.at
+
+
+def over_budget(budget_seconds: float) -> HTTPException:
+    """The 503 for a request that spent its time budget waiting (nothing stored).
+
+    ``Retry-After`` is the budget: a queue that held this request that long takes
+    about as long to drain, and a retry sooner would join the same queue.
+    """
+    return HTTPException(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        detail="the server is too busy to store this batch in time; retry",
+        headers={"Retry-After": str(max(1, math.ceil(budget_seconds)))},
+    )
 
 
 def require_json(request: Request) -> None:

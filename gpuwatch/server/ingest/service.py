@@ -12,16 +12,24 @@ snapshot after it would look older than. One not newer than the host's newest ap
 snapshot (a late spool drain) is recorded as seen but does not move the host's current
 state backwards: it is answered ``late``, not ``accepted``, so a snapshot is never
 answered as applied when it was not.
+
+A request may have a time budget (``out_of_time``, from ingest/views.py). Once it is
+spent, after at least one snapshot is done, the snapshots still to apply are answered
+``deferred``: their keys are taken back out of ``snapshots_seen``, and what was done is
+committed exactly as if the agent had sent only those (the ones that apply first, so
+for a batch sent oldest first, a prefix). Always doing one keeps every request making
+progress, however late it got its turn.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
-from sqlalchemy import Table
+from sqlalchemy import Delete, Table, bindparam, delete
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningInsert
 
@@ -67,7 +75,12 @@ class IngestResult:
     @property
     def accepted(self) -> int:
         """Snapshots this request stored: applied (``accepted``) or ``late``."""
-        return len(self.results) - self.duplicate
+        return len(self.results) - self.duplicate - self.deferred
+
+    @property
+    def deferred(self) -> int:
+        """Snapshots not stored because the request's time budget ran out."""
+        return self.results.count("deferred")
 
     @property
     def late(self) -> int:
@@ -87,12 +100,16 @@ def ingest_snapshots(
     settings: ServerSettings,
     now: float,
     cache: HostStateCache | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> IngestResult:
     """Store a batch of one host's snapshots; the caller commits, and then may keep
     ``result.kept`` in ``cache`` (the host's state is taken from it when current).
 
     ``now`` is the server's clock (epoch seconds). Raises :class:`SnapshotRejected`
     for a snapshot from too far in the future; nothing is written then.
+    ``out_of_time``, when given, is asked before each snapshot after the first; once
+    it answers true the rest are ``deferred`` (see the module docstring). Without it
+    the whole batch is stored.
     """
     for index, snapshot in enumerate(request.snapshots):
         if snapshot.collected_at > now + MAX_FUTURE_SKEW_SECONDS:
@@ -114,7 +131,11 @@ def ingest_snapshots(
             to_apply.append((min(snapshot.collected_at, now), snapshot.sequence, index))
         else:
             results.append("duplicate")
-    for at, _, index in sorted(to_apply):
+    ordered = sorted(to_apply)
+    for done, (at, _, index) in enumerate(ordered):
+        if done and out_of_time is not None and out_of_time():
+            _defer(session, host_id, request.snapshots, results, [i for _, _, i in ordered[done:]])
+            break
         newest = state.host.last_seen_at
         if newest is not None and at <= newest:
             results[index] = "late"
@@ -124,11 +145,48 @@ def ingest_snapshots(
     if late:
         log.info("host %s: %d late snapshot(s) recorded without replay", state.host.hostname, late)
     state.host.last_received_at = now
+    # The agent's drop counter as of this request: the same whether the batch is
+    # stored whole or in part, so a partial batch keeps it too.
     if request.spool_dropped_total is not None:
         state.host.spool_dropped_total = request.spool_dropped_total
     state.events.clear(SILENT_KEY, at=now)
     state.flush()
     return IngestResult(results=results, opened=state.events.opened, kept=state.kept())
+
+
+def _defer(
+    session: Session,
+    host_id: int,
+    snapshots: list[HostSnapshot],
+    results: list[ItemResult],
+    indices: list[int],
+) -> None:
+    """Answer the snapshots at ``indices`` ``deferred`` and forget their keys, so that
+    resent they are stored as new. A repeat of one of their keys later in the batch
+    (answered ``duplicate`` of it) is deferred with it: nothing of that key is stored."""
+    keys = {snapshots[index].idempotency_key for index in indices}
+    for index, snapshot in enumerate(snapshots):
+        # Keys in ``keys`` were new to this request: a ``duplicate`` among them is a
+        # repeat within the batch, never one an earlier request stored.
+        if snapshot.idempotency_key in keys:
+            results[index] = "deferred"
+    session.connection().execute(
+        _delete_seen(),
+        [
+            {"host": host_id, "agent": agent_id, "boot": boot_id, "seq": sequence}
+            for agent_id, boot_id, sequence in keys
+        ],
+    )
+
+
+@cache
+def _delete_seen() -> Delete:
+    return delete(_SEEN).where(
+        _SEEN.c.host_id == bindparam("host"),
+        _SEEN.c.agent_id == bindparam("agent"),
+        _SEEN.c.boot_id == bindparam("boot"),
+        _SEEN.c.sequence == bindparam("seq"),
+    )
 
 
 def _record_seen(

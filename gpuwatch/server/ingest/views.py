@@ -20,6 +20,16 @@ fail the same way forever, and hold the host's newer snapshots behind it. The re
 than validated again and re-encoded by FastAPI's ``response_model`` machinery (which
 still documents it).
 
+Each request has a time budget (``ingest_time_budget_seconds``), from the handler's
+start (after the token check, before the body is read), because the agent gives up on
+an answer after 10 s and work done for a request it gave up on is wasted or repeated.
+A request that has spent it by the time it gets a worker thread or its write turn
+(queued behind others: a reconnect storm) is answered 503 with ``Retry-After`` and
+counted as ``over_budget``, nothing stored. One that spends it while its batch is
+applied, when the agent sent :data:`~gpuwatch.wire.PARTIAL_HEADER`, commits the
+snapshots done and answers the rest ``deferred`` (counted as ``partial``); without the
+header it is stored whole, since an older agent would take ``deferred`` as delivered.
+
 The route resolves its two dependencies itself (:class:`IngestRoute`). This is the one
 route that runs hundreds of times a second, and going around FastAPI's dependency
 solver and request handler took a single-snapshot push from about 6.6 to 4.8 ms of
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -54,14 +65,22 @@ from gpuwatch.server.ingest import service
 from gpuwatch.server.ingest.body import (
     SNAPSHOT_BYTE_FACTOR,
     STORE_ERRORS,
+    Deadline,
     never_storable,
+    over_budget,
     parse_estimate,
     read_body,
     refusal,
     require_json,
 )
 from gpuwatch.server.metrics import INGEST_RESULT_SCOPE_KEY
-from gpuwatch.wire import SNAPSHOTS_PATH, IngestRequest, IngestResponse
+from gpuwatch.wire import (
+    PARTIAL_DEFERRED,
+    PARTIAL_HEADER,
+    SNAPSHOTS_PATH,
+    IngestRequest,
+    IngestResponse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +116,21 @@ _ERRORS: dict[int | str, dict[str, str]] = {
         " the database cannot store (type `quarantined`): drop the offending snapshot."
     },
     503: {
-        "description": "Database unavailable, or the server is parsing as much as it may"
-        " at once; retry after Retry-After seconds."
+        "description": "Database unavailable, the server is parsing as much as it may"
+        " at once, or the request spent its time budget waiting for its turn; nothing"
+        " stored: retry after Retry-After seconds."
     },
+}
+_PARTIAL_PARAMETER = {
+    "name": PARTIAL_HEADER,
+    "in": "header",
+    "required": False,
+    # Any value is valid (a list of tokens; unknown ones are ignored), so the schema
+    # does not enumerate it: a request with another value is not malformed.
+    "schema": {"type": "string"},
+    "description": f"`{PARTIAL_DEFERRED}`: the agent understands a partial answer. When"
+    " the request's time budget runs out midway, the snapshots done are stored and the"
+    " rest answered `deferred` (send them again). Without it the batch is stored whole.",
 }
 _BODY = {
     "required": True,
@@ -112,15 +143,19 @@ _BODY = {
     summary="Push a batch of host snapshots",
     response_model=IngestResponse,
     responses=_ERRORS,
-    openapi_extra={"requestBody": _BODY},
+    openapi_extra={"requestBody": _BODY, "parameters": [_PARTIAL_PARAMETER]},
 )
 async def push_snapshots(request: Request, credential: PushingAgent, context: Context) -> Response:
     """Store 1-500 snapshots (an ``IngestRequest``) of the token's host, in one transaction.
 
     Idempotent per host on ``(agent_id, boot_id, sequence)``: a retried snapshot is
     answered ``duplicate`` and stored once. Nothing is written unless every snapshot
-    names the token's host.
+    names the token's host. With ``Gpuwatch-Partial: deferred``, snapshots the request's
+    time budget left no time for are answered ``deferred``, not stored.
     """
+    budget = context.settings.ingest_time_budget_seconds
+    deadline = Deadline.after(budget, clock=context.monotonic)
+    partial = _accepts_partial(request)
     try:
         require_json(request)
         with context.bodies.reserve() as reservation:
@@ -128,7 +163,7 @@ async def push_snapshots(request: Request, credential: PushingAgent, context: Co
                 request, limit=context.settings.max_body_bytes, reservation=reservation
             )
             reservation.grow_to(parse_estimate(raw, byte_factor=SNAPSHOT_BYTE_FACTOR))
-            return await run_in_threadpool(_store, raw, credential, context)
+            response = await run_in_threadpool(_store, raw, credential, context, deadline, partial)
     except HTTPException as err:
         if err.status_code in (413, 415):  # the agent drops on these: 403 comes first
             await run_in_threadpool(reverify_push, context, credential)
@@ -136,14 +171,47 @@ async def push_snapshots(request: Request, credential: PushingAgent, context: Co
     except _Quarantined as err:
         request.scope[INGEST_RESULT_SCOPE_KEY] = "quarantined"
         raise refusal("quarantined", ("body",), str(err)) from err
+    except _OverBudget:
+        request.scope[INGEST_RESULT_SCOPE_KEY] = "over_budget"
+        raise over_budget(budget) from None
+    if response.deferred:
+        request.scope[INGEST_RESULT_SCOPE_KEY] = "partial"
+    return response.http
+
+
+def _accepts_partial(request: Request) -> bool:
+    """Whether the agent sent ``Gpuwatch-Partial: deferred`` (a list, any case)."""
+    values = request.headers.getlist(PARTIAL_HEADER)
+    tokens = {token.strip().lower() for value in values for token in value.split(",")}
+    return PARTIAL_DEFERRED in tokens
 
 
 class _Quarantined(Exception):
     """A valid batch the database refused to store: it never will."""
 
 
-def _store(raw: bytearray, credential: PushCredential, context: ServerContext) -> Response:
+class _OverBudget(Exception):
+    """The request's time budget was spent before its batch could start: 503."""
+
+
+@dataclass(frozen=True)
+class _Stored:
+    http: Response
+    deferred: int
+
+
+def _store(
+    raw: bytearray,
+    credential: PushCredential,
+    context: ServerContext,
+    deadline: Deadline,
+    partial: bool,
+) -> _Stored:
     identity = credential.identity
+    # Queued for a worker thread past the budget: not even parsed, which would cost
+    # as much CPU as storing a small batch.
+    if deadline.passed():
+        raise _OverBudget
     try:
         body = IngestRequest.model_validate_json(raw)
     except ValidationError as err:
@@ -153,6 +221,10 @@ def _store(raw: bytearray, credential: PushCredential, context: ServerContext) -
         forbid_other_host(identity, snapshot.hostname)
     with context.database.writer() as session:
         confirm_push(session, context, credential)
+        # Checked once the write transaction has begun (BEGIN IMMEDIATE on SQLite
+        # waits there for writers in other processes): all the queueing is behind us.
+        if deadline.passed():
+            raise _OverBudget
         try:
             result = service.ingest_snapshots(
                 session=session,
@@ -162,6 +234,7 @@ def _store(raw: bytearray, credential: PushCredential, context: ServerContext) -
                 settings=context.settings,
                 now=context.clock(),
                 cache=context.host_states,
+                out_of_time=deadline.passed if partial else None,
             )
             session.commit()
         except service.SnapshotRejected as err:
@@ -183,12 +256,21 @@ def _store(raw: bytearray, credential: PushCredential, context: ServerContext) -
     # "accepted" counts what this request stored: applied, or late (stored, not applied).
     stats.count(stats.ingest_snapshots, "accepted", result.accepted)
     stats.count(stats.ingest_snapshots, "duplicate", result.duplicate)
+    stats.count(stats.ingest_snapshots, "deferred", result.deferred)
     for kind, n in result.opened.items():
         stats.count(stats.events_opened, kind, n)
+    if result.deferred:
+        log.debug(
+            "host %s: time budget spent, %d of %d snapshot(s) deferred",
+            identity.hostname,
+            result.deferred,
+            len(body.snapshots),
+        )
     reply = IngestResponse(
         accepted=result.accepted, duplicate=result.duplicate, results=result.results
     )
-    return Response(reply.model_dump_json(), media_type="application/json")
+    http = Response(reply.model_dump_json(), media_type="application/json")
+    return _Stored(http=http, deferred=result.deferred)
 
 
 def openapi_schemas() -> dict[str, Any]:
