@@ -97,14 +97,19 @@ def test_the_check_sees_a_writer() -> None:
 
 # What ``gpuwatch agent`` does without, each with what it would cost the agent's RSS:
 # settings are merged in gpuwatch.settings (pydantic-settings, and the asyncio,
-# argparse and python-dotenv it imports: 3.5 MiB), and only the agent command is
-# registered (the others' modules: 1.3 MiB).
+# argparse and python-dotenv it imports: 3.5 MiB), its options are read without typer
+# (typer and the click it vendors: 1.6 MiB; rich, which typer shows help and errors
+# with, only on those paths), and only the agent command is registered (the others'
+# modules: 1.3 MiB).
 AGENT_NEVER_IMPORTS = (
     "httpx",
     "pydantic_settings",
     "dotenv",
     "asyncio",
     "argparse",
+    "typer",
+    "click",
+    "rich",
     "gpuwatch.cli.demo",
     "gpuwatch.cli.history",
     "gpuwatch.cli.alerts",
@@ -116,7 +121,9 @@ def _imports_of_a_running_agent(tmp_path: Path) -> set[str]:
     """Every module a real ``gpuwatch agent`` (simulated GPUs, pushing to a server that
     is away) imported by the time it had served a scrape, from ``python -X importtime``."""
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "GPUWATCH_CONFIG": "/nonexistent"}
-    command = [sys.executable, "-X", "importtime", "-m", "gpuwatch", "agent"]
+    # --log-level: a root option before the command keeps the agent off typer too.
+    command = [sys.executable, "-X", "importtime", "-m", "gpuwatch", "--log-level", "info"]
+    command += ["agent"]
     command += ["--fake-gpus", "workstation", "--listen", "127.0.0.1:0"]
     command += ["--server", "http://127.0.0.1:9", "--token", "t" * 32]
     agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)

@@ -8,46 +8,68 @@ Exit codes are listed in :data:`gpuwatch.errors.EXIT_CODES` and docs/cli.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-
-import typer
+from typing import TYPE_CHECKING
 
 from gpuwatch import __version__
 from gpuwatch.errors import GpuwatchError
 
-app = typer.Typer(
-    name="gpuwatch",
-    help="See shared-GPU out-of-memory coming, name the culprit, and clean up safely.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+if TYPE_CHECKING:
+    import typer
+
+DEFAULT_LOG_LEVEL = "warning"
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"gpuwatch {__version__}")
-        raise typer.Exit()
+@functools.cache
+def _app() -> typer.Typer:
+    """The typer app, built on first use: ``gpuwatch agent`` starts without it (see
+    :func:`_serve_agent_without_typer`)."""
+    import typer
+
+    app = typer.Typer(
+        name="gpuwatch",
+        help="See shared-GPU out-of-memory coming, name the culprit, and clean up safely.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+    def _version(value: bool) -> None:
+        if value:
+            typer.echo(f"gpuwatch {__version__}")
+            raise typer.Exit()
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+        log_level: str = typer.Option(
+            DEFAULT_LOG_LEVEL, "--log-level", help="debug, info, warning or error."
+        ),
+    ) -> None:
+        if not _configure_logging(log_level):
+            raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+
+    return app
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
-    ),
-    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
-) -> None:
+def _configure_logging(log_level: str) -> bool:
+    """Log at ``log_level`` (a :mod:`logging` level name, any case); False if it is none."""
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
-        raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+        return False
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return True
 
 
 def _register_all() -> None:
     from gpuwatch.cli import agent, alerts, db, demo, doctor, fake, history, server, status, token
 
+    app = _app()
     for module in (agent, status, demo, fake, server, db, token, history, alerts, doctor):
         module.register(app)
     from gpuwatch.cli import reap
@@ -59,31 +81,71 @@ def _register_for(args: list[str]) -> None:
     """Register what running ``args`` needs: ``gpuwatch agent`` only itself, because the
     agent is a daemon with a memory budget and the other commands' modules cost it
     about 1.3 MiB (bench/README.md, "Agent RSS"); anything else, every command."""
-    if _subcommand(args) == "agent":
+    if _split(args)[1] == "agent":
         from gpuwatch.cli import agent
 
-        agent.register(app)
+        agent.register(_app())
     else:
         _register_all()
 
 
-def _subcommand(args: list[str]) -> str | None:
-    """The subcommand ``args`` names, read past the root options (see :func:`_root`)."""
-    rest = iter(args)
+def _split(args: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """``args`` as the root options (see :func:`_app`), the subcommand they name, and
+    the subcommand's own arguments."""
+    i = 0
+    while i < len(args):
+        if args[i] == "--log-level":
+            i += 2  # and its value
+        elif args[i].startswith("-"):
+            i += 1
+        else:
+            return args[:i], args[i], args[i + 1 :]
+    return args, None, []
+
+
+def _serve_agent_without_typer(args: list[str]) -> bool:
+    """Run ``gpuwatch agent`` without importing typer: the daemon has a 40 MiB budget,
+    and typer cost it 1.6 MiB beside the pydantic it needs anyway (bench/load.py's agent
+    RSS phase: 45.6 MiB at the end with typer, 44.0 without). False, having done nothing,
+    for anything but options it can read as typer would (help, mistakes, other
+    commands): those go to the typer app, for its exact text and exit code."""
+    root, command, rest = _split(args)
+    if command != "agent":
+        return False
+    from gpuwatch.cli import agent
+
+    log_level = _root_log_level(root)
+    values = agent.parse_fast(rest)
+    if log_level is None or values is None or not _configure_logging(log_level):
+        return False
+    agent.serve(values)
+    return True
+
+
+def _root_log_level(root: list[str]) -> str | None:
+    """The ``--log-level`` that root options consisting only of it give (the last
+    one); None if they hold anything else, such as ``--version`` or ``--help``."""
+    level = DEFAULT_LOG_LEVEL
+    rest = iter(root)
     for arg in rest:
-        if arg == "--log-level":
-            next(rest, None)  # its value
-        elif not arg.startswith("-"):
-            return arg
-    return None
+        flag, equals, attached = arg.partition("=")
+        if flag != "--log-level":
+            return None
+        value = attached if equals else next(rest, None)
+        if value is None:
+            return None
+        level = value
+    return level
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning gpuwatch errors into one line and an exit code."""
-    _register_for(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
     try:
-        # standalone mode: the CLI framework reports usage errors itself (exit 2).
-        app(args=argv)
+        if not _serve_agent_without_typer(args):
+            _register_for(args)
+            # standalone mode: the CLI framework reports usage errors itself (exit 2).
+            _app()(args=argv)
     except GpuwatchError as err:
         print(f"gpuwatch: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

@@ -8,15 +8,19 @@ pushes without one, so starting would only fail at the first push).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
+import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import typer
+
     from gpuwatch.agent.service import Agent
     from gpuwatch.settings import AgentSettings
 
@@ -33,65 +37,131 @@ def use_config_file(path: Path | None) -> None:
         os.environ["GPUWATCH_CONFIG"] = str(path)
 
 
+@dataclass(frozen=True)
+class AgentOption:
+    """One option of ``gpuwatch agent``, none given by default (``None``: the settings
+    file or environment decides). Both the typer command (help, errors) and
+    :func:`parse_fast` (the daemon's start) are built from :data:`OPTIONS`."""
+
+    name: str  # the AgentSettings field it overrides ("config": the file to read them from)
+    flags: str  # "--name", or "--on/--off" for a switch
+    kind: type[str] | type[float] | type[bool] | type[Path]
+    help: str
+    metavar: str | None = None
+
+
+OPTIONS = (
+    AgentOption(
+        "fake_gpus", "--fake-gpus", str, "Simulate GPUs from a scenario file or bundled name.",
+        "SCENARIO",
+    ),
+    AgentOption("listen", "--listen", str, "Where to serve /metrics.", "HOST:PORT"),
+    AgentOption("server_url", "--server", str, "Central server to push to (needs a token).", "URL"),
+    AgentOption(
+        "token", "--token", str, "Per-host token for --server (prefer GPUWATCH_AGENT_TOKEN).",
+        "TOKEN",
+    ),
+    AgentOption("poll_interval_seconds", "--poll-interval", float, "Seconds between polls."),
+    AgentOption(
+        "process_metrics", "--collector.processes/--no-collector.processes", bool,
+        "Export per-process series (capped).",
+    ),
+    AgentOption(
+        "dcgm_compat", "--dcgm-compat/--no-dcgm-compat", bool,
+        "Also export dcgm-exporter compatible DCGM_FI_* metrics (docs/dcgm.md).",
+    ),
+    AgentOption("config", "--config", Path, CONFIG_HELP),
+)  # fmt: skip
+
+# The numbers parse_fast reads itself: plain decimals, which float() and typer's
+# (pydantic's) number parsing read alike. Anything else ("1e3", " 1", "nan") is typer's.
+_PLAIN_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+
+def parse_fast(args: Sequence[str]) -> dict[str, Any] | None:
+    """The values typer would call :func:`serve` with for ``args``, read without
+    importing typer (why: ``gpuwatch.cli._serve_agent_without_typer``).
+
+    Reads only what it can read exactly as typer's parser does: ``--name VALUE``,
+    ``--name=VALUE`` (the last one given wins) and switches. Anything else (``--help``,
+    an unknown option, a missing or bad value, an argument) returns ``None``, for the
+    typer command to show its help or its error message and exit code.
+    """
+    by_flag: dict[str, tuple[AgentOption, bool]] = {}
+    for option in OPTIONS:
+        on, _, off = option.flags.partition("/")
+        by_flag[on] = (option, True)
+        if off:
+            by_flag[off] = (option, False)
+    values: dict[str, Any] = {option.name: None for option in OPTIONS}
+    rest = iter(args)
+    for arg in rest:
+        flag, equals, attached = arg.partition("=")
+        if flag not in by_flag:
+            return None
+        option, switch = by_flag[flag]
+        if option.kind is bool:
+            if equals:
+                return None  # typer: "does not take a value"
+            values[option.name] = switch
+            continue
+        # Like typer's parser, the next argument is the value even if it starts with "-".
+        raw = attached if equals else next(rest, None)
+        if raw is None or (option.kind is float and not _PLAIN_NUMBER.fullmatch(raw)):
+            return None
+        values[option.name] = option.kind(raw)
+    return values
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def agent(
-        fake_gpus: str | None = typer.Option(
-            None,
-            "--fake-gpus",
-            metavar="SCENARIO",
-            help="Simulate GPUs from a scenario file or bundled name.",
-        ),
-        listen: str | None = typer.Option(
-            None, "--listen", metavar="HOST:PORT", help="Where to serve /metrics."
-        ),
-        server: str | None = typer.Option(
-            None, "--server", metavar="URL", help="Central server to push to (needs a token)."
-        ),
-        token: str | None = typer.Option(
-            None,
-            "--token",
-            metavar="TOKEN",
-            help="Per-host token for --server (prefer GPUWATCH_AGENT_TOKEN).",
-        ),
-        poll_interval: float | None = typer.Option(
-            None, "--poll-interval", help="Seconds between polls."
-        ),
-        processes: bool | None = typer.Option(
-            None,
-            "--collector.processes/--no-collector.processes",
-            help="Export per-process series (capped).",
-        ),
-        dcgm_compat: bool | None = typer.Option(
-            None,
-            "--dcgm-compat/--no-dcgm-compat",
-            help="Also export dcgm-exporter compatible DCGM_FI_* metrics (docs/dcgm.md).",
-        ),
-        config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
-    ) -> None:
+    app.command(name="agent")(typer_command(serve))
+
+
+def typer_command(run: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
+    """A function typer reads as the ``agent`` command, its parameters :data:`OPTIONS`,
+    that calls ``run`` with their values by name."""
+    import inspect
+
+    import typer
+
+    def agent(**values: Any) -> None:
         """Run the host agent: poll NVML and serve /metrics (systemd runs this)."""
-        from gpuwatch.settings import AgentSettings, load
+        run(values)
 
-        use_config_file(config)
-        settings = load(
-            AgentSettings,
-            fake_gpus=fake_gpus,
-            listen=listen,
-            server_url=server,
-            token=token,
-            poll_interval_seconds=poll_interval,
-            process_metrics=processes,
-            dcgm_compat=dcgm_compat,
-        )
-        check_startup(settings)
-        from gpuwatch.agent.arenas import limit_malloc_arenas
+    # typer reads a command's options from its signature: this one is built, not written.
+    agent.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                option.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=typer.Option(None, option.flags, metavar=option.metavar, help=option.help),
+                annotation=option.kind | None,
+            )
+            for option in OPTIONS
+        ],
+        return_annotation=None,
+    )
+    return agent
 
-        limit_malloc_arenas()  # before _build starts the first thread
-        running = _build(settings)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: running.stop())
-        typer.echo(f"gpuwatch agent: serving {running.exporter.url}/metrics", err=True)
-        running.run()
+
+def serve(values: Mapping[str, Any]) -> None:
+    """Run the agent until SIGTERM or SIGINT, with ``values`` keyed by the names in
+    :data:`OPTIONS` (``None``: not given). Raises ``GpuwatchError`` (settings, a busy
+    port, no NVML)."""
+    from gpuwatch.settings import AgentSettings, load
+
+    overrides = dict(values)
+    use_config_file(overrides.pop("config"))
+    settings = load(AgentSettings, **overrides)  # None: the file or environment decides
+    check_startup(settings)
+    from gpuwatch.agent.arenas import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before _build starts the first thread
+    running = _build(settings)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: running.stop())
+    print(f"gpuwatch agent: serving {running.exporter.url}/metrics", file=sys.stderr, flush=True)
+    running.run()
 
 
 def check_startup(settings: AgentSettings) -> None:

@@ -120,6 +120,30 @@ def test_bad_listen_address_is_exit_3(env) -> None:
     assert "listen" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["agent", "--bogus"], "No such option: --bogus"),
+        (["agent", "--listen"], "Option '--listen' requires an argument."),
+        (["agent", "--poll-interval", "soon"], "Invalid value for '--poll-interval'"),
+        (["--log-level", "loud", "agent"], "unknown log level 'loud'"),
+    ],
+)
+def test_agent_usage_errors_are_exit_2_without_a_traceback(
+    env: dict[str, str], args: list[str], message: str
+) -> None:
+    # The agent reads its options without typer, and leaves these to typer to report.
+    result = run(args, env)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_agent_help_lists_its_options(env: dict[str, str]) -> None:
+    result = run(["agent", "--help"], {**env, "COLUMNS": "200"})
+    assert result.returncode == 0
+    assert "--poll-interval" in result.stdout and "--no-collector.processes" in result.stdout
+
+
 def test_version() -> None:
     from gpuwatch import __version__
 
