@@ -16,6 +16,11 @@ generated from these classes (``python -m gpuwatch.docs``), so the reference can
 The sources are merged here rather than by pydantic-settings: importing it costs the
 agent process about 3.5 MiB (bench/README.md, "Agent RSS"), for the three sources
 below.
+
+:class:`ServerSettings` is defined in :mod:`gpuwatch.server_settings` and imported from
+here on first use (:func:`__getattr__`): the agent process never needs it, and it
+brings the alert rules' and receivers' settings models with it, 0.7 MiB of the agent's
+RSS (bench/README.md, "Agent RSS").
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import tomllib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -40,8 +45,9 @@ from pydantic import (
 
 from gpuwatch.agent.reaper.settings import ReapSettings
 from gpuwatch.errors import ConfigError
-from gpuwatch.server.alerts.config import AlertSettings
-from gpuwatch.server.notifications.config import ReceiverList
+
+if TYPE_CHECKING:
+    from gpuwatch.server_settings import ServerSettings as ServerSettings
 
 DEFAULT_CONFIG_FILE = Path("/etc/gpuwatch/gpuwatch.toml")
 
@@ -258,145 +264,6 @@ class AgentSettings(_Base):
         return self
 
 
-class ServerSettings(_Base):
-    """Settings of ``gpuwatch server`` and the commands that talk to its database."""
-
-    section: ClassVar[str] = "server"
-    env_prefix: ClassVar[str] = "GPUWATCH_SERVER_"
-    # hide_input_in_errors: receivers' URLs and secrets are credentials; a validation
-    # error must not quote them.
-    model_config = ConfigDict(extra="forbid", validate_default=True, hide_input_in_errors=True)
-
-    listen: str = Field(
-        default="127.0.0.1:9403", description="HOST:PORT the API and web dashboard listen on."
-    )
-    data_dir: Path = Field(
-        default_factory=_default_data_dir, description="Directory for the default SQLite database."
-    )
-    database_url: str | None = Field(
-        default=None,
-        description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. Default: SQLite under data_dir.",
-    )
-    max_body_bytes: int = Field(
-        default=8 * 2**20,
-        ge=2**10,
-        description="Largest accepted request body; larger ones get 413 unread.",
-    )
-    ingest_time_budget_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        le=3600,
-        description="Time a snapshot push may take from its handler's start: past it before the database write starts, the push is answered 503 with Retry-After; past it midway, the snapshots done are committed and the rest answered 'deferred' (only to agents that send Gpuwatch-Partial). Half the agent's 10 s HTTP timeout, leaving the other half for the commit and the answer's way back.",
-    )
-    state_cache_hosts: int = Field(
-        default=1024,
-        ge=0,
-        le=1_000_000,
-        description="Hosts whose ingest state each server process keeps between pushes (about 40 KiB a host of 50 processes); 0 turns the cache off.",
-    )
-    retention_days: float = Field(
-        default=30.0,
-        gt=0,
-        description="Samples and closed process lifetimes older than this are deleted.",
-    )
-    sample_interval_seconds: float = Field(
-        default=60.0,
-        gt=0,
-        description="Downsampling step for stored per-process samples (trend evidence).",
-    )
-    agent_silent_intervals: int = Field(
-        default=4, ge=1, description="An agent is 'silent' after this many missed push intervals."
-    )
-    idle_window_seconds: float = Field(
-        default=3600.0, gt=0, description="No SM activity for this long makes a holder idle."
-    )
-    idle_min_bytes: int = Field(
-        default=1 * 2**30, ge=0, description="Idle holders below this much memory are ignored."
-    )
-    runaway_share_ratio: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="A process above this share of a shared GPU's memory is runaway.",
-    )
-    leak_min_slope_bytes_per_second: float = Field(
-        default=64 * 2**10,
-        ge=0,
-        description="Sustained growth above this rate is reported as a leak.",
-    )
-    scheduler: bool = Field(
-        default=True,
-        description="Run scheduled jobs in this process (one replica wins a Postgres advisory lock).",
-    )
-    read_token: SecretStr | None = Field(
-        default=None,
-        description="Bearer token the read API, /metrics and the web dashboard (as a bearer header or the sign-in form's cookie) require. Unset: reads are open (keep listen on localhost).",
-    )
-    agent_push_interval_seconds: float = Field(
-        default=15.0,
-        gt=0,
-        le=3600,
-        description="The agents' push interval; agent silence is counted in these.",
-    )
-    leak_min_duration_seconds: float = Field(
-        default=1800.0,
-        gt=0,
-        description="Memory growth must last this long before it is reported as a leak.",
-    )
-    filling_horizon_seconds: float = Field(
-        default=7200.0,
-        gt=0,
-        description="A GPU whose memory trend reaches full within this is 'filling up'.",
-    )
-    unattributed_min_bytes: int = Field(
-        default=1 * 2**30,
-        ge=0,
-        description="GPU memory no listed process accounts for is reported above this.",
-    )
-
-    receivers: ReceiverList = Field(
-        default_factory=list,
-        description="Where alert notifications go: [[server.receivers]] tables (docs/alerts.md).",
-    )
-    alerts: AlertSettings = Field(
-        default_factory=lambda: AlertSettings.model_validate({}),
-        description="[server.alerts]: rules, thresholds, grouping, routes (docs/alerts.md).",
-    )
-    admin_token: SecretStr | None = Field(
-        default=None,
-        description="Bearer token for changes through the API (silences, receiver tests). Unset: they need the read token, like reads.",
-    )
-
-    @field_validator("listen")
-    @classmethod
-    def _check_listen(cls, value: str) -> str:
-        parse_host_port(value)
-        return value
-
-    @model_validator(mode="after")
-    def _routes_name_receivers(self) -> ServerSettings:
-        names = {receiver.name for receiver in self.receivers}
-        unknown = sorted({r.receiver for r in self.alerts.routes} - names)
-        if unknown:
-            raise ValueError(f"alerts.routes: unknown receiver(s) {', '.join(unknown)}")
-        # One attempt can take a connect, a send and a read, each up to the timeout: a
-        # lease shorter than that could let a second try start while the first runs.
-        slow = [
-            r.name
-            for r in self.receivers
-            if 3 * r.timeout_seconds >= self.alerts.delivery_lease_seconds
-        ]
-        if slow:
-            raise ValueError(
-                f"alerts.delivery_lease ({self.alerts.delivery_lease_seconds:g}s) must exceed 3 x the "
-                f"timeout_seconds of receiver(s) {', '.join(slow)}"
-            )
-        return self
-
-    def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.data_dir / 'gpuwatch.db'}"
-
-
 S = TypeVar("S", bound=_Base)
 
 
@@ -413,3 +280,13 @@ def load(kind: type[S], **overrides: Any) -> S:
         if not where:  # a check across settings: its message names them
             raise ConfigError(f"invalid {kind.section} settings: {message}") from err
         raise ConfigError(f"invalid {kind.section} setting {where}: {message}") from err
+
+
+def __getattr__(name: str) -> Any:
+    # ``from gpuwatch.settings import ServerSettings`` keeps working; only a process
+    # that asks for it pays for it (the module docstring).
+    if name == "ServerSettings":
+        from gpuwatch.server_settings import ServerSettings
+
+        return ServerSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
