@@ -13,16 +13,16 @@ Postgres when it is reachable). Reported, side by side in the same run:
   committed at git ``REF`` with the rest of this checkout (so both read the schema
   they share) on the same database, and its page and summary join the alternation:
   before and after, side by side, on the same fleet. The run also checks whether the
-  two pages are byte for byte the same and, when their markup differs, whether they
-  show the same tiles (each one's classes, link and text) and the same header.
+  two pages are byte for byte the same, whether chromium draws the same tiles on both
+  (each one's classes, link and text: the page's script draws them) and whether they
+  have the same header.
 * breakdown: where the page's time goes, measured in this process with this
   checkout's code on the same database (medians, milliseconds): the page's queries
-  with their rows fetched (and, beside them, the tile query alone, the open events
-  alone, and for reference the per-GPU aggregate over the open lifetimes that the
-  page no longer runs: ingest keeps each GPU's holders on its row), splitting the
-  rows by host, writing the HTML (which also counts GPUs per fullness bucket for the
-  header), encoding it; next to the whole summary (its queries and its JSON)
-  measured the same way. Also the page's and the summary's CPU time in this process
+  with their rows fetched and the header's totals (and, beside them, each query
+  alone, and for reference what the page no longer reads: one row of values per GPU,
+  and the per-GPU aggregate over the open lifetimes: ingest keeps each host's tiles
+  on its row), writing the HTML, encoding it; next to the whole summary (its queries
+  and its JSON) measured the same way. Also the page's and the summary's CPU time in this process
   (``*_cpu_ms``), which other work on a shared machine disturbs less; on SQLite it
   includes the database's own work, on Postgres it does not.
 * paint: headless chromium (Debian's, through Selenium and chromedriver) loading ``/``
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import json
 import re
 import shutil
@@ -46,10 +47,12 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import text
 
 from bench.common import write_result
 from bench.server import (
@@ -178,7 +181,7 @@ def _others_share(
 def bench_breakdown(target: Target) -> dict[str, Any]:
     """Where the page's time goes, step by step, in this process (this checkout's code,
     its own engine on the server's database): medians of :data:`BREAKDOWN_RUNS`."""
-    from gpuwatch.server.fleet.service import fleet_summary, held_bytes
+    from gpuwatch.server.fleet.service import fleet_summary, gpus_by_fullness, held_bytes
     from gpuwatch.server.web import tiles
     from gpuwatch.server.web.templates.fleet import fleet_page
     from gpuwatch.server.web.templates.layout import Chrome
@@ -206,17 +209,29 @@ def bench_breakdown(target: Target) -> dict[str, Any]:
             chrome = Chrome(root="", now=now, firing=0, sign_out=False)
             with database.reader() as session:
                 started, cpu = time.perf_counter(), time.process_time()
-                rows = timed("sql_ms", tiles.read_fleet, session=session)
-                fleet = timed("group_ms", tiles.group_fleet, rows, settings, now)
+                fleet = timed(
+                    "sql_ms", tiles.fleet_tiles, session=session, settings=settings, now=now
+                )
                 html = timed("render_ms", fleet_page, chrome, fleet)
                 size = len(timed("encode_ms", html.encode))
                 steps.setdefault("page_ms", []).append(time.perf_counter() - started)
                 steps.setdefault("page_cpu_ms", []).append(time.process_time() - cpu)
             with database.reader() as session:
                 connection = session.connection()
-                timed("sql_tiles_alone_ms", tiles._fetch, connection, tiles._TILES)
+                timed("sql_hosts_alone_ms", tiles._fetch, connection, tiles._HOSTS)
+                timed("sql_flagged_alone_ms", tiles._fetch, connection, tiles._FLAGGED)
+            with database.reader() as session:
+                timed(
+                    "sql_fullness_alone_ms",
+                    gpus_by_fullness,
+                    session=session,
+                    settings=settings,
+                    now=now,
+                )
             with database.reader() as session:
                 timed("sql_held_alone_ms", held_bytes, session=session)
+            with database.reader() as session:
+                timed("sql_gpu_rows_ms", lambda: session.execute(_GPU_ROWS).all())
             with database.reader() as session:
                 timed("sql_holders_aggregate_ms", lambda: session.execute(holders).all())
             with database.reader() as session:
@@ -234,6 +249,15 @@ def bench_breakdown(target: Target) -> dict[str, Any]:
     out["ratio_page_to_fleet_json"] = round(out["page_ms"] / out["fleet_json_ms"], 2)
     out["ratio_cpu"] = round(out["page_cpu_ms"] / out["fleet_json_cpu_ms"], 2)
     return out
+
+
+# For reference: what the page read until each host's tiles were kept on its row, one
+# row of values per GPU (sorted by host and index).
+_GPU_ROWS = text(
+    "SELECT host_id, gpu_index, memory_total_bytes, memory_used_bytes, holder_user,"
+    " holder_bytes, holder_processes, holder_users, open_flags FROM gpus"
+    " ORDER BY host_id, gpu_index"
+)
 
 
 def _holders_aggregate(dialect: str) -> Any:
@@ -260,15 +284,19 @@ def _holders_aggregate(dialect: str) -> Any:
     )  # fmt: skip
 
 
-def bench_paint(url: str) -> dict[str, Any]:
+@contextlib.contextmanager
+def _chromium() -> Iterator[Any]:
+    """Headless Debian chromium through Selenium and chromedriver; None (saying why in
+    :data:`_NO_CHROMIUM`) when either is missing."""
     binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        return {"skipped": "chromium or chromedriver not installed"}
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:
-        return {"skipped": "selenium not installed"}
+        binary = None
+    if binary is None or driver_path is None:
+        yield None
+        return
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
@@ -277,6 +305,18 @@ def bench_paint(url: str) -> dict[str, Any]:
     driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     try:
         driver.set_script_timeout(30)
+        yield driver
+    finally:
+        driver.quit()
+
+
+_NO_CHROMIUM = "chromium, chromedriver or selenium not installed"
+
+
+def bench_paint(url: str) -> dict[str, Any]:
+    with _chromium() as driver:
+        if driver is None:
+            return {"skipped": _NO_CHROMIUM}
         driver.get(url)  # the first load fetches the stylesheet and script
         loads = []
         for _ in range(PAINT_LOADS):
@@ -284,8 +324,6 @@ def bench_paint(url: str) -> dict[str, Any]:
             driver.get(url)
             loads.append(driver.execute_async_script(PAINT_SCRIPT))
         version = driver.capabilities.get("browserVersion")
-    finally:
-        driver.quit()
     out: dict[str, Any] = {"browser": f"chromium {version}", "loads": PAINT_LOADS}
     for key in loads[0]:
         values = [load[key] for load in loads if load[key] is not None]
@@ -313,17 +351,34 @@ def _page(client: httpx.Client) -> str:
     return re.sub(r"Rendered [^(]*\(UTC\)", "Rendered", response.text)
 
 
-# What a tile shows whatever its markup carries besides: classes (colour and flags),
-# link and text (the largest holder's initials, "+" when other users hold some too).
-_TILE = re.compile(r'<a class="(t [^"]*)" href="([^"]*)"[^>]*>([^<]*)</a>')
 _SUMMARY = re.compile(r'<section class="summary">.*?</section>', re.S)
+_HOST_TILES = re.compile(r' data-t="([^"]*)"')
+# A tile as an older page wrote it in its markup (before the script drew them).
+_TILE = re.compile(r'<a class="(t [^"]*)" href="([^"]*)"[^>]*>([^<]*)</a>')
 
 
-def _shown(page: str) -> tuple[list[tuple[str, ...]], str]:
-    """A fleet page's tiles (classes, link, text) and its header, for comparing two
-    versions of the page whose markup differs."""
-    summary = _SUMMARY.search(page)
-    return _TILE.findall(page), summary.group(0) if summary else ""
+def _tile_count(page: str) -> int:
+    """How many tiles the page has: in its host cards' data (drawn by its script), or,
+    as older pages had them, in its markup."""
+    cards = _HOST_TILES.findall(page)
+    if cards:
+        return sum(len(json.loads(html.unescape(tiles))) for tiles in cards)
+    return page.count('<a class="t ')
+
+
+def _drawn_tiles(url: str) -> list[tuple[str, str, str]] | None:
+    """Every tile as chromium shows the page at ``url`` once its script ran (classes,
+    link, text), to compare two versions of the page whose markup differs; None
+    without chromium."""
+    with _chromium() as driver:
+        if driver is None:
+            return None
+        driver.get(url)
+        tiles: list[list[str]] = driver.execute_script(
+            "return Array.from(document.querySelectorAll('.fleet a.t'), function (t) {"
+            " return [t.className, t.getAttribute('href'), t.textContent]; });"
+        )
+    return [(css, href, label) for css, href, label in tiles]
 
 
 def bench_kind(kind: str, tmp: Path, before: Path | None) -> dict[str, Any]:
@@ -345,7 +400,7 @@ def bench_kind(kind: str, tmp: Path, before: Path | None) -> dict[str, Any]:
                 running_server(target, tmp, code=before, env=ENV)
             )
         pages = {side: _page(each) for side, each in clients.items()}
-        tiles = pages["after"].count('<a class="t ')
+        tiles = _tile_count(pages["after"])
         if tiles != FLEET_HOSTS * GPUS:
             raise RuntimeError(f"the page shows {tiles} tiles, not {FLEET_HOSTS * GPUS}")
         render = bench_render(clients)
@@ -362,9 +417,14 @@ def bench_kind(kind: str, tmp: Path, before: Path | None) -> dict[str, Any]:
         }
         if before is not None:
             result["same_page_before_and_after"] = pages["before"] == pages["after"]
-            shown = {side: _shown(page) for side, page in pages.items()}
-            result["same_tiles_before_and_after"] = shown["before"][0] == shown["after"][0]
-            result["same_header_before_and_after"] = shown["before"][1] == shown["after"][1]
+            drawn = {side: _drawn_tiles(str(each.base_url) + "/") for side, each in clients.items()}
+            result["same_tiles_before_and_after"] = (
+                None if drawn["after"] is None else drawn["before"] == drawn["after"]
+            )
+            headers = {side: _SUMMARY.search(page) for side, page in pages.items()}
+            result["same_header_before_and_after"] = all(headers.values()) and (
+                headers["before"].group(0) == headers["after"].group(0)  # type: ignore[union-attr]
+            )
         if kind == "sqlite":
             result["paint"] = bench_paint(str(client.base_url) + "/")
     return result

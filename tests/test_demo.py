@@ -9,6 +9,7 @@ must stop exactly what the demo started, not another run's stand-ins on the same
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import queue
@@ -132,12 +133,16 @@ def _check_api_and_page(server: str) -> None:
         for word in ("orphaned", "idle holder", "filling up", "runaway"):
             counted = re.search(rf"{word} <b>(\d+)</b>", page)
             assert counted and int(counted.group(1)) >= 1, word
-        # A tile's flags are its classes (o orphaned, i idle holder, f filling up,
-        # r runaway: templates/fleet.py); the tooltip is worded from them in the browser.
+        # Each host card carries its tiles for the page's script (hosts/tiles.py): a
+        # tile's open flags are its last figure, a mask in the order of the page's
+        # flag classes (o orphaned, i idle holder, f filling up, r runaway, l lost).
+        order = re.search(r'<div class="fleet" data-flags="([^"]+)"', page)
+        assert order, "no fleet on the page"
+        classes = order.group(1).split()
         flags = {
-            host: {flag for classes in re.findall(r'<a class="t ([^"]*)"', section)
-                   for flag in classes.split()}
-            for host, section in re.findall(r'data-h="([^"]+)">(.*?)</section>', page)
+            host: {css for tile in json.loads(html.unescape(tiles))
+                   for bit, css in enumerate(classes) if tile[-1] & 1 << bit}
+            for host, tiles in re.findall(r'data-h="([^"]+)" data-t="([^"]*)"', page)
         }  # fmt: skip
         assert {"f", "r"} <= flags["gpu-a"], flags
         assert "i" in flags["gpu-b"], flags

@@ -1,12 +1,15 @@
-"""Each GPU's open events kept on its row as a flag mask (``gpus.open_flags``, bit ``i``:
-an open ``GPU_FLAG_KINDS[i]`` event on the GPU's host and index), which the fleet page
-reads instead of the open events. The mask must say what the open events say after
-every kind of change to them: events opening and closing as processes die, idle and
-exit, a GPU lost and read again, a host gone silent (the stale-lifetime job), a
-migration from before the column. Each step is checked against the events themselves,
-read and combined here independently."""
+"""What ingest keeps for the fleet page: each GPU's open events as a flag mask on its row
+(``gpus.open_flags``, bit ``i``: an open ``GPU_FLAG_KINDS[i]`` event on the GPU's host
+and index), and each host's tiles (``hosts.tiles``, JSON: hosts/tiles.py). They must
+say what the open events and the GPU rows say after every kind of change: events
+opening and closing as processes die, idle and exit, a GPU lost and read again, a host
+gone silent (the stale-lifetime job), a migration from before the columns. Each step
+is checked against the events and rows themselves, combined here independently."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from alembic import command
 from sqlalchemy import text
@@ -21,6 +24,7 @@ from gpuwatch.snapshot import Gpu, GpuProcess
 from server.factories import T0, gpu, process
 from server.test_gpu_holders import at, push
 
+MIB = 2**20
 ORPHANED, IDLE, LOST = (1 << GPU_FLAG_KINDS.index(k) for k in ("orphaned", "idle", "gpu_lost"))
 
 
@@ -44,10 +48,35 @@ def from_events(database: Database) -> dict[int, int]:
     return out
 
 
+def tiles_from_rows(database: Database) -> dict[str, list[list[Any]]]:
+    """Hostname -> its tiles as the GPU rows say: by index, a lost GPU unread."""
+    with database.reader() as session:
+        rows = session.execute(
+            text(
+                "SELECT h.hostname, g.gpu_index, g.memory_total_bytes, g.memory_used_bytes,"
+                " g.lost, g.holder_bytes, g.holder_processes, g.holder_users, g.holder_user,"
+                " g.open_flags FROM gpus g JOIN hosts h ON h.id = g.host_id"
+                " ORDER BY h.hostname, g.gpu_index"
+            )
+        ).all()
+    out: dict[str, list[list[Any]]] = {}
+    for host, index, total, used, lost, largest, processes, users, user, mask in rows:
+        used = None if lost else used
+        percent = None if used is None or not total else used * 100 // total
+        mib = [None if v is None else v // MIB for v in (used, total)]
+        tile = [index, percent, *mib, (largest or 0) // MIB, processes, users, user, mask]
+        out.setdefault(host, []).append(tile)
+    return out
+
+
 def flags(database: Database) -> dict[int, int]:
-    """The stored masks, having checked that the open events agree."""
+    """The stored masks, having checked that the open events agree, and that each
+    host's tiles say what its GPU rows say."""
     kept = stored(database)
     assert kept == from_events(database)
+    with database.reader() as session:
+        texts = dict(session.execute(text("SELECT hostname, tiles FROM hosts")).all())
+    assert {host: json.loads(tiles) for host, tiles in texts.items()} == tiles_from_rows(database)
     return kept
 
 

@@ -13,6 +13,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -55,6 +56,9 @@ class Host(Base):
     # lifetimes, open events, windows), so a server process can tell whether the copy
     # it kept from its last ingest of the host is still current (ingest/cache.py).
     state_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The host's GPUs as the fleet page draws them (JSON, hosts/tiles.py), kept by
+    # ingest on every write of its GPUs' state; None until its GPUs were first written.
+    tiles: Mapped[str | None] = mapped_column(Text)
 
 
 class Gpu(Base):

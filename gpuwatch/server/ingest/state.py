@@ -30,6 +30,7 @@ from gpuwatch.server.database.dialects import (
 )
 from gpuwatch.server.events.book import EventBook
 from gpuwatch.server.hosts.models import GPU_FLAG_KINDS, Gpu, GpuSample, GpuWindow, Host
+from gpuwatch.server.hosts.tiles import tiles_text
 from gpuwatch.server.ingest.cache import HostStateCache, KeptState
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
@@ -60,6 +61,7 @@ class HostRow:
     fake: bool
     spool_dropped_total: int
     state_version: int
+    tiles: str | None
 
 
 @dataclass(eq=False)
@@ -384,6 +386,9 @@ class HostState:
         connection = self.connection
         self.refill_holders()
         self.refill_flags()
+        # From the GPU rows as they are about to be written (the host row is written
+        # on every flush anyway).
+        self.host.tiles = tiles_text(self.gpus.values())
         self.host.state_version += 1
         _UPDATE_HOST.execute(connection, [_HOST_VALUES(self.host)])
         _UPDATE_GPUS.execute(connection, [_GPU_VALUES(row) for row in self._dirty_gpus.values()])

@@ -3,24 +3,21 @@
 A tile's colour is its used/total in tenths (grey when its reading is stale or lost);
 its text is the owner of its largest process ("+" when other users hold some too);
 corner marks and borders flag open events (orphaned, idle, filling up, runaway). It
-links to the GPU's page, and its tooltip (written by dashboard.js on hover or focus
-from the tile's ``data-v`` figures) has the memory, the holders and the flags in words.
+links to the GPU's page, and its tooltip (worded on hover or focus from the tile's
+``data-v`` figures) has the memory, the holders and the flags in words.
 
-At 8,000 GPUs this is the only loop over the tiles, so it does per tile only what
-differs per tile: one f-string, no function call but for a user not seen before (or
-a grey tile, which has no current reading), and a
-count of the tile's whole percent, from which the header's GPUs per fullness bucket are
-summed (no query of its own: the same buckets as ``/api/v1/fleet``, see
-:func:`fullness`). What repeats is worked out once: the classes of each colour and
-combination of flags (a table indexed by whole percent and flag mask), each user's
-escaped name and initials."""
+The server writes the header and one card per host carrying the host's tiles as
+ingest keeps them (``data-t``: gpuwatch/server/hosts/tiles.py); the page's script
+draws the tiles from them (static/dashboard.js), so nothing here runs per GPU. The
+header's GPUs per fullness bucket are ``/api/v1/fleet``'s own.
+"""
 
 from __future__ import annotations
 
 from html import escape as e
 from urllib.parse import quote
 
-from gpuwatch.server.fleet.schemas import FULL_BUCKET, FULLNESS_BUCKETS, UNKNOWN_BUCKET
+from gpuwatch.server.fleet.schemas import FULL_BUCKET, UNKNOWN_BUCKET
 from gpuwatch.server.web.charts import fullness_bar
 from gpuwatch.server.web.format import size
 from gpuwatch.server.web.templates.layout import Chrome, page
@@ -40,13 +37,11 @@ _BUCKET_CLASSES = (("0-25%", "c1"), ("25-50%", "c4"), ("50-75%", "c6"), ("75-90%
 
 def fleet_page(chrome: Chrome, fleet: Fleet) -> str:
     root_hosts = e(chrome.root) + "/hosts/"
-    # Each user's escaped name and initials, escaped once per user rather than per tile.
-    users: dict[str | None, tuple[str, str, str]] = {}
-    # GPUs with a current reading per whole percent used (the last: 100% or more).
-    percents = [0] * 101
-    hosts = [_host(host, root_hosts, users, percents) for host in fleet.hosts]
-    body = [_summary(chrome, fleet, fullness(percents, fleet.gpus)), _controls()]
-    body += ['<div class="fleet">', *hosts, "</div>"]
+    hosts = [_host(host, root_hosts) for host in fleet.hosts]
+    body = [_summary(chrome, fleet), _controls()]
+    # The flag classes in the order of a tile's flag mask bits, for the script.
+    flags = " ".join(FLAGS[kind][0] for kind in TILE_FLAGS)
+    body += [f'<div class="fleet" data-flags="{flags}">', _NOSCRIPT, *hosts, "</div>"]
     if not fleet.hosts:
         body.append(
             '<p class="empty">No hosts yet. Create a token with <code>gpuwatch token create '
@@ -55,23 +50,8 @@ def fleet_page(chrome: Chrome, fleet: Fleet) -> str:
     return page(chrome, title="Fleet", active="fleet", body="".join(body))
 
 
-def fullness(percents: list[int], gpus: int) -> dict[str, int]:
-    """GPUs per bucket of ``/api/v1/fleet`` (fleet/service.py), from the tiles' counts
-    per whole percent used: a bucket's bound is a whole percent, and for whole numbers
-    ``used * 100 // total < bound`` exactly when ``used / total < bound / 100``. The
-    GPUs without a current reading (silent host, lost, no figures) are the unknown."""
-    out = {}
-    low = 0
-    for name, high in _BOUNDS:
-        out[name] = sum(percents[low:high])
-        low = high
-    out[FULL_BUCKET] = sum(percents[low:])
-    out[UNKNOWN_BUCKET] = gpus - sum(percents)
-    return out
-
-
-def _summary(chrome: Chrome, fleet: Fleet, fullness: dict[str, int]) -> str:
-    counts = [(f"{name} full", fullness[name], css) for name, css in _BUCKET_CLASSES]
+def _summary(chrome: Chrome, fleet: Fleet) -> str:
+    counts = [(f"{name} full", fleet.fullness[name], css) for name, css in _BUCKET_CLASSES]
     legend = "".join(
         f'<span class="key"><i class="sw {css}"></i>{e(label)} <b>{count:,}</b></span>'
         for label, count, css in counts
@@ -109,95 +89,26 @@ def _controls() -> str:
     )
 
 
-def _host(
-    host: FleetHost,
-    root_hosts: str,
-    users: dict[str | None, tuple[str, str, str]],
-    percents: list[int],
-) -> str:
-    """A host's card and its tiles; each drawn tile's whole percent used is counted in
-    ``percents`` (the header's fullness).
-
-    A tile's figures travel as one compact attribute, ``data-v``: whole percent used
-    ("-" when there is no current reading), used and total MiB, the largest holder's
-    MiB, how many processes and users hold memory, and that holder's name (last: it may
-    hold spaces). dashboard.js words them into the tile's tooltip when it is hovered or
-    focused, which halved the page's bytes and the time to write them. Written with
-    f-strings: in this loop, on Python 3.11, faster than ``%`` templates
-    (bench/dashboard.py)."""
+def _host(host: FleetHost, root_hosts: str) -> str:
+    """A host's card: its name, and its tiles as ingest keeps them (hosts/tiles.py),
+    which the script draws; a silent host's tiles are grey."""
     name = e(host.hostname)
     href = root_hosts + e(quote(host.hostname, safe=""))
-    gpus = href + "/gpus/"
-    silent = host.silent
-    tiles: list[str] = []
-    append = tiles.append
-    for _, index, total, used, user, largest, processes, count, mask in host.tiles:
-        if silent or used is None or not total:  # used is None for a lost GPU too
-            append(_stale(gpus, index, mask, user, largest, processes, count, users))
-            continue
-        percent = used * 100 // total
-        whole = percent if percent < 100 else 100
-        percents[whole] += 1
-        css = _CLASSES[mask][whole]
-        if processes:
-            names = users.get(user) or _names(users, user)
-            text = "✕" if mask & _LOST else names[2] if count > 1 else names[1]
-            append(f'<a class="t {css}" href="{gpus}{index}" data-v="{percent} {used >> 20} {total >> 20} {(largest or 0) >> 20} {processes} {count} {names[0]}">{text}</a>')  # fmt: skip
-        else:
-            text = "✕" if mask & _LOST else ""
-            append(f'<a class="t {css}" href="{gpus}{index}" data-v="{percent} {used >> 20} {total >> 20} 0 0 0 ">{text}</a>')  # fmt: skip
-    css = "host flagged" if host.flagged else "host"
-    badge = ' <span class="badge silent">silent</span>' if silent else ""
-    return (
-        f'<section class="{css}" data-h="{name}"><h2><a href="{href}">{name}</a>{badge}</h2>'
-        f'<div class="tiles">{"".join(tiles) or "<span class=empty>no GPUs reported</span>"}'
-        "</div></section>"
-    )
-
-
-def _stale(
-    gpus: str,
-    index: int,
-    mask: int,
-    user: str | None,
-    largest: int | None,
-    processes: int,
-    count: int,
-    users: dict[str | None, tuple[str, str, str]],
-) -> str:
-    """A tile without a current reading (silent host, lost GPU, no figures): grey, its
-    holders as last known."""
-    if processes:
-        names = users.get(user) or _names(users, user)
-        text = "✕" if mask & _LOST else names[2] if count > 1 else names[1]
-        holder = f"{(largest or 0) >> 20} {processes} {count} {names[0]}"
+    if host.silent:
+        css, badge = "host flagged silent", ' <span class="badge silent">silent</span>'
     else:
-        text, holder = "✕" if mask & _LOST else "", "0 0 0 "
+        css, badge = "host", ""
+    if host.tiles is None or host.tiles == "[]":
+        tiles, data = "<span class=empty>no GPUs reported</span>", ""
+    else:
+        tiles, data = "", f' data-t="{e(host.tiles)}"'
     return (
-        f'<a class="t u{_FLAG_CLASSES[mask]}" href="{gpus}{index}" data-v="- {holder}">{text}</a>'
+        f'<section class="{css}" data-h="{name}"{data}><h2><a href="{href}">{name}</a>{badge}'
+        f'</h2><div class="tiles">{tiles}</div></section>'
     )
 
 
-def _names(users: dict[str | None, tuple[str, str, str]], user: str | None) -> tuple[str, str, str]:
-    """A user's escaped name and tile texts (initials; initials and "+" for a GPU that
-    other users hold memory on too), remembered in ``users``."""
-    name = user or "?"
-    initials = e(name[:3])
-    names = users[user] = (e(name), initials, initials + "+")
-    return names
-
-
-# What a tile says, worked out once rather than per tile: its flag classes per flag mask
-# (see tiles.TILE_FLAGS), and with its colour (used/total in tenths) per flag mask and
-# whole percent used.
-_FLAG_CLASSES = [
-    "".join(" " + FLAGS[kind][0] for bit, kind in enumerate(TILE_FLAGS) if mask & 1 << bit)
-    for mask in range(1 << len(TILE_FLAGS))
-]
-_CLASSES = [
-    [f"c{min(percent // 10, 9)}{flags}" for percent in range(101)] for flags in _FLAG_CLASSES
-]
-_LOST = 1 << TILE_FLAGS.index("gpu_lost")
-# The buckets' upper bounds in whole percents (see :func:`fullness`).
-_BOUNDS = [(name, round(bound * 100)) for name, bound in FULLNESS_BUCKETS]
-assert all(abs(bound * 100 - round(bound * 100)) < 1e-9 for _, bound in FULLNESS_BUCKETS)
+_NOSCRIPT = (
+    '<noscript><p class="empty">The tiles are drawn by this page\'s script: allow it, or'
+    " open a host for its GPUs.</p></noscript>"
+)
