@@ -22,7 +22,7 @@ from gpuwatch.server.jobs import close_stale_lifetimes
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import Gpu, GpuProcess
 from server.factories import T0, gpu, process
-from server.test_gpu_holders import at, push
+from server.test_gpu_holders import at, insert_host_with_gpus, push
 
 MIB = 2**20
 ORPHANED, IDLE, LOST = (1 << GPU_FLAG_KINDS.index(k) for k in ("orphaned", "idle", "gpu_lost"))
@@ -149,20 +149,7 @@ def test_the_migration_fills_flags_from_the_open_events(database_url: str) -> No
         ("gpu_back", 2, 5.0),
     ]
     with database.begin_write() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO hosts (id, hostname, created_at, pid_namespace_isolated, fake,"
-                " spool_dropped_total) VALUES (1, 'host-1', 0, false, false, 0)"
-            )
-        )
-        for index in (0, 1, 2):
-            conn.execute(
-                text(
-                    "INSERT INTO gpus (id, host_id, uuid, gpu_index, lost, last_seen_at)"
-                    " VALUES (:id, 1, :uuid, :index, false, 0)"
-                ),
-                {"id": index + 1, "uuid": f"GPU-{index}", "index": index},
-            )
+        insert_host_with_gpus(conn, 3)
         for n, (kind, index, ended) in enumerate(events):
             conn.execute(
                 text(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from alembic import command
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 from gpuwatch.server.database import Database, create_database
 from gpuwatch.server.database.migrate import alembic_config, head_revision, upgrade
@@ -193,6 +193,25 @@ def test_a_process_seen_on_another_gpu_moves_its_holder(
 BEFORE_HOLDERS = "f3c8a2d6b154"
 
 
+def insert_host_with_gpus(conn: Connection, gpus: int) -> None:
+    """Host 1 and its GPUs 1..``gpus`` (index = id - 1), in SQL: for a schema older
+    than the code's models."""
+    conn.execute(
+        text(
+            "INSERT INTO hosts (id, hostname, created_at, pid_namespace_isolated, fake,"
+            " spool_dropped_total) VALUES (1, 'host-1', 0, false, false, 0)"
+        )
+    )
+    for gpu_id in range(1, gpus + 1):
+        conn.execute(
+            text(
+                "INSERT INTO gpus (id, host_id, uuid, gpu_index, lost, last_seen_at)"
+                " VALUES (:id, 1, :uuid, :index, false, 0)"
+            ),
+            {"id": gpu_id, "uuid": f"GPU-{gpu_id}", "index": gpu_id - 1},
+        )
+
+
 def test_the_migration_fills_holders_from_the_open_lifetimes(database_url: str) -> None:
     database = create_database(database_url)
     upgrade(database, BEFORE_HOLDERS)
@@ -206,20 +225,7 @@ def test_the_migration_fills_holders_from_the_open_lifetimes(database_url: str) 
         (7, 3, "zed", 1 * GIB, 10.0),
     ]
     with database.begin_write() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO hosts (id, hostname, created_at, pid_namespace_isolated, fake,"
-                " spool_dropped_total) VALUES (1, 'host-1', 0, false, false, 0)"
-            )
-        )
-        for gpu_id in (1, 2, 3):
-            conn.execute(
-                text(
-                    "INSERT INTO gpus (id, host_id, uuid, gpu_index, lost, last_seen_at)"
-                    " VALUES (:id, 1, :uuid, :index, false, 0)"
-                ),
-                {"id": gpu_id, "uuid": f"GPU-{gpu_id}", "index": gpu_id - 1},
-            )
+        insert_host_with_gpus(conn, 3)
         for lifetime_id, gpu_id, user, size, ended in lifetimes:
             conn.execute(
                 text(
