@@ -246,9 +246,9 @@ class _Response:
 
 async def post(
     port: int, headers: bytes, length: int, pieces: Iterator[bytes]
-) -> tuple[int, float | None]:
+) -> tuple[int, float | None, bytes]:
     """POST ``length`` bytes of ``pieces`` to ``127.0.0.1:port`` on a new connection;
-    (status, Retry-After seconds). Status 0: the connection failed or was closed
+    (status, Retry-After seconds, body). Status 0: the connection failed or was closed
     before a whole response came.
 
     The body goes out while the response is read, so a 503 answered before the body
@@ -257,7 +257,7 @@ async def post(
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
-        return 0, None
+        return 0, None, b""
     writer.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % (INGEST.encode(), port))
     writer.write(headers + b"Content-Length: %d\r\n\r\n" % length)
     sending = asyncio.create_task(_send(writer, pieces))
@@ -267,11 +267,11 @@ async def post(
         while not response.done:
             data = await reader.read(65536)
             if not data:
-                return 0, None
+                return 0, None, b""
             parser.feed_data(data)
-        return parser.get_status_code(), response.retry_after
+        return parser.get_status_code(), response.retry_after, bytes(response.body)
     except (OSError, httptools.HttpParserError):
-        return 0, None
+        return 0, None, b""
     finally:
         sending.cancel()
         writer.transport.abort()
@@ -309,8 +309,9 @@ class Request:
     started: float  # monotonic
     seconds: float
     status: int
-    snapshots: int
+    snapshots: int  # sent; on a 200, stored
     kind: str  # "live" or "storm"
+    deferred: int = 0  # on a 200: the snapshots the server deferred (not stored)
 
 
 @dataclass
@@ -323,9 +324,11 @@ class Run:
     drained_at: dict[str, float] = field(default_factory=dict)  # storm host -> monotonic
     epoch_offset: float = field(default_factory=lambda: time.time() - time.monotonic())
 
-    async def push(self, agent: Agent, kind: str) -> tuple[int, float | None]:
+    async def push(self, agent: Agent, kind: str) -> tuple[int, float | None, int]:
         """Send the agent's oldest pending snapshots, as many as the reporter's batch
-        limits allow; (status, Retry-After seconds)."""
+        limits allow, as the reporter does (with its Gpuwatch-Partial header); (status,
+        Retry-After seconds, snapshots deferred). Deferred ones stay pending: the
+        server defers the tail of an in-order batch (ingest/service.py)."""
         from gpuwatch.agent.reporter import MAX_BATCH_BYTES
         from gpuwatch.wire import MAX_SNAPSHOTS_PER_REQUEST
 
@@ -341,16 +344,20 @@ class Run:
         pieces = batch_pieces(self.template, agent.host, batch)
         started = time.monotonic()
         try:
-            status, retry_after = await asyncio.wait_for(
+            status, retry_after, body = await asyncio.wait_for(
                 post(agent.port, agent.headers, length, pieces), TIMEOUT_SECONDS
             )
         except TimeoutError:
-            status, retry_after = -1, None
-        self.requests.append(Request(started, time.monotonic() - started, status, len(batch), kind))
+            status, retry_after, body = -1, None, b""
+        # Only the results list can hold the word: one per deferred snapshot.
+        deferred = body.count(b'"deferred"') if status == 200 else 0
+        stored = len(batch) - deferred
+        seconds = time.monotonic() - started
+        self.requests.append(Request(started, seconds, status, stored, kind, deferred))
         if status == 200:
-            del agent.pending[: len(batch)]
-            return status, None
-        return status, retry_after
+            del agent.pending[:stored]
+            return status, None, deferred
+        return status, retry_after, 0
 
 
 @contextlib.contextmanager
@@ -384,6 +391,8 @@ async def run_agent(
     """Poll every ``interval`` from ``first`` (monotonic) until ``stop``, and drain the
     spool after each poll as the reporter's push thread does (not before ``retry_at``);
     a storm agent stops once its spool is empty."""
+    from gpuwatch.agent.reporter import DEFERRED_PAUSE_SECONDS
+
     tick, failures = first, 0
     while True:
         now = time.monotonic()
@@ -391,12 +400,16 @@ async def run_agent(
             agent.poll(time.time() - (now - tick))
             tick += interval
         if agent.pending and now >= retry_at:
-            status, retry_after = await run.push(agent, kind)
+            status, retry_after, deferred = await run.push(agent, kind)
             if status == 200:
                 failures = 0
                 if kind == "storm" and not agent.pending:
                     run.drained_at[agent.host] = time.monotonic()
                     return
+                if deferred:  # the reporter's pause, not a backoff
+                    retry_at = time.monotonic() + DEFERRED_PAUSE_SECONDS * (
+                        0.5 + 0.5 * rng.random()
+                    )
                 continue
             failures += 1
             retry_at = time.monotonic() + backoff(failures, retry_after, rng)
@@ -497,6 +510,9 @@ def summarize(
         "max_ms": _round(max(ms, default=None)),
         "statuses": dict(sorted(statuses.items())),
         "only_200_and_503": set(statuses) <= {str(s) for s in ALLOWED},
+        # 200s that stored part of the batch, the rest deferred by the time budget.
+        "partial_requests": sum(1 for r in inside if r.deferred),
+        "deferred_snapshots": sum(r.deferred for r in inside),
         "server_cpu_ms_per_snapshot": _round(cpu["server"] / max(1, accepted) * 1e3, 3),
         "postgres_cpu_ms_per_snapshot": _round(cpu["postgres"] / max(1, accepted) * 1e3, 3),
         "cpu_share_of_one_core": {
@@ -540,11 +556,14 @@ def _round(value: float | None, digits: int = 1) -> float | None:
 
 def make_agents(tokens: dict[str, str], ports: Sequence[int], first_sequence: int) -> list[Agent]:
     """An agent per host, hosts dealt round-robin over ``ports``."""
+    from gpuwatch.wire import PARTIAL_DEFERRED, PARTIAL_HEADER
+
     return [
         Agent(
             host=host,
             headers=(
                 f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+                f"{PARTIAL_HEADER}: {PARTIAL_DEFERRED}\r\n"
                 "Accept: */*\r\nUser-Agent: gpuwatch-load\r\n"
             ).encode(),
             port=ports[i % len(ports)],
@@ -565,9 +584,9 @@ async def _warm(run: Run, agents: Sequence[Agent], *, count: int, span: float, e
             agent = queue.pop()
             for k in range(count):
                 agent.poll(end - (count - k) * step)
-            status, _ = await run.push(agent, "warm")
-            if status != 200:
-                raise RuntimeError(f"warm-up push answered {status}")
+            status, _, deferred = await run.push(agent, "warm")
+            if status != 200 or deferred:
+                raise RuntimeError(f"warm-up push answered {status}, {deferred} deferred")
 
     await asyncio.gather(*(worker() for _ in range(8)))
 
@@ -705,6 +724,8 @@ def storm(
                 "p99_ms",
                 "statuses",
                 "only_200_and_503",
+                "partial_requests",
+                "deferred_snapshots",
             )
         },
         "live": summarize(live_run, (began, ended), cpu, plan.interval),
