@@ -353,8 +353,6 @@ def _page(client: httpx.Client) -> str:
 
 _SUMMARY = re.compile(r'<section class="summary">.*?</section>', re.S)
 _HOST_TILES = re.compile(r' data-t="([^"]*)"')
-# A tile as an older page wrote it in its markup (before the script drew them).
-_TILE = re.compile(r'<a class="(t [^"]*)" href="([^"]*)"[^>]*>([^<]*)</a>')
 
 
 def _tile_count(page: str) -> int:

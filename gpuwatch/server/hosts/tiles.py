@@ -9,7 +9,7 @@ summary (bench/dashboard.py). Building the text costs ingest about 30 µs a snap
 8 GPUs (measured on a busy 2-core VM: under 1% of what ingest spends on the snapshot),
 on a host row it writes anyway.
 
-The text is a JSON array with one array per GPU, by index, of :data:`TILE_FIELDS`:
+The text is a JSON array with one array per GPU, by index, of:
 
 * ``index``: the GPU's index;
 * ``percent``: whole percent of its memory used (``used * 100 // total``, bytes), or
@@ -33,8 +33,6 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import Protocol
 
-TILE_FIELDS = ("index", "percent", "used_mib", "total_mib", "largest_mib", "processes",
-               "users", "user", "flags")  # fmt: skip
 MIB = 2**20
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _INDEX = attrgetter("gpu_index")
