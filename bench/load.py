@@ -377,11 +377,17 @@ def generator_gc_paused() -> Iterator[None]:
 
 def backoff(failures: int, retry_after: float | None, rng: random.Random) -> float:
     """The reporter's delay before its next try (gpuwatch/agent/reporter.py)."""
-    from gpuwatch.agent.reporter import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS
+    from gpuwatch.agent.reporter import (
+        BACKOFF_BASE_SECONDS,
+        BACKOFF_MAX_SECONDS,
+        RETRY_AFTER_SPREAD,
+    )
 
     ceiling = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** min(failures - 1, 30))
     delay = ceiling * (0.5 + 0.5 * rng.random())
-    return max(delay, retry_after or 0.0)
+    if retry_after is None:
+        return delay
+    return max(delay, retry_after * (1.0 + RETRY_AFTER_SPREAD * rng.random()))
 
 
 async def run_agent(

@@ -32,7 +32,9 @@ request counts as ``partial``, not as a failure. 413 and 422 split the batch in 
 until the offending snapshot stands alone, which is then dropped and counted. 401/403
 keep everything spooled and raise the ``auth_failed`` flag. Anything else (429, 5xx,
 other statuses, connection errors) is retried after exponential backoff with jitter,
-and never before the server's ``Retry-After``. The token is never logged.
+and never before the server's ``Retry-After``: up to half as long again after it
+(:data:`RETRY_AFTER_SPREAD`), since the agents one busy server refused together would
+otherwise all come back in the same second. The token is never logged.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
 # A buggy or hostile Retry-After must not silence the agent for days.
 MAX_RETRY_AFTER_SECONDS = 3600.0
+# The retry after a Retry-After falls at a random point of [1, 1 + this] times it.
+RETRY_AFTER_SPREAD = 0.5
 # The server gives itself half of this per request (ingest_time_budget_seconds).
 HTTP_TIMEOUT_SECONDS = 10.0
 # After a partial answer, the deferred snapshots are sent again after this long, with
@@ -361,7 +365,8 @@ class Reporter:
         # out yet none retries at once.
         delay = ceiling * (0.5 + 0.5 * self._rand())
         if sent.retry_after_seconds is not None:
-            delay = max(delay, sent.retry_after_seconds)
+            spread = 1.0 + RETRY_AFTER_SPREAD * self._rand()
+            delay = max(delay, sent.retry_after_seconds * spread)
         self._next_attempt_at = self._clock() + delay
         if sent.failure != self._failing:
             if sent.failure == "auth_failed":

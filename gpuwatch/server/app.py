@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,7 @@ from gpuwatch.server.hosts.views import router as hosts_router
 from gpuwatch.server.ingest.cache import HostStateCache
 from gpuwatch.server.ingest.views import openapi_schemas as ingest_openapi_schemas
 from gpuwatch.server.ingest.views import router as ingest_router
+from gpuwatch.server.ingest.writer import IngestWriter
 from gpuwatch.server.metrics import IngestStatusMiddleware, ServerStats, build_registry
 from gpuwatch.server.notifications.receivers.base import build_receiver
 from gpuwatch.server.pagination import InvalidCursor
@@ -90,6 +92,8 @@ def create_app(
         monotonic=monotonic,
     )
 
+    writer = IngestWriter(context)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         scheduler = None
@@ -100,6 +104,8 @@ def create_app(
         try:
             yield
         finally:
+            # Before the database goes: what it has queued is stored and answered.
+            await asyncio.to_thread(writer.close)
             if scheduler is not None:
                 scheduler.shutdown(wait=True)
             http.close()
@@ -121,6 +127,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.gpuwatch = context
+    app.state.ingest_writer = writer
     app.add_middleware(IngestStatusMiddleware, stats=stats)
     _add_error_handlers(app)
     for router in (

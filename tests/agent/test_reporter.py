@@ -376,7 +376,8 @@ def test_a_refused_token_keeps_everything_spooled_and_logs_once(
 def test_retry_after_seconds_is_honoured(ingest: Ingest, tmp_path: Path, clock: FakeClock) -> None:
     ingest.up()
     ingest.script.append((503, {"Retry-After": "120"}, False))
-    reporter = reporter_for(settings_for(ingest, tmp_path), clock)
+    # The earliest retry the spread allows: exactly Retry-After.
+    reporter = Reporter(settings_for(ingest, tmp_path), clock=clock, rand=lambda: 0.0)
     reporter.offer(snapshot(0))
     result = reporter.drain_once()
     assert (result.stopped_by, result.retry_in_seconds) == ("throttled", 120)
@@ -394,10 +395,32 @@ def test_retry_after_as_an_http_date_is_honoured(
     ingest.up()
     when = formatdate(EPOCH + clock.now + 300, usegmt=True)
     ingest.script.append((429, {"Retry-After": when}, False))
-    reporter = reporter_for(settings_for(ingest, tmp_path), clock)
+    reporter = Reporter(
+        settings_for(ingest, tmp_path),
+        clock=clock,
+        rand=lambda: 0.0,
+        wall_clock=lambda: EPOCH + clock.now,
+    )
     reporter.offer(snapshot(0))
     assert reporter.drain_once().retry_in_seconds == pytest.approx(300)
     reporter.close()
+
+
+def test_agents_refused_together_come_back_spread_over_half_the_retry_after(
+    ingest: Ingest, tmp_path: Path, clock: FakeClock
+) -> None:
+    """A busy server answers many agents 503 with the same Retry-After at once."""
+    ingest.up()
+    delays = []
+    for n, draw in enumerate((0.0, 0.25, 0.5, 0.999)):
+        ingest.script.append((503, {"Retry-After": "5"}, False))
+        reporter = Reporter(
+            settings_for(ingest, tmp_path / str(n)), clock=clock, rand=lambda d=draw: d
+        )
+        reporter.offer(snapshot(0))
+        delays.append(reporter.drain_once().retry_in_seconds)
+        reporter.close()
+    assert delays == pytest.approx([5.0, 5.625, 6.25, 7.4975])
 
 
 def test_backoff_doubles_to_its_ceiling_with_jitter(

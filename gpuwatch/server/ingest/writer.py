@@ -1,0 +1,350 @@
+"""The ingest writer: a thread that stores this process's pushes, several to a transaction.
+
+Why one thread and shared transactions, rather than each push in a worker thread of
+its own transaction (stop 11's design):
+
+* **A commit per push was the largest single cost of a small push.** Pushes queued
+  while a transaction ran are stored together in the next one, so the commit, the
+  transaction's begin and its session are paid once per batch. Under no load a batch
+  is one push and nothing waits for company; under load batches grow by themselves.
+* **Threads fought over the GIL.** Each push held one of anyio's 40 worker threads;
+  on SQLite all but one waited for the write turn anyway, and every thread's wake-up
+  and answer cost the event loop a switch (py-spy: a third of the server's samples
+  under load were the worker threads waking the event loop). One thread parses and
+  stores, and answers a batch with one wake-up.
+
+Every push keeps its own answer. A refusal that writes nothing (the token revoked,
+the budget spent, a clock too far ahead) is answered on its own and the batch goes
+on. Anything else that fails inside the shared transaction rolls the transaction
+back and every push of it is stored again, each in a transaction of its own, so one
+push's bad data or bug never costs another push its answer; an outage (the database
+gone, the write turn not coming) is every push's answer, since a retry alone would
+meet it too.
+
+Order: a batch stores its pushes by host id (a host's own pushes keep their order).
+On Postgres, writers lock host rows (``FOR UPDATE``) as they go, and two replicas'
+batches locking the same hosts in different orders could deadlock; one order cannot.
+
+Time: a batch takes new pushes only until it has run :data:`BATCH_SECONDS`; the rest
+wait for the next one, so a push's answer is never held long behind others' work.
+Each push's time budget (ingest/body.py, ``Deadline``) is read where stop 11 read it:
+before its parse, and once its write has its turn, then before each snapshot after
+the first (a partial answer) when the agent accepts one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from fastapi import HTTPException, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from gpuwatch.server.database.core import describe, is_unavailable
+from gpuwatch.server.deps import (
+    PushCredential,
+    ServerContext,
+    confirm_push,
+    forbid_other_host,
+    reverify_push,
+)
+from gpuwatch.server.ingest import service
+from gpuwatch.server.ingest.body import STORE_ERRORS, Deadline, never_storable, refusal
+from gpuwatch.wire import IngestRequest, IngestResponse
+
+log = logging.getLogger(__name__)
+
+# A batch takes no more pushes once it has run this long (its commit still follows):
+# long enough to share a commit among dozens of small pushes, short against the 5 s
+# time budget and the agent's 10 s timeout.
+BATCH_SECONDS = 0.1
+# Pushes waiting when a batch starts that it may take at most, however quick.
+BATCH_PUSHES = 64
+# Writer threads per process. SQLite has one writer whatever we do; Postgres takes
+# several, and a second thread keeps the GIL busy while the first waits on a round trip.
+WRITER_THREADS = {"sqlite": 1, "postgresql": 2}
+
+
+class Quarantined(Exception):
+    """A valid batch the database refused to store: it never will (answered 422)."""
+
+
+class OverBudget(Exception):
+    """The push's time budget was spent before its batch could start (answered 503)."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A push's answer, and how many of its snapshots were deferred."""
+
+    http: Response
+    deferred: int
+
+
+@dataclass(eq=False)
+class Push:
+    """One request's batch of snapshots on its way through the writer."""
+
+    raw: bytearray
+    credential: PushCredential
+    deadline: Deadline
+    partial: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Stored]
+    body: IngestRequest | None = field(default=None, repr=False)
+
+
+Outcome = tuple[Push, Stored | BaseException]
+_STOP = object()
+
+
+class IngestWriter:
+    """Stores pushes for :func:`store` callers in its own threads (started on first use).
+
+    ``clock`` (monotonic seconds) times batches; it is not the context's monotonic
+    clock, so a test's injected budget clock is read only where the budget is.
+    ``threads`` defaults by dialect (:data:`WRITER_THREADS`); ``batch_seconds`` is
+    :data:`BATCH_SECONDS`.
+    """
+
+    def __init__(
+        self,
+        context: ServerContext,
+        *,
+        threads: int | None = None,
+        batch_seconds: float = BATCH_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.context = context
+        self.threads = threads or WRITER_THREADS.get(context.database.dialect, 1)
+        self.batch_seconds = batch_seconds
+        self._clock = clock
+        self._queue: queue.SimpleQueue[Push | object] = queue.SimpleQueue()
+        self._started: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def queued(self) -> int:
+        """Pushes waiting for a writer thread to take them up."""
+        return self._queue.qsize()
+
+    async def store(
+        self, raw: bytearray, credential: PushCredential, deadline: Deadline, partial: bool
+    ) -> Stored:
+        """Parse and store one push; raises what its answer is when it is not a 200."""
+        loop = asyncio.get_running_loop()
+        push = Push(raw, credential, deadline, partial, loop, loop.create_future())
+        self._start()
+        self._queue.put(push)
+        return await push.future
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Store what is queued, then stop the threads."""
+        with self._lock:
+            self._closed = True
+            started = list(self._started)
+        for _ in started:
+            self._queue.put(_STOP)
+        for thread in started:
+            thread.join(timeout)
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        with self._lock:
+            if self._started or self._closed:
+                return
+            for n in range(self.threads):
+                thread = threading.Thread(target=self._run, name=f"ingest-writer-{n}", daemon=True)
+                thread.start()
+                self._started.append(thread)
+
+    def _run(self) -> None:
+        carried: list[Push] = []
+        stopping = False
+        while True:
+            batch = carried
+            if not batch:
+                if stopping:
+                    return
+                first = self._queue.get()
+                if not isinstance(first, Push):
+                    return
+                batch = [first]
+            while not stopping and len(batch) < BATCH_PUSHES:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, Push):
+                    batch.append(item)
+                else:
+                    stopping = True  # what was taken and carried is stored first
+            try:
+                outcomes, carried = self._run_batch(batch)
+            except BaseException as err:  # a bug here must not leave requests waiting
+                log.error("ingest writer: batch failed", exc_info=err)
+                outcomes, carried = [(push, err) for push in batch], []
+            _settle(outcomes)
+
+    def _run_batch(self, batch: Sequence[Push]) -> tuple[list[Outcome], list[Push]]:
+        """Store what of ``batch`` fits in one transaction's time; return the outcomes
+        and the pushes left for the next batch."""
+        outcomes: list[Outcome] = []
+        ready: list[Push] = []
+        for push in batch:
+            try:
+                self._parse(push)
+            except Exception as err:
+                outcomes.append((push, err))
+            else:
+                ready.append(push)
+        ready.sort(key=lambda push: push.credential.identity.host_id)
+        if not ready:
+            return outcomes, []
+        together, carried = self._store_together(ready)
+        return outcomes + together, carried
+
+    def _parse(self, push: Push) -> None:
+        context, credential = self.context, push.credential
+        # Queued past the budget: not even parsed, which would cost as much CPU as
+        # storing a small batch.
+        if push.deadline.passed():
+            raise OverBudget
+        try:
+            push.body = IngestRequest.model_validate_json(push.raw)
+        except ValidationError as err:
+            reverify_push(context, credential)
+            errors = err.errors(include_url=False, include_input=False)
+            raise RequestValidationError(errors) from err
+        for snapshot in push.body.snapshots:
+            forbid_other_host(credential.identity, snapshot.hostname)
+
+    def _store_together(self, ready: list[Push]) -> tuple[list[Outcome], list[Push]]:
+        outcomes: list[Outcome] = []
+        done: list[tuple[Push, service.IngestResult]] = []
+        carried: list[Push] = []
+        began = self._clock()
+        try:
+            with self.context.database.writer() as session:
+                for n, push in enumerate(ready):
+                    if n and self._clock() - began > self.batch_seconds:
+                        carried = ready[n:]
+                        break
+                    try:
+                        result = self._store_one(session, push)
+                    except (HTTPException, RequestValidationError, OverBudget) as err:
+                        outcomes.append((push, err))  # refused before writing anything
+                    else:
+                        done.append((push, result))
+                session.commit()
+        except Exception as err:
+            refused = {id(push) for push, _ in outcomes}
+            written = [push for push in ready if id(push) not in refused and push not in carried]
+            if is_unavailable(err) or len(written) == 1:
+                return outcomes + [(push, self._failure(push, err)) for push in written], carried
+            log.warning(
+                "ingest: a batch of %d pushes failed (%s); storing each alone",
+                len(written),
+                describe(err),
+            )
+            for push in written:
+                alone, left = self._store_together([push])
+                outcomes += alone
+                carried += left
+            return outcomes, carried
+        return outcomes + [(push, self._answer(push, result)) for push, result in done], carried
+
+    def _store_one(self, session: Session, push: Push) -> service.IngestResult:
+        context, credential, body = self.context, push.credential, push.body
+        assert body is not None
+        confirm_push(session, context, credential)
+        # Checked once the write transaction has begun (BEGIN IMMEDIATE on SQLite
+        # waits there for writers in other processes): all the queueing is behind us.
+        if push.deadline.passed():
+            raise OverBudget
+        try:
+            return service.ingest_snapshots(
+                session=session,
+                dialect=context.database.dialect,
+                host_id=credential.identity.host_id,
+                request=body,
+                settings=context.settings,
+                now=context.clock(),
+                cache=context.host_states,
+                out_of_time=push.deadline.passed if push.partial else None,
+            )
+        except service.SnapshotRejected as err:
+            raise refusal("clock_skew", ("body", "snapshots", err.index), str(err)) from err
+
+    def _failure(self, push: Push, err: BaseException) -> BaseException:
+        """What a push stored alone (or in a transaction the database lost) answers for
+        ``err``: quarantined when its data can never be stored, else ``err`` itself."""
+        if not isinstance(err, STORE_ERRORS) or not never_storable(err):
+            return err
+        identity, body = push.credential.identity, push.body
+        log.error(
+            "host %s: quarantined a batch of %d snapshot(s) the database refused: %s",
+            identity.hostname,
+            len(body.snapshots) if body is not None else 0,
+            describe(err),
+            exc_info=err,
+        )
+        quarantined = Quarantined(f"the database cannot store this batch: {describe(err)}")
+        quarantined.__cause__ = err
+        return quarantined
+
+    def _answer(self, push: Push, result: service.IngestResult) -> Stored:
+        """Once committed: keep the host's state, count, and build the 200."""
+        context, identity = self.context, push.credential.identity
+        if result.kept is not None:
+            context.host_states.put(identity.host_id, result.kept)
+        stats = context.stats
+        # "accepted" counts what this push stored: applied, or late (stored, not applied).
+        stats.count(stats.ingest_snapshots, "accepted", result.accepted)
+        stats.count(stats.ingest_snapshots, "duplicate", result.duplicate)
+        stats.count(stats.ingest_snapshots, "deferred", result.deferred)
+        for kind, n in result.opened.items():
+            stats.count(stats.events_opened, kind, n)
+        if result.deferred:
+            log.debug(
+                "host %s: time budget spent, %d of %d snapshot(s) deferred",
+                identity.hostname,
+                result.deferred,
+                len(result.results),
+            )
+        reply = IngestResponse(
+            accepted=result.accepted, duplicate=result.duplicate, results=result.results
+        )
+        http = Response(reply.model_dump_json(), media_type="application/json")
+        return Stored(http=http, deferred=result.deferred)
+
+
+def _settle(outcomes: Sequence[Outcome]) -> None:
+    """Hand each push its outcome, with one wake-up per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].loop, []).append(outcome)
+    for loop, settled in by_loop.items():
+        # A closed loop raises RuntimeError: nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_resolve, settled)
+
+
+def _resolve(outcomes: Sequence[Outcome]) -> None:
+    for push, outcome in outcomes:
+        if push.future.done():  # cancelled: the client went away
+            continue
+        if isinstance(outcome, BaseException):
+            push.future.set_exception(outcome)
+        else:
+            push.future.set_result(outcome)

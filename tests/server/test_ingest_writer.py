@@ -1,0 +1,309 @@
+"""The ingest writer stores pushes queued together in one transaction, each with its own
+answer, and one push's refusal or bad data costs the others nothing.
+
+Over real HTTP to the real app, on SQLite and Postgres. Pushes are made to queue by
+holding the writer up: on SQLite the test holds the process's write turn, on
+Postgres a lock on the first host's row. The writer has one thread here, so which
+pushes share a transaction is certain.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy import event, select, text
+from sqlalchemy.orm import Session
+
+from gpuwatch.server.auth.service import revoke_tokens
+from gpuwatch.server.database import Database
+from gpuwatch.server.hosts.models import Host
+from gpuwatch.server.ingest.models import SnapshotSeen
+from gpuwatch.server.ingest.writer import IngestWriter
+from server.factories import body, gpu, process, snapshot
+from server.harness import FakeClock, Live, make_token, serve
+from server.test_ingest_rejects import TestQuarantine as Rejects
+
+
+@pytest.fixture
+def writer(app: FastAPI) -> Iterator[IngestWriter]:
+    """One writer thread, and batches as long as the pushes waiting."""
+    writer = IngestWriter(app.state.gpuwatch, threads=1, batch_seconds=60.0)
+    app.state.ingest_writer = writer
+    yield writer
+    writer.close()
+
+
+@pytest.fixture
+def live(
+    app: FastAPI, writer: IngestWriter, database: Database, clock: FakeClock
+) -> Iterator[Live]:
+    with serve(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield Live(url=url, client=client, database=database, clock=clock)
+
+
+class Commits:
+    """Counts the ingest writer's commits, and the host ids each of its transactions
+    loaded, in order (the test's own sessions are not counted)."""
+
+    def __init__(self, database: Database) -> None:
+        self.count = 0
+        self.loads: list[list[int]] = [[]]
+        engine = database.engine
+        event.listen(engine, "commit", self._commit)
+        event.listen(engine, "before_execute", self._execute)
+
+    def _commit(self, _conn: Any) -> None:
+        if not _in_writer():
+            return
+        self.count += 1
+        self.loads.append([])
+
+    def _execute(self, _conn: Any, clause: Any, multiparams: Any, params: Any, _opts: Any) -> None:
+        if not _in_writer():
+            return
+        given = params or (multiparams[0] if multiparams else {})
+        if isinstance(given, dict) and "host_id" in given and "FROM hosts" in str(clause):
+            self.loads[-1].append(given["host_id"])
+
+
+def _in_writer() -> bool:
+    return threading.current_thread().name.startswith("ingest-writer")
+
+
+@contextmanager
+def held(database: Database, hostname: str) -> Iterator[Session]:
+    """Hold the writer up at its first push (``hostname``'s): yield a session whose
+    transaction is committed on the way out, which lets it go."""
+    if database.dialect == "sqlite":
+        with database.writer() as session:  # the process's write turn
+            yield session
+            session.commit()
+        return
+    with database.writer() as session:
+        session.execute(
+            text("SELECT id FROM hosts WHERE hostname = :h FOR UPDATE"), {"h": hostname}
+        )
+        yield session
+        session.commit()
+
+
+def _queue_pushes(
+    live: Live, writer: IngestWriter, pushes: list[tuple[str, dict[str, Any]]]
+) -> tuple[list[threading.Thread], dict[int, httpx.Response]]:
+    """Send ``pushes`` (token, body) one after another, each once the one before is
+    queued (the first is taken up by the writer and held)."""
+    answers: dict[int, httpx.Response] = {}
+    threads = []
+    for n, (token, payload) in enumerate(pushes):
+
+        def send(n: int = n, token: str = token, payload: dict[str, Any] = payload) -> None:
+            answers[n] = live.client.post(
+                "/api/v1/snapshots", json=payload, headers={"Authorization": f"Bearer {token}"}
+            )
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 10
+        # The first push is taken up by the writer and held; the others queue.
+        while not (_writer_waits(live.database) if n == 0 else writer.queued == n):
+            assert time.monotonic() < deadline, f"push {n} never queued"
+            time.sleep(0.002)
+    return threads, answers
+
+
+def _writer_waits(database: Database) -> bool:
+    """Whether a writer waits for what :func:`held` holds."""
+    if database.dialect == "sqlite":
+        turns = database.write_turns
+        assert turns is not None
+        return turns.waiting > 0
+    with database.reader() as session:
+        waiting = session.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+    return bool(waiting)
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+
+
+def _seen(database: Database) -> dict[str, list[int]]:
+    with database.reader() as session:
+        rows = session.execute(
+            select(Host.hostname, SnapshotSeen.sequence)
+            .join(Host, Host.id == SnapshotSeen.host_id)
+            .order_by(SnapshotSeen.sequence)
+        ).all()
+    seen: dict[str, list[int]] = {}
+    for hostname, sequence in rows:
+        seen.setdefault(hostname, []).append(sequence)
+    return seen
+
+
+def _hosts(live: Live, count: int) -> list[str]:
+    """Tokens of host-0 … host-<count-1>, after one first push each (which creates
+    the host's rows, so every later push is of a known host)."""
+    tokens = []
+    for n in range(count):
+        token = make_token(live.database, f"host-{n}", live.clock())
+        first = live.push(token, body(snapshot(0, [gpu(0)], hostname=f"host-{n}")))
+        assert first.status_code == 200, first.text
+        tokens.append(token)
+    return tokens
+
+
+def test_pushes_queued_together_share_one_transaction_and_keep_their_own_answers(
+    live: Live, writer: IngestWriter
+) -> None:
+    tokens = _hosts(live, 6)
+    live.clock.advance(60)
+
+    def of(n: int, *seqs: int, **fields: Any) -> tuple[str, dict[str, Any]]:
+        snaps = [
+            snapshot(seq, [gpu(0, [process(100 + seq)])], hostname=f"host-{n}", **fields)
+            for seq in seqs
+        ]
+        return tokens[n], body(*snaps)
+
+    # Hosts out of id order; host-2 twice in order; a resend; a snapshot already stored.
+    pushes = [of(0, 1), of(5, 1), of(2, 1), of(2, 2, 3), of(4, 1), of(4, 1), of(1, 0, 1)]
+    commits = Commits(live.database)
+    with held(live.database, "host-0"):
+        threads, answers = _queue_pushes(live, writer, pushes)
+        assert commits.count == 0
+    _join(threads)
+
+    assert [answers[n].status_code for n in range(len(pushes))] == [200] * len(pushes)
+    results = [answers[n].json()["results"] for n in range(len(pushes))]
+    assert results == [
+        ["accepted"],
+        ["accepted"],
+        ["accepted"],
+        ["accepted", "accepted"],
+        ["accepted"],
+        ["duplicate"],
+        ["duplicate", "accepted"],
+    ]
+    # The held push alone, then the six that queued behind it together.
+    assert commits.count == 2
+    ids = _host_ids(live.database)
+    together = commits.loads[1]
+    assert together == sorted(together), "a batch locks its hosts in id order"
+    assert together == [ids[f"host-{n}"] for n in (1, 2, 2, 4, 4, 5)]
+    assert _seen(live.database) == {
+        "host-0": [0, 1],
+        "host-1": [0, 1],
+        "host-2": [0, 1, 2, 3],
+        "host-3": [0],
+        "host-4": [0, 1],
+        "host-5": [0, 1],
+    }
+    # host-2's pushes applied in order: its newest is the second push's last snapshot.
+    with live.database.reader() as session:
+        newest = session.scalar(select(Host.last_sequence).where(Host.hostname == "host-2"))
+    assert newest == 3
+
+
+def _host_ids(database: Database) -> dict[str, int]:
+    with database.reader() as session:
+        return {name: host_id for host_id, name in session.execute(select(Host.id, Host.hostname))}
+
+
+def test_a_poisoned_push_in_a_batch_is_quarantined_and_costs_the_others_nothing(
+    live: Live, writer: IngestWriter
+) -> None:
+    tokens = _hosts(live, 4)
+    live.clock.advance(60)
+    Rejects.poison_gpu_names(live.database)
+    good = [
+        (tokens[n], body(snapshot(1, [gpu(0, [process(100)])], hostname=f"host-{n}")))
+        for n in (0, 1, 3)
+    ]
+    poisoned = (
+        tokens[2],
+        body(snapshot(1, [gpu(0), gpu(1, name="poison")], hostname="host-2")),
+    )
+    commits = Commits(live.database)
+    with held(live.database, "host-0"):
+        threads, answers = _queue_pushes(live, writer, [good[0], good[1], poisoned, good[2]])
+    _join(threads)
+
+    assert [answers[n].status_code for n in range(4)] == [200, 200, 422, 200]
+    (error,) = answers[2].json()["detail"]
+    assert error["type"] == "quarantined"
+    assert _seen(live.database) == {
+        "host-0": [0, 1],
+        "host-1": [0, 1],
+        "host-2": [0],
+        "host-3": [0, 1],
+    }
+    # The held push; the shared transaction (rolled back); each of its three alone.
+    assert commits.count == 1 + 2
+    metrics = live.client.get("/metrics").text
+    assert 'gpuwatch_server_ingest_requests_total{result="quarantined"} 1.0' in metrics
+
+
+def test_a_token_revoked_while_its_push_queued_is_403_and_the_rest_are_stored(
+    live: Live, writer: IngestWriter
+) -> None:
+    tokens = _hosts(live, 3)
+    live.clock.advance(60)
+    pushes = [(tokens[n], body(snapshot(1, [gpu(0)], hostname=f"host-{n}"))) for n in range(3)]
+    with held(live.database, "host-0") as session:
+        threads, answers = _queue_pushes(live, writer, pushes)
+        assert revoke_tokens(session=session, hostname="host-1", now=live.clock()) == 1
+    _join(threads)
+
+    assert [answers[n].status_code for n in range(3)] == [200, 403, 200]
+    assert _seen(live.database) == {"host-0": [0, 1], "host-1": [0], "host-2": [0, 1]}
+
+
+def test_a_batch_past_its_time_stores_the_rest_in_the_next(
+    app: FastAPI, live: Live, writer: IngestWriter
+) -> None:
+    tokens = _hosts(live, 4)
+    live.clock.advance(60)
+    writer.batch_seconds = 0.0  # every push after a batch's first waits for the next
+    pushes = [(tokens[n], body(snapshot(1, [gpu(0)], hostname=f"host-{n}"))) for n in range(4)]
+    commits = Commits(live.database)
+    with held(live.database, "host-0"):
+        threads, answers = _queue_pushes(live, writer, pushes)
+    _join(threads)
+
+    assert [answers[n].status_code for n in range(4)] == [200] * 4
+    assert commits.count == 4
+    assert _seen(live.database) == {f"host-{n}": [0, 1] for n in range(4)}
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_write_turn_not_coming_is_503_for_every_push_of_the_batch(
+    live: Live, writer: IngestWriter, database: Database
+) -> None:
+    tokens = _hosts(live, 3)
+    live.clock.advance(60)
+    turns = database.write_turns
+    assert turns is not None
+    turns.timeout_seconds = 0.5
+    pushes = [(tokens[n], body(snapshot(1, [gpu(0)], hostname=f"host-{n}"))) for n in range(3)]
+    with held(live.database, "host-0"):
+        threads, answers = _queue_pushes(live, writer, pushes)
+        _join(threads)  # answered while the turn is still held
+    turns.timeout_seconds = 5.0
+
+    assert [answers[n].status_code for n in range(3)] == [503] * 3
+    assert all(answers[n].headers["Retry-After"] for n in range(3))
+    assert _seen(live.database) == {f"host-{n}": [0] for n in range(3)}
