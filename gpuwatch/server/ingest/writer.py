@@ -202,6 +202,9 @@ class IngestWriter:
         outcomes: list[Outcome] = []
         ready: list[Push] = []
         for push in batch:
+            if push.body is not None:  # parsed already: carried over from a batch before
+                ready.append(push)
+                continue
             try:
                 self._parse(push)
             except Exception as err:
