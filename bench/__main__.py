@@ -13,6 +13,7 @@ BENCHMARKS = (
     "alerts",
     "reaper",
     "dashboard",
+    "writer",
     "load",
     "reliability",  # last: renders docs/reliability.md from the results above
 )

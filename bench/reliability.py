@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS
+from gpuwatch.server_settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "reliability.md"
@@ -82,7 +83,8 @@ def load_promises(r: dict[str, Any]) -> list[Promise]:
         out.append(
             Promise(
                 "Ingest under load",
-                "The same, at the server's default `state_cache_hosts` (1,024 hosts)",
+                "The same, at the server's default `state_cache_hosts`"
+                f" ({ServerSettings.model_fields['state_cache_hosts'].default:,} hosts)",
                 f"{_rate(default['snapshots_per_second'])}, p99 {_ms(default['p99_ms'])}, "
                 f"{default['statuses'].get('503', 0):,} answered 503",
                 "≥ 200 /s at p99 < 250 ms",

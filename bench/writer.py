@@ -6,7 +6,8 @@ No HTTP: pushes go straight to the app's :class:`~gpuwatch.server.ingest.writer.
 batching can change. Each round, every host pushes one 8-GPU × 50-process snapshot
 (bench/load.py's body) 15 s after its last, all at once, as a busy server sees them.
 The two modes take turns, round by round, on two databases filled the same way;
-``process_time`` counts every thread of this process.
+``process_time`` counts every thread of this process, whose garbage collector is tuned
+as ``gpuwatch server`` tunes its own (gpuwatch/server/runtime.py).
 
     .venv/bin/python -m bench.writer            # SQLite, then Postgres when reachable
     .venv/bin/python -m bench.writer --quick
@@ -35,6 +36,7 @@ from gpuwatch.server.database.migrate import upgrade
 from gpuwatch.server.deps import PushCredential
 from gpuwatch.server.ingest.body import Deadline
 from gpuwatch.server.ingest.writer import IngestWriter
+from gpuwatch.server.runtime import tune_gc
 from gpuwatch.settings import ServerSettings
 
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -53,6 +55,7 @@ class Side:
         )
         app = create_app(settings, clock=lambda: self.now, engine=self.database.engine)
         self.writer = IngestWriter(app.state.gpuwatch, threads=1, batch_seconds=batch_seconds)
+        tune_gc()  # as the server does once its app is built
         self.credentials = []
         with self.database.writer() as session, session.begin():
             for n in range(hosts):

@@ -9,6 +9,7 @@ pushes share a transaction is certain.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -21,12 +22,15 @@ from fastapi import FastAPI
 from sqlalchemy import event, select, text
 from sqlalchemy.orm import Session
 
-from gpuwatch.server.auth.service import revoke_tokens
+from gpuwatch.server.auth.service import identity_of_digest, revoke_tokens, token_digest
 from gpuwatch.server.database import Database
+from gpuwatch.server.deps import PushCredential
 from gpuwatch.server.hosts.models import Host
+from gpuwatch.server.ingest.body import Deadline
 from gpuwatch.server.ingest.models import SnapshotSeen
-from gpuwatch.server.ingest.writer import IngestWriter
-from server.factories import body, gpu, process, snapshot
+from gpuwatch.server.ingest.writer import IngestWriter, Push, Stored
+from gpuwatch.wire import IngestRequest
+from server.factories import T0, body, gpu, process, snapshot
 from server.harness import FakeClock, Live, make_token, serve
 from server.test_ingest_rejects import TestQuarantine as Rejects
 
@@ -251,7 +255,8 @@ def test_a_poisoned_push_in_a_batch_is_quarantined_and_costs_the_others_nothing(
         "host-2": [0],
         "host-3": [0, 1],
     }
-    # The held push; the shared transaction (rolled back); each of its three alone.
+    # The held push; host-1 stored again alone (the shared transaction rolled back at
+    # host-2, which is quarantined alone); host-3, not reached, in the next batch.
     assert commits.count == 1 + 2
     metrics = live.client.get("/metrics").text
     assert 'gpuwatch_server_ingest_requests_total{result="quarantined"} 1.0' in metrics
@@ -307,3 +312,59 @@ def test_the_write_turn_not_coming_is_503_for_every_push_of_the_batch(
     assert [answers[n].status_code for n in range(3)] == [503] * 3
     assert all(answers[n].headers["Retry-After"] for n in range(3))
     assert _seen(live.database) == {f"host-{n}": [0] for n in range(3)}
+
+
+class Ticking:
+    """Monotonic seconds that move one each time they are read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        now = self.now
+        self.now += 1.0
+        return now
+
+
+def test_a_push_is_cut_short_at_the_budget_of_the_pushes_waiting_for_its_commit(
+    live: Live, writer: IngestWriter, database: Database
+) -> None:
+    """A push done early in a batch is answered only at the batch's commit: a long one
+    after it is deferred at the first one's budget, not its own."""
+    tokens = _hosts(live, 2)
+    live.clock.advance(60)
+    ticking = Ticking()
+
+    def push(n: int, snaps: int, budget: float) -> Push:
+        payload = body(
+            *(snapshot(seq, [gpu(0)], hostname=f"host-{n}") for seq in range(1, snaps + 1))
+        )
+        digest = token_digest(tokens[n])
+        assert digest is not None
+        with database.reader() as session:
+            identity = identity_of_digest(session=session, digest=digest)
+        assert identity is not None
+        credential = PushCredential(identity=identity, token_sha256=digest, cached=True, client="")
+        return Push(
+            raw=bytearray(json.dumps(payload).encode()),
+            credential=credential,
+            deadline=Deadline(at=budget, clock=ticking),
+            partial=True,
+            loop=None,  # type: ignore[arg-type]  # nothing settles through it here
+            future=None,  # type: ignore[arg-type]
+            body=IngestRequest.model_validate(payload),
+        )
+
+    live.clock.now = max(live.clock.now, T0 + 15 * 8)
+    # Clock reads: host-0's budget (0), then before host-1's push host-0's (1) and its
+    # own (2), then before each of host-1's snapshots after the first the earlier of
+    # the two, host-0's: 3 (not passed) and 4 (passed). Its own is far off.
+    first, long = push(0, 1, budget=4.0), push(1, 8, budget=1000.0)
+    outcomes, carried = writer._store_together([first, long])
+
+    assert carried == []
+    answers = {p.credential.identity.hostname: o for p, o in outcomes}
+    assert isinstance(answers["host-0"], Stored) and isinstance(answers["host-1"], Stored)
+    assert answers["host-0"].deferred == 0
+    assert answers["host-1"].deferred == 6
+    assert _seen(database) == {"host-0": [0, 1], "host-1": [0, 1, 2]}
