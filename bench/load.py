@@ -71,6 +71,7 @@ from bench.server import (
     running_floor,
     running_server,
 )
+from gpuwatch.server_settings import ServerSettings
 
 MIB = 2**20
 INGEST = "/api/v1/snapshots"
@@ -130,10 +131,10 @@ QUICK = Plan(
     storm_cap=60.0,
     scrapes=1_000,
 )
-# The servers' state_cache_hosts: above the fleet and the storm's returning hosts, so
-# every host's state stays cached. The server's default; another given with
+# The servers' state_cache_hosts: the server's default, above the fleet and the storm's
+# returning hosts, so every host's state stays cached. Another given with
 # --state-cache-hosts is measured beside the default.
-STATE_CACHE_HOSTS = 4096
+STATE_CACHE_HOSTS: int = ServerSettings.model_fields["state_cache_hosts"].default
 PHASES = ("sqlite", "storm", "postgres", "rss", "profile")
 TARGETS = {
     "sqlite_snapshots_per_second": 200,
@@ -1179,9 +1180,6 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
                         " and the returning hosts fit)")  # fmt: skip
     args = parser.parse_args(list(argv))
     plan = QUICK if args.quick else FULL
-    from gpuwatch.server_settings import ServerSettings
-
-    default_cache = ServerSettings.model_fields["state_cache_hosts"].default
     phases = set(args.only or PHASES[:-1])
     result: dict[str, Any] = {"plan": plan.__dict__, "targets": TARGETS}
     result["state_cache_hosts"] = args.state_cache_hosts
@@ -1199,7 +1197,7 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
             print("-- sqlite", flush=True)
             result["sqlite"] = bench_database(
                 "sqlite", tmp, template, plan, floor, cache_hosts=args.state_cache_hosts,
-                default_cache_too="sqlite" in phases and args.state_cache_hosts != default_cache,
+                default_cache_too="sqlite" in phases and args.state_cache_hosts != STATE_CACHE_HOSTS,
                 with_storm="storm" in phases,
                 replicas=False,
             )  # fmt: skip

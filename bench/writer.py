@@ -50,9 +50,7 @@ class Side:
         self.now = T0
         self.database = create_database(url)
         upgrade(self.database)
-        settings = ServerSettings(
-            data_dir=data_dir, database_url=url, scheduler=False, state_cache_hosts=4096
-        )
+        settings = ServerSettings(data_dir=data_dir, database_url=url, scheduler=False)
         app = create_app(settings, clock=lambda: self.now, engine=self.database.engine)
         self.writer = IngestWriter(app.state.gpuwatch, threads=1, batch_seconds=batch_seconds)
         tune_gc()  # as the server does once its app is built
@@ -102,20 +100,13 @@ def _reset_postgres() -> bool:
 
 def bench_dialect(kind: str, tmp: Path, *, hosts: int, rounds: int, warm: int) -> dict[str, Any]:
     template = Template()
-    sides: dict[str, Side] = {}
-    for mode, seconds in (("one_per_transaction", 0.0), ("together", 0.1)):
-        if kind == "sqlite":
-            url = f"sqlite:///{tmp / mode}.db"
-        else:
-            if not _reset_postgres():
-                return {"skipped": "Postgres unreachable"}
-            url = POSTGRES_URL
-            # Both sides on one schema would share rows: Postgres runs them one after
-            # the other instead (below), each on a fresh schema.
-        sides[mode] = Side(url, tmp / mode, hosts, seconds)
-        if kind != "sqlite":
-            break
-    cpu: dict[str, list[float]] = {mode: [] for mode in ("one_per_transaction", "together")}
+    modes = {"one_per_transaction": 0.0, "together": 0.1}
+    if kind == "sqlite":
+        sides = {mode: Side(f"sqlite:///{tmp / mode}.db", tmp / mode, hosts, seconds)
+                 for mode, seconds in modes.items()}  # fmt: skip
+    elif not _reset_postgres():
+        return {"skipped": "Postgres unreachable"}
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
     wall: dict[str, list[float]] = {mode: [] for mode in cpu}
 
     async def run(side: Side, mode: str, sequence: int, measured: bool) -> None:
@@ -131,14 +122,14 @@ def bench_dialect(kind: str, tmp: Path, *, hosts: int, rounds: int, warm: int) -
                 await run(side, mode, sequence, sequence >= warm)
 
     async def one_after_the_other() -> None:
-        for n, mode in enumerate(("one_per_transaction", "together")):
+        # Both sides on one schema would share rows: each runs on a fresh one.
+        for n, (mode, seconds) in enumerate(modes.items()):
             if n:
-                sides[mode] = Side(POSTGRES_URL, tmp / mode, hosts, 0.1)
-            for sequence in range(warm + rounds):
-                await run(sides[mode], mode, sequence, sequence >= warm)
-            sides[mode].close()
-            if mode == "one_per_transaction":
                 _reset_postgres()
+            side = Side(POSTGRES_URL, tmp / mode, hosts, seconds)
+            for sequence in range(warm + rounds):
+                await run(side, mode, sequence, sequence >= warm)
+            side.close()
 
     if kind == "sqlite":
         asyncio.run(interleaved())

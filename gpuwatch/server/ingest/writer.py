@@ -267,8 +267,7 @@ class IngestWriter:
                         continue
                     current = None
                     done.append((push, result))
-                    if waiting is None or push.deadline.at < waiting.at:
-                        waiting = push.deadline
+                    waiting = _earlier(push.deadline, waiting)
                 session.commit()
         except Exception as err:
             written = [push for push, _ in done] + ([current] if current is not None else [])
