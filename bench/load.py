@@ -247,11 +247,12 @@ class _Response:
 
 
 async def post(
-    port: int, headers: bytes, length: int, pieces: Iterator[bytes]
+    port: int, headers: bytes, length: int, pieces: Iterator[bytes], stage: list[str]
 ) -> tuple[int, float | None, bytes]:
     """POST ``length`` bytes of ``pieces`` to ``127.0.0.1:port`` on a new connection;
     (status, Retry-After seconds, body). Status 0: the connection failed or was closed
-    before a whole response came.
+    before a whole response came. ``stage[0]`` says how far it got: ``connecting``,
+    ``waiting`` (connected, no response yet), ``reading`` (a response began).
 
     The body goes out while the response is read, so a 503 answered before the body
     is read arrives at once, and the rest of the body is never rendered: a storm of
@@ -260,6 +261,7 @@ async def post(
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
         return 0, None, b""
+    stage[0] = "waiting"
     writer.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % (INGEST.encode(), port))
     writer.write(headers + b"Content-Length: %d\r\n\r\n" % length)
     sending = asyncio.create_task(_send(writer, pieces))
@@ -270,6 +272,7 @@ async def post(
             data = await reader.read(65536)
             if not data:
                 return 0, None, b""
+            stage[0] = "reading"
             parser.feed_data(data)
         return parser.get_status_code(), response.retry_after, bytes(response.body)
     except (OSError, httptools.HttpParserError):
@@ -314,6 +317,7 @@ class Request:
     snapshots: int  # sent; on a 200, stored
     kind: str  # "live" or "storm"
     deferred: int = 0  # on a 200: the snapshots the server deferred (not stored)
+    stage: str = "reading"  # how far an unanswered one got (post)
 
 
 @dataclass
@@ -344,10 +348,10 @@ class Run:
             size += n
         length = batch_length(self.template, agent.host, batch)
         pieces = batch_pieces(self.template, agent.host, batch)
-        started = time.monotonic()
+        started, stage = time.monotonic(), ["connecting"]
         try:
             status, retry_after, body = await asyncio.wait_for(
-                post(agent.port, agent.headers, length, pieces), TIMEOUT_SECONDS
+                post(agent.port, agent.headers, length, pieces, stage), TIMEOUT_SECONDS
             )
         except TimeoutError:
             status, retry_after, body = -1, None, b""
@@ -355,7 +359,7 @@ class Run:
         deferred = body.count(b'"deferred"') if status == 200 else 0
         stored = len(batch) - deferred
         seconds = time.monotonic() - started
-        self.requests.append(Request(started, seconds, status, stored, kind, deferred))
+        self.requests.append(Request(started, seconds, status, stored, kind, deferred, stage[0]))
         if status == 200:
             del agent.pending[:stored]
             return status, None, deferred
@@ -518,6 +522,9 @@ def summarize(
         "max_ms": _round(max(ms, default=None)),
         "statuses": dict(sorted(statuses.items())),
         "only_200_and_503": set(statuses) <= {str(s) for s in ALLOWED},
+        # Requests with no whole answer within the agent's timeout (-1), by how far
+        # they got: still connecting (the server not accepting), waiting or reading.
+        "unanswered_by_stage": dict(Counter(r.stage for r in inside if r.status == -1)),
         # 200s that stored part of the batch, the rest deferred by the time budget.
         "partial_requests": sum(1 for r in inside if r.deferred),
         "deferred_snapshots": sum(r.deferred for r in inside),
@@ -585,28 +592,37 @@ async def _warm(run: Run, agents: Sequence[Agent], *, count: int, span: float, e
     """Each agent pushes ``count`` snapshots spread over ``span`` seconds ending at
     ``end`` (epoch), in one request, eight agents at a time; all must be stored. What
     the server defers (its time budget spent) is sent again at once, as the agent
-    would after its short pause; anything but a 200 stops the benchmark."""
+    would after its short pause, and a 503 after the agent's backoff; anything else
+    stops the benchmark."""
     step = span / max(1, count)
     queue = list(agents)
+    rng = random.Random(5)
 
     async def worker() -> None:
         while queue:
             agent = queue.pop()
             for k in range(count):
                 agent.poll(end - (count - k) * step)
+            failures = 0
             while agent.pending:
-                status, _, _ = await run.push(agent, "warm")
-                if status != 200:
+                status, retry_after, _ = await run.push(agent, "warm")
+                if status == 503:
+                    failures += 1
+                    await asyncio.sleep(backoff(failures, retry_after, rng))
+                elif status != 200:
                     raise RuntimeError(f"warm-up push answered {status}")
 
     await asyncio.gather(*(worker() for _ in range(8)))
 
 
-def warm(template: Template, agents: Sequence[Agent], plan: Plan, *, end: float) -> float:
+def warm(
+    template: Template, agents: Sequence[Agent], plan: Plan, *, end: float
+) -> tuple[float, int]:
+    """Seconds the warm-up took, and how many of its pushes were answered 503."""
     began = time.monotonic()
     run = Run(template)
     asyncio.run(_warm(run, agents, count=plan.warm_snapshots, span=plan.warm_span, end=end))
-    return time.monotonic() - began
+    return time.monotonic() - began, sum(1 for r in run.requests if r.status == 503)
 
 
 def sustained(
@@ -735,6 +751,7 @@ def storm(
                 "p99_ms",
                 "statuses",
                 "only_200_and_503",
+                "unanswered_by_stage",
                 "partial_requests",
                 "deferred_snapshots",
             )
@@ -853,20 +870,24 @@ def bench_database(
     out: dict[str, Any] = {}
     fleet = [f"{kind}-{i}" for i in range(plan.fleet)]
     back = [f"back-{i}" for i in range(plan.storm_agents if with_storm else 0)]
-    with fresh_database(kind, tmp, "load") as target, contextlib.ExitStack() as stack:
+    with (
+        kept_going(out, kind),
+        fresh_database(kind, tmp, "load") as target,
+        contextlib.ExitStack() as stack,
+    ):
         tokens = make_tokens(target, fleet + back)
         agents = make_agents({h: tokens[h] for h in fleet}, [0], 0)
         returning = make_agents({h: tokens[h] for h in back}, [0], 0)
         if default_cache_too:
             with running_server(target, tmp, env=server_env(plan, None)) as client:
-                out["warm_seconds"] = _warm_fleet(template, agents, returning, plan, client)
+                out.update(_warm_fleet(template, agents, returning, plan, client))
                 out["one_server_default_cache"] = _sustained_on([client], template, agents, plan)
                 _ratio(out["one_server_default_cache"], floor)
                 print(f"   default cache: {_line(out['one_server_default_cache'])}", flush=True)
         env = server_env(plan, cache_hosts)
         clients = [stack.enter_context(running_server(target, tmp, env=env))]
         if "warm_seconds" not in out:
-            out["warm_seconds"] = _warm_fleet(template, agents, returning, plan, clients[0])
+            out.update(_warm_fleet(template, agents, returning, plan, clients[0]))
         out["one_server"] = _sustained_on(clients, template, agents, plan)
         _ratio(out["one_server"], floor)
         print(f"   one server: {_line(out['one_server'])}", flush=True)
@@ -885,6 +906,17 @@ def bench_database(
     return out
 
 
+@contextlib.contextmanager
+def kept_going(out: dict[str, Any], phase: str) -> Iterator[None]:
+    """Record a phase's failure in its result (``error``) and go on: a run of most of
+    an hour must not lose what its other phases measured to one phase's error."""
+    try:
+        yield
+    except Exception as err:
+        out["error"] = f"{type(err).__name__}: {err}"
+        print(f"   {phase} stopped: {out['error']}", flush=True)
+
+
 def _point(agents: Sequence[Agent], clients: Sequence[Any]) -> list[int]:
     """Deal ``agents`` round-robin over the servers of ``clients``; their ports."""
     ports = [port_of(client) for client in clients]
@@ -896,14 +928,18 @@ def _point(agents: Sequence[Agent], clients: Sequence[Any]) -> list[int]:
 def _warm_fleet(
     template: Template, agents: Sequence[Agent], returning: Sequence[Agent], plan: Plan,
     client: Any,
-) -> float:  # fmt: skip
+) -> dict[str, Any]:  # fmt: skip
     """Warm the fleet up to now and the returning hosts up to the outage's start."""
     _point([*agents, *returning], [client])
-    seconds = warm(template, agents, plan, end=time.time() - plan.interval)
+    seconds, refused = warm(template, agents, plan, end=time.time() - plan.interval)
     outage = plan.storm_spooled * plan.interval
-    seconds += warm(template, returning, plan, end=time.time() - outage - plan.interval)
-    print(f"   warmed {len(agents) + len(returning)} hosts in {seconds:.0f} s", flush=True)
-    return round(seconds, 1)
+    more, more_refused = warm(template, returning, plan, end=time.time() - outage - plan.interval)
+    seconds, refused = seconds + more, refused + more_refused
+    print(
+        f"   warmed {len(agents) + len(returning)} hosts in {seconds:.0f} s ({refused} x 503)",
+        flush=True,
+    )
+    return {"warm_seconds": round(seconds, 1), "warm_503": refused}
 
 
 def _sustained_on(
@@ -1118,6 +1154,9 @@ def _holds(phase: dict[str, Any]) -> bool:
 def verdicts(result: dict[str, Any]) -> dict[str, Any]:
     """Each target, its figure and whether it was met."""
     out: dict[str, Any] = {}
+    for phase in ("sqlite", "postgres"):
+        if "error" in result.get(phase, {}):
+            out[f"{phase}_completed"] = {"error": result[phase]["error"], "met": False}
     sqlite = result.get("sqlite", {}).get("one_server")
     if sqlite:
         out["sqlite_3000_hosts"] = {

@@ -28,7 +28,7 @@ from gpuwatch.server.deps import PushCredential
 from gpuwatch.server.hosts.models import Host
 from gpuwatch.server.ingest.body import Deadline
 from gpuwatch.server.ingest.models import SnapshotSeen
-from gpuwatch.server.ingest.writer import IngestWriter, Push, Stored
+from gpuwatch.server.ingest.writer import IngestWriter, Pending, Push, Stored
 from gpuwatch.wire import IngestRequest
 from server.factories import T0, body, gpu, process, snapshot
 from server.harness import FakeClock, Live, make_token, serve
@@ -54,11 +54,12 @@ def live(
 
 class Commits:
     """Counts the ingest writer's commits, and the host ids each of its transactions
-    loaded, in order (the test's own sessions are not counted)."""
+    locked up front and loaded, in order (the test's own sessions are not counted)."""
 
     def __init__(self, database: Database) -> None:
         self.count = 0
         self.loads: list[list[int]] = [[]]
+        self.locks: list[list[int]] = [[]]
         engine = database.engine
         event.listen(engine, "commit", self._commit)
         event.listen(engine, "before_execute", self._execute)
@@ -68,13 +69,20 @@ class Commits:
             return
         self.count += 1
         self.loads.append([])
+        self.locks.append([])
 
     def _execute(self, _conn: Any, clause: Any, multiparams: Any, params: Any, _opts: Any) -> None:
         if not _in_writer():
             return
         given = params or (multiparams[0] if multiparams else {})
-        if isinstance(given, dict) and "host_id" in given and "FROM hosts" in str(clause):
+        if not isinstance(given, dict) or "FROM hosts" not in str(clause):
+            return
+        if "host_id" in given:
             self.loads[-1].append(given["host_id"])
+            return
+        compiled = clause.compile(dialect=_conn.dialect)
+        if "FOR UPDATE" in str(compiled):  # the ids are the statement's own values
+            self.locks[-1] += [i for value in compiled.params.values() for i in value]
 
 
 def _in_writer() -> bool:
@@ -202,12 +210,15 @@ def test_pushes_queued_together_share_one_transaction_and_keep_their_own_answers
         ["duplicate"],
         ["duplicate", "accepted"],
     ]
-    # The held push alone, then the six that queued behind it together.
+    # The held push alone, then the six that queued behind it together, in the order
+    # they came; on Postgres, their hosts locked first, in id order.
     assert commits.count == 2
     ids = _host_ids(live.database)
-    together = commits.loads[1]
-    assert together == sorted(together), "a batch locks its hosts in id order"
-    assert together == [ids[f"host-{n}"] for n in (1, 2, 2, 4, 4, 5)]
+    assert commits.loads[1] == [ids[f"host-{n}"] for n in (5, 2, 2, 4, 4, 1)]
+    if live.database.dialect == "postgresql":
+        assert commits.locks[1] == sorted(ids[f"host-{n}"] for n in (1, 2, 4, 5))
+    else:
+        assert commits.locks[1] == []  # one writer at a time: nothing to order
     assert _seen(live.database) == {
         "host-0": [0, 1],
         "host-1": [0, 1],
@@ -277,13 +288,16 @@ def test_a_token_revoked_while_its_push_queued_is_403_and_the_rest_are_stored(
     assert _seen(live.database) == {"host-0": [0, 1], "host-1": [0], "host-2": [0, 1]}
 
 
-def test_a_batch_past_its_time_stores_the_rest_in_the_next(
+def test_a_batch_past_its_time_stores_the_rest_in_the_next_oldest_first(
     app: FastAPI, live: Live, writer: IngestWriter
 ) -> None:
     tokens = _hosts(live, 4)
     live.clock.advance(60)
     writer.batch_seconds = 0.0  # every push after a batch's first waits for the next
-    pushes = [(tokens[n], body(snapshot(1, [gpu(0)], hostname=f"host-{n}"))) for n in range(4)]
+    # Queued against id order: the pushes a batch had no time for must keep their
+    # place, not give it to lower host ids, or a busy server passes some over for ever.
+    order = [0, 3, 2, 1]
+    pushes = [(tokens[n], body(snapshot(1, [gpu(0)], hostname=f"host-{n}"))) for n in order]
     commits = Commits(live.database)
     with held(live.database, "host-0"):
         threads, answers = _queue_pushes(live, writer, pushes)
@@ -291,6 +305,8 @@ def test_a_batch_past_its_time_stores_the_rest_in_the_next(
 
     assert [answers[n].status_code for n in range(4)] == [200] * 4
     assert commits.count == 4
+    ids = _host_ids(live.database)
+    assert commits.loads[:4] == [[ids[f"host-{n}"]] for n in order]
     assert _seen(live.database) == {f"host-{n}": [0, 1] for n in range(4)}
 
 
@@ -368,3 +384,29 @@ def test_a_push_is_cut_short_at_the_budget_of_the_pushes_waiting_for_its_commit(
     assert answers["host-0"].deferred == 0
     assert answers["host-1"].deferred == 6
     assert _seen(database) == {"host-0": [0, 1], "host-1": [0, 1, 2]}
+
+
+def test_idle_writer_threads_share_the_pushes_waiting_and_the_last_one_stops_them() -> None:
+    """A thread takes its even share with the threads idle beside it, not the whole
+    queue (which it would then store one after another while they waited)."""
+    pending = Pending()
+    taken: list[list[Any] | None] = []
+
+    def take() -> None:
+        taken.append(pending.take(64))
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while pending._idle < 2:  # both waiting before anything arrives
+        assert time.monotonic() < deadline, "the threads never waited"
+        time.sleep(0.001)
+    pushes: list[Any] = [object() for _ in range(5)]
+    pending.put_back(pushes)
+    _join(threads)
+    assert sorted(len(batch or []) for batch in taken) == [2, 3]
+    assert [p for batch in taken for p in batch or []] in (pushes, pushes[3:] + pushes[:3])
+    assert len(pending) == 0
+    pending.close()
+    assert pending.take(64) is None

@@ -417,6 +417,16 @@ class HostState:
         self.events.flush(session=self.session)
 
 
+def lock_hosts(session: Session, host_ids: Iterable[int]) -> None:
+    """Lock the rows of ``host_ids`` (Postgres: ``FOR UPDATE``) in id order, in one
+    statement. A transaction that stores several hosts takes their locks here, before
+    any of them, so two replicas' transactions over the same hosts cannot deadlock;
+    :meth:`HostState.load` locking each again as it goes is then a no-op."""
+    ids = sorted(set(host_ids))
+    query = select(_HOSTS.c.id).where(_HOSTS.c.id.in_(ids)).order_by(_HOSTS.c.id)
+    session.connection().execute(query.with_for_update()).all()
+
+
 def _select(cls: type, table: Table) -> Select[Any]:
     return select(*(table.c[f.name] for f in fields(cls)))
 
