@@ -28,7 +28,7 @@ from gpuwatch.server.deps import PushCredential
 from gpuwatch.server.hosts.models import Host
 from gpuwatch.server.ingest.body import Deadline
 from gpuwatch.server.ingest.models import SnapshotSeen
-from gpuwatch.server.ingest.writer import IngestWriter, Pending, Push, Stored
+from gpuwatch.server.ingest.writer import IngestWriter, OverBudget, Pending, Push, Stored
 from gpuwatch.wire import IngestRequest
 from server.factories import T0, body, gpu, process, snapshot
 from server.harness import FakeClock, Live, make_token, serve
@@ -342,6 +342,26 @@ class Ticking:
         return now
 
 
+def _push(database: Database, tokens: list[str], n: int, snaps: int, deadline: Deadline) -> Push:
+    """host-``n``'s push of ``snaps`` snapshots, parsed, for ``writer._store_together``."""
+    payload = body(*(snapshot(seq, [gpu(0)], hostname=f"host-{n}") for seq in range(1, snaps + 1)))
+    digest = token_digest(tokens[n])
+    assert digest is not None
+    with database.reader() as session:
+        identity = identity_of_digest(session=session, digest=digest)
+    assert identity is not None
+    credential = PushCredential(identity=identity, token_sha256=digest, cached=True, client="")
+    return Push(
+        raw=bytearray(json.dumps(payload).encode()),
+        credential=credential,
+        deadline=deadline,
+        partial=True,
+        loop=None,  # type: ignore[arg-type]  # nothing settles through it here
+        future=None,  # type: ignore[arg-type]
+        body=IngestRequest.model_validate(payload),
+    )
+
+
 def test_a_push_is_cut_short_at_the_budget_of_the_pushes_waiting_for_its_commit(
     live: Live, writer: IngestWriter, database: Database
 ) -> None:
@@ -351,31 +371,13 @@ def test_a_push_is_cut_short_at_the_budget_of_the_pushes_waiting_for_its_commit(
     live.clock.advance(60)
     ticking = Ticking()
 
-    def push(n: int, snaps: int, budget: float) -> Push:
-        payload = body(
-            *(snapshot(seq, [gpu(0)], hostname=f"host-{n}") for seq in range(1, snaps + 1))
-        )
-        digest = token_digest(tokens[n])
-        assert digest is not None
-        with database.reader() as session:
-            identity = identity_of_digest(session=session, digest=digest)
-        assert identity is not None
-        credential = PushCredential(identity=identity, token_sha256=digest, cached=True, client="")
-        return Push(
-            raw=bytearray(json.dumps(payload).encode()),
-            credential=credential,
-            deadline=Deadline(at=budget, clock=ticking),
-            partial=True,
-            loop=None,  # type: ignore[arg-type]  # nothing settles through it here
-            future=None,  # type: ignore[arg-type]
-            body=IngestRequest.model_validate(payload),
-        )
-
     live.clock.now = max(live.clock.now, T0 + 15 * 8)
-    # Clock reads: host-0's budget (0), then before host-1's push host-0's (1) and its
-    # own (2), then before each of host-1's snapshots after the first the earlier of
-    # the two, host-0's: 3 (not passed) and 4 (passed). Its own is far off.
-    first, long = push(0, 1, budget=4.0), push(1, 8, budget=1000.0)
+    # Clock reads: both budgets, for how long the batch may wait for its turn (0, 1);
+    # host-0's budget (2), then before host-1's push host-0's (3) and its own (4), then
+    # before each of host-1's snapshots after the first the earlier of the two,
+    # host-0's: 5 (not passed) and 6 (passed). Its own is far off.
+    first = _push(database, tokens, 0, 1, Deadline(at=6.0, clock=ticking))
+    long = _push(database, tokens, 1, 8, Deadline(at=1000.0, clock=ticking))
     outcomes, carried = writer._store_together([first, long])
 
     assert carried == []
@@ -410,3 +412,30 @@ def test_idle_writer_threads_share_the_pushes_waiting_and_the_last_one_stops_the
     assert len(pending) == 0
     pending.close()
     assert pending.take(64) is None
+
+
+def test_a_batch_waits_for_its_turn_or_locks_no_longer_than_its_earliest_budget(
+    live: Live, writer: IngestWriter, database: Database
+) -> None:
+    """A job holding the write turn (SQLite) or a host's row (Postgres) must not add its
+    wait to the time a push already queued: the push out of budget is answered 503 at
+    its budget, and the others wait for the next batch."""
+    tokens = _hosts(live, 2)
+    live.clock.advance(60)
+    soon = _push(database, tokens, 0, 1, Deadline.after(0.3, clock=time.monotonic))
+    later = _push(database, tokens, 1, 1, Deadline.after(60.0, clock=time.monotonic))
+    result: list[Any] = []
+    with held(database, "host-0"):
+        began = time.monotonic()
+        thread = threading.Thread(
+            target=lambda: result.append(writer._store_together([soon, later]))
+        )
+        thread.start()
+        _join([thread])
+        waited = time.monotonic() - began
+    (outcomes, carried) = result[0]
+
+    assert waited < 3.0, "waited for the turn's own timeout, not the push's budget"
+    assert [(p, type(o)) for p, o in outcomes] == [(soon, OverBudget)]
+    assert carried == [later]
+    assert _seen(database) == {"host-0": [0], "host-1": [0]}

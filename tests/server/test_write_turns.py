@@ -12,7 +12,7 @@ from sqlalchemy import event, text
 
 from gpuwatch.errors import DatabaseError
 from gpuwatch.server.database import Database, create_database
-from gpuwatch.server.database.core import WriteTurns
+from gpuwatch.server.database.core import WaitTimeout, WriteTurns, is_unavailable, is_wait_timeout
 from server.harness import FakeClock
 
 
@@ -82,6 +82,23 @@ def test_no_turn_within_the_wait_is_a_one_line_database_error(sqlite_db: Databas
     assert sqlite_db.write_turns is not None and sqlite_db.write_turns.waiting == 0
 
 
+def test_a_writer_with_less_time_than_the_timeout_gives_up_at_its_own_wait(
+    tmp_path: Path,
+) -> None:
+    db = create_database(f"sqlite:///{tmp_path / 'wait.db'}", sqlite_busy_timeout_seconds=30)
+    try:
+        with db.writer():
+            began = time.monotonic()
+            with pytest.raises(WaitTimeout) as caught, db.writer(wait_seconds=0.05):
+                pass
+            assert time.monotonic() - began < 5, "waited for the 30 s timeout"
+        assert is_wait_timeout(caught.value) and is_unavailable(caught.value)
+        with db.writer(wait_seconds=0.05) as session:  # free: no wait at all
+            session.execute(text("SELECT 1"))
+    finally:
+        db.dispose()
+
+
 def test_a_failed_writer_gives_its_turn_back_and_keeps_nothing(sqlite_db: Database) -> None:
     with pytest.raises(RuntimeError), sqlite_db.writer() as session:
         session.execute(text("INSERT INTO t VALUES ('lost')"))
@@ -117,6 +134,13 @@ def test_held_time_counts_each_turn_from_taking_it_to_giving_it_back() -> None:
     assert turns.held_seconds == 2.75
 
 
+def test_the_store_busy_past_its_own_timeout_is_an_outage_not_the_callers_wait() -> None:
+    turns = WriteTurns(timeout_seconds=0.05)
+    with turns.turn(), pytest.raises(DatabaseError) as caught, turns.turn(wait_seconds=10.0):
+        pass
+    assert not is_wait_timeout(caught.value)
+
+
 @pytest.mark.postgres
 def test_postgres_writers_do_not_take_turns(postgres_url: str) -> None:
     db = create_database(postgres_url)
@@ -132,4 +156,30 @@ def test_postgres_writers_do_not_take_turns(postgres_url: str) -> None:
         with db.reader() as session:
             assert session.execute(text("SELECT count(*) FROM t")).scalar() == 2
     finally:
+        db.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgres_writer_waits_for_a_row_lock_no_longer_than_its_wait(postgres_url: str) -> None:
+    db = create_database(postgres_url)
+    try:
+        with db.begin_write() as conn:
+            conn.execute(text("CREATE TABLE IF NOT EXISTS lock_probe (id INT PRIMARY KEY)"))
+            conn.execute(text("INSERT INTO lock_probe VALUES (1) ON CONFLICT DO NOTHING"))
+        with db.writer() as holder:
+            holder.execute(text("SELECT id FROM lock_probe WHERE id = 1 FOR UPDATE"))
+            began = time.monotonic()
+            with pytest.raises(Exception) as caught, db.writer(wait_seconds=0.1) as waiter:
+                waiter.execute(text("SELECT id FROM lock_probe WHERE id = 1 FOR UPDATE"))
+            assert time.monotonic() - began < 5
+            assert is_wait_timeout(caught.value)
+            holder.rollback()
+        with db.writer(wait_seconds=0.1) as free:  # the limit ends with its transaction
+            free.execute(text("SELECT id FROM lock_probe WHERE id = 1 FOR UPDATE"))
+            assert free.execute(text("SHOW lock_timeout")).scalar() == "100ms"
+            free.commit()
+            assert free.execute(text("SHOW lock_timeout")).scalar() == "0"
+    finally:
+        with db.begin_write() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS lock_probe"))
         db.dispose()

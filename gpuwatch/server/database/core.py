@@ -17,6 +17,7 @@ the CLI and tests, each with its own settings.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 import weakref
@@ -25,7 +26,18 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, Engine, Integer, MetaData, create_engine, event, exc
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    Integer,
+    MetaData,
+    create_engine,
+    event,
+    exc,
+    func,
+    select,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -53,6 +65,11 @@ class Base(DeclarativeBase):
     """Declarative base of every gpuwatch table."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class WaitTimeout(DatabaseError):
+    """The caller's own wait limit passed before its write turn came (SQLite): not an
+    outage, the caller had no more time to give."""
 
 
 class WriteTurns:
@@ -93,23 +110,29 @@ class WriteTurns:
         return self._held
 
     @contextmanager
-    def turn(self) -> Iterator[None]:
-        """Hold the process's write turn; :class:`DatabaseError` after the timeout.
+    def turn(self, wait_seconds: float | None = None) -> Iterator[None]:
+        """Hold the process's write turn; :class:`DatabaseError` after the timeout, or
+        :class:`WaitTimeout` after ``wait_seconds`` when that is sooner.
 
         Not reentrant: a thread that opens a second writer while holding one would
         deadlock on SQLite's lock anyway, and here it gets the timeout's error.
         """
+        limit = self.timeout_seconds
+        if wait_seconds is not None and wait_seconds < limit:
+            limit = max(0.0, wait_seconds)
         with self._count:
             self._waiting += 1
         began = self._clock()
         try:
-            got = self._lock.acquire(timeout=self.timeout_seconds)
+            got = self._lock.acquire(timeout=limit)
         finally:
             waited = self._clock() - began
             with self._count:
                 self._waiting -= 1
                 self._waited += waited
         if not got:
+            if limit < self.timeout_seconds:
+                raise WaitTimeout(f"no write turn within the {limit:.3g} s the writer had")
             raise DatabaseError(f"database busy: no write turn within {self.timeout_seconds:g} s")
         taken = self._clock()
         try:
@@ -170,10 +193,20 @@ class Database:
         return self.engine.dialect.name
 
     @contextmanager
-    def writer(self) -> Iterator[Session]:
+    def writer(self, *, wait_seconds: float | None = None) -> Iterator[Session]:
         """A write session, closed (rolled back unless committed) on the way out,
-        before the next writer of this process gets its turn."""
-        with self._turn(), self._writers() as session:
+        before the next writer of this process gets its turn.
+
+        ``wait_seconds`` bounds how long it may wait for others: for its turn on SQLite
+        (:class:`WaitTimeout`), for any row lock in its transaction on Postgres
+        (``lock_timeout``; the error answers :func:`is_wait_timeout`).
+        """
+        turn = nullcontext() if self._turns is None else self._turns.turn(wait_seconds)
+        with turn, self._writers() as session:
+            if wait_seconds is not None and self._turns is None:
+                # At least 1 ms: a lock_timeout of 0 means no limit at all.
+                limit = f"{max(1, math.ceil(wait_seconds * 1000))}ms"
+                session.execute(select(func.set_config("lock_timeout", limit, True)))
             yield session
 
     @contextmanager
@@ -250,6 +283,18 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         return
     event.listen(engine, "connect", _sqlite_on_connect)
     event.listen(engine, "begin", _sqlite_on_begin)
+
+
+def is_wait_timeout(err: BaseException) -> bool:
+    """True when ``err`` is a writer's own wait limit passing (see
+    :meth:`Database.writer`): a SQLite turn or a Postgres row lock that did not come."""
+    if isinstance(err, WaitTimeout):
+        return True
+    original = getattr(err, "orig", None)
+    return getattr(original, "sqlstate", None) == _LOCK_NOT_AVAILABLE
+
+
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def is_unavailable(err: BaseException) -> bool:

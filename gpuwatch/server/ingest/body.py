@@ -158,6 +158,10 @@ class Deadline:
     def passed(self) -> bool:
         return self.clock() >= self.at
 
+    def left(self) -> float:
+        """Seconds until it passes (negative once it has)."""
+        return self.at - self.clock()
+
 
 def over_budget(budget_seconds: float) -> HTTPException:
     """The 503 for a request that spent its time budget waiting (nothing stored).

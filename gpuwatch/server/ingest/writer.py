@@ -32,7 +32,10 @@ batches locking the same hosts in different orders could deadlock, one order can
 
 Time: a batch takes new pushes only until it has run :data:`BATCH_SECONDS`, and none
 once the time budget of a push waiting for its commit has passed; the rest wait for
-the next one. A thread takes at most its even share of the pushes waiting with the
+the next one. It waits for its write turn (SQLite) or its hosts' locks (Postgres) no
+longer than the earliest budget among its pushes: then those out of budget are
+answered 503 and the rest wait for the next batch, rather than a turn held by a job
+adding its wait to the time they queued (past the agent's 10 s timeout). A thread takes at most its even share of the pushes waiting with the
 threads that are idle (:class:`Pending`). Each push's budget (ingest/body.py, ``Deadline``) is read where stop 11
 read it: before its parse, once its write has its turn, then before each snapshot
 after the first (a partial answer) when the agent accepts one, where the earliest
@@ -55,7 +58,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from gpuwatch.server.database.core import describe, is_unavailable
+from gpuwatch.server.database.core import describe, is_unavailable, is_wait_timeout
 from gpuwatch.server.deps import (
     PushCredential,
     ServerContext,
@@ -289,7 +292,9 @@ class IngestWriter:
         waiting: Deadline | None = None
         began = self._clock()
         try:
-            with self.context.database.writer() as session:
+            # No waiting for the write turn or a host's lock past the earliest budget.
+            wait = min(push.deadline.left() for push in ready)
+            with self.context.database.writer(wait_seconds=wait) as session:
                 if self.context.database.dialect == "postgresql":
                     lock_hosts(session, (push.credential.identity.host_id for push in ready))
                 for n, push in enumerate(ready):
@@ -313,6 +318,14 @@ class IngestWriter:
                 session.commit()
         except Exception as err:
             written = [push for push, _ in done] + ([current] if current is not None else [])
+            if not written and is_wait_timeout(err):
+                # The turn or a lock did not come within the earliest budget: the pushes
+                # out of budget are answered, the rest wait for the next batch.
+                left = [p for p in ready if p not in carried and p not in refused]
+                spent = [p for p in left if p.deadline.passed()]
+                if spent:
+                    rest = [p for p in left if p not in spent]
+                    return [(push, OverBudget()) for push in spent], rest + carried
             if is_unavailable(err) or not written:
                 # Every push of the transaction meets what a retry of it would meet.
                 untouched = [p for p in ready if p not in carried and p not in refused]
