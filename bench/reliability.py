@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,19 @@ def _rate(value: float) -> str:
 def load_promises(r: dict[str, Any]) -> list[Promise]:
     how = "`bench/load.py`: simulated agents over loopback, one server process"
     out: list[Promise] = []
+    for kind in ("sqlite", "postgres"):
+        error = r.get(kind, {}).get("error")
+        if error:
+            out.append(
+                Promise(
+                    "Ingest under load",
+                    f"The {NAMES[kind]} phases ran to the end",
+                    f"stopped: {error}",
+                    "every phase measured",
+                    False,
+                    how,
+                )
+            )
     sqlite = r.get("sqlite", {}).get("one_server")
     if sqlite:
         out.append(
@@ -408,9 +422,21 @@ def _load_tables(r: dict[str, Any]) -> list[str]:
             + f" (half the agents within {storm['drain_seconds_p50_agent']} s); drain "
             f"requests {', '.join(f'{k}: {v:,}' for k, v in s['statuses'].items())}; live "
             f"pushes p50 {_ms(live['p50_ms'])}, p99 {_ms(live['p99_ms'])}, "
-            f"{', '.join(f'{k}: {v:,}' for k, v in live['statuses'].items())}.",
+            f"{', '.join(f'{k}: {v:,}' for k, v in live['statuses'].items())}."
+            + _unanswered(s, live),
         ]  # fmt: skip
     return lines
+
+
+def _unanswered(*phases: dict[str, Any]) -> str:
+    """Requests with no answer within the agent's 10 s (status -1), by how far they got."""
+    stages: Counter[str] = Counter()
+    for phase in phases:
+        stages.update(phase.get("unanswered_by_stage", {}))
+    if not stages:
+        return ""
+    said = ", ".join(f"{n:,} {stage}" for stage, n in sorted(stages.items()))
+    return f" Status -1 is no answer within the agent's 10 s timeout: {said}."
 
 
 def render(results: dict[str, dict[str, Any]], matrix: str | None) -> str:

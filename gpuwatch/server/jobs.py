@@ -9,6 +9,7 @@ changes nothing the first run did not.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from sqlalchemy import ColumnElement, Table, delete, func, select, tuple_, update
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 # Rows deleted per retention transaction: small enough that SQLite's write lock is
 # held for milliseconds, so ingest keeps flowing while history is trimmed.
 RETENTION_BATCH = 5000
+# Hosts per agent_silent transaction: a fleet-wide outage is thousands of hosts at once.
+SILENT_BATCH = 100
 
 
 def purge_expired(*, database: Database, settings: ServerSettings, now: float) -> dict[str, int]:
@@ -75,21 +78,53 @@ def detect_silent_agents(*, database: Database, settings: ServerSettings, now: f
     closes them too; this catches an event opened while a push was in flight). Events
     go through each host's :class:`EventBook`, the one path that writes events and
     their outbox rows.
+
+    Cost: an open event of a host still silent is refreshed (its ``last_seen_at`` and
+    the silence in its summary) once per threshold, not on every run, and hosts are
+    written :data:`SILENT_BATCH` to a transaction. With a thousand hosts down, one
+    transaction refreshing all of them every push interval held SQLite's write turn
+    for seconds each time, and every push of the live hosts waited behind it.
     """
     threshold = silence_threshold_seconds(settings)
+    silent_before = now - threshold
+    with database.reader() as session:
+        silent = set(session.scalars(select(Host.id).where(Host.last_received_at < silent_before)))
+        open_seen: dict[int, float] = {
+            host_id: seen
+            for host_id, seen in session.execute(
+                select(Event.host_id, Event.last_seen_at).where(
+                    Event.kind == "agent_silent", Event.ended_at.is_(None)
+                )
+            )
+        }
+    due = sorted(
+        {host_id for host_id in silent if open_seen.get(host_id, -math.inf) < silent_before}
+        | (open_seen.keys() - silent)
+    )
+    opened = 0
+    for first in range(0, len(due), SILENT_BATCH):
+        opened += _mark_silent(
+            database, due[first : first + SILENT_BATCH], threshold=threshold, now=now
+        )
+    if opened:
+        log.warning("%d agent(s) went silent", opened)
+    return opened
+
+
+def _mark_silent(database: Database, host_ids: list[int], *, threshold: float, now: float) -> int:
+    """Open or refresh the silent events of ``host_ids`` still silent, close those of the
+    others; one transaction. Return how many were opened."""
     opened = 0
     with database.writer() as session, session.begin():
         # FOR UPDATE (Postgres) serialises with ingest of the same host, which locks
         # the host row first; the WHERE is re-checked once the lock is granted.
         silent = session.scalars(
-            select(Host).where(Host.last_received_at < now - threshold).with_for_update()
+            select(Host)
+            .where(Host.id.in_(host_ids), Host.last_received_at < now - threshold)
+            .order_by(Host.id)
+            .with_for_update()
         ).all()
         silent_ids = {host.id for host in silent}
-        open_ids = set(
-            session.scalars(
-                select(Event.host_id).where(Event.kind == "agent_silent", Event.ended_at.is_(None))
-            )
-        )
         for host in silent:
             assert host.last_received_at is not None
             book = EventBook.load(session=session, host_id=host.id)
@@ -100,21 +135,17 @@ def detect_silent_agents(*, database: Database, settings: ServerSettings, now: f
                 opened += 1
             book.observe(SILENT_KEY, condition, at=now)
             book.flush(session=session)
-        for host_id in open_ids - silent_ids:
+        for host_id in set(host_ids) - silent_ids:
             book = EventBook.load(session=session, host_id=host_id)
             book.clear(SILENT_KEY, at=now)
             book.flush(session=session)
         # Open events are part of the ingest state that server processes keep.
-        affected = open_ids | silent_ids
-        if affected:
-            session.execute(
-                update(Host)
-                .where(Host.id.in_(affected))
-                .values(state_version=Host.state_version + 1)
-                .execution_options(synchronize_session=False)
-            )
-    if opened:
-        log.warning("%d agent(s) went silent", opened)
+        session.execute(
+            update(Host)
+            .where(Host.id.in_(host_ids))
+            .values(state_version=Host.state_version + 1)
+            .execution_options(synchronize_session=False)
+        )
     return opened
 
 

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 
 from gpuwatch.server.app import create_app
 from gpuwatch.server.database import Database, create_database
@@ -113,6 +113,42 @@ def test_agent_silent_opens_one_event_and_a_new_snapshot_closes_it(
     ingest(database, settings, snapshot(1, [gpu(0)], at=T0 + 300))
 
     assert count(database, Event, Event.kind == "agent_silent", Event.ended_at.is_(None)) == 0
+
+
+def test_silent_hosts_are_written_a_batch_at_a_time_and_refreshed_once_per_threshold(
+    database: Database, settings: ServerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("gpuwatch.server.jobs.SILENT_BATCH", 2)
+    for n in range(5):
+        ingest(database, settings, snapshot(0, [gpu(0)], hostname=f"host-{n}"))
+    threshold = settings.agent_silent_intervals * settings.agent_push_interval_seconds
+    writes: list[int] = []
+    event.listen(database.engine, "commit", lambda _conn: writes.append(1))
+
+    assert detect_silent_agents(database=database, settings=settings, now=T0 + 100) == 5
+    assert len(writes) == 3  # 5 hosts, 2 to a transaction
+    # Within a threshold of the last refresh: nothing to write.
+    writes.clear()
+    assert (
+        detect_silent_agents(database=database, settings=settings, now=T0 + 100 + threshold / 2)
+        == 0
+    )
+    assert writes == []
+    assert _silent_seen(database) == [T0 + 100] * 5
+    # A threshold later: refreshed, still one event each.
+    assert detect_silent_agents(database=database, settings=settings, now=T0 + 101 + threshold) == 0
+    assert _silent_seen(database) == [T0 + 101 + threshold] * 5
+
+
+def _silent_seen(database: Database) -> list[float]:
+    with database.reader() as session:
+        return list(
+            session.scalars(
+                select(Event.last_seen_at)
+                .where(Event.kind == "agent_silent", Event.ended_at.is_(None))
+                .order_by(Event.host_id)
+            )
+        )
 
 
 def test_hosts_that_never_reported_are_not_called_silent(
