@@ -811,7 +811,7 @@ PROFILE_LAYERS = (
     ("start-up (imports)", r"importlib\._bootstrap"),
     # A thread blocked in one of these is waiting, not working: left out.
     ("waiting", r"\b(select|wait|get|_worker) \((selectors|threading|queue|concurrent/\S+)\.py"
-     r"|\bturn \(gpuwatch/server/database/core\.py:106\)"),
+     r"|\bturn \(gpuwatch/server/database/core\.py:\d+\)"),
     ("database: SQL execution and commit (C calls)",
      r"\b(do_execute|do_executemany|do_commit|do_rollback) \(|psycopg/"),
     ("waking the event loop from worker threads", r"\b_(write_to|read_from)_self \("),

@@ -26,16 +26,18 @@ once, not after the batch.
 
 Order: a batch stores its pushes in the order they came (so a host's own pushes keep
 theirs), and what it has no time for goes back to the front of the queue, oldest
-first: no push is passed over for ever by later ones. On Postgres a batch first locks
-all its hosts' rows (``FOR UPDATE``) in id order, in one statement: two replicas'
-batches locking the same hosts in different orders could deadlock, one order cannot.
+first: no push is passed over for ever by later ones. On Postgres a batch of several
+hosts first locks their rows (``FOR UPDATE``) in id order, in one statement: two
+replicas' batches locking the same hosts in different orders could deadlock, one
+order cannot.
 
 Time: a batch takes new pushes only until it has run :data:`BATCH_SECONDS`, and none
 once the time budget of a push waiting for its commit has passed; the rest wait for
-the next one. It waits for its write turn (SQLite) or its hosts' locks (Postgres) no
-longer than the earliest budget among its pushes: then those out of budget are
-answered 503 and the rest wait for the next batch, rather than a turn held by a job
-adding its wait to the time they queued (past the agent's 10 s timeout). A thread takes at most its even share of the pushes waiting with the
+the next one. It waits for its write turn (SQLite) or, once its pushes have queued,
+its hosts' locks (Postgres) no longer than the earliest budget among its pushes: then
+those out of budget are answered 503 and the rest wait for the next batch, rather than
+a turn held by a job adding its wait to the time they queued (past the agent's 10 s
+timeout). A thread takes at most its even share of the pushes waiting with the
 threads that are idle (:class:`Pending`). Each push's budget (ingest/body.py, ``Deadline``) is read where stop 11
 read it: before its parse, once its write has its turn, then before each snapshot
 after the first (a partial answer) when the agent accepts one, where the earliest
@@ -79,6 +81,9 @@ log = logging.getLogger(__name__)
 BATCH_SECONDS = 0.1
 # Pushes waiting when a batch starts that it may take at most, however quick.
 BATCH_PUSHES = 64
+# How long a batch's oldest push may have queued before a Postgres batch bounds its
+# lock waits by that push's budget (see IngestWriter._wait_limit).
+QUEUED_SECONDS = 0.5
 # Writer threads per process. SQLite has one writer whatever we do. Postgres takes
 # several, and a push there is mostly round trips (8.7 ms of wall time to 4.4 ms of
 # CPU, bench/writer.py): other threads use the GIL while one waits on the network.
@@ -292,11 +297,11 @@ class IngestWriter:
         waiting: Deadline | None = None
         began = self._clock()
         try:
-            # No waiting for the write turn or a host's lock past the earliest budget.
-            wait = min(push.deadline.left() for push in ready)
-            with self.context.database.writer(wait_seconds=wait) as session:
-                if self.context.database.dialect == "postgresql":
-                    lock_hosts(session, (push.credential.identity.host_id for push in ready))
+            database = self.context.database
+            hosts = {push.credential.identity.host_id for push in ready}
+            with database.writer(wait_seconds=self._wait_limit(ready)) as session:
+                if database.dialect == "postgresql" and len(hosts) > 1:
+                    lock_hosts(session, hosts)
                 for n, push in enumerate(ready):
                     if n and (
                         self._clock() - began > self.batch_seconds
@@ -346,6 +351,22 @@ class IngestWriter:
                 carried += left
             return outcomes, carried
         return [(push, self._answer(push, result)) for push, result in done], carried
+
+    def _wait_limit(self, ready: Sequence[Push]) -> float | None:
+        """How long the batch may wait for its write turn (SQLite) or its hosts' locks
+        (Postgres): until the earliest budget among its pushes runs out.
+
+        On Postgres the limit costs a statement per batch (``lock_timeout``), about 6%
+        of a single-snapshot push's CPU (bench/writer.py), so it is set only once the
+        oldest push has queued :data:`QUEUED_SECONDS`. A push that has not queued has
+        its whole budget left, and the agent waits twice that; only another batch or a
+        job holds a host's lock, each for at most a budget.
+        """
+        wait = min(push.deadline.left() for push in ready)
+        if self.context.database.dialect != "postgresql":
+            return wait
+        budget = self.context.settings.ingest_time_budget_seconds
+        return wait if wait < budget - QUEUED_SECONDS else None
 
     def _store_one(
         self, session: Session, push: Push, waiting: Deadline | None
