@@ -162,7 +162,7 @@ def load_promises(r: dict[str, Any]) -> list[Promise]:
                 f"{rss['scrapes']:,} scrapes; "
                 f"{rss['slope_bytes_per_1000_scrapes_second_half'] / 1024:+.0f} KiB "
                 "per 1,000 scrapes",
-                "≤ 40 MiB, flat",
+                "≤ 40 MiB, flat (< 16 KiB per 1,000 scrapes, second half)",
                 r["verdicts"]["agent_rss"]["met"],
                 "`bench/load.py`: a real `gpuwatch agent` (on the fake GPUs, whose share is "
                 "measured and taken off), RSS sampled every 100 scrapes",
