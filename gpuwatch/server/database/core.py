@@ -285,6 +285,9 @@ def _install_sqlite_hooks(engine: Engine) -> None:
     event.listen(engine, "begin", _sqlite_on_begin)
 
 
+_LOCK_NOT_AVAILABLE = "55P03"  # Postgres's SQLSTATE for a lock_timeout
+
+
 def is_wait_timeout(err: BaseException) -> bool:
     """True when ``err`` is a writer's own wait limit passing (see
     :meth:`Database.writer`): a SQLite turn or a Postgres row lock that did not come."""
@@ -292,9 +295,6 @@ def is_wait_timeout(err: BaseException) -> bool:
         return True
     original = getattr(err, "orig", None)
     return getattr(original, "sqlstate", None) == _LOCK_NOT_AVAILABLE
-
-
-_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def is_unavailable(err: BaseException) -> bool:

@@ -37,11 +37,13 @@ the next one. It waits for its write turn (SQLite) or, once its pushes have queu
 its hosts' locks (Postgres) no longer than the earliest budget among its pushes: then
 those out of budget are answered 503 and the rest wait for the next batch, rather than
 a turn held by a job adding its wait to the time they queued (past the agent's 10 s
-timeout). A thread takes at most its even share of the pushes waiting with the
-threads that are idle (:class:`Pending`). Each push's budget (ingest/body.py, ``Deadline``) is read where stop 11
-read it: before its parse, once its write has its turn, then before each snapshot
-after the first (a partial answer) when the agent accepts one, where the earliest
-budget among the pushes waiting for the commit counts too.
+timeout). Each push's budget (ingest/body.py, ``Deadline``) is read where stop 11 read
+it: before its parse, once its write has its turn, then before each snapshot after the
+first (a partial answer) when the agent accepts one, where the earliest budget among
+the pushes waiting for the commit counts too.
+
+Threads: a thread takes at most its even share of the pushes waiting with the threads
+that are idle (:class:`Pending`).
 """
 
 from __future__ import annotations
@@ -125,11 +127,11 @@ Outcome = tuple[Push, Stored | BaseException]
 class Pending:
     """The pushes no writer thread has taken up yet, shared by the threads.
 
-    A thread takes its share of them, not all: on Postgres, one thread taking every
-    push queued while three others sat idle stored them one after another (the load
-    benchmark's warm-up, 12-snapshot pushes eight at a time on four threads: a p99 of
-    1.6 s against 0.2 s for a push alone). Pushes a batch had no time for go back to
-    the front, where any idle thread takes them.
+    A thread takes its share of them, not all: a batch stores its pushes one after
+    another, so on Postgres (four threads) one thread taking every push waiting while
+    the others sat idle would serialise work they could do side by side. Pushes a batch
+    had no time for go back to the front, oldest first, where any idle thread takes
+    them.
     """
 
     def __init__(self) -> None:
