@@ -401,7 +401,7 @@ def main() -> None:
     within = {"periodic", "flat", "single_step", "warm_up"}
     fp = _false_positives(default)
     short_fp = _short_window_false_positives(short_periodic)
-    result = {
+    result: dict[str, Any] = {
         "settings": {
             "sample_interval_seconds": INTERVAL,
             "leak_min_duration_seconds": WINDOW,

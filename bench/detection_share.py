@@ -135,6 +135,7 @@ def _run(tmp: Path) -> dict[str, Any]:
         from gpuwatch.server.hosts.models import Host
 
         host_id = session.scalar(select(Host.id).where(Host.hostname == "bench-host"))
+    assert host_id is not None  # the token above created it
     timed = _Timed()
     for name in DETECTORS + TREND_DETECTORS:
         setattr(findings, name, timed.wrap(name, getattr(findings, name)))
