@@ -325,17 +325,16 @@ class IngestWriter:
                 session.commit()
         except Exception as err:
             written = [push for push, _ in done] + ([current] if current is not None else [])
+            untouched = [p for p in ready if p not in carried and p not in refused]
             if not written and is_wait_timeout(err):
                 # The turn or a lock did not come within the earliest budget: the pushes
                 # out of budget are answered, the rest wait for the next batch.
-                left = [p for p in ready if p not in carried and p not in refused]
-                spent = [p for p in left if p.deadline.passed()]
+                spent = [p for p in untouched if p.deadline.passed()]
                 if spent:
-                    rest = [p for p in left if p not in spent]
+                    rest = [p for p in untouched if p not in spent]
                     return [(push, OverBudget()) for push in spent], rest + carried
             if is_unavailable(err) or not written:
                 # Every push of the transaction meets what a retry of it would meet.
-                untouched = [p for p in ready if p not in carried and p not in refused]
                 return [(push, self._failure(push, err)) for push in untouched], carried
             # Those not started when it failed wait for the next batch.
             started = {id(push) for push in written + refused}
