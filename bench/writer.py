@@ -35,7 +35,7 @@ from gpuwatch.server.database import create_database
 from gpuwatch.server.database.migrate import upgrade
 from gpuwatch.server.deps import PushCredential
 from gpuwatch.server.ingest.body import Deadline
-from gpuwatch.server.ingest.writer import IngestWriter
+from gpuwatch.server.ingest.writer import LINGER_SECONDS, IngestWriter
 from gpuwatch.server.runtime import tune_gc
 from gpuwatch.settings import ServerSettings
 
@@ -52,7 +52,12 @@ class Side:
         upgrade(self.database)
         settings = ServerSettings(data_dir=data_dir, database_url=url, scheduler=False)
         app = create_app(settings, clock=lambda: self.now, engine=self.database.engine)
-        self.writer = IngestWriter(app.state.gpuwatch, threads=1, batch_seconds=batch_seconds)
+        self.writer = IngestWriter(
+            app.state.gpuwatch,
+            threads=1,
+            batch_seconds=batch_seconds,
+            linger_seconds=batch_seconds and LINGER_SECONDS,
+        )
         tune_gc()  # as the server does once its app is built
         self.credentials = []
         with self.database.writer() as session, session.begin():

@@ -414,6 +414,93 @@ def test_idle_writer_threads_share_the_pushes_waiting_and_the_last_one_stops_the
     assert pending.take(64) is None
 
 
+class StepClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _taker(pending: Pending, most: int) -> tuple[threading.Thread, list[Any]]:
+    taken: list[Any] = []
+    thread = threading.Thread(target=lambda: taken.append(pending.take(most)))
+    thread.start()
+    return thread, taken
+
+
+def test_a_batch_waits_for_company_only_while_pushes_come_often() -> None:
+    """Under load a batch waits (up to the linger) for pushes to share its transaction
+    with; pushes that come seldom are taken at once, and so is a full batch."""
+    clock = StepClock()
+    pending = Pending(linger=0.05, clock=clock)
+    seldom = [object(), object()]
+    for push in seldom:
+        clock.now += 1.0  # a second apart: waiting would gather nobody
+        pending.put(push)  # type: ignore[arg-type]
+    assert pending.take(4) == seldom  # at once: the oldest has not waited the linger
+
+    rush: list[Any] = [object() for _ in range(30)]
+    for push in rush:  # from now on pushes come 1 ms apart
+        clock.now += 0.001
+        pending.put(push)
+    clock.now += 0.05
+    assert pending.take(64) == rush  # the oldest has waited the whole linger
+
+    often: list[Any] = [object() for _ in range(4)]
+    for push in often[:2]:
+        clock.now += 0.001
+        pending.put(push)
+    thread, taken = _taker(pending, 4)
+    deadline = time.monotonic() + 5
+    while pending._idle < 1:  # lingering: the oldest has waited 1 ms of its 50
+        assert time.monotonic() < deadline, "the thread never waited"
+        time.sleep(0.001)
+    time.sleep(0.02)
+    assert taken == [], "took the batch before it was full or the linger was up"
+    for push in often[2:]:
+        clock.now += 0.001
+        pending.put(push)
+    _join([thread])
+    assert taken == [often]  # full: taken as soon as the fourth came
+
+    late: list[Any] = [object(), object()]
+    for push in late:
+        clock.now += 0.001
+        pending.put(push)
+    clock.now += 0.05
+    assert pending.take(4) == late
+
+
+def test_pushes_put_back_are_not_kept_waiting_for_company() -> None:
+    clock = StepClock()
+    pending = Pending(linger=3600.0, clock=clock)
+    pending.put(object())  # type: ignore[arg-type]
+    pending.take(1)
+    carried: list[Any] = [object()]
+    pending.put_back(carried)
+    assert pending.take(64) == carried
+
+
+def test_a_lingering_thread_stops_when_the_writer_closes() -> None:
+    clock = StepClock()
+    pending = Pending(linger=3600.0, clock=clock)
+    for push in [object(), object()]:
+        clock.now += 0.001
+        pending.put(push)  # type: ignore[arg-type]
+    thread, taken = _taker(pending, 64)
+    deadline = time.monotonic() + 5
+    while pending._idle < 1:
+        assert time.monotonic() < deadline, "the thread never waited"
+        time.sleep(0.001)
+    pending.close()
+    _join([thread])
+    assert len(taken[0]) == 2  # what was waiting is stored, not dropped
+    assert pending.take(64) is None
+
+
 def test_a_batch_waits_for_its_turn_or_locks_no_longer_than_its_earliest_budget(
     live: Live, writer: IngestWriter, database: Database
 ) -> None:
