@@ -5,12 +5,19 @@ No framework, no validation, no database: what any Python server on this stack p
 per request before doing any work. ``bench.server`` compares ingest and the raw
 inserts against it. Run as ``python -m bench.http_floor``; it prints
 ``listening on http://...`` to stderr, as ``gpuwatch server`` does.
+
+``--validate``: the same, and every POST body is also parsed and validated with the
+published request model (``gpuwatch.wire.IngestRequest``), which any server that
+checks what agents send against gpuwatch's schema must do. ``bench.load`` measures it
+beside the floor, for how much of a snapshot's CPU the validation alone takes.
 """
 
 from __future__ import annotations
 
 import sys
 from typing import Any
+
+from gpuwatch.wire import IngestRequest
 
 REPLY = b'{"accepted":1,"duplicate":0,"results":["accepted"]}'
 
@@ -22,6 +29,23 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     while more:
         message = await receive()
         more = message.get("more_body", False)
+    await _reply(send)
+
+
+async def validating_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body, more = bytearray(), True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    if scope["method"] == "POST":  # not the readiness probe's GET /healthz
+        IngestRequest.model_validate_json(body)
+    await _reply(send)
+
+
+async def _reply(send: Any) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -46,7 +70,8 @@ def main() -> None:
     sock = bind_listen_socket("127.0.0.1", 0)
     print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
     # The options of gpuwatch/cli/server.py, so both servers differ only in the app.
-    config = uvicorn.Config(app, log_config=None, lifespan="off", ws="none", proxy_headers=False)
+    served = validating_app if "--validate" in sys.argv[1:] else app
+    config = uvicorn.Config(served, log_config=None, lifespan="off", ws="none", proxy_headers=False)
     uvicorn.Server(config).run(sockets=[sock])
 
 

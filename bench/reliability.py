@@ -368,6 +368,33 @@ def read_promises(name: str, result: dict[str, Any]) -> list[Promise]:
 # --- the document --------------------------------------------------------------------------
 
 
+def _cpu_budget(r: dict[str, Any]) -> list[str]:
+    """What the CPU target leaves for gpuwatch's own work, from the floor phase's two
+    unavoidable parts (bench/load.py, ``bench_floor``)."""
+    floor, one = r.get("floor", {}), r.get("sqlite", {}).get("one_server")
+    validation = floor.get("validation")
+    if not validation or not one or "raw_write_cpu_ms_per_snapshot" not in floor:
+        return []
+    per_request = floor["server_cpu_ms_per_request"]
+    checked = validation["server_cpu_ms_per_request"]
+    raw = floor["raw_write_cpu_ms_per_snapshot"]
+    target = r["targets"]["cpu_ratio_to_floor"]
+    left = target * per_request - checked - raw
+    spent = one["server_cpu_ms_per_snapshot"] - checked - raw
+    return [
+        "",
+        f"What the CPU target leaves, in the same run: the floor that also validates "
+        f"each body with the published model (`bench/http_floor.py --validate`) took "
+        f"{checked:.2f} ms a request ({checked / per_request:.1f}× the floor), and "
+        f"writing a snapshot's rows with nothing else (its key, GPU and process rows; "
+        f"stdlib sqlite3, {floor['raw_write_snapshots_per_transaction']} snapshots a "
+        f"transaction) {raw:.2f} ms: together "
+        f"{floor['unavoidable_ratio_to_floor']:.1f}× the floor. ≤ {target:g}× therefore "
+        f"leaves {left:.2f} ms a snapshot for everything else the SQLite server does "
+        f"(state, detectors, events, idempotency, transactions); it spent {spent:.2f} ms.",
+    ]
+
+
 def _load_tables(r: dict[str, Any]) -> list[str]:
     """The load benchmark's phases in full, with what limited them."""
     lines = [
@@ -407,6 +434,7 @@ def _load_tables(r: dict[str, Any]) -> list[str]:
             f"| {p['postgres_cpu_ms_per_snapshot']:.2f} ms | {share['generator']:.2f} core "
             f"| {p.get('others_share_of_one_core', '—')} core |"
         )
+    lines += _cpu_budget(r)
     storm = r.get("sqlite", {}).get("storm")
     if storm:
         s, live = storm["storm_requests"], storm["live"]

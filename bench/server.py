@@ -412,10 +412,11 @@ def running_server(
 
 
 @contextlib.contextmanager
-def running_floor(logs: Path) -> Iterator[httpx.Client]:
-    """``bench/http_floor.py``: the same uvicorn, with an app that does no work."""
+def running_floor(logs: Path, *, validate: bool = False) -> Iterator[httpx.Client]:
+    """``bench/http_floor.py``: the same uvicorn, with an app that does no work (with
+    ``validate``, none but validating the body)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "bench.http_floor"]
+    argv = [sys.executable, "-m", "bench.http_floor", *(["--validate"] if validate else [])]
     with _serving(argv, cwd=ROOT, env=env, logs=logs) as client:
         yield client
 

@@ -145,9 +145,7 @@ class Pending:
     oldest push has waited ``linger`` (:data:`LINGER_SECONDS`).
     """
 
-    def __init__(
-        self, *, linger: float = 0.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, *, linger: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._pushes: deque[tuple[float, Push]] = deque()  # (arrived, push)
         self._changed = threading.Condition()
         self._idle = 0  # threads waiting in take()
