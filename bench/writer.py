@@ -35,7 +35,7 @@ from gpuwatch.server.database import create_database
 from gpuwatch.server.database.migrate import upgrade
 from gpuwatch.server.deps import PushCredential
 from gpuwatch.server.ingest.body import Deadline
-from gpuwatch.server.ingest.writer import LINGER_SECONDS, IngestWriter
+from gpuwatch.server.ingest.writer import IngestWriter
 from gpuwatch.server.runtime import tune_gc
 from gpuwatch.settings import ServerSettings
 
@@ -56,7 +56,7 @@ class Side:
             app.state.gpuwatch,
             threads=1,
             batch_seconds=batch_seconds,
-            linger_seconds=batch_seconds and LINGER_SECONDS,
+            linger_seconds=None if batch_seconds else 0.0,
         )
         tune_gc()  # as the server does once its app is built
         self.credentials = []

@@ -43,7 +43,10 @@ first (a partial answer) when the agent accepts one, where the earliest budget a
 the pushes waiting for the commit counts too.
 
 Threads: a thread takes at most its even share of the pushes waiting with the threads
-that are idle (:class:`Pending`).
+that are idle (:class:`Pending`). On SQLite, under load (pushes less than
+:data:`LINGER_SECONDS` apart), the thread that finds less than a full batch first
+waits until the oldest push has queued that long, so the batch's fixed costs are
+shared; otherwise it starts at once.
 """
 
 from __future__ import annotations
@@ -85,11 +88,12 @@ BATCH_SECONDS = 0.1
 BATCH_PUSHES = 64
 # How long a batch waits for company before it starts, once pushes arrive more often
 # than this (Nagle's algorithm, or a database's group commit): what a transaction
-# costs whatever it stores (begin, commit, a wake-up of the event loop, about 0.6 ms of
-# CPU on SQLite) is then shared by several pushes, not paid by each. At 200 pushes/s a
-# batch gathers about four, for at most this much more latency; under no load nothing
-# waits.
-LINGER_SECONDS = 0.02
+# costs whatever it stores (begin, commit, a wake-up of the event loop, about 0.4 ms of
+# CPU on SQLite, bench/writer.py) is then shared by several pushes, not paid by each.
+# At 200 pushes/s a batch gathers about four, for at most this much more latency;
+# under no load nothing waits. SQLite only: on Postgres four threads would split what
+# they gathered between them, and each would still pay for its own transaction.
+LINGER_SECONDS = {"sqlite": 0.02, "postgresql": 0.0}
 # How long a batch's oldest push may have queued before a Postgres batch bounds its
 # lock waits by that push's budget (see IngestWriter._wait_limit).
 QUEUED_SECONDS = 0.5
@@ -218,8 +222,8 @@ class IngestWriter:
 
     ``clock`` (monotonic seconds) times batches; it is not the context's monotonic
     clock, so a test's injected budget clock is read only where the budget is.
-    ``threads`` defaults by dialect (:data:`WRITER_THREADS`); ``batch_seconds`` is
-    :data:`BATCH_SECONDS`.
+    ``threads`` and ``linger_seconds`` default by dialect (:data:`WRITER_THREADS`,
+    :data:`LINGER_SECONDS`); ``batch_seconds`` is :data:`BATCH_SECONDS`.
     """
 
     def __init__(
@@ -228,13 +232,15 @@ class IngestWriter:
         *,
         threads: int | None = None,
         batch_seconds: float = BATCH_SECONDS,
-        linger_seconds: float = LINGER_SECONDS,
+        linger_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.context = context
         self.threads = threads or WRITER_THREADS.get(context.database.dialect, 1)
         self.batch_seconds = batch_seconds
         self._clock = clock
+        if linger_seconds is None:
+            linger_seconds = LINGER_SECONDS.get(context.database.dialect, 0.0)
         self._pending = Pending(linger=linger_seconds, clock=clock)
         self._started: list[threading.Thread] = []
         self._lock = threading.Lock()
