@@ -409,6 +409,10 @@ def _load_tables(r: dict[str, Any]) -> list[str]:
         "targets are missed, and where the server's time goes: "
         "[bench/README.md](../bench/README.md#load-benchloadpy).",
         "",
+        # Provenance added to a results file after its run (which code it measured,
+        # what was re-run since), shown as written.
+        *[f"- {note}" for note in r.get("notes", [])],
+        *([""] if r.get("notes") else []),
         "| Phase | Hosts | Offered | Accepted | p50 | p99 | Statuses | Server CPU / snapshot "
         "| × floor | Postgres CPU / snapshot | Generator | Others |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
