@@ -254,7 +254,7 @@ class _Windows(Mapping[int, Sequence[Sample]]):
     """Each PID's samples since ``since``, decoded from its packed window when read.
     The filling-up detector reads them only to rank the culprits of a verdict, and
     decoding the windows of every process on the GPU at each bucket close, when almost
-    none is filling up, was a twentieth of the ingest writer's time (bench/writer.py)."""
+    none is filling up, was 6% of the ingest writer thread's samples (bench/writer.py)."""
 
     def __init__(self, blobs: dict[int, bytes | None], since: float) -> None:
         self._blobs = blobs

@@ -202,8 +202,9 @@ class Pending:
             return taken
 
     def _linger(self, most: int) -> None:
-        """Wait until ``most`` pushes wait, or the oldest of them has waited ``linger``,
-        or none is left (another thread took them), or the writer closes."""
+        """Wait until ``most`` pushes wait, or the oldest of them has waited ``linger``
+        by the injected clock (the condition's timeout only bounds each check), or none
+        is left (another thread took them), or the writer closes."""
         while self._pushes and len(self._pushes) < most and not self._closed:
             left = self._pushes[0][0] + self.linger - self._clock()
             if left <= 0:
@@ -220,8 +221,9 @@ class Pending:
 class IngestWriter:
     """Stores pushes for :func:`store` callers in its own threads (started on first use).
 
-    ``clock`` (monotonic seconds) times batches; it is not the context's monotonic
-    clock, so a test's injected budget clock is read only where the budget is.
+    ``clock`` (monotonic seconds) times batches and the linger; it is not the
+    context's monotonic clock, so a test's injected budget clock is read only where the
+    budget is.
     ``threads`` and ``linger_seconds`` default by dialect (:data:`WRITER_THREADS`,
     :data:`LINGER_SECONDS`); ``batch_seconds`` is :data:`BATCH_SECONDS`.
     """
