@@ -75,7 +75,6 @@ from bench.server import (
 )
 from gpuwatch.server.ingest.writer import BATCH_PUSHES
 from gpuwatch.server_settings import ServerSettings
-from gpuwatch.wire import IngestRequest
 
 MIB = 2**20
 INGEST = "/api/v1/snapshots"
@@ -990,7 +989,7 @@ def bench_floor(tmp: Path, template: Template, plan: Plan) -> dict[str, Any]:
         for key in ("server_cpu_ms_per_request", "snapshots_per_second", "p50_ms", "p99_ms",
                     "statuses")
     }  # fmt: skip
-    result["raw_write_cpu_ms_per_snapshot"] = raw_write_ms(tmp, template, plan.fleet)
+    result["raw_write_cpu_ms_per_snapshot"] = raw_write_ms(tmp, plan.fleet)
     result["raw_write_snapshots_per_transaction"] = BATCH_PUSHES
     floor = result["server_cpu_ms_per_request"]
     unavoidable = validation["server_cpu_ms_per_request"] + result["raw_write_cpu_ms_per_snapshot"]
@@ -1016,17 +1015,11 @@ def _floor_phase(tmp: Path, template: Template, plan: Plan, *, validate: bool) -
     return result
 
 
-def raw_write_ms(tmp: Path, template: Template, hosts: int) -> float:
+def raw_write_ms(tmp: Path, hosts: int) -> float:
     """CPU ms per snapshot of writing the rows of ``hosts`` hosts' snapshots, each
     host's several times over, with nothing else (see :func:`bench_floor`)."""
     snapshots = [
-        IngestRequest.model_validate_json(
-            b"".join(
-                batch_pieces(
-                    template, f"raw-{host}", [(sequence, 1_700_000_000.0 + 15.0 * sequence)]
-                )
-            )
-        ).snapshots[0]
+        host_snapshot(f"raw-{host}", sequence, 1_700_000_000.0 + 15.0 * sequence)
         for sequence in range(3)
         for host in range(hosts)
     ]  # built off the clock
