@@ -69,3 +69,33 @@ def test_updates_inserts_and_upserts_write_every_value_as_given(live: Live) -> N
         0.25,
     )
     assert window.recent_window == b"\x01second"
+
+
+def test_a_single_row_is_written_as_given(live: Live) -> None:
+    # On Postgres one row goes as the plain statement, not over arrays: the same values
+    # must land, ints where a column is a double and None beside values included.
+    token = live.token("host-1")
+    procs = [process(100 + i, used_gib=1 + i) for i in range(2)]
+    assert live.push(token, body(snapshot(0, [gpu(0, procs)]))).status_code == 200
+    ids = _lifetime_ids(live.database)
+    one = (True, 1_800_000_200, 6 * 2**30, None, 1, None, 1_800_000_120, 3, 4, None, ids[1])
+    with live.database.writer() as session:
+        state._UPDATE_LIFETIMES_HOT.execute(session.connection(), [one])
+        session.commit()
+
+    with live.database.reader() as session:
+        rows = {lt.id: lt for lt in session.scalars(select(ProcessLifetime))}
+    written, untouched = rows[ids[1]], rows[ids[0]]
+    assert (written.orphaned, written.last_seen_at, written.current_bytes) == (
+        True,
+        1_800_000_200.0,
+        6 * 2**30,
+    )
+    assert (written.peak_bytes, written.sm_ratio, written.idle_since) == (None, 1.0, None)
+    assert (written.bucket_start_at, written.bucket_min_bytes, written.bucket_max_bytes) == (
+        1_800_000_120.0,
+        3,
+        4,
+    )
+    assert written.bucket_max_sm_ratio is None
+    assert untouched.current_bytes == 1 * 2**30

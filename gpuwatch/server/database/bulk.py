@@ -11,7 +11,8 @@ On Postgres a statement may instead be given as an :class:`~gpuwatch.server.data
 dialects.ArraySql`: the whole batch in one statement, one array per column. psycopg's
 ``executemany`` sends the statement once per row (in a pipeline, but with its Python
 around every row), and on a single-snapshot push that was about half of the server's
-own CPU (bench/README.md, load).
+own CPU (bench/README.md, load). A single row still goes as the plain statement: psycopg
+spends twice the CPU on one-element arrays that it spends on the row's values.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class BulkStatement:
         session's, taken once per request: ``Session.connection()`` is not free)."""
         if not rows:
             return
-        if self._postgres is not None and connection.dialect.name == "postgresql":
+        if len(rows) > 1 and self._postgres is not None and connection.dialect.name == "postgresql":
             self._execute_arrays(connection, rows)
             return
         sql, order = self._compile(connection.dialect)

@@ -241,9 +241,8 @@ def create_database(url: str, *, sqlite_busy_timeout_seconds: float = 5.0) -> Da
             if backend == "postgresql" and parsed.get_driver_name() == "psycopg":
                 # Fail fast when Postgres is down, so ingest can answer 503 promptly.
                 connect_args["connect_timeout"] = 5
-            # pre_ping recycles connections Postgres dropped while idle; a transaction
-            # cut mid-flight still fails, and the agent's idempotent retry covers it.
-            engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+            engine = create_engine(parsed, connect_args=connect_args)
+            _ping_when_idle(engine)
     except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
         raise DatabaseError(f"unusable database URL {_safe(url)}: {err}") from err
     return Database.from_engine(engine, write_wait_seconds=sqlite_busy_timeout_seconds)
@@ -283,6 +282,39 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         return
     event.listen(engine, "connect", _sqlite_on_connect)
     event.listen(engine, "begin", _sqlite_on_begin)
+
+
+# A pooled connection idle at least this long is pinged before it is handed out.
+PING_AFTER_IDLE_SECONDS = 1.0
+_IDLE_SINCE = "gpuwatch_idle_since"
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """SQLAlchemy's ``pool_pre_ping``, but only for a connection that sat in the pool.
+
+    The ping recycles connections the database dropped while they were idle (a restart,
+    an idle timeout), so the first push after it is stored, not answered 503. Pinging
+    on every checkout, as ``pool_pre_ping`` does, cost every ingest transaction a round
+    trip (about a tenth of a Postgres push's CPU under load, where a connection is back
+    in use within milliseconds). A connection that dies within the second after its
+    last use fails its transaction instead: answered 503, the pool is recycled, and the
+    agent's idempotent retry stores it."""
+
+    def checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    def checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop(_IDLE_SINCE, None)
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_SECONDS:
+            return  # new, or back in use at once
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as err:
+            # The pool then discards this connection and checks out (or opens) another.
+            raise exc.DisconnectionError(describe(err)) from err
+
+    event.listen(engine, "checkin", checkin)
+    event.listen(engine, "checkout", checkout)
 
 
 _LOCK_NOT_AVAILABLE = "55P03"  # Postgres's SQLSTATE for a lock_timeout
