@@ -91,16 +91,18 @@ BATCH_PUSHES = 64
 # costs whatever it stores (begin, commit, a wake-up of the event loop, about 0.4 ms of
 # CPU on SQLite, bench/writer.py) is then shared by several pushes, not paid by each.
 # At 200 pushes/s a batch gathers about four, for at most this much more latency;
-# under no load nothing waits. SQLite only: on Postgres four threads would split what
-# they gathered between them, and each would still pay for its own transaction.
+# under no load nothing waits. SQLite only: on Postgres the writer threads would split
+# what they gathered between them, and each would still pay for its own transaction.
 LINGER_SECONDS = {"sqlite": 0.02, "postgresql": 0.0}
 # How long a batch's oldest push may have queued before a Postgres batch bounds its
 # lock waits by that push's budget (see IngestWriter._wait_limit).
 QUEUED_SECONDS = 0.5
-# Writer threads per process. SQLite has one writer whatever we do. Postgres takes
-# several, and a push there is mostly round trips (8.7 ms of wall time to 4.4 ms of
-# CPU, bench/writer.py): other threads use the GIL while one waits on the network.
-WRITER_THREADS = {"sqlite": 1, "postgresql": 4}
+# Writer threads per process. SQLite has one writer whatever we do. Postgres takes two:
+# a push there is mostly round trips (8.7 ms of wall time to 4.4 ms of CPU,
+# bench/writer.py), and one thread alone fell behind 200 pushes/s waiting on the
+# network, while four fought over the GIL: one server took 17% more CPU a snapshot
+# with four than with two, and fell behind where two kept up (bench/README.md, stop 15).
+WRITER_THREADS = {"sqlite": 1, "postgresql": 2}
 
 
 class Quarantined(Exception):
@@ -139,7 +141,7 @@ class Pending:
     """The pushes no writer thread has taken up yet, shared by the threads.
 
     A thread takes its share of them, not all: a batch stores its pushes one after
-    another, so on Postgres (four threads) one thread taking every push waiting while
+    another, so on Postgres (two threads) one thread taking every push waiting while
     the others sat idle would serialise work they could do side by side. Pushes a batch
     had no time for go back to the front, oldest first, where any idle thread takes
     them.
