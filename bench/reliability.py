@@ -428,6 +428,14 @@ def _load_tables(r: dict[str, Any]) -> list[str]:
     for label, p in phases:
         if not p:
             continue
+        settled = p.get("settled_first")
+        if settled:  # what an earlier phase left spooled, drained before this one began
+            spooled, seconds = settled["spooled_snapshots"], settled["seconds"]
+            label += (
+                f" (first drained {spooled:,} spooled snapshots in {seconds:,.0f} s)"
+                if settled["drained"]
+                else f" (began with {spooled:,} spooled snapshots not drained in {seconds:,.0f} s)"
+            )
         cpu = p.get("server_cpu_ms_per_snapshot", p.get("server_cpu_ms_per_request"))
         share = p["cpu_share_of_one_core"]
         statuses = ", ".join(f"{k}: {v:,}" for k, v in p["statuses"].items())
