@@ -100,7 +100,7 @@ QUEUED_SECONDS = 0.5
 # Writer threads per process. SQLite has one writer whatever we do. Postgres takes two:
 # a push there is mostly round trips (8.7 ms of wall time to 4.4 ms of CPU,
 # bench/writer.py), and one thread alone fell behind 200 pushes/s waiting on the
-# network, while four fought over the GIL: one server took 17% more CPU a snapshot
+# network, while four fought over the GIL: one server took 18% more CPU a snapshot
 # with four than with two, and fell behind where two kept up (bench/README.md, stop 15).
 WRITER_THREADS = {"sqlite": 1, "postgresql": 2}
 
