@@ -89,7 +89,7 @@ def test_postgres_gone_is_503_then_the_first_push_after_it_returns_is_stored(
 
             database.up()
             clock.advance(refused.retry_in_seconds)
-            recovered = agent.drain_once()  # pool_pre_ping: no request lost to a dead connection
+            recovered = agent.drain_once()  # the pool was recycled: none lost to a dead one
             stats = agent.stats()
         finally:
             agent.close()

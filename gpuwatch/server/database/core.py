@@ -295,10 +295,10 @@ def _ping_when_idle(engine: Engine) -> None:
     The ping recycles connections the database dropped while they were idle (a restart,
     an idle timeout), so the first push after it is stored, not answered 503. Pinging
     on every checkout, as ``pool_pre_ping`` does, cost every ingest transaction a round
-    trip (about a tenth of a Postgres push's CPU under load, where a connection is back
-    in use within milliseconds). A connection that dies within the second after its
-    last use fails its transaction instead: answered 503, the pool is recycled, and the
-    agent's idempotent retry stores it."""
+    trip (0.08 ms of psycopg's CPU and 0.16 ms of waiting, measured), although under
+    load a connection is back in use within milliseconds. A connection that dies within
+    the second after its last use fails its transaction instead: answered 503, the pool
+    is recycled, and the agent's idempotent retry stores it."""
 
     def checkin(_dbapi_connection: Any, record: Any) -> None:
         record.info[_IDLE_SINCE] = time.monotonic()
