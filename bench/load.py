@@ -65,11 +65,11 @@ from bench.server import (
     RawSqlite,
     Target,
     _serving,
-    baseline_rows,
     fresh_database,
     host_snapshot,
     make_tokens,
     postgres_unavailable,
+    raw_seconds,
     running_floor,
     running_server,
 )
@@ -1072,14 +1072,10 @@ def raw_write_ms(tmp: Path, hosts: int) -> float:
     with fresh_database("sqlite", tmp, "raw-writes") as target:
         assert target.path is not None
         raw = RawSqlite(target.path)
-        batches = [
-            baseline_rows(snapshots[i : i + BATCH_PUSHES])
-            for i in range(0, len(snapshots), BATCH_PUSHES)
+        transactions = [
+            snapshots[i : i + BATCH_PUSHES] for i in range(0, len(snapshots), BATCH_PUSHES)
         ]
-        began = time.process_time()
-        for batch in batches:
-            raw.insert(batch)
-        spent = time.process_time() - began
+        spent = raw_seconds(raw, transactions, clock=time.process_time)
         raw.close()
     return round(1000 * spent / len(snapshots), 3)
 
