@@ -208,7 +208,11 @@ def _fragmentation(ctx: Context) -> tuple[float, Diagnosis] | None:
     )
     if usable >= requested:
         evidence += f"; that plus free memory ({format_size(usable)}) would have served it"
-    legacy = ctx.facts.category.startswith("pytorch_caching_allocator_oom_v1")
+    # The parenthesised wording dates a PyTorch build before 2.1; out-of-tree devices
+    # (torch_npu) still print it with expandable segments available.
+    legacy = ctx.facts.category.startswith("pytorch_caching_allocator_oom_v1") and (
+        ctx.facts.device_type in ("cuda", "hip")
+    )
     return (
         _share(unallocated, ctx.capacity) + (DECISIVE if decisive else 0.0),
         Diagnosis(
@@ -229,6 +233,9 @@ _ACTIVATION_CATEGORIES = {
     "cudnn_no_algorithm_oom",
     "pytorch_mps_oom",
     "cupy_oom",
+    "paddle_out_of_memory",
+    "paddle_enforce_allocating",
+    "onnxruntime_arena_alloc_failed",
 }
 
 
@@ -290,6 +297,10 @@ def _activation_commands(facts: OomFacts) -> list[str]:
             "tf.config.experimental.set_memory_growth(gpu, True)   # TF grabs the whole GPU otherwise",
             "reduce the batch size",
         ]
+    if facts.kind == "paddle":
+        return remedies.PADDLE
+    if facts.kind == "onnxruntime":
+        return remedies.ONNXRUNTIME_ARENA
     return remedies.REDUCE_ACTIVATIONS
 
 

@@ -14,13 +14,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # The coarse family, which decides the kind of fix. Documented in docs/doctor.md.
 Kind = Literal[
-    "pytorch_allocator",  # PyTorch's CUDA caching allocator (also cudaMallocAsync, legacy THC)
+    # PyTorch's CUDA caching allocator (also cudaMallocAsync, legacy THC), and the copies
+    # of it that out-of-tree devices ship with the same wording (Ascend NPU, MUSA, MLU).
+    "pytorch_allocator",
     "hip",  # the same allocator on ROCm
     "xpu",  # the same allocator on Intel GPUs (and IPEX)
     "mps",  # PyTorch on Apple silicon
     "metal",  # a Metal command buffer out of memory (llama.cpp's Metal backend, MLX)
     "driver",  # a raw CUDA/HIP runtime or driver "out of memory" (also CuPy, Numba, RMM)
     "cublas",
+    "cuda_library",  # another CUDA library's allocation status: cuFFT, cuSOLVER, cuSPARSE, ...
     "cudnn",
     "nccl",
     "bitsandbytes",
@@ -28,6 +31,9 @@ Kind = Literal[
     "ggml",  # llama.cpp
     "xla",  # JAX / XLA RESOURCE_EXHAUSTED
     "tensorflow",
+    "paddle",  # PaddlePaddle's allocator ("Out of memory error on GPU 0. Cannot allocate ...")
+    "onnxruntime",  # ONNX Runtime's memory arena (BFCArena)
+    "tensorrt",  # TensorRT's builder or runtime
     "vllm_kv_cache",  # vLLM start-up: the KV cache (or what is left after it) does not fit
 ]
 

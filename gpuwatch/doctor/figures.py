@@ -84,7 +84,9 @@ def read_figures(facts: OomFacts) -> Figures:
     reserved = facts.reserved_bytes
     if unallocated is None and reserved is not None and allocated is not None:
         unallocated = max(0, reserved - allocated)
-        notes.append("reserved but unallocated = reserved in total - allocated (pre-2.1 wording)")
+        notes.append(
+            "reserved but unallocated = reserved in total - allocated (the parenthesised wording)"
+        )
     if reserved is None and unallocated is not None and allocated is not None:
         reserved = allocated + unallocated
     figures = Figures(

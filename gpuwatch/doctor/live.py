@@ -31,8 +31,11 @@ log = logging.getLogger(__name__)
 # same model of card; outside it, another card (11 vs 12 GiB cards differ by 8 %).
 SAME_CARD_LOW_RATIO = 0.93
 SAME_CARD_HIGH_RATIO = 1.02
-# Accelerators the agent (NVML) never sees: a message from one is from another machine.
-NOT_NVIDIA_DEVICE_TYPES = frozenset({"hip", "xpu", "mps", "metal", "tpu"})
+# The device types of a message that may be about a GPU the agent (NVML) sees: CUDA,
+# and TensorFlow's and XLA's "GPU" (their GPU builds are CUDA ones). Any other (ROCm,
+# Intel, Apple, TPU, Ascend NPU and the other out-of-tree devices) is on hardware the
+# agent never sees, and host memory is no GPU's: none is attached.
+NVIDIA_DEVICE_TYPES = frozenset({"cuda", "gpu"})
 
 SNAPSHOT_PATH = "/snapshot"
 
@@ -152,10 +155,12 @@ def match_live_gpu(
     with none, or several, none is attached and the note says why.
     """
     clock = snapshot.collected_at if now is None else now
-    if device_type in NOT_NVIDIA_DEVICE_TYPES:
+    if device_type in ("host", "cpu"):
+        return LiveMatch(None, "this message is about host memory: no GPU's live context applies")
+    if device_type is not None and device_type not in NVIDIA_DEVICE_TYPES:
         return LiveMatch(
             None,
-            f"this message is from a {device_type.upper()} device; this host's agent sees "
+            f"this message is about {device_type.upper()} memory; this host's agent sees "
             "NVIDIA GPUs: live context not attached",
         )
     if total_bytes is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families import FAMILIES, Found
+from gpuwatch.doctor.families import FALLBACKS, FAMILIES, Found
 from gpuwatch.doctor.text import windows
 from gpuwatch.errors import NotRecognized
 
@@ -67,6 +67,9 @@ def _find_in(window: str) -> tuple[str, list[Found]]:
     found: list[Found] = []
     for family in FAMILIES:
         found.extend(family(window))
+    if not found:
+        for fallback in FALLBACKS:
+            found.extend(fallback(window))
     return window, found
 
 

@@ -75,6 +75,14 @@ UNKNOWN_BY_KIND = {
     "lacks full unified-memory support; use a non-paged optimizer (adamw_torch, adamw_bnb_8bit)",
     "metal": "a Metal command buffer ran out of unified memory: the model, its context or "
     "other apps use more than macOS lets the GPU have",
+    "cuda_library": "a CUDA library (cuFFT, cuSOLVER, cuSPARSE, cuRAND, ...) could not allocate "
+    "its plan, handle or workspace: the GPU was (nearly) full when it was created",
+    "paddle": "PaddlePaddle says what this process holds and what was free, not who holds the "
+    "rest: check the GPU for other processes first, then lower the batch size",
+    "onnxruntime": "ONNX Runtime's arena could not grow; by default it grows in doubling "
+    "steps and keeps what it took, so it can fail with much of the GPU idle in its own cache",
+    "tensorrt": "TensorRT could not allocate device memory: usually the builder's workspace "
+    "or an engine's activations, or other processes on the GPU",
 }
 
 # ... and by category, where the wording says more than its kind.
@@ -99,7 +107,26 @@ UNKNOWN_BY_CATEGORY = {
     "metal_command_buffer_oom": "a Metal command buffer ran out of unified memory",
     "ggml_backend_buffer_alloc_failed": "llama.cpp could not allocate a backend buffer (the "
     "cudaMalloc / hipMalloc failure itself was not in the text)",
+    "onnxruntime_arena_absurd_size": "the requested size is over 1 EiB: a corrupt or overflowed "
+    "tensor shape (a bad dynamic dimension, or a kernel bug), not a memory shortage",
+    "mlx_buffer_larger_than_allowed": "one buffer is larger than Metal allows a single buffer to "
+    "be on this Mac, whatever is free: split the work (smaller batch, context or prompt chunk)",
+    "pytorch_caching_allocator_oom_first_line": "only the message's first line is here; its "
+    "figures (requested, free, held by others) say which fix applies: paste the whole message",
 }
+
+# ONNX Runtime's CUDA provider options that bound its arena (onnxruntime.ai, CUDA EP).
+ONNXRUNTIME_ARENA = [
+    'ort.InferenceSession(path, providers=[("CUDAExecutionProvider", {"arena_extend_strategy": '
+    '"kSameAsRequested", "gpu_mem_limit": 8 * 1024**3})])   # grow by what is asked, cap it',
+    '{"cudnn_conv_algo_search": "HEURISTIC"}   # provider option: no exhaustive search for a big conv workspace',
+    "feed smaller batches or shapes: the node's activations grow with them",
+]
+
+PADDLE = [
+    "lower the batch size (the message's own advice, once no other process holds the GPU)",
+    "paddle.device.cuda.empty_cache()   # between phases, to hand cached blocks back",
+]
 
 UNKNOWN_COMMANDS_BY_CATEGORY = {
     "nccl_shm_exhausted": [
@@ -114,6 +141,16 @@ UNKNOWN_COMMANDS_BY_CATEGORY = {
     "xla_tpu_memory_space_exhausted": [
         "reduce the per-device batch, or wrap blocks in jax.checkpoint (rematerialisation)",
         "shard parameters and activations over more TPU cores (jax.sharding / pjit)",
+    ],
+    "tensorrt_out_of_memory": [
+        "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)   # cap the builder's workspace",
+        "trtexec --onnx=model.onnx --memPoolSize=workspace:1024   # the same, in MiB",
+        "build with smaller maximum shapes in the optimization profile (batch, sequence)",
+        *FIND_HOLDERS,
+    ],
+    "onnxruntime_arena_absurd_size": [
+        "check the input shapes fed to the session: a dynamic dimension of 0 or -1, or an overflowed product",
+        "run it on the CPU provider to see whether the same node asks for the same size",
     ],
     "metal_command_buffer_oom": [
         "llama.cpp: lower the context (-c) and batch (-b / -ub), or a smaller quantisation",

@@ -26,6 +26,10 @@ _TITLES = {
     "ggml": "llama.cpp (ggml)",
     "xla": "XLA",
     "tensorflow": "TensorFlow",
+    "paddle": "PaddlePaddle allocator",
+    "onnxruntime": "ONNX Runtime memory arena",
+    "tensorrt": "TensorRT",
+    "cuda_library": "CUDA library",
     "vllm_kv_cache": "vLLM start-up",
 }
 
@@ -67,6 +71,10 @@ def _command_line(command: str) -> str:
 def _headline(explanation: Explanation) -> str:
     where = f" on {explanation.device}" if explanation.device else ""
     what = _TITLES.get(explanation.kind or "", explanation.kind or "unknown")
+    device_type = explanation.device_type
+    if explanation.kind == "pytorch_allocator" and device_type not in (None, "cuda"):
+        # An out-of-tree device's copy of the allocator (Ascend NPU, MUSA, ...).
+        what = f"PyTorch {device_type.upper()} allocator"
     raised = f" ({explanation.exception})" if explanation.exception else ""
     return f"Out of memory{where}: {what}{raised}"
 

@@ -27,6 +27,10 @@ ANCHORS = (
     "resource exhausted",
     "oom when allocating",
     "alloc_failed",
+    "allocation_failed",  # CURAND_STATUS_ALLOCATION_FAILED
+    "allocator_failure",  # NVJPEG_STATUS_ALLOCATOR_FAILURE
+    "attempting to allocate",  # MLX's [metal::malloc]
+    "allocating <= available",  # Paddle before 1.5
     "cudnn",
     "kv cache",
     "cache blocks",

@@ -204,6 +204,58 @@ def test_explain_does_not_attach_a_card_of_another_size(
     assert "Right now on" not in out
 
 
+def test_explain_an_npu_message_names_its_allocator_and_gets_no_nvidia_context(
+    agent: FakeAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # torch_npu's copy of the allocator: its own variable, and this host's NVIDIA GPU 0
+    # (whatever its size) is not the card that failed.
+    npu = (
+        "RuntimeError: NPU out of memory. Tried to allocate 5.03 GiB (NPU 3; 60.96 GiB total "
+        "capacity; 49.47 GiB already allocated; 49.47 GiB current active; 1.32 GiB free; "
+        "57.55 GiB reserved in total by PyTorch)"
+    )
+    code, out, _ = run(["explain", "--text", npu, "--agent", agent.url], capsys)
+    assert code == 0
+    assert out.startswith("Out of memory on npu:3: PyTorch NPU allocator (RuntimeError)")
+    assert "$ export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in out
+    assert "note: this message is about NPU memory; this host's agent sees NVIDIA GPUs" in out
+    assert "Right now on" not in out
+
+
+@pytest.mark.parametrize(
+    ("message", "headline", "command"),
+    [
+        (
+            "Out of memory error on GPU 0. Cannot allocate 56.000000MB memory on GPU 0, "
+            "7.782776GB memory has been allocated and available memory is only 12.750000MB.",
+            "Out of memory on cuda:0: PaddlePaddle allocator",
+            "lower the batch size",
+        ),
+        (
+            "[TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::145] Error Code 2: "
+            "OutOfMemory (no further information)",
+            "Out of memory: TensorRT",
+            "trtexec --onnx=model.onnx --memPoolSize=workspace:1024",
+        ),
+        (
+            "Non-zero status code returned while running ReduceSum node. "
+            "onnxruntime::BFCArena::AllocateRawInternal Failed to allocate memory for "
+            "requested buffer of size 939524096",
+            "Out of memory: ONNX Runtime memory arena",
+            '"arena_extend_strategy": "kSameAsRequested"',
+        ),
+    ],
+    ids=["paddle", "tensorrt", "onnxruntime"],
+)
+def test_explain_other_frameworks_get_their_own_fix(
+    message: str, headline: str, command: str, capsys: pytest.CaptureFixture[str], no_agent_url: str
+) -> None:
+    code, out, _ = run(["explain", "--text", message, "--agent", no_agent_url], capsys)
+    assert code == 0
+    assert out.startswith(headline)
+    assert command in out
+
+
 def test_explain_without_input_at_a_terminal_prints_a_hint_and_exits_2(tmp_path: Path) -> None:
     # stdin is a real terminal (a pty): the old behaviour was a silent wait for Ctrl-D.
     import os

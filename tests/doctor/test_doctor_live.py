@@ -136,4 +136,4 @@ def test_a_message_from_another_accelerator_gets_no_nvidia_context() -> None:
     )
     explanation = explain(mps, snapshot=_with_gpus(24), now=COLLECTED_AT)
     assert explanation.live is None
-    assert explanation.live_note is not None and "MPS device" in explanation.live_note
+    assert explanation.live_note is not None and "about MPS memory" in explanation.live_note

@@ -1,7 +1,9 @@
 """One module per family of OOM wording; each exposes ``find(window) -> list[Found]``.
 
 The families' header patterns are disjoint (each needs its own wording), so every
-family runs on every window and the results are ordered by position.
+family runs on every window and the results are ordered by position. The
+:data:`FALLBACKS` read wordings that other families' messages begin with, so they run
+only on a window where no family found anything.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from gpuwatch.doctor.families import (
     metal,
     mps,
     nccl,
+    onnxruntime,
+    paddle,
     pytorch,
     tensorflow,
+    tensorrt,
     vllm,
     xla,
 )
@@ -33,6 +38,11 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     xla.find,
     llama_cpp.find,
     cupy.find,
+    paddle.find,
+    onnxruntime.find,
+    tensorrt.find,
 )
 
-__all__ = ["FAMILIES", "Found"]
+FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line,)
+
+__all__ = ["FALLBACKS", "FAMILIES", "Found"]

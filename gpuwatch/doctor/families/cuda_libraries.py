@@ -2,9 +2,10 @@
 
 These messages carry no sizes (or only the one failed request), so what they tell is
 *where* memory ran out: a plain ``CUDA error: out of memory`` (often the CUDA context
-or a kernel's own allocation; the same from HIP, CuPy, Numba, RMM), cuBLAS/cuDNN handle
-or workspace creation, bitsandbytes' managed (paged-optimizer) memory. NCCL has its own
-module (:mod:`~gpuwatch.doctor.families.nccl`).
+or a kernel's own allocation; the same from HIP, CuPy, Numba, RMM, MXNet), cuBLAS/cuDNN
+handle or workspace creation, the other CUDA libraries' allocation statuses (cuFFT,
+cuSOLVER, cuSPARSE, cuRAND, cuTENSOR, nvJPEG), bitsandbytes' managed (paged-optimizer)
+memory. NCCL has its own module (:mod:`~gpuwatch.doctor.families.nccl`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ _RUNTIME = re.compile(
     r"|(?P<enum>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'?(?:\s*\(\d+\))?:?\s+out\s+of\s+memory"
     r"|Search\s+for\s+`(?P<hint>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'"
 )
+# A framework's own report of a failed cudaMalloc/hipMalloc: MXNet's pooled storage
+# manager ("cudaMalloc failed: out of memory", "cudaMalloc retry failed: out of memory"),
+# and ONNX Runtime's and CNTK's CUDA_CALL ("CUDA failure 2: out of memory ; GPU=0 ;
+# ... expr=cudaMalloc(...)"). llama.cpp prints the same after "allocating N MiB on device
+# N:", which is its family's (:mod:`~gpuwatch.doctor.families.llama_cpp`).
+_MALLOC = re.compile(
+    r"(?P<call>cuda|hip)Malloc(?:\s+retry)?\s+failed:\s*out\s+of\s+memory"
+    r"|(?P<api>CUDA|HIP)\s+failure\s+2:\s*out\s+of\s+memory"
+)
+_GGML_BEFORE = re.compile(r"on\s+device\s+\d+:\s*$")
 # The CUDA_CHECK macro many C++ projects copy: "CUDA error 2 at ggml-cuda.cu:359: out of
 # memory" (llama.cpp before 2024, and others); 2 is cudaErrorMemoryAllocation.
 _CHECK_MACRO = re.compile(
@@ -38,6 +49,13 @@ _DRIVER = re.compile(r"CUDA_ERROR_OUT_OF_MEMORY")
 _OTHER_FAMILY_BEFORE = re.compile(r"failed\s+to\s+alloc|RESOURCE_EXHAUSTED")
 _DRIVER_CALL = re.compile(r"\b(cu[A-Z]\w*)\b")
 _CUBLAS = re.compile(r"CUBLAS_STATUS_(?P<status>ALLOC_FAILED|NOT_INITIALIZED)")
+# The other CUDA libraries' "could not allocate" statuses, by their enum names (cuFFT's
+# has no STATUS_, cuRAND's says ALLOCATION, nvJPEG's ALLOCATOR_FAILURE).
+_LIBRARY_ALLOC = re.compile(
+    r"\b(?P<status>(?P<lib>CUSOLVER|CUSPARSE|CUTENSOR)_STATUS_ALLOC_FAILED"
+    r"|(?P<fft>CUFFT)_ALLOC_FAILED|(?P<rand>CURAND)_STATUS_ALLOCATION_FAILED"
+    r"|(?P<jpeg>NVJPEG)_STATUS_ALLOCATOR_FAILURE)\b"
+)
 # NOT_INITIALIZED means cuBLAS could not create its handle; when that failed in handle
 # creation (cublasCreate, TF's "failed to create cublas handle", CuPy's cublas.create),
 # the GPU was nearly always full. Elsewhere it is a setup error, not an OOM.
@@ -87,6 +105,40 @@ def _runtime(span: Span) -> OomFacts:
         exception=exception_before(span.text, span.start),
         device_type="hip" if hip else "cuda",
         cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
+        message=span.snippet,
+    )
+
+
+def _malloc(span: Span) -> OomFacts | None:
+    match = _MALLOC.match(span.text, span.start)
+    assert match is not None
+    line_start = span.text.rfind("\n", 0, span.start) + 1
+    if _GGML_BEFORE.search(span.text, line_start, span.start):
+        return None
+    hip = (match["call"] or match["api"] or "").upper() == "HIP"
+    return OomFacts(
+        kind="driver",
+        category="cuda_malloc_failed",
+        exception=exception_before(span.text, span.start),
+        device_type="hip" if hip else "cuda",
+        device_index=span.integer(_GPU_FIELD),
+        cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
+        api_call="hipMalloc" if hip else "cudaMalloc",
+        message=span.snippet,
+    )
+
+
+def _library_alloc(span: Span) -> OomFacts:
+    match = _LIBRARY_ALLOC.match(span.text, span.start)
+    assert match is not None
+    library = match["lib"] or match["fft"] or match["rand"] or match["jpeg"] or ""
+    return OomFacts(
+        kind="cuda_library",
+        category=f"{library.lower()}_alloc_failed",
+        exception=exception_before(span.text, span.start),
+        device_type="cuda",
+        library_status=match["status"],
+        api_call=span.group(_CALLING),
         message=span.snippet,
     )
 
@@ -207,9 +259,11 @@ def _bitsandbytes(span: Span) -> OomFacts:
 
 _BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...] = (
     (_RUNTIME, _runtime),
+    (_MALLOC, _malloc),
     (_CHECK_MACRO, _check_macro),
     (_DRIVER, _driver),
     (_CUBLAS, _cublas),
+    (_LIBRARY_ALLOC, _library_alloc),
     (_CUDNN_STATUS, _cudnn_status),
     (_CUDNN_NO_ALGORITHM, _cudnn_no_algorithm),
     (_WORKSPACE, _workspace),

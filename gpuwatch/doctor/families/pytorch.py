@@ -11,6 +11,12 @@ Wordings (docs/doctor.md has the timeline and the sources):
   has U memory in use. ][M allowed; ]Of the allocated memory A is allocated by PyTorch,
   [with P allocated in private pools (e.g., CUDA Graphs), ]and R is reserved by PyTorch
   but unallocated.`` The same sentences on ROCm (``HIP out of memory``) and XPU.
+* Out-of-tree devices (Ascend ``NPU``, Moore Threads ``MUSA``, Cambricon ``MLU``, ...)
+  ship a copy of the caching allocator and print its messages with their own device
+  word (``NPU out of memory. Tried to allocate 22.00 MiB (NPU 0; 60.97 GiB total
+  capacity; ...``): any upper-case device word before ``out of memory. Tried to
+  allocate`` is read the same way. Cut right after ``out of memory`` (an issue title),
+  only the device words PyTorch and those backends use are trusted.
 * cudaMallocAsync: ``Allocation on device n would exceed allowed memory. (out of memory)``
   followed by a ``Currently allocated / Requested / Device limit / Free / PyTorch limit``
   table.
@@ -31,20 +37,30 @@ from gpuwatch.doctor.families.clauses import (
     spans,
 )
 
+# The device words of PyTorch and of the out-of-tree backends that copy its allocator.
+_DEVICE_WORDS = r"CUDA|HIP|XPU|NPU|MUSA|MLU|GCU|DCU|SDAA"
 _HEADER = re.compile(
-    r"(?:(?P<dev>CUDA|HIP|XPU)\s+out\s+of\s+memory\.?"
+    # A known device word even glued to what comes before ("whyCUDA out of ..."), or any
+    # upper-case word.
+    rf"(?:(?P<dev>{_DEVICE_WORDS}|\b[A-Z][A-Z0-9]{{1,7}})\s+out\s+of\s+memory\.?"
     # IPEX's per-allocation limit: "Current platform can NOT allocate memory block with
     # size larger than 4GB! Tried to allocate ..." (an XPU-only message).
     r"|(?P<ipex>(?:Current\s+platform\s+)?can\s+NOT\s+allocate\s+memory\s+block\s+with\s+size\s+larger\s+than\s+\S+))"
     r"\s+Tried\s+to\s+allocate\b"
 )
+# The first line alone ("RuntimeError: MUSA out of memory", an issue title), for the
+# device words above only: "GPU out of memory" alone could be anyone's wording. Read
+# only where no family found a whole message (:data:`~gpuwatch.doctor.families.FALLBACKS`):
+# other families' wordings start the same way ("CUDA out of memory occurred when warming
+# up sampler", vLLM's).
+_FIRST_LINE = re.compile(rf"\b(?P<dev>{_DEVICE_WORDS})\s+out\s+of\s+memory\b")
 _REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
 _ABSURD = re.compile(r"Tried\s+to\s+allocate\s+more\s+than\s+1EB")
-_SENTENCE_GPU = re.compile(r"GPU\s+(\d+)\s+has\s+a\s+total\s+capac")
+_SENTENCE_GPU = re.compile(r"\b[A-Z]{2,5}\s+(\d+)\s+has\s+a\s+total\s+capac")
 # The 1.x wording puts its figures in parentheses after the size; without those
 # clauses (2.1+ sentences, or a message cut right after the size) it is the new form.
-_PAREN_FORM = re.compile(r"\(\s*GPU\s+\d+\s*;|total\s+capacity\s*;|already\s+allocated")
-_PAREN_GPU = re.compile(r"\(\s*GPU\s+(\d+)\s*;")
+_PAREN_FORM = re.compile(r"\(\s*[A-Z]{2,5}\s+\d+\s*;|total\s+capacity\s*;|already\s+allocated")
+_PAREN_GPU = re.compile(r"\(\s*[A-Z]{2,5}\s+(\d+)\s*;")
 _SENTENCE_TOTAL = compile_clause(r"total\s+capaci?ty\s+of\s+")
 _SENTENCE_FREE = compile_clause(r"of\s+which\s+", r"\s+is\s+free")
 _PAREN_TOTAL = compile_clause("", r"\s+total\s+capacity")
@@ -60,7 +76,7 @@ _ALLOCATED = compile_clause(
 )
 _PRIVATE_POOLS = compile_clause(r"with\s+", r"\s+allocated\s+in\s+private\s+pools")
 _RESERVED_UNALLOCATED = compile_clause("", r"\s+is\s+reserved\s+by\s+PyTorch\s+but\s+unallocated")
-_ALLOC_CONF = re.compile(r"\b(PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF)\b")
+_ALLOC_CONF = re.compile(r"\b(PYTORCH_(?:[A-Z]{2,5}_)?ALLOC_CONF)\b")
 _ADVICE = tuple(
     (re.compile(pattern), name)
     for pattern, name in (
@@ -70,11 +86,28 @@ _ADVICE = tuple(
     )
 )
 _KIND_BY_DEVICE: dict[str, Kind] = {"cuda": "pytorch_allocator", "hip": "hip", "xpu": "xpu"}
+# An out-of-tree device's copy of the allocator reads its own variable (torch_npu:
+# PYTORCH_NPU_ALLOC_CONF), not PyTorch's CUDA one.
+_OUT_OF_TREE_ALLOC_CONF = {
+    word.lower(): f"PYTORCH_{word}_ALLOC_CONF"
+    for word in _DEVICE_WORDS.split("|")
+    if word.lower() not in _KIND_BY_DEVICE
+}
 
 
 def find(window: str) -> list[Found]:
     """Every PyTorch-allocator OOM message in ``window``, in order."""
     return [*_find_caching(window), *_find_async(window), *_find_thc(window)]
+
+
+def find_first_line(window: str) -> list[Found]:
+    """The allocator's first line with nothing after it (a fallback: see _FIRST_LINE)."""
+    found = []
+    for span in spans(window, _FIRST_LINE, limit=400):
+        header = _FIRST_LINE.match(window, span.start)
+        assert header is not None
+        found.append(Found(span.start, _caching_facts(span, header["dev"].lower(), cut=True)))
+    return found
 
 
 def _find_caching(window: str) -> list[Found]:
@@ -87,10 +120,12 @@ def _find_caching(window: str) -> list[Found]:
     return found
 
 
-def _caching_facts(span: Span, device_type: str) -> OomFacts:
+def _caching_facts(span: Span, device_type: str, *, cut: bool = False) -> OomFacts:
     sentences = not span.has(_PAREN_FORM)
     cached = span.size(_PAREN_CACHED)
-    if span.has(_ABSURD):
+    if cut:
+        category = "pytorch_caching_allocator_oom_first_line"
+    elif span.has(_ABSURD):
         category = "pytorch_caching_allocator_oom_absurd_size"
     elif device_type == "xpu" and not sentences:
         category = "ipex_xpu_oom_v1"
@@ -101,13 +136,15 @@ def _caching_facts(span: Span, device_type: str) -> OomFacts:
     else:
         category = "pytorch_caching_allocator_oom_v1"
     facts = OomFacts(
-        kind=_KIND_BY_DEVICE[device_type],
+        kind=_KIND_BY_DEVICE.get(device_type, "pytorch_allocator"),
         category=category,
         exception=exception_before(span.text, span.start),
         device_type=device_type,
         requested_bytes=None if span.has(_ABSURD) else span.size(_REQUESTED),
         allowed_bytes=span.size(_ALLOWED),
-        alloc_conf_var=span.group(_ALLOC_CONF),
+        # An out-of-tree device's copy of the allocator reads its own variable
+        # (torch_npu: PYTORCH_NPU_ALLOC_CONF), not PyTorch's CUDA one.
+        alloc_conf_var=span.group(_ALLOC_CONF) or _OUT_OF_TREE_ALLOC_CONF.get(device_type),
         advice=next((name for pattern, name in _ADVICE if span.has(pattern)), None),
         message=span.snippet,
     )
@@ -134,7 +171,11 @@ def _caching_facts(span: Span, device_type: str) -> OomFacts:
 
 
 _ASYNC_HEADER = re.compile(r"Allocation\s+on\s+device\b[ \t]*(?P<index>\d+)?")
-_ASYNC_CONFIRM = re.compile(r"would\s+exceed\s+allowed\s+memory")
+# ComfyUI's own report follows a bare "Allocation on device" with "This error means you
+# ran out of memory on your GPU."
+_ASYNC_CONFIRM = re.compile(
+    r"would\s+exceed\s+allowed\s+memory|ran\s+out\s+of\s+memory\s+on\s+your\s+GPU"
+)
 _ASYNC_ALLOCATED = compile_clause(r"Currently\s+allocated\s*:\s*")
 _ASYNC_REQUESTED = compile_clause(r"Requested\s*:\s*")
 _ASYNC_LIMIT = compile_clause(r"Device\s+limit\s*:\s*")

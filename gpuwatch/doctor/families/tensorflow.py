@@ -78,6 +78,7 @@ _REPORTING = re.compile(
     r"|Resource\s+exhausted|EigenAllocator"
 )
 BFC_LOOKBACK_CHARS = 1500
+_XLA_SOURCE = re.compile(r"\bxla/(?:tsl|xla|service|pjrt|stream_executor)/|\bjax(?:lib)?\b")
 
 
 def find(window: str) -> list[Found]:
@@ -193,9 +194,12 @@ def _find_bfc(window: str) -> list[Found]:
         assert match is not None
         allocator = match["allocator"] or ""
         gpu = re.fullmatch(r"GPU_(\d+)_bfc", allocator)
+        # XLA (JAX) runs the same BFC allocator; its log lines name XLA's source tree.
+        line_start = window.rfind("\n", 0, span.start) + 1
+        xla = _XLA_SOURCE.search(window, line_start, span.start) is not None
         facts = OomFacts(
-            kind="tensorflow",
-            category="tensorflow_bfc_allocator_oom",
+            kind="xla" if xla else "tensorflow",
+            category="xla_bfc_allocator_oom" if xla else "tensorflow_bfc_allocator_oom",
             device_type="gpu" if gpu else None,
             device_index=int(gpu[1]) if gpu else None,
             requested_bytes=int(match["rounded"]) if match["rounded"] else size_of(match),

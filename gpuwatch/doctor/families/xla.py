@@ -37,9 +37,10 @@ from gpuwatch.doctor.families.clauses import (
 )
 
 _EXHAUSTED = r"(?:RESOURCE_EXHAUSTED|Resource\s+exhausted):\s+"
+# The size in bytes ("6291456 bytes"), or human-readable ("2.50GiB") as some releases print it.
 _OOM = re.compile(
     _EXHAUSTED + r"Out\s+of\s+memory\s+(?:while\s+trying\s+to\s+allocate|allocating)"
-    r"\s+(?P<bytes>\d+)\s+bytes"
+    rf"\s+(?:(?P<bytes>\d+)\s+bytes|{SIZE})"
 )
 _REQUEST = re.compile(
     rf"{_EXHAUSTED}Failed\s+to\s+allocate\s+request\s+for\s+{SIZE}"
@@ -103,8 +104,10 @@ def _gpu_facts(span: Span, header: re.Pattern[str]) -> OomFacts:
     if header is _REQUEST:
         facts.requested_bytes = size_of(match)
         facts.device_index = int(match["ordinal"]) if match["ordinal"] else None
-    else:
+    elif match["bytes"]:
         facts.requested_bytes = int(match["bytes"])
+    else:
+        facts.requested_bytes = size_of(match)
     if header is _ASYNC:
         facts.device_type = "gpu"
         figures = _ASYNC_FREE_TOTAL.search(window, span.start, span.end)
