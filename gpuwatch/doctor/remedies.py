@@ -107,6 +107,8 @@ UNKNOWN_BY_CATEGORY = {
     "metal_command_buffer_oom": "a Metal command buffer ran out of unified memory",
     "ggml_backend_buffer_alloc_failed": "llama.cpp could not allocate a backend buffer (the "
     "cudaMalloc / hipMalloc failure itself was not in the text)",
+    "miopen_alloc_failed": "MIOpen (ROCm's DNN library) could not allocate a buffer for a "
+    "convolution or its workspace: the GPU was (nearly) full",
     "onnxruntime_arena_absurd_size": "the requested size is over 1 EiB: a corrupt or overflowed "
     "tensor shape (a bad dynamic dimension, or a kernel bug), not a memory shortage",
     "mlx_buffer_larger_than_allowed": "one buffer is larger than Metal allows a single buffer to "
@@ -128,7 +130,7 @@ PADDLE = [
     "paddle.device.cuda.empty_cache()   # between phases, to hand cached blocks back",
 ]
 
-UNKNOWN_COMMANDS_BY_CATEGORY = {
+UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
     "nccl_shm_exhausted": [
         "docker run --shm-size=8g ...   # or --ipc=host; Kubernetes: an emptyDir medium: Memory at /dev/shm",
         "df -h /dev/shm",
@@ -148,6 +150,8 @@ UNKNOWN_COMMANDS_BY_CATEGORY = {
         "build with smaller maximum shapes in the optimization profile (batch, sequence)",
         *FIND_HOLDERS,
     ],
+    "miopen_alloc_failed": "MIOpen (ROCm's DNN library) could not allocate a buffer for a "
+    "convolution or its workspace: the GPU was (nearly) full",
     "onnxruntime_arena_absurd_size": [
         "check the input shapes fed to the session: a dynamic dimension of 0 or -1, or an overflowed product",
         "run it on the CPU provider to see whether the same node asks for the same size",

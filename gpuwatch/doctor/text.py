@@ -31,6 +31,7 @@ ANCHORS = (
     "allocator_failure",  # NVJPEG_STATUS_ALLOCATOR_FAILURE
     "attempting to allocate",  # MLX's [metal::malloc]
     "allocating <= available",  # Paddle before 1.5
+    "not available to allocate",  # MIOpen
     "cudnn",
     "kv cache",
     "cache blocks",

@@ -24,7 +24,9 @@ from gpuwatch.doctor.families.clauses import Found, Span, exception_before, span
 # `cudaErrorMemoryAllocation' in ...", which alone (the first line cut off) still says it.
 _RUNTIME = re.compile(
     r"(?P<api>CUDA|HIP)\s+(?:driver\s+)?error:\s*out\s+of\s+memory"
-    r"|(?P<enum>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'?(?:\s*\(\d+\))?:?\s+out\s+of\s+memory"
+    # The enum name is the error itself, with or without its text after it: "'hipErrorOutOfMemory'(2)
+    # at square.cpp:76", or quoted in a sentence.
+    r"|(?P<enum>\bcudaErrorMemoryAllocation|\bhipErrorOutOfMemory)\b'?(?:\s*\(\d+\))?(?::?\s+out\s+of\s+memory)?"
     r"|Search\s+for\s+`(?P<hint>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'"
 )
 # A framework's own report of a failed cudaMalloc/hipMalloc: MXNet's pooled storage
@@ -73,9 +75,13 @@ _CUDNN_CALL = re.compile(r"\((cudnn\w+)\)")
 _GPU_FIELD = re.compile(r";\s*GPU=(\d+)\s*;")
 _CUDNN_NO_ALGORITHM = re.compile(r"Unable\s+to\s+find\s+a\s+valid\s+cuDNN\s+algorithm")
 _CPP_LOCATION = re.compile(r"\bat\s+\S*?(\w+\.cpp:\d+)")
+_CPP_LOCATION_COLON = re.compile(r"(\w+\.cpp:\d+):")
 _WORKSPACE = re.compile(
     r"Minimum\s+workspace\s+size:\s*(?P<need>\d+)\s*Bytes\s+Given:\s*(?P<given>\d+)\s*Bytes"
 )
+# MIOpen (ROCm's DNN library) could not get a buffer: "MIOpen Error: .../handlehip.cpp:70:
+# Memory not available to allocate buffer: 655360000".
+_MIOPEN = re.compile(r"Memory\s+not\s+available\s+to\s+allocate\s+buffer:\s*(?P<bytes>\d+)")
 # RAPIDS Memory Manager: "std::bad_alloc: out_of_memory: CUDA error at: .../rmm/..."
 _RMM = re.compile(r"(?:rmm::)?out_of_memory:\s+CUDA\s+error\s+at")
 _BNB = re.compile(
@@ -231,6 +237,18 @@ def _workspace(span: Span) -> OomFacts:
     )
 
 
+def _miopen(span: Span) -> OomFacts:
+    return OomFacts(
+        kind="driver",
+        category="miopen_alloc_failed",
+        exception=exception_before(span.text, span.start),
+        device_type="hip",
+        requested_bytes=span.integer(_MIOPEN, "bytes"),
+        source_location=span.group(_CPP_LOCATION_COLON),
+        message=span.snippet,
+    )
+
+
 def _rmm(span: Span) -> OomFacts:
     return OomFacts(
         kind="driver",
@@ -267,6 +285,7 @@ _BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...]
     (_CUDNN_STATUS, _cudnn_status),
     (_CUDNN_NO_ALGORITHM, _cudnn_no_algorithm),
     (_WORKSPACE, _workspace),
+    (_MIOPEN, _miopen),
     (_RMM, _rmm),
     (_BNB, _bitsandbytes),
 )

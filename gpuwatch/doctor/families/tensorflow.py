@@ -49,9 +49,10 @@ _TF_DEVICE = re.compile(
 )
 _RESOURCE_EXHAUSTED_ERROR = re.compile(r"([\w.]*ResourceExhaustedError)\b")
 _INTERNAL_ERROR = re.compile(r"([\w.]*InternalError)\b")
-# The allocator's failure; the ITEX build prints "Allocator ran out ..." with no name.
+# The allocator's failure; the ITEX build prints "Allocator ran out ..." with no name, and
+# people quoting it often drop the "Allocator (GPU_0_bfc)" in front.
 _BFC_FAILURE = compile_clause(
-    r"Allocator\s+(?:\((?P<allocator>\w+)\)\s+)?ran\s+out\s+of\s+memory\s+trying\s+to\s+allocate\s+",
+    r"(?:Allocator\s+(?:\((?P<allocator>\w+)\)\s+)?)?ran\s+out\s+of\s+memory\s+trying\s+to\s+allocate\s+",
     r"(?:\s*\(rounded\s+to\s+(?P<rounded>\d+)\))?"
     r"(?!\s*(?:with\s+freed_by|\.\s*The\s+caller))",
 )
