@@ -150,8 +150,6 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "build with smaller maximum shapes in the optimization profile (batch, sequence)",
         *FIND_HOLDERS,
     ],
-    "miopen_alloc_failed": "MIOpen (ROCm's DNN library) could not allocate a buffer for a "
-    "convolution or its workspace: the GPU was (nearly) full",
     "onnxruntime_arena_absurd_size": [
         "check the input shapes fed to the session: a dynamic dimension of 0 or -1, or an overflowed product",
         "run it on the CPU provider to see whether the same node asks for the same size",
