@@ -14,6 +14,26 @@ FIND_HOLDERS = [
     "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",
 ]
 
+# Who holds the device, for hardware nvidia-smi (and gpuwatch's NVML agent) cannot see.
+FIND_HOLDERS_BY_DEVICE = {
+    "hip": ["rocm-smi --showpids", "rocm-smi --showmeminfo vram"],
+    "npu": ["npu-smi info"],
+    "musa": ["mthreads-gmi"],
+    "mlu": ["cnmon"],
+    "mps": ["vm_stat   # unified memory: other apps count against the GPU's share"],
+    "metal": ["vm_stat   # unified memory: other apps count against the GPU's share"],
+}
+
+
+def find_holders(device_type: str | None) -> list[str]:
+    """The commands that show who else holds a device of ``device_type``."""
+    if device_type in (None, "cuda", "gpu"):
+        return FIND_HOLDERS
+    return FIND_HOLDERS_BY_DEVICE.get(
+        device_type,
+        [f"the {device_type.upper()} vendor's monitoring tool lists who holds its memory"],
+    )
+
 
 def fragmentation(alloc_conf_var: str | None, *, legacy: bool) -> list[str]:
     """Allocator settings; ``legacy``: a pre-2.1 PyTorch without expandable segments."""

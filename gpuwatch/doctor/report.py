@@ -75,6 +75,8 @@ def _headline(explanation: Explanation) -> str:
     if explanation.kind == "pytorch_allocator" and device_type not in (None, "cuda"):
         # An out-of-tree device's copy of the allocator (Ascend NPU, MUSA, ...).
         what = f"PyTorch {device_type.upper()} allocator"
+    elif explanation.kind == "driver" and device_type == "hip":
+        what = "HIP runtime (ROCm)"
     raised = f" ({explanation.exception})" if explanation.exception else ""
     return f"Out of memory{where}: {what}{raised}"
 

@@ -256,6 +256,20 @@ def test_explain_other_frameworks_get_their_own_fix(
     assert command in out
 
 
+def test_explain_a_rocm_message_points_at_rocm_tools_not_nvidia_smi(
+    capsys: pytest.CaptureFixture[str], no_agent_url: str
+) -> None:
+    message = (
+        "MIOpen Error: /data/repo/MIOpen/src/hip/handlehip.cpp:70: "
+        "Memory not available to allocate buffer: 655360000"
+    )
+    code, out, _ = run(["explain", "--text", message, "--agent", no_agent_url], capsys)
+    assert code == 0
+    assert out.startswith("Out of memory: HIP runtime (ROCm)")
+    assert "rocm-smi --showpids" in out
+    assert "nvidia-smi" not in out
+
+
 def test_explain_without_input_at_a_terminal_prints_a_hint_and_exits_2(tmp_path: Path) -> None:
     # stdin is a real terminal (a pty): the old behaviour was a silent wait for Ctrl-D.
     import os
