@@ -368,6 +368,11 @@ def _model_too_large(ctx: Context) -> tuple[float, Diagnosis] | None:
 
 
 def _weights_commands(facts: OomFacts, loaded: int, capacity: int | None) -> list[str]:
+    if facts.kind == "ggml" and facts.device_type == "host":
+        return [
+            "llama.cpp: keep mmap on (drop --no-mmap), offload more layers to the GPU (-ngl N), "
+            "or a smaller quantisation (Q4_K_M)"
+        ]
     if facts.kind == "ggml":
         return ["llama.cpp: offload fewer layers (-ngl N), or a smaller quantisation (Q4_K_M)"]
     if not loaded:

@@ -20,6 +20,8 @@ FIND_HOLDERS_BY_DEVICE = {
     "npu": ["npu-smi info"],
     "musa": ["mthreads-gmi"],
     "mlu": ["cnmon"],
+    "host": ["free -h", "ps -eo pid,user,rss,comm --sort=-rss | head   # who holds system RAM"],
+    "cpu": ["free -h", "ps -eo pid,user,rss,comm --sort=-rss | head   # who holds system RAM"],
     "mps": ["vm_stat   # unified memory: other apps count against the GPU's share"],
     "metal": ["vm_stat   # unified memory: other apps count against the GPU's share"],
 }
@@ -127,6 +129,8 @@ UNKNOWN_BY_CATEGORY = {
     "metal_command_buffer_oom": "a Metal command buffer ran out of unified memory",
     "ggml_backend_buffer_alloc_failed": "llama.cpp could not allocate a backend buffer (the "
     "cudaMalloc / hipMalloc failure itself was not in the text)",
+    "ggml_host_buffer_alloc_failed": "llama.cpp could not allocate a CPU buffer: system RAM ran "
+    "out (the layers kept on the CPU, or a copy made with mmap off), not GPU memory",
     "miopen_alloc_failed": "MIOpen (ROCm's DNN library) could not allocate a buffer for a "
     "convolution or its workspace: the GPU was (nearly) full",
     "onnxruntime_arena_absurd_size": "the requested size is over 1 EiB: a corrupt or overflowed "

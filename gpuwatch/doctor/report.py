@@ -61,6 +61,10 @@ _SHELL_PROGRAMS = (
     "docker ",
     "df ",
     "sudo ",
+    "free ",
+    "ps ",
+    "rocm-smi",
+    "npu-smi",
 )
 
 

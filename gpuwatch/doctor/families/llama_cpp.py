@@ -25,9 +25,15 @@ _HEADER = compile_clause(
 _EXACT = re.compile(
     r"failed\s+to\s+allocate\s+(?P<backend>CUDA|ROCm)\d+\s+buffer\s+of\s+size\s+(?P<bytes>\d+)"
 )
+# Any backend's name: CUDA0, ROCm0, CPU (host RAM), Metal, Vulkan0, SYCL0, CANN0, ...
 _BACKEND_BUFFER = re.compile(
-    r"unable\s+to\s+allocate\s+(?:backend|(?P<backend>CUDA|ROCm)(?P<device>\d+))\s+buffer"
+    r"unable\s+to\s+allocate\s+(?:backend|(?P<backend>[A-Za-z]+?)_?(?P<device>\d+)?)\s+buffer"
 )
+# The host-side allocation that precedes it when system RAM ran out:
+# "alloc_tensor_range: failed to allocate CPU buffer of size 437944320".
+_HOST_EXACT = re.compile(r"failed\s+to\s+allocate\s+CPU\s+buffer\s+of\s+size\s+(?P<bytes>\d+)")
+# A ggml backend name, as the device type it runs on.
+_DEVICE_TYPES = {"cuda": "cuda", "rocm": "hip", "cpu": "host", "metal": "metal"}
 # (phase, pattern), first match wins; looked for after the failure, and for the
 # weights also shortly before it (the loader prints its progress first).
 _PHASES = (
@@ -60,11 +66,17 @@ def find(window: str) -> list[Found]:
     for span in spans(window, _BACKEND_BUFFER, limit=400):
         match = _BACKEND_BUFFER.match(window, span.start)
         assert match is not None
+        backend = (match["backend"] or "").lower()
+        device_type = _DEVICE_TYPES.get(backend, backend or None)
+        host = _HOST_EXACT.search(window, max(0, span.start - 400), span.end)
         facts = OomFacts(
             kind="ggml",
-            category="ggml_backend_buffer_alloc_failed",
-            device_type={"CUDA": "cuda", "ROCm": "hip"}.get(match["backend"] or ""),
+            category="ggml_host_buffer_alloc_failed"
+            if device_type == "host"
+            else "ggml_backend_buffer_alloc_failed",
+            device_type=device_type,
             device_index=int(match["device"]) if match["device"] else None,
+            requested_bytes=int(host["bytes"]) if host and device_type == "host" else None,
             phase=_phase(window, span.start, span.end),
             message=span.snippet,
         )

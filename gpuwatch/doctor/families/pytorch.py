@@ -45,7 +45,9 @@ _HEADER = re.compile(
     rf"(?:(?P<dev>{_DEVICE_WORDS}|\b[A-Z][A-Z0-9]{{1,7}})\s+out\s+of\s+memory\.?"
     # IPEX's per-allocation limit: "Current platform can NOT allocate memory block with
     # size larger than 4GB! Tried to allocate ..." (an XPU-only message).
-    r"|(?P<ipex>(?:Current\s+platform\s+)?can\s+NOT\s+allocate\s+memory\s+block\s+with\s+size\s+larger\s+than\s+\S+))"
+    r"|(?P<ipex>(?:Current\s+platform\s+)?can\s+NOT\s+allocate\s+memory\s+block\s+with\s+size\s+larger\s+than\s+\S+)"
+    # The exception's name right before it: a message quoted without its first sentence.
+    r"|(?P<named>OutOfMemoryError:))"
     r"\s+Tried\s+to\s+allocate\b"
 )
 # The first line alone ("RuntimeError: MUSA out of memory", an issue title), for the
@@ -56,12 +58,13 @@ _HEADER = re.compile(
 _FIRST_LINE = re.compile(rf"\b(?P<dev>{_DEVICE_WORDS})\s+out\s+of\s+memory\b")
 _REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
 _ABSURD = re.compile(r"Tried\s+to\s+allocate\s+more\s+than\s+1EB")
-_SENTENCE_GPU = re.compile(r"\b[A-Z]{2,5}\s+(\d+)\s+has\s+a\s+total\s+capac")
+_SENTENCE_GPU = re.compile(r"\b[A-Z]{2,5}\s+(\d+)\s+has\s+(?:a\s+)?total\b")
 # The 1.x wording puts its figures in parentheses after the size; without those
 # clauses (2.1+ sentences, or a message cut right after the size) it is the new form.
 _PAREN_FORM = re.compile(r"\(\s*[A-Z]{2,5}\s+\d+\s*;|total\s+capacity\s*;|already\s+allocated")
 _PAREN_GPU = re.compile(r"\(\s*[A-Z]{2,5}\s+(\d+)\s*;")
-_SENTENCE_TOTAL = compile_clause(r"total\s+capaci?ty\s+of\s+")
+# "has a total capacity of T" (and PyTorch's "capacty" typo), or a paraphrase's "has total T".
+_SENTENCE_TOTAL = compile_clause(r"has\s+(?:a\s+)?total\s+(?:capaci?ty\s+of\s+)?")
 _SENTENCE_FREE = compile_clause(r"of\s+which\s+", r"\s+is\s+free")
 _PAREN_TOTAL = compile_clause("", r"\s+total\s+capacity")
 _PAREN_ALLOCATED = compile_clause("", r"\s+already\s+allocated")
@@ -115,7 +118,8 @@ def _find_caching(window: str) -> list[Found]:
     for span in spans(window, _HEADER):
         header = _HEADER.match(window, span.start)
         assert header is not None  # spans() starts every span at a header match
-        device_type = (header["dev"] or "XPU").lower()
+        # A message headed by the exception alone is PyTorch's CUDA one.
+        device_type = "cuda" if header["named"] else (header["dev"] or "XPU").lower()
         found.append(Found(span.start, _caching_facts(span, device_type)))
     return found
 
