@@ -14,16 +14,18 @@ FIND_HOLDERS = [
     "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",
 ]
 
+_SYSTEM_RAM = ["free -h", "ps -eo pid,user,rss,comm --sort=-rss | head   # who holds system RAM"]
+_UNIFIED_MEMORY = ["vm_stat   # unified memory: other apps count against the GPU's share"]
 # Who holds the device, for hardware nvidia-smi (and gpuwatch's NVML agent) cannot see.
 FIND_HOLDERS_BY_DEVICE = {
     "hip": ["rocm-smi --showpids", "rocm-smi --showmeminfo vram"],
     "npu": ["npu-smi info"],
     "musa": ["mthreads-gmi"],
     "mlu": ["cnmon"],
-    "host": ["free -h", "ps -eo pid,user,rss,comm --sort=-rss | head   # who holds system RAM"],
-    "cpu": ["free -h", "ps -eo pid,user,rss,comm --sort=-rss | head   # who holds system RAM"],
-    "mps": ["vm_stat   # unified memory: other apps count against the GPU's share"],
-    "metal": ["vm_stat   # unified memory: other apps count against the GPU's share"],
+    "host": _SYSTEM_RAM,
+    "cpu": _SYSTEM_RAM,
+    "mps": _UNIFIED_MEMORY,
+    "metal": _UNIFIED_MEMORY,
 }
 
 

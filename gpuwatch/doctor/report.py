@@ -65,6 +65,7 @@ _SHELL_PROGRAMS = (
     "ps ",
     "rocm-smi",
     "npu-smi",
+    "trtexec ",
 )
 
 

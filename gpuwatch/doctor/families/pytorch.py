@@ -146,8 +146,6 @@ def _caching_facts(span: Span, device_type: str, *, cut: bool = False) -> OomFac
         device_type=device_type,
         requested_bytes=None if span.has(_ABSURD) else span.size(_REQUESTED),
         allowed_bytes=span.size(_ALLOWED),
-        # An out-of-tree device's copy of the allocator reads its own variable
-        # (torch_npu: PYTORCH_NPU_ALLOC_CONF), not PyTorch's CUDA one.
         alloc_conf_var=span.group(_ALLOC_CONF) or _OUT_OF_TREE_ALLOC_CONF.get(device_type),
         advice=next((name for pattern, name in _ADVICE if span.has(pattern)), None),
         message=span.snippet,
