@@ -236,6 +236,7 @@ _ACTIVATION_CATEGORIES = {
     "paddle_out_of_memory",
     "paddle_enforce_allocating",
     "onnxruntime_arena_alloc_failed",
+    "tgi_warmup_prefill_tokens",
 }
 
 
@@ -269,6 +270,8 @@ def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
         elif capacity:
             what += f" ({_pct(requested, capacity)} of {ctx.capacity_name})"
         parts.append(what)
+    if facts.prefill_tokens is not None:
+        parts.append(f"the start-up warm-up could not run a {facts.prefill_tokens}-token prefill")
     score = max(_share(held, capacity), _share(requested, capacity), 0.05)
     return (
         score,
@@ -301,6 +304,8 @@ def _activation_commands(facts: OomFacts) -> list[str]:
         return remedies.PADDLE
     if facts.kind == "onnxruntime":
         return remedies.ONNXRUNTIME_ARENA
+    if facts.kind == "tgi":
+        return remedies.tgi_warmup(facts.prefill_tokens)
     return remedies.REDUCE_ACTIVATIONS
 
 

@@ -34,6 +34,7 @@ Kind = Literal[
     "paddle",  # PaddlePaddle's allocator ("Out of memory error on GPU 0. Cannot allocate ...")
     "onnxruntime",  # ONNX Runtime's memory arena (BFCArena)
     "tensorrt",  # TensorRT's builder or runtime
+    "tgi",  # Hugging Face Text Generation Inference: its start-up warm-up did not fit
     "vllm_kv_cache",  # vLLM start-up: the KV cache (or what is left after it) does not fit
 ]
 
@@ -83,6 +84,8 @@ class OomFacts(BaseModel):
     kv_cache_available_bytes: int | None = None
     estimated_max_model_len: int | None = None
     dummy_requests: int | None = None
+    # TGI's warm-up: the prefill tokens it could not handle.
+    prefill_tokens: int | None = None
 
     # cuDNN / MXNet convolution workspace.
     workspace_required_bytes: int | None = None

@@ -107,6 +107,8 @@ UNKNOWN_BY_KIND = {
     "steps and keeps what it took, so it can fail with much of the GPU idle in its own cache",
     "tensorrt": "TensorRT could not allocate device memory: usually the builder's workspace "
     "or an engine's activations, or other processes on the GPU",
+    "tgi": "TGI's start-up warm-up ran the largest prefill its settings allow and it did not "
+    "fit beside the weights: other processes on the GPU count against it too",
 }
 
 # ... and by category, where the wording says more than its kind.
@@ -155,6 +157,17 @@ PADDLE = [
     "lower the batch size (the message's own advice, once no other process holds the GPU)",
     "paddle.device.cuda.empty_cache()   # between phases, to hand cached blocks back",
 ]
+
+
+def tgi_warmup(prefill_tokens: int | None) -> list[str]:
+    """TGI's launcher options for a warm-up that did not fit ``prefill_tokens``."""
+    fewer = f"{max(1, prefill_tokens // 2)}" if prefill_tokens else "N"
+    return [
+        f"text-generation-launcher --model-id MODEL --max-batch-prefill-tokens {fewer}",
+        "lower --max-input-tokens and --max-total-tokens too: the longest request must still fit",
+        "--quantize (awq, gptq, bitsandbytes-nf4) or --num-shard 2: less of the GPU for weights",
+    ]
+
 
 UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
     "nccl_shm_exhausted": [

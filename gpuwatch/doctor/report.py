@@ -30,6 +30,7 @@ _TITLES = {
     "onnxruntime": "ONNX Runtime memory arena",
     "tensorrt": "TensorRT",
     "cuda_library": "CUDA library",
+    "tgi": "TGI warm-up",
     "vllm_kv_cache": "vLLM start-up",
 }
 
@@ -66,6 +67,7 @@ _SHELL_PROGRAMS = (
     "rocm-smi",
     "npu-smi",
     "trtexec ",
+    "text-generation-launcher ",
 )
 
 

@@ -32,6 +32,7 @@ ANCHORS = (
     "attempting to allocate",  # MLX's [metal::malloc]
     "allocating <= available",  # Paddle before 1.5
     "not available to allocate",  # MIOpen
+    "prefill tokens",  # TGI's warm-up
     "cudnn",
     "kv cache",
     "cache blocks",

@@ -244,8 +244,14 @@ def test_explain_an_npu_message_names_its_allocator_and_gets_no_nvidia_context(
             "Out of memory: ONNX Runtime memory arena",
             '"arena_extend_strategy": "kSameAsRequested"',
         ),
+        (
+            'Error: Warmup(Generation("Not enough memory to handle 4096 prefill tokens. '
+            'You need to decrease `--max-batch-prefill-tokens`"))',
+            "Out of memory: TGI warm-up",
+            "$ text-generation-launcher --model-id MODEL --max-batch-prefill-tokens 2048",
+        ),
     ],
-    ids=["paddle", "tensorrt", "onnxruntime"],
+    ids=["paddle", "tensorrt", "onnxruntime", "tgi"],
 )
 def test_explain_other_frameworks_get_their_own_fix(
     message: str, headline: str, command: str, capsys: pytest.CaptureFixture[str], no_agent_url: str

@@ -22,6 +22,7 @@ from gpuwatch.doctor.families import (
     pytorch,
     tensorflow,
     tensorrt,
+    tgi,
     vllm,
     xla,
 )
@@ -41,6 +42,7 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     paddle.find,
     onnxruntime.find,
     tensorrt.find,
+    tgi.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line,)
