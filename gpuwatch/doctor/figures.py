@@ -7,6 +7,8 @@ aside or derived one:
 * 2**64 bytes (``17179869184.00 GiB``) is NVML's / the allocator's "not available" or
   "no limit", and ``this process has 0 bytes`` next to gigabytes allocated is NVML
   failing to attribute memory: both become ``None``.
+* A request of 1 EiB or more is no memory anyone has: a corrupt (negative or
+  overflowed) size, a bug. It is set aside rather than compared with the card.
 * The pre-2.1 wording has no "reserved but unallocated": it is reserved - allocated.
 * A ``Process N`` entry whose size matches PyTorch's own reserve (plus a CUDA context)
   while "this process" is missing is most likely this very process seen under its
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuwatch.doctor.facts import OomFacts, ProcessUse
-from gpuwatch.doctor.units import GIB, MIB, NOT_AVAILABLE_BYTES, format_size
+from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES, GIB, MIB, NOT_AVAILABLE_BYTES, format_size
 
 # A CUDA context plus cuBLAS/cuDNN handles costs roughly 0.3-1 GiB outside PyTorch's
 # allocator; used when "this process" must be estimated from PyTorch's reserve.
@@ -69,6 +71,16 @@ def _real(value: int | None, what: str, notes: list[str]) -> int | None:
     return value
 
 
+def _requested(value: int | None, notes: list[str]) -> int | None:
+    if value is not None and value >= ABSURD_REQUEST_BYTES:
+        notes.append(
+            f"the request of {format_size(value)} is over 1 EiB: a corrupt (negative or "
+            "overflowed) size, a bug in the shape, not a memory shortage; ignored"
+        )
+        return None
+    return value
+
+
 def read_figures(facts: OomFacts) -> Figures:
     """Trusted figures from ``facts``, with a note for every value set aside or derived."""
     notes: list[str] = []
@@ -90,7 +102,7 @@ def read_figures(facts: OomFacts) -> Figures:
     if reserved is None and unallocated is not None and allocated is not None:
         reserved = allocated + unallocated
     figures = Figures(
-        requested=facts.requested_bytes,
+        requested=_requested(facts.requested_bytes, notes),
         total=_real(facts.total_bytes, "total", notes),
         free=_real(facts.free_bytes, "free", notes),
         this_process=this_process,

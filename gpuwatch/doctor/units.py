@@ -25,6 +25,8 @@ TIB = 1024**4
 # NVML and the CUDA caching allocator print 2**64 bytes ("17179869184.00 GiB") when
 # a value is not available or no limit is set; it is never a real amount of memory.
 NOT_AVAILABLE_BYTES = 2**64
+# No device has 1 EiB: a request this large is a corrupt (negative or overflowed) size.
+ABSURD_REQUEST_BYTES = 2**60
 
 _UNIT_BYTES: dict[str, int] = {
     "b": 1,

@@ -137,3 +137,18 @@ def test_human_report_is_concise_with_evidence_and_commands() -> None:
         "$ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" not in text
     )  # 1.19 GiB < 2 GiB ask
     assert len(text.splitlines()) < 30
+
+
+def test_a_request_beyond_any_device_is_a_corrupt_size_not_a_shortage() -> None:
+    # A printed number over 1 EiB is an overflowed or negative size: no fix about memory
+    # applies, and it is not compared with the card.
+    explanation = explain(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "99999999999999999999999999.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which "
+        "20.00 MiB is free."
+    )
+    assert explanation.category == "pytorch_caching_allocator_oom_absurd_size"
+    assert explanation.requested_bytes is None
+    assert [d.fix for d in explanation.diagnoses] == ["unknown"]
+    assert "corrupt" in explanation.diagnoses[0].evidence
+    assert any("over 1 EiB" in note for note in explanation.notes)

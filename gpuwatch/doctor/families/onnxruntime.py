@@ -14,6 +14,7 @@ import re
 
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families.clauses import Found, name_near, spans
+from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES
 
 _HEADER = re.compile(
     r"Failed\s+to\s+allocate\s+memory\s+for\s+requested\s+buffer\s+of\s+size\s+(?P<bytes>\d+)"
@@ -26,8 +27,6 @@ _NODE = re.compile(
 _EXCEPTION = re.compile(r"([\w.]*RuntimeException)\b")
 _CUDA = re.compile(r"BFCArena\s+for\s+Cuda|CUDAExecutionProvider|providers/cuda/|\bCuda\b")
 CONTEXT_CHARS = 600
-# More than any device holds (1 EiB): a corrupt or overflowed shape, not a real request.
-ABSURD_BYTES = 2**60
 
 
 def find(window: str) -> list[Found]:
@@ -41,7 +40,7 @@ def find(window: str) -> list[Found]:
         assert header is not None
         requested = int(header["bytes"])
         node = _NODE.search(window, start, span.start)
-        absurd = requested >= ABSURD_BYTES
+        absurd = requested >= ABSURD_REQUEST_BYTES
         facts = OomFacts(
             kind="onnxruntime",
             category="onnxruntime_arena_absurd_size"

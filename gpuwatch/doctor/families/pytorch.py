@@ -36,6 +36,7 @@ from gpuwatch.doctor.families.clauses import (
     size_of,
     spans,
 )
+from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES
 
 # The device words of PyTorch and of the out-of-tree backends that copy its allocator.
 _DEVICE_WORDS = r"CUDA|HIP|XPU|NPU|MUSA|MLU|GCU|DCU|SDAA"
@@ -127,9 +128,10 @@ def _find_caching(window: str) -> list[Found]:
 def _caching_facts(span: Span, device_type: str, *, cut: bool = False) -> OomFacts:
     sentences = not span.has(_PAREN_FORM)
     cached = span.size(_PAREN_CACHED)
+    requested = None if span.has(_ABSURD) else span.size(_REQUESTED)
     if cut:
         category = "pytorch_caching_allocator_oom_first_line"
-    elif span.has(_ABSURD):
+    elif span.has(_ABSURD) or (requested is not None and requested >= ABSURD_REQUEST_BYTES):
         category = "pytorch_caching_allocator_oom_absurd_size"
     elif device_type == "xpu" and not sentences:
         category = "ipex_xpu_oom_v1"
@@ -144,7 +146,7 @@ def _caching_facts(span: Span, device_type: str, *, cut: bool = False) -> OomFac
         category=category,
         exception=exception_before(span.text, span.start),
         device_type=device_type,
-        requested_bytes=None if span.has(_ABSURD) else span.size(_REQUESTED),
+        requested_bytes=requested,
         allowed_bytes=span.size(_ALLOWED),
         alloc_conf_var=span.group(_ALLOC_CONF) or _OUT_OF_TREE_ALLOC_CONF.get(device_type),
         advice=next((name for pattern, name in _ADVICE if span.has(pattern)), None),
