@@ -476,6 +476,12 @@ def _unknown(ctx: Context) -> Diagnosis:
         )
     if facts.category in remedies.UNKNOWN_BY_CATEGORY:
         evidence = remedies.UNKNOWN_BY_CATEGORY[facts.category]
+    elif facts.category == "hami_pod_limit" and facts.would_use_bytes and facts.allowed_bytes:
+        evidence = (
+            f"HAMi limits this pod to {format_size(facts.allowed_bytes)} of the GPU "
+            f"(nvidia.com/gpumem); this allocation would have taken it to "
+            f"{format_size(facts.would_use_bytes)}: the pod's share ran out, not the card"
+        )
     elif facts.category == "conv_workspace_insufficient":
         evidence = (
             f"the convolution needs a {format_size(facts.workspace_required_bytes or 0)} workspace, "

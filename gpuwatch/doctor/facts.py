@@ -35,6 +35,7 @@ Kind = Literal[
     "onnxruntime",  # ONNX Runtime's memory arena (BFCArena)
     "tensorrt",  # TensorRT's builder or runtime
     "tgi",  # Hugging Face Text Generation Inference: its start-up warm-up did not fit
+    "hami",  # HAMi (Kubernetes GPU sharing): the pod's share of the GPU ran out
     "vllm_kv_cache",  # vLLM start-up: the KV cache (or what is left after it) does not fit
 ]
 
@@ -86,6 +87,8 @@ class OomFacts(BaseModel):
     dummy_requests: int | None = None
     # TGI's warm-up: the prefill tokens it could not handle.
     prefill_tokens: int | None = None
+    # HAMi: what the pod would have held had the allocation succeeded (over its limit).
+    would_use_bytes: int | None = None
 
     # cuDNN / MXNet convolution workspace.
     workspace_required_bytes: int | None = None

@@ -109,6 +109,8 @@ UNKNOWN_BY_KIND = {
     "or an engine's activations, or other processes on the GPU",
     "tgi": "TGI's start-up warm-up ran the largest prefill its settings allow and it did not "
     "fit beside the weights: other processes on the GPU count against it too",
+    "hami": "HAMi limits this pod to a share of the GPU (nvidia.com/gpumem): the share ran "
+    "out, or the card did because other pods were scheduled onto it",
 }
 
 # ... and by category, where the wording says more than its kind.
@@ -159,6 +161,14 @@ PADDLE = [
 ]
 
 
+# HAMi-core's own settings (its README): the pod's share, and the switch that bypasses it.
+HAMI = [
+    "resources: limits: nvidia.com/gpumem: <MiB>   # raise the pod's share, or lower the batch",
+    "kubectl describe pod POD   # which GPU, and which other pods HAMi placed on it",
+    "CUDA_DISABLE_CONTROL=true   # in the pod: turns HAMi's limit off, to test whether the limit is the cause",
+]
+
+
 def tgi_warmup(prefill_tokens: int | None) -> list[str]:
     """TGI's launcher options for a warm-up that did not fit ``prefill_tokens``."""
     fewer = f"{max(1, prefill_tokens // 2)}" if prefill_tokens else "N"
@@ -189,6 +199,8 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "build with smaller maximum shapes in the optimization profile (batch, sequence)",
         *FIND_HOLDERS,
     ],
+    "hami_pod_limit": HAMI,
+    "hami_allocate_failed": HAMI,
     "onnxruntime_arena_absurd_size": [
         "check the input shapes fed to the session: a dynamic dimension of 0 or -1, or an overflowed product",
         "run it on the CPU provider to see whether the same node asks for the same size",

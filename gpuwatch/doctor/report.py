@@ -31,6 +31,7 @@ _TITLES = {
     "tensorrt": "TensorRT",
     "cuda_library": "CUDA library",
     "tgi": "TGI warm-up",
+    "hami": "HAMi pod GPU share",
     "vllm_kv_cache": "vLLM start-up",
 }
 
@@ -68,6 +69,7 @@ _SHELL_PROGRAMS = (
     "npu-smi",
     "trtexec ",
     "text-generation-launcher ",
+    "kubectl ",
 )
 
 

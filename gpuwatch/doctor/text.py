@@ -33,6 +33,8 @@ ANCHORS = (
     "allocating <= available",  # Paddle before 1.5
     "not available to allocate",  # MIOpen
     "prefill tokens",  # TGI's warm-up
+    "cumemoryallocate failed",  # HAMi-core
+    "hami-core",
     "cudnn",
     "kv cache",
     "cache blocks",

@@ -250,8 +250,14 @@ def test_explain_an_npu_message_names_its_allocator_and_gets_no_nvidia_context(
             "Out of memory: TGI warm-up",
             "$ text-generation-launcher --model-id MODEL --max-batch-prefill-tokens 2048",
         ),
+        (
+            "[HAMI-core ERROR (pid:25 thread=139892685178688 allocator.c:53)]: "
+            "Device 0 OOM 27147995136 / 25757220864",
+            "Out of memory on cuda:0: HAMi pod GPU share",
+            "this allocation would have taken it to 25.28 GiB: the pod's share ran out",
+        ),
     ],
-    ids=["paddle", "tensorrt", "onnxruntime", "tgi"],
+    ids=["paddle", "tensorrt", "onnxruntime", "tgi", "hami"],
 )
 def test_explain_other_frameworks_get_their_own_fix(
     message: str, headline: str, command: str, capsys: pytest.CaptureFixture[str], no_agent_url: str

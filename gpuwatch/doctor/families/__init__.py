@@ -13,6 +13,7 @@ from collections.abc import Callable
 from gpuwatch.doctor.families import (
     cuda_libraries,
     cupy,
+    hami,
     llama_cpp,
     metal,
     mps,
@@ -43,6 +44,7 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     onnxruntime.find,
     tensorrt.find,
     tgi.find,
+    hami.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line,)
