@@ -28,6 +28,10 @@ _RUNTIME = re.compile(
     # at square.cpp:76", or quoted in a sentence.
     r"|(?P<enum>\bcudaErrorMemoryAllocation|\bhipErrorOutOfMemory)\b'?(?:\s*\(\d+\))?(?::?\s+out\s+of\s+memory)?"
     r"|Search\s+for\s+`(?P<hint>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'"
+    # CTranslate2 (faster-whisper, whisperX): "RuntimeError: CUDA failed with error out of memory".
+    r"|(?P<ct2>CUDA|HIP)\s+failed\s+with\s+error\s+out\s+of\s+memory"
+    # Thrust's algorithms (cuDF, XGBoost): "parallel_for failed: out of memory".
+    r"|(?P<thrust>parallel_for)\s+failed:\s*out\s+of\s+memory"
 )
 # A framework's own report of a failed cudaMalloc/hipMalloc: MXNet's pooled storage
 # manager ("cudaMalloc failed: out of memory", "cudaMalloc retry failed: out of memory"),
@@ -83,7 +87,8 @@ _WORKSPACE = re.compile(
 # Memory not available to allocate buffer: 655360000".
 _MIOPEN = re.compile(r"Memory\s+not\s+available\s+to\s+allocate\s+buffer:\s*(?P<bytes>\d+)")
 # RAPIDS Memory Manager: "std::bad_alloc: out_of_memory: CUDA error at: .../rmm/..."
-_RMM = re.compile(r"(?:rmm::)?out_of_memory:\s+CUDA\s+error\s+at")
+# ... and the RMM releases before 0.12: "rmm.rmm.RMMError: RMM_ERROR_OUT_OF_MEMORY".
+_RMM = re.compile(r"(?:rmm::)?out_of_memory:\s+CUDA\s+error\s+at|RMM_ERROR_OUT_OF_MEMORY")
 _BNB = re.compile(
     r"Error\s+out\s+of\s+memory\s+at\s+line\s+(?P<line>\d+)\s+in\s+file\s+(?P<file>\S+)"
 )
@@ -103,7 +108,7 @@ def find(window: str) -> list[Found]:
 def _runtime(span: Span) -> OomFacts:
     match = _RUNTIME.match(span.text, span.start)
     assert match is not None
-    name = match["api"] or match["enum"] or match["hint"] or ""
+    name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or ""
     hip = name.upper().startswith("HIP")
     return OomFacts(
         kind="driver",
