@@ -36,6 +36,8 @@ Kind = Literal[
     "tensorrt",  # TensorRT's builder or runtime
     "tgi",  # Hugging Face Text Generation Inference: its start-up warm-up did not fit
     "hami",  # HAMi (Kubernetes GPU sharing): the pod's share of the GPU ran out
+    "vulkan",  # a Vulkan compute backend (MLC-LLM/TVM, Mesa): VK_ERROR_OUT_OF_DEVICE_MEMORY
+    "directml",  # DirectML on Windows (torch-directml)
     "vllm_kv_cache",  # vLLM start-up: the KV cache (or what is left after it) does not fit
 ]
 

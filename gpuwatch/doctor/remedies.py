@@ -24,6 +24,7 @@ FIND_HOLDERS_BY_DEVICE = {
     "mlu": ["cnmon"],
     "host": _SYSTEM_RAM,
     "cpu": _SYSTEM_RAM,
+    "dml": ["Task Manager > Performance > GPU: dedicated GPU memory, and which apps hold it"],
     "mps": _UNIFIED_MEMORY,
     "metal": _UNIFIED_MEMORY,
 }
@@ -111,6 +112,10 @@ UNKNOWN_BY_KIND = {
     "fit beside the weights: other processes on the GPU count against it too",
     "hami": "HAMi limits this pod to a share of the GPU (nvidia.com/gpumem): the share ran "
     "out, or the card did because other pods were scheduled onto it",
+    "vulkan": "the Vulkan driver could not allocate device memory: the GPU was full, or one "
+    "allocation was larger than the driver allows (maxMemoryAllocationSize)",
+    "directml": "DirectML could not allocate a tensor in video memory: the model and its "
+    "activations need more than the GPU has free; other apps' video memory counts too",
 }
 
 # ... and by category, where the wording says more than its kind.
@@ -139,6 +144,8 @@ UNKNOWN_BY_CATEGORY = {
     "out (the layers kept on the CPU, or a copy made with mmap off), not GPU memory",
     "miopen_alloc_failed": "MIOpen (ROCm's DNN library) could not allocate a buffer for a "
     "convolution or its workspace: the GPU was (nearly) full",
+    "ggml_vulkan_alloc_failed": "llama.cpp's Vulkan backend could not allocate device memory: "
+    "fewer layers on the GPU (-ngl), a smaller context, or a smaller quantisation",
     "onnxruntime_arena_absurd_size": "the requested size is over 1 EiB: a corrupt or overflowed "
     "tensor shape (a bad dynamic dimension, or a kernel bug), not a memory shortage",
     "mlx_buffer_larger_than_allowed": "one buffer is larger than Metal allows a single buffer to "

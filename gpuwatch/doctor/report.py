@@ -32,6 +32,8 @@ _TITLES = {
     "cuda_library": "CUDA library",
     "tgi": "TGI warm-up",
     "hami": "HAMi pod GPU share",
+    "vulkan": "Vulkan driver",
+    "directml": "DirectML",
     "vllm_kv_cache": "vLLM start-up",
 }
 

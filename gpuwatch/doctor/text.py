@@ -35,6 +35,9 @@ ANCHORS = (
     "prefill tokens",  # TGI's warm-up
     "cumemoryallocate failed",  # HAMi-core
     "hami-core",
+    "outofdevicememory",  # Vulkan's ErrorOutOfDeviceMemory
+    "out_of_device_memory",  # VK_ERROR_OUT_OF_DEVICE_MEMORY
+    "gpu video memory",  # DirectML
     "cudnn",
     "kv cache",
     "cache blocks",

@@ -25,6 +25,7 @@ from gpuwatch.doctor.families import (
     tensorrt,
     tgi,
     vllm,
+    vulkan,
     xla,
 )
 from gpuwatch.doctor.families.clauses import Found
@@ -45,6 +46,7 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     tensorrt.find,
     tgi.find,
     hami.find,
+    vulkan.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line,)

@@ -1,0 +1,59 @@
+"""Vulkan and DirectML: device memory ran out under a graphics-API compute backend.
+
+* Vulkan (llama.cpp's ggml-vulkan, MLC-LLM/TVM, Mesa drivers): the result code
+  ``VK_ERROR_OUT_OF_DEVICE_MEMORY`` or vulkan-hpp's ``vk::Device::allocateMemory:
+  ErrorOutOfDeviceMemory``, after ggml's ``ggml_vulkan: Device memory allocation of size N
+  failed.``. Vulkan runs on every vendor's GPU (an NVIDIA one included), so the device
+  type is left unknown.
+* DirectML (torch-directml on Windows): ``Could not allocate tensor with N bytes. There is
+  not enough GPU video memory available!``
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.families.clauses import Found, exception_before, spans
+
+_VULKAN = re.compile(r"VK_ERROR_OUT_OF_DEVICE_MEMORY|ErrorOutOfDeviceMemory")
+_GGML_SIZE = re.compile(
+    r"ggml_vulkan:\s+Device\s+memory\s+allocation\s+of\s+size\s+(?P<bytes>\d+)\s+failed"
+)
+_DIRECTML = re.compile(
+    r"Could\s+not\s+allocate\s+tensor\s+with\s+(?P<bytes>\d+)\s+bytes\.\s+There\s+is\s+not\s+"
+    r"enough\s+GPU\s+video\s+memory\s+available"
+)
+CONTEXT_CHARS = 300
+
+
+def find(window: str) -> list[Found]:
+    """The first Vulkan out-of-device-memory (repeats are one failure) and every
+    DirectML one in ``window``."""
+    found = []
+    for span in spans(window, _VULKAN, limit=400)[:1]:
+        start = max(0, span.start - CONTEXT_CHARS)
+        size = _GGML_SIZE.search(window, start, span.start)
+        ggml = size is not None or "ggml_vulkan" in window[start : span.start]
+        facts = OomFacts(
+            kind="ggml" if ggml else "vulkan",
+            category="ggml_vulkan_alloc_failed" if ggml else "vulkan_out_of_device_memory",
+            exception=exception_before(window, span.start),
+            requested_bytes=int(size["bytes"]) if size else None,
+            api_call="vkAllocateMemory",
+            message=window[size.start() if size else span.start : span.end].strip()[:4000],
+        )
+        found.append(Found(size.start() if size else span.start, facts))
+    for span in spans(window, _DIRECTML, limit=300):
+        match = _DIRECTML.match(window, span.start)
+        assert match is not None
+        facts = OomFacts(
+            kind="directml",
+            category="directml_tensor_alloc_failed",
+            exception=exception_before(window, span.start),
+            device_type="dml",
+            requested_bytes=int(match["bytes"]),
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
+    return found
