@@ -38,6 +38,7 @@ Kind = Literal[
     "hami",  # HAMi (Kubernetes GPU sharing): the pod's share of the GPU ran out
     "vulkan",  # a Vulkan compute backend (MLC-LLM/TVM, Mesa): VK_ERROR_OUT_OF_DEVICE_MEMORY
     "directml",  # DirectML on Windows (torch-directml)
+    "opencl",  # OpenCL: CL_MEM_OBJECT_ALLOCATION_FAILURE
     "vllm_kv_cache",  # vLLM start-up: the KV cache (or what is left after it) does not fit
 ]
 

@@ -116,6 +116,8 @@ UNKNOWN_BY_KIND = {
     "allocation was larger than the driver allows (maxMemoryAllocationSize)",
     "directml": "DirectML could not allocate a tensor in video memory: the model and its "
     "activations need more than the GPU has free; other apps' video memory counts too",
+    "opencl": "the OpenCL runtime could not allocate a buffer on the device: the GPU was full, "
+    "or one buffer was larger than the device allows (CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
 }
 
 # ... and by category, where the wording says more than its kind.

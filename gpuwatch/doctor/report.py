@@ -34,6 +34,7 @@ _TITLES = {
     "hami": "HAMi pod GPU share",
     "vulkan": "Vulkan driver",
     "directml": "DirectML",
+    "opencl": "OpenCL runtime",
     "vllm_kv_cache": "vLLM start-up",
 }
 

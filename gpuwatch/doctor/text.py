@@ -38,6 +38,7 @@ ANCHORS = (
     "outofdevicememory",  # Vulkan's ErrorOutOfDeviceMemory
     "out_of_device_memory",  # VK_ERROR_OUT_OF_DEVICE_MEMORY
     "gpu video memory",  # DirectML
+    "mem_object_allocation_failure",  # OpenCL
     "cudnn",
     "kv cache",
     "cache blocks",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuwatch.doctor.families import (
+    compute_apis,
     cuda_libraries,
     cupy,
     hami,
@@ -25,7 +26,6 @@ from gpuwatch.doctor.families import (
     tensorrt,
     tgi,
     vllm,
-    vulkan,
     xla,
 )
 from gpuwatch.doctor.families.clauses import Found
@@ -46,7 +46,7 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     tensorrt.find,
     tgi.find,
     hami.find,
-    vulkan.find,
+    compute_apis.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line,)

@@ -40,6 +40,8 @@ _RUNTIME = re.compile(
 # N:", which is its family's (:mod:`~gpuwatch.doctor.families.llama_cpp`).
 _MALLOC = re.compile(
     r"(?P<call>cuda|hip)Malloc(?:\s+retry)?\s+failed:\s*out\s+of\s+memory"
+    # PyCUDA names the driver call: "MemoryError: cuMemAlloc failed: out of memory".
+    r"|(?P<driver>cuMem\w+)\s+failed:\s*out\s+of\s+memory"
     r"|(?P<api>CUDA|HIP)\s+failure\s+2:\s*out\s+of\s+memory"
 )
 _GGML_BEFORE = re.compile(r"on\s+device\s+\d+:\s*$")
@@ -127,6 +129,7 @@ def _malloc(span: Span) -> OomFacts | None:
     if _GGML_BEFORE.search(span.text, line_start, span.start):
         return None
     hip = (match["call"] or match["api"] or "").upper() == "HIP"
+    call = match["driver"] or ("hipMalloc" if hip else "cudaMalloc")
     return OomFacts(
         kind="driver",
         category="cuda_malloc_failed",
@@ -134,7 +137,7 @@ def _malloc(span: Span) -> OomFacts | None:
         device_type="hip" if hip else "cuda",
         device_index=span.integer(_GPU_FIELD),
         cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
-        api_call="hipMalloc" if hip else "cudaMalloc",
+        api_call=call,
         message=span.snippet,
     )
 

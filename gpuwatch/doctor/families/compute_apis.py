@@ -1,4 +1,4 @@
-"""Vulkan and DirectML: device memory ran out under a graphics-API compute backend.
+"""Vulkan, DirectML and OpenCL: device memory ran out under a compute API other than CUDA.
 
 * Vulkan (llama.cpp's ggml-vulkan, MLC-LLM/TVM, Mesa drivers): the result code
   ``VK_ERROR_OUT_OF_DEVICE_MEMORY`` or vulkan-hpp's ``vk::Device::allocateMemory:
@@ -7,6 +7,8 @@
   type is left unknown.
 * DirectML (torch-directml on Windows): ``Could not allocate tensor with N bytes. There is
   not enough GPU video memory available!``
+* OpenCL: the status ``CL_MEM_OBJECT_ALLOCATION_FAILURE`` (-4), however the program words
+  the call around it. Like Vulkan, OpenCL runs on any vendor's GPU.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ _DIRECTML = re.compile(
     r"Could\s+not\s+allocate\s+tensor\s+with\s+(?P<bytes>\d+)\s+bytes\.\s+There\s+is\s+not\s+"
     r"enough\s+GPU\s+video\s+memory\s+available"
 )
+_OPENCL = re.compile(r"CL_MEM_OBJECT_ALLOCATION_FAILURE")
+_OPENCL_CALL = re.compile(r"\b(cl[A-Z]\w+)\b")
 CONTEXT_CHARS = 300
 
 
 def find(window: str) -> list[Found]:
-    """The first Vulkan out-of-device-memory (repeats are one failure) and every
-    DirectML one in ``window``."""
+    """The first Vulkan and the first OpenCL out-of-device-memory (repeats are one
+    failure), and every DirectML one, in ``window``."""
     found = []
     for span in spans(window, _VULKAN, limit=400)[:1]:
         start = max(0, span.start - CONTEXT_CHARS)
@@ -44,6 +48,17 @@ def find(window: str) -> list[Found]:
             message=window[size.start() if size else span.start : span.end].strip()[:4000],
         )
         found.append(Found(size.start() if size else span.start, facts))
+    for span in spans(window, _OPENCL, limit=300)[:1]:
+        line_start = window.rfind("\n", 0, span.start) + 1
+        call = _OPENCL_CALL.search(window, line_start, span.end)
+        facts = OomFacts(
+            kind="opencl",
+            category="opencl_mem_object_allocation_failure",
+            exception=exception_before(window, span.start),
+            api_call=call[1] if call else None,
+            message=window[line_start : span.end].strip()[:4000],
+        )
+        found.append(Found(span.start, facts))
     for span in spans(window, _DIRECTML, limit=300):
         match = _DIRECTML.match(window, span.start)
         assert match is not None
