@@ -44,7 +44,7 @@ def find(window: str) -> list[Found]:
             category="ggml_vulkan_alloc_failed" if ggml else "vulkan_out_of_device_memory",
             exception=exception_before(window, span.start),
             requested_bytes=int(size["bytes"]) if size else None,
-            api_call="vkAllocateMemory",
+            api_call="vkAllocateMemory" if "allocateMemory" in window[start : span.end] else None,
             message=window[size.start() if size else span.start : span.end].strip()[:4000],
         )
         found.append(Found(size.start() if size else span.start, facts))
