@@ -51,10 +51,19 @@ class Central:
         return make_token(self.database, hostname, self.clock())
 
     def stored(self) -> Counter[Key]:
-        """Rows of ``snapshots_seen`` per key: a count above 1 is a duplicate stored."""
-        with self.database.reader() as session:
-            rows = session.execute(text("SELECT agent_id, boot_id, sequence FROM snapshots_seen"))
-            return Counter((a, b, int(s)) for a, b, s in rows)
+        """Rows of ``snapshots_seen`` per key: a count above 1 is a duplicate stored.
+
+        Read on a connection of its own, not one from the server's pool: a fault test
+        may have killed a pooled session less than the pool's ping threshold before
+        (database/core.py pings only connections idle longer), and the check must read
+        what was stored, not meet the fault it injected."""
+        engine = create_engine(self.database.engine.url)
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(text("SELECT agent_id, boot_id, sequence FROM snapshots_seen"))
+                return Counter((a, b, int(s)) for a, b, s in rows)
+        finally:
+            engine.dispose()
 
     def sequences(self) -> set[int]:
         return {key[2] for key in self.stored()}
