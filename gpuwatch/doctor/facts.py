@@ -39,6 +39,8 @@ Kind = Literal[
     "vulkan",  # a Vulkan compute backend (MLC-LLM/TVM, Mesa): VK_ERROR_OUT_OF_DEVICE_MEMORY
     "directml",  # DirectML on Windows (torch-directml)
     "opencl",  # OpenCL: CL_MEM_OBJECT_ALLOCATION_FAILURE
+    "hpu",  # Intel Gaudi's runtime (PT_DEVMEM)
+    "cann",  # Huawei Ascend's runtime (CANN: EL0004, 207001)
     "vllm_kv_cache",  # vLLM start-up: the KV cache (or what is left after it) does not fit
 ]
 

@@ -20,6 +20,7 @@ _UNIFIED_MEMORY = ["vm_stat   # unified memory: other apps count against the GPU
 FIND_HOLDERS_BY_DEVICE = {
     "hip": ["rocm-smi --showpids", "rocm-smi --showmeminfo vram"],
     "npu": ["npu-smi info"],
+    "hpu": ["hl-smi"],
     "musa": ["mthreads-gmi"],
     "mlu": ["cnmon"],
     "host": _SYSTEM_RAM,
@@ -118,6 +119,10 @@ UNKNOWN_BY_KIND = {
     "activations need more than the GPU has free; other apps' video memory counts too",
     "opencl": "the OpenCL runtime could not allocate a buffer on the device: the GPU was full, "
     "or one buffer was larger than the device allows (CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
+    "hpu": "the Gaudi (HPU) runtime could not allocate device memory: the model, its "
+    "activations or its compiled graphs need more than the card has free",
+    "cann": "Ascend's runtime (CANN) could not allocate device memory: the NPU was full; other "
+    "processes on it count too",
 }
 
 # ... and by category, where the wording says more than its kind.

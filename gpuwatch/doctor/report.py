@@ -35,6 +35,8 @@ _TITLES = {
     "vulkan": "Vulkan driver",
     "directml": "DirectML",
     "opencl": "OpenCL runtime",
+    "hpu": "Intel Gaudi runtime",
+    "cann": "Ascend CANN runtime",
     "vllm_kv_cache": "vLLM start-up",
 }
 
@@ -70,6 +72,7 @@ _SHELL_PROGRAMS = (
     "ps ",
     "rocm-smi",
     "npu-smi",
+    "hl-smi",
     "trtexec ",
     "text-generation-launcher ",
     "kubectl ",

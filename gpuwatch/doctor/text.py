@@ -39,6 +39,9 @@ ANCHORS = (
     "out_of_device_memory",  # VK_ERROR_OUT_OF_DEVICE_MEMORY
     "gpu video memory",  # DirectML
     "mem_object_allocation_failure",  # OpenCL
+    "pt_devmem",  # Intel Gaudi
+    "el0004",  # Ascend CANN
+    "207001",  # Ascend CANN's ACL_ERROR_RT_MEMORY_ALLOCATION
     "cudnn",
     "kv cache",
     "cache blocks",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuwatch.doctor.families import (
+    accelerators,
     compute_apis,
     cuda_libraries,
     cupy,
@@ -47,6 +48,7 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     tgi.find,
     hami.find,
     compute_apis.find,
+    accelerators.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line,)

@@ -49,6 +49,8 @@ _GGML_BEFORE = re.compile(r"on\s+device\s+\d+:\s*$")
 # memory" (llama.cpp before 2024, and others); 2 is cudaErrorMemoryAllocation.
 _CHECK_MACRO = re.compile(
     r"CUDA\s+error\s+2\s+at\s+(?P<file>[\w./-]+):(?P<line>\d+):\s*out\s+of\s+memory"
+    # "CUDA by Example"'s HANDLE_ERROR, copied as widely: "out of memory in FILE at line N".
+    r"|out\s+of\s+memory\s+in\s+(?P<file2>[\w./-]+\.(?:cu|cuh|cpp|cc|c|h))\s+at\s+line\s+(?P<line2>\d+)"
 )
 # The driver API's name. TensorFlow's stream executor prints it too, after "failed to
 # alloc(ate) ... from device/on host:"; that wording is the tensorflow family's, and
@@ -160,7 +162,8 @@ def _library_alloc(span: Span) -> OomFacts:
 def _check_macro(span: Span) -> OomFacts:
     match = _CHECK_MACRO.match(span.text, span.start)
     assert match is not None
-    ggml = "ggml" in match["file"]
+    file, line = match["file"] or match["file2"], match["line"] or match["line2"]
+    ggml = "ggml" in file
     return OomFacts(
         kind="ggml" if ggml else "driver",
         category="ggml_cuda_alloc_failed" if ggml else "cuda_runtime_error_oom",
@@ -168,7 +171,7 @@ def _check_macro(span: Span) -> OomFacts:
         device_type="cuda",
         cuda_error="cudaErrorMemoryAllocation",
         cuda_error_code=2,
-        source_location=f"{match['file'].rsplit('/', 1)[-1]}:{match['line']}",
+        source_location=f"{file.rsplit('/', 1)[-1]}:{line}",
         message=span.snippet,
     )
 
