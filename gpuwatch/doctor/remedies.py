@@ -123,6 +123,9 @@ UNKNOWN_BY_KIND = {
     "activations or its compiled graphs need more than the card has free",
     "cann": "Ascend's runtime (CANN) could not allocate device memory: the NPU was full; other "
     "processes on it count too",
+    "host": "a worker was killed with SIGKILL (exit -9), not by a GPU out-of-memory (that raises "
+    "an exception): on Linux usually the kernel's OOM killer reclaiming system RAM, or a "
+    "scheduler's limit",
 }
 
 # ... and by category, where the wording says more than its kind.
@@ -215,6 +218,11 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
     ],
     "hami_pod_limit": HAMI,
     "hami_allocate_failed": HAMI,
+    "worker_sigkilled_host_oom_suspect": [
+        "sudo dmesg -T | grep -i -E 'killed process|out of memory'   # the kernel's OOM killer, if it was",
+        *_SYSTEM_RAM,
+        "fewer DataLoader workers (num_workers), or load the model straight to the GPU (device_map, low_cpu_mem_usage=True)",
+    ],
     "onnxruntime_arena_absurd_size": [
         "check the input shapes fed to the session: a dynamic dimension of 0 or -1, or an overflowed product",
         "run it on the CPU provider to see whether the same node asks for the same size",

@@ -37,6 +37,7 @@ _TITLES = {
     "opencl": "OpenCL runtime",
     "hpu": "Intel Gaudi runtime",
     "cann": "Ascend CANN runtime",
+    "host": "host memory (not the GPU)",
     "vllm_kv_cache": "vLLM start-up",
 }
 

@@ -42,6 +42,9 @@ ANCHORS = (
     "pt_devmem",  # Intel Gaudi
     "el0004",  # Ascend CANN
     "207001",  # Ascend CANN's ACL_ERROR_RT_MEMORY_ALLOCATION
+    "exitcode: -9",  # torchrun: a SIGKILLed worker
+    "exitcode  : -9",
+    "(sigkill)",
     "cudnn",
     "kv cache",
     "cache blocks",

@@ -2,8 +2,9 @@
 
 The families' header patterns are disjoint (each needs its own wording), so every
 family runs on every window and the results are ordered by position. The
-:data:`FALLBACKS` read wordings that other families' messages begin with, so they run
-only on a window where no family found anything.
+:data:`FALLBACKS` run only on a window where no family found anything: a first line that
+other families' messages begin with, and a worker killed by SIGKILL (where a GPU
+out-of-memory message is there too, it is the one to explain).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gpuwatch.doctor.families import (
     cuda_libraries,
     cupy,
     hami,
+    host,
     llama_cpp,
     metal,
     mps,
@@ -51,6 +53,6 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     accelerators.find,
 )
 
-FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line,)
+FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line, host.find)
 
 __all__ = ["FALLBACKS", "FAMILIES", "Found"]
