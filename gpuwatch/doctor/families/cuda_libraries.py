@@ -39,7 +39,8 @@ _RUNTIME = re.compile(
 # ... expr=cudaMalloc(...)"). llama.cpp prints the same after "allocating N MiB on device
 # N:", which is its family's (:mod:`~gpuwatch.doctor.families.llama_cpp`).
 _MALLOC = re.compile(
-    r"(?P<call>cuda|hip)Malloc(?:\s+retry)?\s+failed:\s*out\s+of\s+memory"
+    # Faiss: "... (cudaMalloc error out of memory [2])".
+    r"(?P<call>cuda|hip)Malloc(?:\s+retry)?\s+(?:failed:|error)\s*out\s+of\s+memory"
     # PyCUDA names the driver call: "MemoryError: cuMemAlloc failed: out of memory".
     r"|(?P<driver>cuMem\w+)\s+failed:\s*out\s+of\s+memory"
     r"|(?P<api>CUDA|HIP)\s+failure\s+2:\s*out\s+of\s+memory"
@@ -51,6 +52,8 @@ _CHECK_MACRO = re.compile(
     r"CUDA\s+error\s+2\s+at\s+(?P<file>[\w./-]+):(?P<line>\d+):\s*out\s+of\s+memory"
     # "CUDA by Example"'s HANDLE_ERROR, copied as widely: "out of memory in FILE at line N".
     r"|out\s+of\s+memory\s+in\s+(?P<file2>[\w./-]+\.(?:cu|cuh|cpp|cc|c|h))\s+at\s+line\s+(?P<line2>\d+)"
+    # Caffe2's CUDA_ENFORCE and others: "context_gpu.cu:415: out of memory" (a CUDA source file).
+    r"|(?P<file3>[\w./-]+\.cuh?):(?P<line3>\d+):\s*out\s+of\s+memory"
 )
 # The driver API's name. TensorFlow's stream executor prints it too, after "failed to
 # alloc(ate) ... from device/on host:"; that wording is the tensorflow family's, and
@@ -162,7 +165,8 @@ def _library_alloc(span: Span) -> OomFacts:
 def _check_macro(span: Span) -> OomFacts:
     match = _CHECK_MACRO.match(span.text, span.start)
     assert match is not None
-    file, line = match["file"] or match["file2"], match["line"] or match["line2"]
+    file = match["file"] or match["file2"] or match["file3"]
+    line = match["line"] or match["line2"] or match["line3"]
     ggml = "ggml" in file
     return OomFacts(
         kind="ggml" if ggml else "driver",
