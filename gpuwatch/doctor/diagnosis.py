@@ -487,18 +487,12 @@ def _unknown(ctx: Context) -> Diagnosis:
             f"the convolution needs a {format_size(facts.workspace_required_bytes or 0)} workspace, "
             f"{format_size(facts.workspace_given_bytes or 0)} was allowed: raise the op's workspace"
         )
-    commands = remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)
-    if not commands and facts.device_type not in (None, "cuda", "gpu"):
-        commands = remedies.find_holders(facts.device_type)
     return Diagnosis(
         fix="unknown",
         summary="Not enough numbers to pick a fix: look at who holds the GPU",
         evidence=evidence,
-        commands=commands
-        or [
-            *remedies.FIND_HOLDERS,
-            "CUDA_LAUNCH_BLOCKING=1 python ...   # find the real failing call",
-        ],
+        commands=remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)
+        or remedies.find_holders(facts.device_type),
     )
 
 

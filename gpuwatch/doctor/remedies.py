@@ -6,7 +6,7 @@ reviewed in one place, and so the rules read as arithmetic.
 
 from __future__ import annotations
 
-from gpuwatch.doctor.live import LiveGpu, LiveProcess
+from gpuwatch.doctor.live import NVIDIA_DEVICE_TYPES, LiveGpu, LiveProcess
 from gpuwatch.doctor.units import format_size
 
 FIND_HOLDERS = [
@@ -32,9 +32,10 @@ FIND_HOLDERS_BY_DEVICE = {
 
 
 def find_holders(device_type: str | None) -> list[str]:
-    """The commands that show who else holds a device of ``device_type``."""
-    if device_type in (None, "cuda", "gpu"):
-        return FIND_HOLDERS
+    """The commands that show who else holds a device of ``device_type`` (on CUDA, and
+    when the message names no device, also how to find the call that really failed)."""
+    if device_type is None or device_type in NVIDIA_DEVICE_TYPES:
+        return [*FIND_HOLDERS, "CUDA_LAUNCH_BLOCKING=1 python ...   # find the real failing call"]
     return FIND_HOLDERS_BY_DEVICE.get(
         device_type,
         [f"the {device_type.upper()} vendor's monitoring tool lists who holds its memory"],

@@ -80,8 +80,10 @@ def spans(text: str, header: re.Pattern[str], *, limit: int = 3000) -> list[Span
 
 # "torch.OutOfMemoryError: ", "RuntimeError: ", "Error: torch.cuda.OutOfMemoryError: "
 # right before the message on its line: the last dotted name ending in Error/Exception.
+# The name starts the line or follows a separator, or text in another script that
+# touches it with no space ("一直出现torch.OutOfMemoryError: ...").
 _EXCEPTION_ON_LINE = re.compile(
-    r"(?:^|[\s`'\"(|-])(?P<name>[A-Za-z_][\w.]{0,80}(?:Error|Exception))"
+    r"(?:^|[\s`'\"(|-]|(?<=[^\x00-\x7f]))(?P<name>[A-Za-z_][\w.]{0,80}(?:Error|Exception))"
     r"(?:\s\(see above for traceback\))?\s?:(?:\s+(?:CUDA|cuDNN)\s+error:)?\s*$",
     re.MULTILINE,
 )

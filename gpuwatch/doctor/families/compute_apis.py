@@ -38,6 +38,8 @@ def find(window: str) -> list[Found]:
     for span in spans(window, _VULKAN, limit=400)[:1]:
         start = max(0, span.start - CONTEXT_CHARS)
         size = _GGML_SIZE.search(window, start, span.start)
+        # ggml's line with the size comes first: the message starts there.
+        begins = size.start() if size else span.start
         ggml = size is not None or "ggml_vulkan" in window[start : span.start]
         facts = OomFacts(
             kind="ggml" if ggml else "vulkan",
@@ -45,9 +47,9 @@ def find(window: str) -> list[Found]:
             exception=exception_before(window, span.start),
             requested_bytes=int(size["bytes"]) if size else None,
             api_call="vkAllocateMemory" if "allocateMemory" in window[start : span.end] else None,
-            message=window[size.start() if size else span.start : span.end].strip()[:4000],
+            message=window[begins : span.end].strip()[:4000],
         )
-        found.append(Found(size.start() if size else span.start, facts))
+        found.append(Found(begins, facts))
     for span in spans(window, _OPENCL, limit=300)[:1]:
         line_start = window.rfind("\n", 0, span.start) + 1
         call = _OPENCL_CALL.search(window, line_start, span.end)

@@ -194,14 +194,8 @@ def _find_async(window: str) -> list[Found]:
     for span in spans(window, _ASYNC_HEADER, limit=1000):
         exception = exception_before(window, span.start)
         # A bare "Allocation on device" (ComfyUI truncates its reports there) counts
-        # only when the exception name says out-of-memory, even glued to the text
-        # before it on its line.
-        line_start = window.rfind("\n", 0, span.start) + 1
-        named = (
-            "OutOfMemory" in (exception or "")
-            or "OutOfMemoryError" in window[line_start : span.start]
-        )
-        if not span.has(_ASYNC_CONFIRM) and not named:
+        # only when the exception name says out-of-memory.
+        if not span.has(_ASYNC_CONFIRM) and "OutOfMemory" not in (exception or ""):
             continue
         header = _ASYNC_HEADER.match(window, span.start)
         assert header is not None
