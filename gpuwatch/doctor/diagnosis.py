@@ -464,12 +464,9 @@ def _unknown(ctx: Context) -> Diagnosis:
     evidence = remedies.UNKNOWN_BY_KIND.get(
         facts.kind, "the message has too few numbers to tell the cause"
     )
-    if (
-        facts.kind not in remedies.UNKNOWN_BY_KIND
-        and fig.free is not None
-        and fig.total
-        and fig.starved
-    ):
+    # The card's own figures, where the message printed them, say more than the kind's
+    # general text (which, for a raw CUDA error, is written for a message without them).
+    if fig.free is not None and fig.total and fig.starved:
         evidence = (
             f"the card was full ({format_size(fig.free)} free of {format_size(fig.total)}) but the "
             "message does not say who holds the rest"

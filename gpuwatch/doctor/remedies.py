@@ -124,6 +124,11 @@ UNKNOWN_BY_KIND = {
     "activations or its compiled graphs need more than the card has free",
     "cann": "Ascend's runtime (CANN) could not allocate device memory: the NPU was full; other "
     "processes on it count too",
+    "catboost": "CatBoost serves every allocation from a pool it takes when training starts "
+    "(gpu_ram_part of the GPU's free memory) and the pool ran out: the trees, borders and "
+    "categorical combinations need more, or other processes left the pool small",
+    "exllama": "ExLlamaV2 placed the layers itself and the weights plus the KV cache for the "
+    "context length do not fit the GPUs it may use; other processes' memory counts against it",
     "host": "a worker was killed with SIGKILL (exit -9), not by a GPU out-of-memory (that raises "
     "an exception): on Linux usually the kernel's OOM killer reclaiming system RAM, or a "
     "scheduler's limit",
@@ -161,6 +166,8 @@ UNKNOWN_BY_CATEGORY = {
     "tensor shape (a bad dynamic dimension, or a kernel bug), not a memory shortage",
     "mlx_buffer_larger_than_allowed": "one buffer is larger than Metal allows a single buffer to "
     "be on this Mac, whatever is free: split the work (smaller batch, context or prompt chunk)",
+    "catboost_tree_ctrs": "CatBoost estimated that its combinations of categorical features "
+    "(tree-ctrs) need more than its pool has: fewer combinations, or keep them in host memory",
     "pytorch_caching_allocator_oom_first_line": "only the message's first line is here; its "
     "figures (requested, free, held by others) say which fix applies: paste the whole message",
 }
@@ -197,6 +204,25 @@ def tgi_warmup(prefill_tokens: int | None) -> list[str]:
     ]
 
 
+# CatBoost's GPU training parameters that bound its memory (catboost.ai, "GPU training").
+CATBOOST = [
+    "depth=6, border_count=32   # memory grows with 2**depth leaves and with the borders per feature",
+    "max_ctr_complexity=1   # fewer combinations of categorical features (tree-ctrs)",
+    "gpu_cat_features_storage='CpuPinnedMemory'   # categorical features in pinned host RAM",
+    "one fit per GPU at a time: a hyperparameter search running fits side by side splits the card",
+    *FIND_HOLDERS,
+]
+
+# ExLlamaV2's loader settings (text-generation-webui's names; TabbyAPI's config has the same).
+EXLLAMA = [
+    "--max_seq_len 8192   # the KV cache grows with the context: a shorter one needs less",
+    "--cache_8bit or --cache_4bit   # a quantised KV cache: about a half or a quarter of FP16's",
+    "a lower bits-per-weight quantisation of the model (e.g. 4.0 bpw instead of 5.0)",
+    "--gpu-split 20,24   # GiB per GPU; leave room for the cache and the display on GPU 0",
+    *FIND_HOLDERS,
+]
+
+
 UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
     "nccl_shm_exhausted": [
         "docker run --shm-size=8g ...   # or --ipc=host; Kubernetes: an emptyDir medium: Memory at /dev/shm",
@@ -217,6 +243,10 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "build with smaller maximum shapes in the optimization profile (batch, sequence)",
         *FIND_HOLDERS,
     ],
+    "exllama_autosplit_full": EXLLAMA,
+    "exllama_split_too_small": EXLLAMA,
+    "catboost_pool_exhausted": CATBOOST,
+    "catboost_tree_ctrs": CATBOOST,
     "hami_pod_limit": HAMI,
     "hami_allocate_failed": HAMI,
     "worker_sigkilled_host_oom_suspect": [

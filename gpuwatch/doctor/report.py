@@ -37,6 +37,8 @@ _TITLES = {
     "opencl": "OpenCL runtime",
     "hpu": "Intel Gaudi runtime",
     "cann": "Ascend CANN runtime",
+    "catboost": "CatBoost GPU memory pool",
+    "exllama": "ExLlamaV2 loader",
     "host": "host memory (not the GPU)",
     "vllm_kv_cache": "vLLM start-up",
 }

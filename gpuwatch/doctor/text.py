@@ -64,6 +64,10 @@ ANCHORS = (
     "that was not possible",
     "unable to allocate",
     "free memory on device",
+    "out of gpu",  # Blender Cycles: "System is out of GPU memory"
+    "memory allocation failed",  # MXNet's GPU pool before 0.9
+    "insufficient vram",  # ExLlamaV2's loader
+    "not enough memory for",  # CatBoost's tree-ctr estimate
 )
 
 CONTEXT_BEFORE_CHARS = 1500  # exception names, BFC stats dumps printed before the error

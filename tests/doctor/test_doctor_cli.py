@@ -256,8 +256,20 @@ def test_explain_an_npu_message_names_its_allocator_and_gets_no_nvidia_context(
             "Out of memory on cuda:0: HAMi pod GPU share",
             "this allocation would have taken it to 25.28 GiB: the pod's share ran out",
         ),
+        (
+            "(NCudaLib::TOutOfMemoryError) catboost/cuda/cuda_lib/memory_pool/"
+            "stack_like_memory_pool.h:303: Error: Out of memory. Requested 776.3222656 MB; "
+            "Free 676.4537106 MB",
+            "Out of memory: CatBoost GPU memory pool (NCudaLib::TOutOfMemoryError)",
+            "max_ctr_complexity=1",
+        ),
+        (
+            "RuntimeError: Insufficient VRAM for model and cache",
+            "Out of memory: ExLlamaV2 loader (RuntimeError)",
+            "--cache_8bit or --cache_4bit",
+        ),
     ],
-    ids=["paddle", "tensorrt", "onnxruntime", "tgi", "hami"],
+    ids=["paddle", "tensorrt", "onnxruntime", "tgi", "hami", "catboost", "exllama"],
 )
 def test_explain_other_frameworks_get_their_own_fix(
     message: str, headline: str, command: str, capsys: pytest.CaptureFixture[str], no_agent_url: str
@@ -266,6 +278,22 @@ def test_explain_other_frameworks_get_their_own_fix(
     assert code == 0
     assert out.startswith(headline)
     assert command in out
+
+
+def test_explain_uses_the_figures_a_raw_cuda_error_printed(
+    capsys: pytest.CaptureFixture[str], no_agent_url: str
+) -> None:
+    # Theano's wording carries the driver's free and total: the evidence must use them,
+    # not the raw-CUDA-error text written for messages without figures.
+    message = (
+        "Error allocating 33554432 bytes of device memory (out of memory). "
+        "Driver report 21364736 bytes free and 11715084288 bytes total"
+    )
+    code, out, _ = run(["explain", "--text", message, "--agent", no_agent_url], capsys)
+    assert code == 0
+    assert "requested 32.00 MiB   free 20.38 MiB of 10.91 GiB" in out
+    assert "the card was full (20.38 MiB free of 10.91 GiB)" in out
+    assert "printed no sizes" not in out
 
 
 def test_explain_a_rocm_message_points_at_rocm_tools_not_nvidia_smi(

@@ -39,6 +39,28 @@ def test_non_oom_logs_are_not_recognised(path: Path) -> None:
         parse_oom(path.read_text(encoding="utf-8"))
 
 
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        # A C++ file's own "out of memory" with nothing naming CUDA may be the host's.
+        ("what():  src/parser/tokenizer.cpp(120): out of memory", None),
+        ("what():  src/kernels/device_helpers.cuh(456): out of memory", "driver"),
+        ("what():  thirdParty/mallocMC/SimpleCudaMalloc_impl.hpp(42):\nerror: out of memory", "driver"),
+        (
+            "terminate called after throwing an instance of 'thrust::system::system_error'\n"
+            "  what():  src/common/alloc.h(31): out of memory",
+            "driver",
+        ),
+    ],
+    ids=["host-file", "cuda-file", "cuda-path", "thrust-line-before"],
+)
+def test_a_source_location_out_of_memory_is_cuda_only_where_cuda_is_named(
+    text: str, kind: str | None
+) -> None:
+    facts = parse_or_none(text)
+    assert (None if facts is None else facts.kind) == kind  # type: ignore[attr-defined]
+
+
 @FAST
 @given(st.text(max_size=2000))
 def test_random_text_never_raises_anything_else(text: str) -> None:

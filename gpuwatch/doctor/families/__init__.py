@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 from gpuwatch.doctor.families import (
     accelerators,
+    catboost,
     compute_apis,
     cuda_libraries,
     cupy,
+    exllama,
     hami,
     host,
     llama_cpp,
@@ -51,6 +53,8 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     hami.find,
     compute_apis.find,
     accelerators.find,
+    catboost.find,
+    exllama.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line, host.find)

@@ -6,7 +6,7 @@
   failed.``. Vulkan runs on every vendor's GPU (an NVIDIA one included), so the device
   type is left unknown.
 * DirectML (torch-directml on Windows): ``Could not allocate tensor with N bytes. There is
-  not enough GPU video memory available!``
+  not enough GPU video memory available!`` (its second sentence alone is DirectML's too).
 * OpenCL: the status ``CL_MEM_OBJECT_ALLOCATION_FAILURE`` (-4), however the program words
   the call around it. Like Vulkan, OpenCL runs on any vendor's GPU.
 """
@@ -18,15 +18,22 @@ import re
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families.clauses import Found, exception_before, spans
 
-_VULKAN = re.compile(r"VK_ERROR_OUT_OF_DEVICE_MEMORY|ErrorOutOfDeviceMemory")
+_VULKAN = re.compile(
+    r"VK_ERROR_OUT_OF_DEVICE_MEMORY|ErrorOutOfDeviceMemory"
+    # The API's name and the plain words, as a title or a program's own summary says it
+    # ("Vulkan out of memory with nvidia card").
+    r"|\bVulkan\s+(?:error:?\s+)?out\s+of\s+(?:device\s+)?memory"
+)
 _GGML_SIZE = re.compile(
     r"ggml_vulkan:\s+Device\s+memory\s+allocation\s+of\s+size\s+(?P<bytes>\d+)\s+failed"
 )
 _DIRECTML = re.compile(
-    r"Could\s+not\s+allocate\s+tensor\s+with\s+(?P<bytes>\d+)\s+bytes\.\s+There\s+is\s+not\s+"
+    r"(?:Could\s+not\s+allocate\s+tensor\s+with\s+(?P<bytes>\d+)\s+bytes\.\s+)?There\s+is\s+not\s+"
     r"enough\s+GPU\s+video\s+memory\s+available"
 )
-_OPENCL = re.compile(r"CL_MEM_OBJECT_ALLOCATION_FAILURE")
+_OPENCL = re.compile(
+    r"CL_MEM_OBJECT_ALLOCATION_FAILURE|\bOpenCL\s+(?:error:?\s+)?out\s+of\s+(?:device\s+)?memory"
+)
 _OPENCL_CALL = re.compile(r"\b(cl[A-Z]\w+)\b")
 CONTEXT_CHARS = 300
 
@@ -69,7 +76,7 @@ def find(window: str) -> list[Found]:
             category="directml_tensor_alloc_failed",
             exception=exception_before(window, span.start),
             device_type="dml",
-            requested_bytes=int(match["bytes"]),
+            requested_bytes=int(match["bytes"]) if match["bytes"] else None,
             message=span.snippet,
         )
         found.append(Found(span.start, facts))

@@ -23,16 +23,28 @@ from gpuwatch.doctor.families.clauses import Found, Span, exception_before, span
 # 'hipErrorOutOfMemory' (2): out of memory"). Newer PyTorch adds "Search for
 # `cudaErrorMemoryAllocation' in ...", which alone (the first line cut off) still says it.
 _RUNTIME = re.compile(
-    r"(?P<api>CUDA|HIP)\s+(?:driver\s+)?error:\s*out\s+of\s+memory"
+    # "CUDA driver API error out of memory" (LuxCore), "CUDA error: Out of memory in
+    # cuMemAlloc(...)" (Blender's Cycles, which capitalises the driver's text), "CUDA error
+    # at cuCtxCreate: Out of memory" (older Cycles).
+    r"(?P<api>CUDA|HIP)\s+(?i:driver\s+)?(?i:API\s+)?error(?::|\s+at\s+(?P<at>\w+):)?\s*(?i:out\s+of\s+memory)"
+    # Cycles names the driver call after the driver's text: "Out of memory in
+    # cuStreamCreate(&cuda_stream_, ...) (.../queue.cpp:21)".
+    r"|(?i:out\s+of\s+memory)\s+in\s+(?P<call>(?:cu|hip)[A-Z]\w*)\("
     # The enum name is the error itself, with or without its text after it: "'hipErrorOutOfMemory'(2)
     # at square.cpp:76", or quoted in a sentence.
     r"|(?P<enum>\bcudaErrorMemoryAllocation|\bhipErrorOutOfMemory)\b'?(?:\s*\(\d+\))?(?::?\s+out\s+of\s+memory)?"
     r"|Search\s+for\s+`(?P<hint>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'"
     # CTranslate2 (faster-whisper, whisperX): "RuntimeError: CUDA failed with error out of memory".
-    r"|(?P<ct2>CUDA|HIP)\s+failed\s+with\s+error\s+out\s+of\s+memory"
+    # cumm/spconv's TensorStorage: "cuda failed with error 2 out of memory".
+    r"|(?P<ct2>CUDA|HIP|cuda|hip)\s+failed\s+with\s+error\s+(?:2\s+)?out\s+of\s+memory"
     # Thrust's algorithms (cuDF, XGBoost): "parallel_for failed: out of memory".
     r"|(?P<thrust>parallel_for)\s+failed:\s*out\s+of\s+memory"
+    # Cycles' own summary: "System is out of GPU memory", "... out of GPU and shared host memory".
+    r"|(?P<cycles>System\s+is\s+out\s+of\s+GPU)(?:\s+and\s+shared\s+host)?\s+memory"
 )
+# XGBoost's allocator adds the figures on lines of their own after the error.
+_RUNTIME_FREE = re.compile(r"Free\s+memory:\s*(\d+)\b")
+_RUNTIME_REQUESTED = re.compile(r"Requested\s+memory:\s*(\d+)\b")
 # A framework's own report of a failed cudaMalloc/hipMalloc: MXNet's pooled storage
 # manager ("cudaMalloc failed: out of memory", "cudaMalloc retry failed: out of memory"),
 # and ONNX Runtime's and CNTK's CUDA_CALL ("CUDA failure 2: out of memory ; GPU=0 ;
@@ -44,6 +56,14 @@ _MALLOC = re.compile(
     # PyCUDA names the driver call: "MemoryError: cuMemAlloc failed: out of memory".
     r"|(?P<driver>cuMem\w+)\s+failed:\s*out\s+of\s+memory"
     r"|(?P<api>CUDA|HIP)\s+failure\s+2:\s*out\s+of\s+memory"
+    # MXNet's GPU pool before 0.9: "pooled_storage_manager.h:62: Memory allocation failed."
+    r"|(?P<pool>pooled_storage_manager)\.h:\d+:\s*Memory\s+allocation\s+failed"
+    # Theano's CUDA back end: "Error allocating 33554432 bytes of device memory (out of
+    # memory). Driver report 21364736 bytes free and 11715084288 bytes total".
+    r"|Error\s+allocating\s+(?P<bytes>\d+)\s+bytes\s+of\s+device\s+memory"
+)
+_DRIVER_REPORT = re.compile(
+    r"Driver\s+report\s+(?P<free>\d+)\s+bytes\s+free\s+and\s+(?P<total>\d+)\s+bytes\s+total"
 )
 _GGML_BEFORE = re.compile(r"on\s+device\s+\d+:\s*$")
 # The CUDA_CHECK macro many C++ projects copy: "CUDA error 2 at ggml-cuda.cu:359: out of
@@ -54,7 +74,17 @@ _CHECK_MACRO = re.compile(
     r"|out\s+of\s+memory\s+in\s+(?P<file2>[\w./-]+\.(?:cu|cuh|cpp|cc|c|h))\s+at\s+line\s+(?P<line2>\d+)"
     # Caffe2's CUDA_ENFORCE and others: "context_gpu.cu:415: out of memory" (a CUDA source file).
     r"|(?P<file3>[\w./-]+\.cuh?):(?P<line3>\d+):\s*out\s+of\s+memory"
+    # The same with the line in parentheses (XGBoost's and Thrust's errors, mallocMC's
+    # CUDA::error): "device_helpers.cuh(456): out of memory", "...hpp(42):\nerror: out of
+    # memory". A C++ file's own "out of memory" could be the host's: only a CUDA source
+    # file, or one whose path or line names CUDA (see _cuda_location).
+    r"|(?P<file4>[\w./-]+\.(?:cuh?|hpp|cpp|cc|cxx|h))\((?P<line4>\d+)\):\s*(?:error:\s*)?out\s+of\s+memory"
+    # glog's CHECK in Caffe and its forks: "syncedmem.cpp:56] Check failed: error ==
+    # cudaSuccess (2 vs. 0)  out of memory"; 2 is the runtime's cudaErrorMemoryAllocation.
+    r"|Check\s+failed:\s*\w+\s*==\s*(?P<check>cuda|hip)Success\s*\(2\s+vs\.\s+0\)"
 )
+_CUDA_CONTEXT = re.compile(r"cuda|thrust|\bhip", re.IGNORECASE)
+_GLOG_LOCATION = re.compile(r"(\w+\.(?:cpp|cu|cc|hpp)):(\d+)\]\s*$")
 # The driver API's name. TensorFlow's stream executor prints it too, after "failed to
 # alloc(ate) ... from device/on host:"; that wording is the tensorflow family's, and
 # XLA's "cuMemAllocAsync failed to allocate ... RESOURCE_EXHAUSTED" is the xla family's.
@@ -68,6 +98,9 @@ _LIBRARY_ALLOC = re.compile(
     r"\b(?P<status>(?P<lib>CUSOLVER|CUSPARSE|CUTENSOR)_STATUS_ALLOC_FAILED"
     r"|(?P<fft>CUFFT)_ALLOC_FAILED|(?P<rand>CURAND)_STATUS_ALLOCATION_FAILED"
     r"|(?P<jpeg>NVJPEG)_STATUS_ALLOCATOR_FAILURE)\b"
+    # cuFFT's status by its number (2) or its documented text, as CUDA.jl prints it:
+    # "CUFFTError(code 2, cuFFT failed to allocate GPU or CPU memory)".
+    r"|\b(?P<fft_code>CUFFT)(?:Error)?\(code\s+2\b|(?P<fft_text>cuFFT)\s+failed\s+to\s+allocate\s+GPU\s+or\s+CPU\s+memory"
 )
 # NOT_INITIALIZED means cuBLAS could not create its handle; when that failed in handle
 # creation (cublasCreate, TF's "failed to create cublas handle", CuPy's cublas.create),
@@ -115,14 +148,17 @@ def find(window: str) -> list[Found]:
 def _runtime(span: Span) -> OomFacts:
     match = _RUNTIME.match(span.text, span.start)
     assert match is not None
-    name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or ""
+    name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or match["call"] or ""
     hip = name.upper().startswith("HIP")
     return OomFacts(
         kind="driver",
         category="cuda_runtime_error_oom",
         exception=exception_before(span.text, span.start),
         device_type="hip" if hip else "cuda",
+        requested_bytes=span.integer(_RUNTIME_REQUESTED),
+        free_bytes=span.integer(_RUNTIME_FREE),
         cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
+        api_call=match["at"] or match["call"],
         message=span.snippet,
     )
 
@@ -135,12 +171,16 @@ def _malloc(span: Span) -> OomFacts | None:
         return None
     hip = (match["call"] or match["api"] or "").upper() == "HIP"
     call = match["driver"] or ("hipMalloc" if hip else "cudaMalloc")
+    report = _DRIVER_REPORT.search(span.text, span.start, span.end)
     return OomFacts(
         kind="driver",
         category="cuda_malloc_failed",
         exception=exception_before(span.text, span.start),
         device_type="hip" if hip else "cuda",
         device_index=span.integer(_GPU_FIELD),
+        requested_bytes=int(match["bytes"]) if match["bytes"] else None,
+        free_bytes=int(report["free"]) if report else None,
+        total_bytes=int(report["total"]) if report else None,
         cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
         api_call=call,
         message=span.snippet,
@@ -150,34 +190,51 @@ def _malloc(span: Span) -> OomFacts | None:
 def _library_alloc(span: Span) -> OomFacts:
     match = _LIBRARY_ALLOC.match(span.text, span.start)
     assert match is not None
-    library = match["lib"] or match["fft"] or match["rand"] or match["jpeg"] or ""
+    library = match["lib"] or match["fft"] or match["rand"] or match["jpeg"] or "CUFFT"
     return OomFacts(
         kind="cuda_library",
         category=f"{library.lower()}_alloc_failed",
         exception=exception_before(span.text, span.start),
         device_type="cuda",
-        library_status=match["status"],
+        library_status=match["status"] or "CUFFT_ALLOC_FAILED",
         api_call=span.group(_CALLING),
         message=span.snippet,
     )
 
 
-def _check_macro(span: Span) -> OomFacts:
+def _check_macro(span: Span) -> OomFacts | None:
     match = _CHECK_MACRO.match(span.text, span.start)
     assert match is not None
-    file = match["file"] or match["file2"] or match["file3"]
-    line = match["line"] or match["line2"] or match["line3"]
+    line_start = span.text.rfind("\n", 0, span.start) + 1
+    if match["check"]:
+        glog = _GLOG_LOCATION.search(span.text, line_start, span.start)
+        file, line = (glog[1], glog[2]) if glog else ("", "")
+    else:
+        file = match["file"] or match["file2"] or match["file3"] or match["file4"]
+        line = match["line"] or match["line2"] or match["line3"] or match["line4"]
+    host_file = match["file4"] and not file.endswith((".cu", ".cuh"))
+    if host_file and not _cuda_location(span.text, line_start, match.end()):
+        return None
     ggml = "ggml" in file
+    hip = match["check"] == "hip"
     return OomFacts(
         kind="ggml" if ggml else "driver",
         category="ggml_cuda_alloc_failed" if ggml else "cuda_runtime_error_oom",
         exception=exception_before(span.text, span.start),
-        device_type="cuda",
-        cuda_error="cudaErrorMemoryAllocation",
+        device_type="hip" if hip else "cuda",
+        cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
         cuda_error_code=2,
-        source_location=f"{file.rsplit('/', 1)[-1]}:{line}",
+        source_location=f"{file.rsplit('/', 1)[-1]}:{line}" if file else None,
         message=span.snippet,
     )
+
+
+def _cuda_location(text: str, line_start: int, end: int) -> bool:
+    """Whether a C++ file's "(N): out of memory" (ending at ``end``) is CUDA's: the file's
+    path, its line, or the line before it ("terminate called after throwing an instance
+    of 'CUDA::error'") names CUDA, Thrust or HIP."""
+    previous = text.rfind("\n", 0, max(0, line_start - 1)) + 1
+    return _CUDA_CONTEXT.search(text, previous, end) is not None
 
 
 def _driver(span: Span) -> OomFacts | None:

@@ -8,7 +8,8 @@ compute buffers (``failed to allocate compute buffers``).
 
 ``llama_model_load: error loading model: unable to allocate backend buffer`` (or
 ``unable to allocate CUDA0 buffer``) alone is the loader's summary of the same failure
-when the allocation line was not captured.
+when the allocation line was not captured; ggml's ``GGML_ASSERT: ... "failed to allocate
+buffer"`` is the same from programs that assert instead (whisper.cpp).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ _EXACT = re.compile(
 # Any backend's name: CUDA0, ROCm0, CPU (host RAM), Metal, Vulkan0, SYCL0, CANN0, ...
 _BACKEND_BUFFER = re.compile(
     r"unable\s+to\s+allocate\s+(?:backend|(?P<backend>[A-Za-z]+?)_?(?P<device>\d+)?)\s+buffer"
+    # ggml's own assertion in every program built on it (whisper.cpp, stable-diffusion.cpp):
+    # GGML_ASSERT: .../ggml-backend.c:460: data != NULL && "failed to allocate buffer".
+    r'|GGML_ASSERT:.{0,200}?"failed\s+to\s+allocate\s+buffer"'
 )
 # The host-side allocation that precedes it when system RAM ran out:
 # "alloc_tensor_range: failed to allocate CPU buffer of size 437944320".

@@ -43,13 +43,16 @@ _DEVICE_WORDS = r"CUDA|HIP|XPU|NPU|MUSA|MLU|GCU|DCU|SDAA"
 _HEADER = re.compile(
     # A known device word even glued to what comes before ("whyCUDA out of ..."), or any
     # upper-case word.
-    rf"(?:(?P<dev>{_DEVICE_WORDS}|\b[A-Z][A-Z0-9]{{1,7}})\s+out\s+of\s+memory\.?"
+    rf"(?:(?:(?P<dev>{_DEVICE_WORDS}|\b[A-Z][A-Z0-9]{{1,7}})\s+out\s+of\s+memory\.?"
     # IPEX's per-allocation limit: "Current platform can NOT allocate memory block with
     # size larger than 4GB! Tried to allocate ..." (an XPU-only message).
     r"|(?P<ipex>(?:Current\s+platform\s+)?can\s+NOT\s+allocate\s+memory\s+block\s+with\s+size\s+larger\s+than\s+\S+)"
     # The exception's name right before it: a message quoted without its first sentence.
-    r"|(?P<named>OutOfMemoryError:))"
-    r"\s+Tried\s+to\s+allocate\b"
+    r"|(?P<named>OutOfMemoryError:))\s+"
+    # No head at all, the 1.x figures right after the size: "Tried to allocate 20.00 MiB
+    # (GPU 0; 1.96 GiB total capacity; ...)". The parenthesis is the allocator's own.
+    r"|(?P<bare>(?=Tried\s+to\s+allocate\s+\S+(?:\s+[KMGT]?i?B)?\s+\(\s*[A-Z]{2,5}\s+\d+\s*;)))"
+    r"Tried\s+to\s+allocate\b"
 )
 # The first line alone ("RuntimeError: MUSA out of memory", an issue title), for the
 # device words above only: "GPU out of memory" alone could be anyone's wording. Read
@@ -119,8 +122,9 @@ def _find_caching(window: str) -> list[Found]:
     for span in spans(window, _HEADER):
         header = _HEADER.match(window, span.start)
         assert header is not None  # spans() starts every span at a header match
-        # A message headed by the exception alone is PyTorch's CUDA one.
-        device_type = "cuda" if header["named"] else (header["dev"] or "XPU").lower()
+        # A message headed by the exception alone, or by nothing, is PyTorch's CUDA one.
+        headless = header["named"] is not None or header["bare"] is not None
+        device_type = "cuda" if headless else (header["dev"] or "XPU").lower()
         found.append(Found(span.start, _caching_facts(span, device_type)))
     return found
 
