@@ -45,7 +45,10 @@ def test_non_oom_logs_are_not_recognised(path: Path) -> None:
         # A C++ file's own "out of memory" with nothing naming CUDA may be the host's.
         ("what():  src/parser/tokenizer.cpp(120): out of memory", None),
         ("what():  src/kernels/device_helpers.cuh(456): out of memory", "driver"),
-        ("what():  thirdParty/mallocMC/SimpleCudaMalloc_impl.hpp(42):\nerror: out of memory", "driver"),
+        (
+            "what():  thirdParty/mallocMC/SimpleCudaMalloc_impl.hpp(42):\nerror: out of memory",
+            "driver",
+        ),
         (
             "terminate called after throwing an instance of 'thrust::system::system_error'\n"
             "  what():  src/common/alloc.h(31): out of memory",
