@@ -3,12 +3,14 @@ per-host idempotency keys, which rebuild a table on SQLite, keep every row."""
 
 from __future__ import annotations
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from gpuwatch.server.database import create_database
+from gpuwatch.server.database.core import FILLFACTOR
 from gpuwatch.server.database.migrate import (
     alembic_config,
     current_revision,
@@ -104,3 +106,27 @@ def test_per_host_keys_keep_every_row_and_cascade_nowhere(database_url: str) -> 
         assert conn.execute(text("SELECT host_id FROM snapshots_seen")).scalars().all() == [1]
         assert conn.execute(text("SELECT count(*) FROM process_samples")).scalar() == 1
     database.dispose()
+
+
+@pytest.mark.postgres
+def test_tables_rewritten_every_push_leave_room_for_hot_updates(postgres_url: str) -> None:
+    # The models and the migration agree with FILLFACTOR, and a migrated database has it.
+    database = create_database(postgres_url)
+    upgrade(database)
+    with database.engine.connect() as conn:
+        options = dict(
+            conn.execute(
+                text(
+                    "SELECT relname, reloptions FROM pg_class WHERE relkind = 'r'"
+                    " AND relnamespace = current_schema()::regnamespace"
+                )
+            ).all()
+        )
+    database.dispose()
+    for table, fillfactor in FILLFACTOR.items():
+        assert options[table] == [f"fillfactor={fillfactor}"], table
+        assert metadata.tables[table].dialect_options["postgresql"]["with"] == {
+            "fillfactor": fillfactor
+        }
+    # Insert-only tables keep the default.
+    assert options["process_samples"] is None

@@ -18,7 +18,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gpuwatch.server.database.core import Base, IdType
+from gpuwatch.server.database.core import Base, IdType, rewritten_in_place
 
 SHORT = 256  # matches gpuwatch.snapshot.ShortStr
 
@@ -37,6 +37,7 @@ class Host(Base):
     """
 
     __tablename__ = "hosts"
+    __table_args__ = rewritten_in_place("hosts")
 
     id: Mapped[int] = mapped_column(IdType, primary_key=True)
     hostname: Mapped[str] = mapped_column(String(SHORT), unique=True)
@@ -69,7 +70,7 @@ class Gpu(Base):
     """
 
     __tablename__ = "gpus"
-    __table_args__ = (UniqueConstraint("host_id", "uuid"),)
+    __table_args__ = (UniqueConstraint("host_id", "uuid"), rewritten_in_place("gpus"))
 
     id: Mapped[int] = mapped_column(IdType, primary_key=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
@@ -126,6 +127,7 @@ class GpuWindow(Base):
     every snapshot; the window once per ``sample_interval_seconds``)."""
 
     __tablename__ = "gpu_windows"
+    __table_args__ = rewritten_in_place("gpu_windows")
 
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True)
     recent_window: Mapped[bytes] = mapped_column(LargeBinary)

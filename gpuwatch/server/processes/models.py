@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gpuwatch.server.database.core import Base, IdType
+from gpuwatch.server.database.core import Base, IdType, rewritten_in_place
 
 SHORT = 256
 LONG = 4096
@@ -51,6 +51,7 @@ class ProcessLifetime(Base):
         # History: "what was on this GPU at T".
         Index(None, "gpu_id", "first_seen_at"),
         Index(None, "user", "first_seen_at"),
+        rewritten_in_place("process_lifetimes"),
     )
 
     id: Mapped[int] = mapped_column(IdType, primary_key=True)
@@ -95,6 +96,7 @@ class ProcessWindow(Base):
     """
 
     __tablename__ = "process_windows"
+    __table_args__ = rewritten_in_place("process_windows")
 
     lifetime_id: Mapped[int] = mapped_column(
         ForeignKey("process_lifetimes.id", ondelete="CASCADE"), primary_key=True
