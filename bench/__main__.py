@@ -14,6 +14,7 @@ BENCHMARKS = (
     "reaper",
     "dashboard",
     "writer",
+    "fillfactor",
     "load",
     "reliability",  # last: renders docs/reliability.md from the results above
 )

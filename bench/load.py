@@ -314,6 +314,10 @@ class Agent:
     port: int
     sequence: int
     pending: list[tuple[int, float]] = field(default_factory=list)  # (sequence, at)
+    # The server's downsampling buckets of this host: their phase (ingest/apply.py
+    # bucket_phase) and the bucket of the newest snapshot it stored.
+    phase: float = 0.0
+    bucket: float = float("-inf")
 
     def poll(self, at: float) -> None:
         self.pending.append((self.sequence, at))
@@ -329,6 +333,7 @@ class Request:
     kind: str  # "live" or "storm"
     deferred: int = 0  # on a 200: the snapshots the server deferred (not stored)
     stage: str = "reading"  # how far an unanswered one got (post)
+    closing: bool = False  # it carried the first snapshot of a new bucket of its host
 
 
 @dataclass
@@ -370,8 +375,14 @@ class Run:
         deferred = body.count(b'"deferred"') if status == 200 else 0
         stored = len(batch) - deferred
         seconds = time.monotonic() - started
-        self.requests.append(Request(started, seconds, status, stored, kind, deferred, stage[0]))
+        # The server closes the host's bucket when a snapshot falls in a later one.
+        newest = max(_bucket(agent, at) for _, at in batch)
+        closing = newest > agent.bucket
+        request = Request(started, seconds, status, stored, kind, deferred, stage[0], closing)
+        self.requests.append(request)
         if status == 200:
+            if stored:
+                agent.bucket = max(agent.bucket, _bucket(agent, batch[stored - 1][1]))
             del agent.pending[:stored]
             return status, None, deferred
         return status, retry_after, 0
@@ -511,9 +522,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summarize(
-    run: Run, window: tuple[float, float], cpu: dict[str, float], interval: float
-) -> dict[str, Any]:
+def summarize(run: Run, window: tuple[float, float], cpu: dict[str, float]) -> dict[str, Any]:
     """Throughput, latency and statuses of the requests started within ``window``."""
     began, ended = window
     inside = [r for r in run.requests if began <= r.started < ended]
@@ -553,20 +562,42 @@ def summarize(
             2,
         ),
         "generator_lateness_p99_ms": _round(percentile([x * 1e3 for x in run.lateness], 0.99)),
-        "by_minute_phase": _by_minute_phase(run, inside, interval),
+        "by_bucket_closing": _by_bucket_closing(inside),
     }
 
 
-def _by_minute_phase(run: Run, requests: Sequence[Request], interval: float) -> dict[str, Any]:
-    """Latency of the pushes made in the first push interval after each minute (when
-    every host's per-minute bucket closes, at the same wall-clock minute on every host:
-    coarse samples written, trend detectors run) and of the others."""
-    sample_interval = 60.0  # the server's default sample_interval_seconds
-    closing: list[float] = []
-    steady: list[float] = []
-    for r in requests:
-        at = (r.started + run.epoch_offset) % sample_interval
-        (closing if at < interval else steady).append(r.seconds * 1e3)
+# The server's default sample_interval_seconds: a host's bucket is this long.
+SAMPLE_INTERVAL = 60.0
+
+
+def _bucket(agent: Agent, at: float) -> float:
+    return (at - agent.phase) // SAMPLE_INTERVAL
+
+
+def set_phases(target: Any, agents: Sequence[Agent]) -> None:
+    """Give each agent its host's bucket phase on the server (ingest/apply.py), from the
+    id of the host's row."""
+    from sqlalchemy import select
+
+    from gpuwatch.server.hosts.models import Host
+    from gpuwatch.server.ingest.apply import bucket_phase
+
+    database = target.database()
+    try:
+        with database.engine.connect() as conn:
+            ids = dict(conn.execute(select(Host.hostname, Host.id)).all())
+    finally:
+        database.dispose()
+    for agent in agents:
+        agent.phase = bucket_phase(ids[agent.host], SAMPLE_INTERVAL)
+
+
+def _by_bucket_closing(requests: Sequence[Request]) -> dict[str, Any]:
+    """Latency of the pushes that closed their host's bucket (coarse samples written,
+    trend detectors run: the heavy pushes; hosts' phases spread them over the minute)
+    and of the others."""
+    closing = [r.seconds * 1e3 for r in requests if r.closing]
+    steady = [r.seconds * 1e3 for r in requests if not r.closing]
     return {
         name: {"requests": len(ms), "p50_ms": _round(percentile(ms, 0.5)),
                "p99_ms": _round(percentile(ms, 0.99))}
@@ -672,7 +703,7 @@ def sustained(
 
     with generator_gc_paused():
         began, ended, cpu = asyncio.run(go())
-    result = summarize(run, (began, ended), cpu, plan.interval)
+    result = summarize(run, (began, ended), cpu)
     result["hosts"] = len(agents)
     result["waited_for_quiet"] = quiet
     result["offered_snapshots_per_second"] = round(len(agents) / plan.interval, 1)
@@ -783,7 +814,7 @@ def storm(
     drained = [t - began for t in run.drained_at.values()]
     live_run = Run(template, [r for r in run.requests if r.kind == "live"], run.lateness)
     storm_run = Run(template, [r for r in run.requests if r.kind == "storm"])
-    storm_requests = summarize(storm_run, (began, ended), cpu, plan.interval)
+    storm_requests = summarize(storm_run, (began, ended), cpu)
     return {
         "agents": len(storm_agents),
         "spooled_per_agent": plan.storm_spooled,
@@ -809,7 +840,7 @@ def storm(
                 "deferred_snapshots",
             )
         },
-        "live": summarize(live_run, (began, ended), cpu, plan.interval),
+        "live": summarize(live_run, (began, ended), cpu),
     }
 
 
@@ -931,6 +962,7 @@ def bench_database(
         tokens = make_tokens(target, fleet + back)
         agents = make_agents({h: tokens[h] for h in fleet}, [0], 0)
         returning = make_agents({h: tokens[h] for h in back}, [0], 0)
+        set_phases(target, agents + returning)
         if default_cache_too:
             with running_server(target, tmp, env=server_env(plan, None)) as client:
                 out.update(_warm_fleet(template, agents, returning, plan, client))
@@ -1107,6 +1139,7 @@ def bench_profile(tmp: Path, template: Template, plan: Plan, cache_hosts: int) -
     with fresh_database("sqlite", tmp, "profile") as target:
         tokens = make_tokens(target, [f"prof-{i}" for i in range(plan.fleet)])
         agents = make_agents(tokens, [0], 0)
+        set_phases(target, agents)
         with running_server(target, tmp, env=env) as client:
             _warm_fleet(template, agents, [], plan, client)
         with profiled_server(target, tmp, env, raw) as client:

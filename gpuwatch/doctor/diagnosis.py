@@ -302,6 +302,10 @@ def _activation_commands(facts: OomFacts) -> list[str]:
         ]
     if facts.kind == "paddle":
         return remedies.PADDLE
+    if facts.kind == "mindspore":
+        return remedies.MINDSPORE
+    if facts.kind == "catboost":
+        return remedies.CATBOOST
     if facts.kind == "onnxruntime":
         return remedies.ONNXRUNTIME_ARENA
     if facts.kind == "tgi":
@@ -486,7 +490,8 @@ def _unknown(ctx: Context) -> Diagnosis:
         )
     return Diagnosis(
         fix="unknown",
-        summary="Not enough numbers to pick a fix: look at who holds the GPU",
+        summary="Not enough numbers to pick a fix: look at "
+        + ("what holds system RAM" if facts.device_type == "host" else "who holds the GPU"),
         evidence=evidence,
         commands=remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)
         or remedies.find_holders(facts.device_type),

@@ -41,6 +41,7 @@ Kind = Literal[
     "opencl",  # OpenCL: CL_MEM_OBJECT_ALLOCATION_FAILURE
     "hpu",  # Intel Gaudi's runtime (PT_DEVMEM)
     "cann",  # Huawei Ascend's runtime (CANN: EL0004, 207001)
+    "mindspore",  # MindSpore's device memory pool (Ascend NPU or GPU)
     "exllama",  # ExLlamaV2's loader: the model and its KV cache do not fit the GPUs it may use
     "catboost",  # CatBoost's GPU trainer: its memory pool (a share of the free GPU) ran out
     "host",  # not the GPU: a worker SIGKILLed, usually by the kernel's OOM killer (host RAM)

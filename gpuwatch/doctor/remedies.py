@@ -129,6 +129,8 @@ UNKNOWN_BY_KIND = {
     "categorical combinations need more, or other processes left the pool small",
     "exllama": "ExLlamaV2 placed the layers itself and the weights plus the KV cache for the "
     "context length do not fit the GPUs it may use; other processes' memory counts against it",
+    "mindspore": "MindSpore serves every tensor from a pool it takes at start (max_device_memory) "
+    "and the pool could not serve this one: the model's working set is larger than the pool",
     "host": "a worker was killed with SIGKILL (exit -9), not by a GPU out-of-memory (that raises "
     "an exception): on Linux usually the kernel's OOM killer reclaiming system RAM, or a "
     "scheduler's limit",
@@ -166,6 +168,13 @@ UNKNOWN_BY_CATEGORY = {
     "tensor shape (a bad dynamic dimension, or a kernel bug), not a memory shortage",
     "mlx_buffer_larger_than_allowed": "one buffer is larger than Metal allows a single buffer to "
     "be on this Mac, whatever is free: split the work (smaller batch, context or prompt chunk)",
+    "cpu_allocator_out_of_memory": "PyTorch's CPU allocator could not get system RAM: the "
+    "tensor was on the CPU (a model loaded there first, a batch collated there), not the GPU",
+    "tensorrt_llm_out_of_memory": "TensorRT-LLM sizes its runtime buffers for the engine's maximum "
+    "batch and tokens, and the KV cache takes a fraction of what is free after them: together "
+    "they did not fit",
+    "tensorrt_llm_kv_cache_too_small": "the paged KV cache TensorRT-LLM could fit in the memory "
+    "left after the weights cannot hold one whole sequence of the engine's maximum length",
     "catboost_tree_ctrs": "CatBoost estimated that its combinations of categorical features "
     "(tree-ctrs) need more than its pool has: fewer combinations, or keep them in host memory",
     "pytorch_caching_allocator_oom_first_line": "only the message's first line is here; its "
@@ -203,6 +212,21 @@ def tgi_warmup(prefill_tokens: int | None) -> list[str]:
         "--quantize (awq, gptq, bitsandbytes-nf4) or --num-shard 2: less of the GPU for weights",
     ]
 
+
+# TensorRT-LLM: the engine's maxima (trtllm-build) and the runtime's KV-cache share
+# (Triton's tensorrt_llm config.pbtxt, or the executor's KvCacheConfig).
+TENSORRT_LLM = [
+    "trtllm-build ... --max_batch_size 8 --max_num_tokens 4096   # buffers are sized for these maxima",
+    "kv_cache_free_gpu_mem_fraction: 0.8   # the KV cache's share of what is free after the weights",
+    "--max_input_len / --max_seq_len: a shorter maximum sequence needs fewer KV-cache blocks",
+    *FIND_HOLDERS,
+]
+
+MINDSPORE = [
+    'mindspore.set_context(max_device_memory="30GB")   # the pool\'s size: up to what the card has free',
+    "lower the batch size, or recompute activations: cell.recompute()",
+    "npu-smi info   # Ascend: who else holds the NPU (nvidia-smi on a GPU)",
+]
 
 # CatBoost's GPU training parameters that bound its memory (catboost.ai, "GPU training").
 CATBOOST = [
@@ -244,6 +268,13 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         *FIND_HOLDERS,
     ],
     "exllama_autosplit_full": EXLLAMA,
+    "tensorrt_llm_out_of_memory": TENSORRT_LLM,
+    "tensorrt_llm_kv_cache_too_small": TENSORRT_LLM,
+    "mindspore_pool_exhausted": MINDSPORE,
+    "cpu_allocator_out_of_memory": [
+        *_SYSTEM_RAM,
+        'load the model straight to the GPU (device_map="auto", low_cpu_mem_usage=True), or fewer DataLoader workers',
+    ],
     "exllama_split_too_small": EXLLAMA,
     "catboost_pool_exhausted": CATBOOST,
     "catboost_tree_ctrs": CATBOOST,

@@ -39,6 +39,7 @@ _TITLES = {
     "cann": "Ascend CANN runtime",
     "catboost": "CatBoost GPU memory pool",
     "exllama": "ExLlamaV2 loader",
+    "mindspore": "MindSpore device memory pool",
     "host": "host memory (not the GPU)",
     "vllm_kv_cache": "vLLM start-up",
 }

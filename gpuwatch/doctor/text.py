@@ -67,6 +67,10 @@ ANCHORS = (
     "out of gpu",  # Blender Cycles: "System is out of GPU memory"
     "memory allocation failed",  # MXNet's GPU pool before 0.9
     "insufficient vram",  # ExLlamaV2's loader
+    "you tried to allocate",  # PyTorch's CPU allocator (host RAM)
+    "pagedkvcache",  # TensorRT-LLM: maxTokensInPagedKvCache must be large enough
+    "memory isn't enough",  # MindSpore
+    "more than total mem size",  # MindSpore's pool
     "not enough memory for",  # CatBoost's tree-ctr estimate
 )
 

@@ -268,8 +268,42 @@ def test_explain_an_npu_message_names_its_allocator_and_gets_no_nvidia_context(
             "Out of memory: ExLlamaV2 loader (RuntimeError)",
             "--cache_8bit or --cache_4bit",
         ),
+        (
+            "[ERROR] PRE_ACT(54175,fffdbcff91e0,python):2024-10-22-11:24:55.301.443 "
+            "[mindspore/ccsrc/backend/common/mem_reuse/mem_dynamic_allocator.cc:392] "
+            "AddMemBlockAndMemBufByEagerFree] TotalUsedMemStatistics : 29356337664 plus "
+            "TotalUsedByEventMemStatistics : 0 and plus alloc size : 301990400 is more than "
+            "total mem size : 29464985600.",
+            "Out of memory: MindSpore device memory pool",
+            'mindspore.set_context(max_device_memory="30GB")',
+        ),
+        (
+            "[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, "
+            "mCudaStream->get()): out of memory (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/"
+            "tllmBuffers.h:112)",
+            "Out of memory: TensorRT",
+            "kv_cache_free_gpu_mem_fraction: 0.8",
+        ),
+        (
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:75] err == 0. DefaultCPUAllocator: "
+            "can't allocate memory: you tried to allocate 12582912000 bytes. Error code 12 "
+            "(Cannot allocate memory)",
+            "Out of memory: host memory (not the GPU)",
+            "look at what holds system RAM",
+        ),
     ],
-    ids=["paddle", "tensorrt", "onnxruntime", "tgi", "hami", "catboost", "exllama"],
+    ids=[
+        "paddle",
+        "tensorrt",
+        "onnxruntime",
+        "tgi",
+        "hami",
+        "catboost",
+        "exllama",
+        "mindspore",
+        "tensorrt-llm",
+        "cpu-allocator",
+    ],
 )
 def test_explain_other_frameworks_get_their_own_fix(
     message: str, headline: str, command: str, capsys: pytest.CaptureFixture[str], no_agent_url: str

@@ -22,6 +22,7 @@ from gpuwatch.doctor.families import (
     host,
     llama_cpp,
     metal,
+    mindspore,
     mps,
     nccl,
     onnxruntime,
@@ -55,6 +56,8 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     accelerators.find,
     catboost.find,
     exllama.find,
+    host.find_cpu_allocator,
+    mindspore.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line, host.find)

@@ -26,7 +26,11 @@ _RUNTIME = re.compile(
     # "CUDA driver API error out of memory" (LuxCore), "CUDA error: Out of memory in
     # cuMemAlloc(...)" (Blender's Cycles, which capitalises the driver's text), "CUDA error
     # at cuCtxCreate: Out of memory" (older Cycles).
-    r"(?P<api>CUDA|HIP)\s+(?i:driver\s+)?(?i:API\s+)?error(?::|\s+at\s+(?P<at>\w+):)?\s*(?i:out\s+of\s+memory)"
+    # "CUDA runtime error in ::cudaMallocAsync(ptr, n, stream): out of memory" (a wrapper
+    # naming the call), Paddle's "Cuda error(2), out of memory."
+    r"(?P<api>CUDA|HIP|Cuda)\s+(?i:driver\s+|runtime\s+)?(?i:API\s+)?error"
+    r"(?::|\s*\(2\),|\s+at\s+(?P<at>\w+):|\s+in\s+(?:::)?(?P<in>\w+)\([^)]{0,200}\):)?"
+    r"\s*(?i:out\s+of\s+memory)"
     # Cycles names the driver call after the driver's text: "Out of memory in
     # cuStreamCreate(&cuda_stream_, ...) (.../queue.cpp:21)".
     r"|(?i:out\s+of\s+memory)\s+in\s+(?P<call>(?:cu|hip)[A-Z]\w*)\("
@@ -39,9 +43,16 @@ _RUNTIME = re.compile(
     r"|(?P<ct2>CUDA|HIP|cuda|hip)\s+failed\s+with\s+error\s+(?:2\s+)?out\s+of\s+memory"
     # Thrust's algorithms (cuDF, XGBoost): "parallel_for failed: out of memory".
     r"|(?P<thrust>parallel_for)\s+failed:\s*out\s+of\s+memory"
+    # MindSpore's CUDA wrappers: "The cudaStreamCreateWithFlags failed, ret[2], out of memory"
+    # (a host allocation, cudaHostAlloc, is pinned system RAM: see _HOST_CALL).
+    r"|(?P<ms>(?:cuda|cu|hip)[A-Z]\w*)\s+failed,\s*ret\[2\],?\s*out\s+of\s+memory"
     # Cycles' own summary: "System is out of GPU memory", "... out of GPU and shared host memory".
     r"|(?P<cycles>System\s+is\s+out\s+of\s+GPU)(?:\s+and\s+shared\s+host)?\s+memory"
 )
+# Allocations of pinned host memory: their "out of memory" is system RAM's.
+_HOST_CALL = re.compile(r"HostAlloc|MallocHost|HostRegister")
+# TensorRT-LLM wraps the runtime's error in its own: that family explains it.
+_TRT_LLM_BEFORE = re.compile(r"\[TensorRT-LLM\]")
 # XGBoost's allocator adds the figures on lines of their own after the error.
 _RUNTIME_FREE = re.compile(r"Free\s+memory:\s*(\d+)\b")
 _RUNTIME_REQUESTED = re.compile(r"Requested\s+memory:\s*(\d+)\b")
@@ -145,20 +156,25 @@ def find(window: str) -> list[Found]:
     return found
 
 
-def _runtime(span: Span) -> OomFacts:
+def _runtime(span: Span) -> OomFacts | None:
     match = _RUNTIME.match(span.text, span.start)
     assert match is not None
-    name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or match["call"] or ""
+    line_start = span.text.rfind("\n", 0, span.start) + 1
+    if _TRT_LLM_BEFORE.search(span.text, line_start, span.start):
+        return None
+    call = match["at"] or match["in"] or match["call"] or match["ms"]
+    name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or call or ""
     hip = name.upper().startswith("HIP")
+    host = call is not None and _HOST_CALL.search(call) is not None
     return OomFacts(
         kind="driver",
-        category="cuda_runtime_error_oom",
+        category="host_pinned_memory_oom" if host else "cuda_runtime_error_oom",
         exception=exception_before(span.text, span.start),
-        device_type="hip" if hip else "cuda",
+        device_type="host" if host else "hip" if hip else "cuda",
         requested_bytes=span.integer(_RUNTIME_REQUESTED),
         free_bytes=span.integer(_RUNTIME_FREE),
         cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
-        api_call=match["at"] or match["call"],
+        api_call=call,
         message=span.snippet,
     )
 

@@ -1,4 +1,10 @@
-"""A worker killed with SIGKILL: usually the kernel's OOM killer, for host RAM.
+"""Host RAM, not the GPU: PyTorch's CPU allocator refusing, or a worker killed with SIGKILL.
+
+PyTorch's CPU allocator says so itself: ``DefaultCPUAllocator: can't allocate memory:
+you tried to allocate N bytes. Error code 12 (Cannot allocate memory)`` (Linux), ``...
+not enough memory: you tried to allocate N bytes.`` (Windows), and the legacy TH's ``$
+Torch: not enough memory: you tried to allocate 3GB. Buy new RAM!``. The tensor was on
+the CPU (a model loaded there first, a batch collated there), so the fix is system RAM.
 
 ``torchrun`` (torch.distributed.elastic) reports a worker that died of signal 9 as
 ``failed (exitcode: -9) local_rank: 0 (pid: 1322)`` and, in its summary, ``exitcode : -9``
@@ -13,12 +19,35 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, spans
+from gpuwatch.doctor.families.clauses import Found, compile_clause, exception_before, spans
 
 _SIGKILL = re.compile(
     r"failed\s+\(exitcode:\s*-9\)|exitcode\s*:\s*-9\b|Signal\s+9\s+\(SIGKILL\)\s+received"
 )
+_CPU_ALLOCATOR = re.compile(
+    r"DefaultCPUAllocator:\s*(?:can't\s+allocate|not\s+enough)\s+memory:\s*you\s+tried\s+to\s+allocate\s+(?P<bytes>\d+)\s+bytes"
+    r"|(?P<th>Torch:\s+not\s+enough\s+memory:)"
+)
+_TH_SIZE = compile_clause(r"you\s+tried\s+to\s+allocate\s+")
 _PID = re.compile(r"\(pid:\s*(?P<pid>\d+)\)|received\s+by\s+PID\s+(?P<pid2>\d+)")
+
+
+def find_cpu_allocator(window: str) -> list[Found]:
+    """Every refusal of PyTorch's CPU allocator in ``window``."""
+    found = []
+    for span in spans(window, _CPU_ALLOCATOR, limit=300):
+        match = _CPU_ALLOCATOR.match(window, span.start)
+        assert match is not None
+        facts = OomFacts(
+            kind="host",
+            category="cpu_allocator_out_of_memory",
+            exception=exception_before(window, span.start),
+            device_type="host",
+            requested_bytes=span.size(_TH_SIZE) if match["th"] else int(match["bytes"]),
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
+    return found
 
 
 def find(window: str) -> list[Found]:

@@ -10,6 +10,11 @@ Wordings (``[TRT] [E]``, ``[TensorRT] ERROR:`` or ``ERROR: [TRT]:`` in front):
 * The builder's ``Requested amount of GPU memory (N bytes) could not be allocated``: an
   error in 7.x, a warning in 8.x (the tactic is skipped and the build goes on). A
   warning alone is not a failure and is not reported; beside an error it gives the size.
+* TensorRT-LLM's runtime: ``[TensorRT-LLM][ERROR] CUDA runtime error in
+  ::cudaMallocAsync(ptr, n, stream): out of memory (.../tllmBuffers.h:112)`` (its buffers
+  are sized for the engine's maximum batch and tokens), and the paged KV cache too small
+  for one sequence: ``maxTokensInPagedKvCache must be large enough to process at least 1
+  sequence to completion``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ _HEADER = re.compile(
     r"|OutOfMemory\s+Error\s+in\s+(?P<call2>\w+)"
     r"|(?P<requested>Requested\s+amount\s+of\s+(?:GPU\s+)?memory\s+\((?P<bytes>\d+)\s+bytes\)"
     r"\s+could\s+not\s+be\s+allocated)"
+    r"|(?P<llm>\[TensorRT-LLM\]\[ERROR\])[\s\S]{0,300}?out\s+of\s+memory"
+    r"|(?P<kv>maxTokensInPagedKvCache\s+must\s+be\s+large\s+enough)"
 )
+_LLM_CALL = re.compile(r"error\s+in\s+(?:::)?(\w+)\(")
+_LLM_SOURCE = re.compile(r"\((?:[^()\s]*/)?(\w+\.(?:h|cpp|cu)):(\d+)\)")
 _REQUESTED = re.compile(
     r"Requested\s+amount\s+of\s+(?:GPU\s+)?memory\s+\((?P<bytes>\d+)\s+bytes\)\s+could\s+not"
 )
@@ -54,5 +63,12 @@ def find(window: str) -> list[Found]:
             source_location=source["source"] if source else None,
             message=window[line_start : span.end].strip()[:4000],
         )
+        if header["llm"] or header["kv"]:
+            llm_source = _LLM_SOURCE.search(window, span.start, span.end)
+            facts.category = (
+                "tensorrt_llm_kv_cache_too_small" if header["kv"] else "tensorrt_llm_out_of_memory"
+            )
+            facts.api_call = span.group(_LLM_CALL)
+            facts.source_location = f"{llm_source[1]}:{llm_source[2]}" if llm_source else None
         return [Found(span.start, facts)]
     return []
