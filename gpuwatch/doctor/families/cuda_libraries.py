@@ -27,8 +27,9 @@ _RUNTIME = re.compile(
     # cuMemAlloc(...)" (Blender's Cycles, which capitalises the driver's text), "CUDA error
     # at cuCtxCreate: Out of memory" (older Cycles).
     # "CUDA runtime error in ::cudaMallocAsync(ptr, n, stream): out of memory" (a wrapper
-    # naming the call), Paddle's "Cuda error(2), out of memory."
-    r"(?P<api>CUDA|HIP|Cuda)\s+(?i:driver\s+|runtime\s+)?(?i:API\s+)?error"
+    # naming the call), Paddle's "Cuda error(2), out of memory.", nvidia-container-cli's
+    # "initialization error: cuda error: out of memory".
+    r"(?P<api>(?i:cuda|hip))\s+(?i:driver\s+|runtime\s+)?(?i:API\s+)?error"
     r"(?::|\s*\(2\),|\s+at\s+(?P<at>\w+):|\s+in\s+(?:::)?(?P<in>\w+)\([^)]{0,200}\):)?"
     r"\s*(?i:out\s+of\s+memory)"
     # Cycles names the driver call after the driver's text: "Out of memory in
