@@ -44,7 +44,7 @@ Kind = Literal[
     "mindspore",  # MindSpore's device memory pool (Ascend NPU or GPU)
     "exllama",  # ExLlamaV2's loader: the model and its KV cache do not fit the GPUs it may use
     "catboost",  # CatBoost's GPU trainer: its memory pool (a share of the free GPU) ran out
-    "host",  # not the GPU: a worker SIGKILLed, usually by the kernel's OOM killer (host RAM)
+    "host",  # not the GPU: host RAM (PyTorch's CPU allocator, or a worker SIGKILLed by the OOM killer)
     "vllm_kv_cache",  # vLLM start-up: the KV cache (or what is left after it) does not fit
 ]
 

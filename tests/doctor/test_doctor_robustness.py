@@ -154,3 +154,33 @@ def test_format_then_parse_round_trips_within_printed_precision(num_bytes: int) 
 )
 def test_parse_size_is_binary(text: str, expected: int) -> None:
     assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "device_type", "conf"),
+    [
+        (
+            "Tried to allocate 20.00 MiB (GPU 0; 1.96 GiB total capacity; 1.24 GiB already "
+            "allocated; 2.88 MiB free; 1.25 GiB reserved in total by PyTorch)",
+            "cuda",
+            None,
+        ),
+        (
+            "Tried to allocate 386.00 MiB (NPU 2; 60.97 GiB total capacity; 59.57 GiB already "
+            "allocated; 16.54 MiB free; 60.06 GiB reserved in total by PyTorch)",
+            "npu",
+            "PYTORCH_NPU_ALLOC_CONF",
+        ),
+    ],
+    ids=["cuda", "npu"],
+)
+def test_the_allocator_figures_without_a_head_name_their_device(
+    text: str, device_type: str, conf: str | None
+) -> None:
+    facts = parse_oom(text)
+    assert (facts.kind, facts.device_type, facts.alloc_conf_var) == (
+        "pytorch_allocator",
+        device_type,
+        conf,
+    )
+    assert facts.requested_bytes is not None and facts.free_bytes is not None

@@ -51,7 +51,7 @@ _HEADER = re.compile(
     r"|(?P<named>OutOfMemoryError:))\s+"
     # No head at all, the 1.x figures right after the size: "Tried to allocate 20.00 MiB
     # (GPU 0; 1.96 GiB total capacity; ...)". The parenthesis is the allocator's own.
-    r"|(?P<bare>(?=Tried\s+to\s+allocate\s+\S+(?:\s+[KMGT]?i?B)?\s+\(\s*[A-Z]{2,5}\s+\d+\s*;)))"
+    r"|(?P<bare>(?=Tried\s+to\s+allocate\s+\S+(?:\s+[KMGT]?i?B)?\s+\(\s*(?P<paren>[A-Z]{2,5})\s+\d+\s*;)))"
     r"Tried\s+to\s+allocate\b"
 )
 # The first line alone ("RuntimeError: MUSA out of memory", an issue title), for the
@@ -122,9 +122,15 @@ def _find_caching(window: str) -> list[Found]:
     for span in spans(window, _HEADER):
         header = _HEADER.match(window, span.start)
         assert header is not None  # spans() starts every span at a header match
-        # A message headed by the exception alone, or by nothing, is PyTorch's CUDA one.
-        headless = header["named"] is not None or header["bare"] is not None
-        device_type = "cuda" if headless else (header["dev"] or "XPU").lower()
+        # A message headed by the exception alone is PyTorch's CUDA one; one headed by
+        # nothing names its device in the parenthesis ("GPU 0" on CUDA, "NPU 2").
+        if header["named"] is not None:
+            device_type = "cuda"
+        elif header["bare"] is not None:
+            word = header["paren"]
+            device_type = word.lower() if re.fullmatch(_DEVICE_WORDS, word) else "cuda"
+        else:
+            device_type = (header["dev"] or "XPU").lower()
         found.append(Found(span.start, _caching_facts(span, device_type)))
     return found
 
