@@ -132,6 +132,17 @@ def test_ten_megabyte_log_of_anchor_words_is_bounded() -> None:
     assert time.perf_counter() - started < 5
 
 
+def test_long_path_like_tokens_beside_anchor_words_are_bounded() -> None:
+    # A path pattern tried from every character of a long token costs the token's length
+    # squared: 40 lines like this took 10 s before file paths were matched from their
+    # first character only; linear, they take well under a second.
+    log = ("CUDA kernel failed: out of memory at " + "x." * 4000 + "\n") * 40
+    started = time.perf_counter()
+    with pytest.raises(NotRecognized):
+        parse_oom(log)
+    assert time.perf_counter() - started < 5
+
+
 @FAST
 @given(st.integers(min_value=0, max_value=2**44))
 def test_format_then_parse_round_trips_within_printed_precision(num_bytes: int) -> None:

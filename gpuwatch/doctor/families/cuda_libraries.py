@@ -85,12 +85,14 @@ _CHECK_MACRO = re.compile(
     # "CUDA by Example"'s HANDLE_ERROR, copied as widely: "out of memory in FILE at line N".
     r"|out\s+of\s+memory\s+in\s+(?P<file2>[\w./-]+\.(?:cu|cuh|cpp|cc|c|h))\s+at\s+line\s+(?P<line2>\d+)"
     # Caffe2's CUDA_ENFORCE and others: "context_gpu.cu:415: out of memory" (a CUDA source file).
-    r"|(?P<file3>[\w./-]+\.cuh?):(?P<line3>\d+):\s*out\s+of\s+memory"
+    # A path is matched from its first character only (the lookbehind): tried from every
+    # character of a long token, the pattern would cost the token's length squared.
+    r"|(?<![\w./-])(?P<file3>[\w./-]+\.cuh?):(?P<line3>\d+):\s*out\s+of\s+memory"
     # The same with the line in parentheses (XGBoost's and Thrust's errors, mallocMC's
     # CUDA::error): "device_helpers.cuh(456): out of memory", "...hpp(42):\nerror: out of
     # memory". A C++ file's own "out of memory" could be the host's: only a CUDA source
     # file, or one whose path or line names CUDA (see _cuda_location).
-    r"|(?P<file4>[\w./-]+\.(?:cuh?|hpp|cpp|cc|cxx|h))\((?P<line4>\d+)\):\s*(?:error:\s*)?out\s+of\s+memory"
+    r"|(?<![\w./-])(?P<file4>[\w./-]+\.(?:cuh?|hpp|cpp|cc|cxx|h))\((?P<line4>\d+)\):\s*(?:error:\s*)?out\s+of\s+memory"
     # glog's CHECK in Caffe and its forks: "syncedmem.cpp:56] Check failed: error ==
     # cudaSuccess (2 vs. 0)  out of memory"; 2 is the runtime's cudaErrorMemoryAllocation.
     r"|Check\s+failed:\s*\w+\s*==\s*(?P<check>cuda|hip)Success\s*\(2\s+vs\.\s+0\)"
