@@ -27,11 +27,11 @@ _POOL = re.compile(
     rf"\s*Free\s+(?P<free>{_NUMBER})"
 )
 _CTRS = re.compile(
-    rf"not\s+enough\s+memory\s+for\s+(?P<what>[\w-]+):\s*(?P<free>{_NUMBER})\s+available,"
+    rf"not\s+enough\s+memory\s+for\s+[\w-]+:\s*(?P<free>{_NUMBER})\s+available,"
     rf"\s+need\s+at\s+least\s+(?P<requested>{_NUMBER})"
 )
 _NAMED = re.compile(r"NCudaLib::TOutOfMemoryError")
-_LOCATION = re.compile(r"(\w+\.h):(\d+):\s*Error:\s*$")
+_LOCATION = re.compile(r"\b(\w+\.h):(\d+):\s*Error:\s*$")
 
 
 def find(window: str) -> list[Found]:

@@ -98,7 +98,7 @@ _CHECK_MACRO = re.compile(
     r"|Check\s+failed:\s*\w+\s*==\s*(?P<check>cuda|hip)Success\s*\(2\s+vs\.\s+0\)"
 )
 _CUDA_CONTEXT = re.compile(r"cuda|thrust|\bhip", re.IGNORECASE)
-_GLOG_LOCATION = re.compile(r"(\w+\.(?:cpp|cu|cc|hpp)):(\d+)\]\s*$")
+_GLOG_LOCATION = re.compile(r"\b(\w+\.(?:cpp|cu|cc|hpp)):(\d+)\]\s*$")
 # The driver API's name. TensorFlow's stream executor prints it too, after "failed to
 # alloc(ate) ... from device/on host:"; that wording is the tensorflow family's, and
 # XLA's "cuMemAllocAsync failed to allocate ... RESOURCE_EXHAUSTED" is the xla family's.
