@@ -47,6 +47,9 @@ _RUNTIME = re.compile(
     # MindSpore's CUDA wrappers: "The cudaStreamCreateWithFlags failed, ret[2], out of memory"
     # (a host allocation, cudaHostAlloc, is pinned system RAM: see _HOST_CALL).
     r"|(?P<ms>(?:cuda|cu|hip)[A-Z]\w*)\s+failed,\s*ret\[2\],?\s*out\s+of\s+memory"
+    # A custom op's own allocator (TensorFlow's permutohedral lattice and others): "GPU
+    # memory allocation failed (might be due to insufficient memory)".
+    r"|(?P<generic>GPU\s+memory\s+allocation\s+failed)"
     # Cycles' own summary: "System is out of GPU memory", "... out of GPU and shared host memory".
     r"|(?P<cycles>System\s+is\s+out\s+of\s+GPU)(?:\s+and\s+shared\s+host)?\s+memory"
 )

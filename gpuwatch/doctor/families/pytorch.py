@@ -59,7 +59,10 @@ _HEADER = re.compile(
 # only where no family found a whole message (:data:`~gpuwatch.doctor.families.FALLBACKS`):
 # other families' wordings start the same way ("CUDA out of memory occurred when warming
 # up sampler", vLLM's).
-_FIRST_LINE = re.compile(rf"\b(?P<dev>{_DEVICE_WORDS})\s+out\s+of\s+memory\b")
+# In any case: issue text writes "cuda out of memory" as often as the exception does, and
+# right after text in another script ("就会出现cuda out of memory"), where \b sees no
+# boundary: only an ASCII letter or digit before the word disqualifies it.
+_FIRST_LINE = re.compile(rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+out\s+of\s+memory\b")
 _REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
 _ABSURD = re.compile(r"Tried\s+to\s+allocate\s+more\s+than\s+1EB")
 _SENTENCE_GPU = re.compile(r"\b[A-Z]{2,5}\s+(\d+)\s+has\s+(?:a\s+)?total\b")
