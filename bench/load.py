@@ -344,7 +344,6 @@ class Run:
     requests: list[Request] = field(default_factory=list)
     lateness: list[float] = field(default_factory=list)
     drained_at: dict[str, float] = field(default_factory=dict)  # storm host -> monotonic
-    epoch_offset: float = field(default_factory=lambda: time.time() - time.monotonic())
 
     async def push(self, agent: Agent, kind: str) -> tuple[int, float | None, int]:
         """Send the agent's oldest pending snapshots, as many as the reporter's batch
