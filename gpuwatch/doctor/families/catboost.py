@@ -62,8 +62,8 @@ def find(window: str) -> list[Found]:
 def _facts(span: Span, pattern: re.Pattern[str], category: str) -> OomFacts:
     match = pattern.match(span.text, span.start)
     assert match is not None
-    line_start = span.text.rfind("\n", 0, span.start) + 1
-    location = _LOCATION.search(span.text, line_start, span.start)
+    begins = span.line_start
+    location = _LOCATION.search(span.text, begins, span.start)
     return OomFacts(
         kind="catboost",
         category=category,

@@ -67,6 +67,16 @@ class Span:
     def snippet(self) -> str:
         return self.text[self.start : self.end].strip()[:4000]
 
+    @property
+    def line_start(self) -> int:
+        """Where the line the span starts on begins (what a message's prefix sits on)."""
+        return line_start(self.text, self.start)
+
+
+def line_start(text: str, pos: int) -> int:
+    """Index of the first character of the line that holds ``pos``."""
+    return text.rfind("\n", 0, pos) + 1
+
 
 def spans(text: str, header: re.Pattern[str], *, limit: int = 3000) -> list[Span]:
     """One span per ``header`` match: from it to the next header (or ``limit`` chars)."""
@@ -95,18 +105,18 @@ _EXCEPTION_TYPE_FIELD = re.compile(r"Exception Type:\s*(?P<name>[\w.]+)")
 
 def exception_before(text: str, start: int) -> str | None:
     """The exception class printed just before the message that starts at ``start``."""
-    line_start = text.rfind("\n", 0, start) + 1
-    match = _EXCEPTION_ON_LINE.search(text, line_start, start)
+    begins = line_start(text, start)
+    match = _EXCEPTION_ON_LINE.search(text, begins, start)
     if match:
         return match["name"]
-    prev_start = text.rfind("\n", 0, max(0, line_start - 1)) + 1
-    if not text[line_start:start].strip():
+    prev_start = line_start(text, max(0, begins - 1))
+    if not text[begins:start].strip():
         # Wrapped right after the name: "torch.cuda.OutOfMemoryError:\nCUDA out of ..."
-        match = _EXCEPTION_ON_LINE.search(text, prev_start, max(prev_start, line_start - 1))
+        match = _EXCEPTION_ON_LINE.search(text, prev_start, max(prev_start, begins - 1))
         if match:
             return match["name"]
     for pattern in (_EXCEPTION_LINE_BEFORE, _EXCEPTION_TYPE_FIELD):
-        match = pattern.search(text, prev_start, max(prev_start, line_start - 1))
+        match = pattern.search(text, prev_start, max(prev_start, begins - 1))
         if match:
             return match["name"]
     return None

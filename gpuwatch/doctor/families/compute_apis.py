@@ -58,14 +58,14 @@ def find(window: str) -> list[Found]:
         )
         found.append(Found(begins, facts))
     for span in spans(window, _OPENCL, limit=300)[:1]:
-        line_start = window.rfind("\n", 0, span.start) + 1
-        call = _OPENCL_CALL.search(window, line_start, span.end)
+        begins = span.line_start
+        call = _OPENCL_CALL.search(window, begins, span.end)
         facts = OomFacts(
             kind="opencl",
             category="opencl_mem_object_allocation_failure",
             exception=exception_before(window, span.start),
             api_call=call[1] if call else None,
-            message=window[line_start : span.end].strip()[:4000],
+            message=window[begins : span.end].strip()[:4000],
         )
         found.append(Found(span.start, facts))
     for span in spans(window, _DIRECTML, limit=300):

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, Span, exception_before, spans
+from gpuwatch.doctor.families.clauses import Found, Span, exception_before, line_start, spans
 
 # The runtime's own wording, in every form it reaches a log: PyTorch's "CUDA error: out of
 # memory" (1.10 printed "error:out" with no space), ROCm's "HIP error: out of memory",
@@ -165,8 +165,8 @@ def find(window: str) -> list[Found]:
 def _runtime(span: Span) -> OomFacts | None:
     match = _RUNTIME.match(span.text, span.start)
     assert match is not None
-    line_start = span.text.rfind("\n", 0, span.start) + 1
-    if _TRT_LLM_BEFORE.search(span.text, line_start, span.start):
+    begins = span.line_start
+    if _TRT_LLM_BEFORE.search(span.text, begins, span.start):
         return None
     call = match["at"] or match["in"] or match["call"] or match["ms"]
     name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or call or ""
@@ -188,8 +188,8 @@ def _runtime(span: Span) -> OomFacts | None:
 def _malloc(span: Span) -> OomFacts | None:
     match = _MALLOC.match(span.text, span.start)
     assert match is not None
-    line_start = span.text.rfind("\n", 0, span.start) + 1
-    if _GGML_BEFORE.search(span.text, line_start, span.start):
+    begins = span.line_start
+    if _GGML_BEFORE.search(span.text, begins, span.start):
         return None
     hip = (match["call"] or match["api"] or "").upper() == "HIP"
     call = match["driver"] or ("hipMalloc" if hip else "cudaMalloc")
@@ -227,15 +227,15 @@ def _library_alloc(span: Span) -> OomFacts:
 def _check_macro(span: Span) -> OomFacts | None:
     match = _CHECK_MACRO.match(span.text, span.start)
     assert match is not None
-    line_start = span.text.rfind("\n", 0, span.start) + 1
+    begins = span.line_start
     if match["check"]:
-        glog = _GLOG_LOCATION.search(span.text, line_start, span.start)
+        glog = _GLOG_LOCATION.search(span.text, begins, span.start)
         file, line = (glog[1], glog[2]) if glog else ("", "")
     else:
         file = match["file"] or match["file2"] or match["file3"] or match["file4"]
         line = match["line"] or match["line2"] or match["line3"] or match["line4"]
     host_file = match["file4"] and not file.endswith((".cu", ".cuh"))
-    if host_file and not _cuda_location(span.text, line_start, match.end()):
+    if host_file and not _cuda_location(span, match.end()):
         return None
     ggml = "ggml" in file
     hip = match["check"] == "hip"
@@ -251,19 +251,19 @@ def _check_macro(span: Span) -> OomFacts | None:
     )
 
 
-def _cuda_location(text: str, line_start: int, end: int) -> bool:
+def _cuda_location(span: Span, end: int) -> bool:
     """Whether a C++ file's "(N): out of memory" (ending at ``end``) is CUDA's: the file's
     path, its line, or the line before it ("terminate called after throwing an instance
     of 'CUDA::error'") names CUDA, Thrust or HIP."""
-    previous = text.rfind("\n", 0, max(0, line_start - 1)) + 1
-    return _CUDA_CONTEXT.search(text, previous, end) is not None
+    previous = line_start(span.text, max(0, span.line_start - 1))
+    return _CUDA_CONTEXT.search(span.text, previous, end) is not None
 
 
 def _driver(span: Span) -> OomFacts | None:
-    line_start = span.text.rfind("\n", 0, span.start) + 1
-    if _OTHER_FAMILY_BEFORE.search(span.text, line_start, span.start):
+    begins = span.line_start
+    if _OTHER_FAMILY_BEFORE.search(span.text, begins, span.start):
         return None
-    call = _DRIVER_CALL.search(span.text, line_start, span.start)
+    call = _DRIVER_CALL.search(span.text, begins, span.start)
     return OomFacts(
         kind="driver",
         category="cuda_driver_error_oom",

@@ -58,8 +58,8 @@ def find(window: str) -> list[Found]:
 
 
 def _origin(span: Span) -> tuple[str | None, int | None, int | None]:
-    line_start = span.text.rfind("\n", 0, span.start) + 1
-    matches = list(_ORIGIN.finditer(span.text, line_start, span.start))
+    begins = span.line_start
+    matches = list(_ORIGIN.finditer(span.text, begins, span.start))
     if not matches:
         return None, None, None
     last = matches[-1]
@@ -68,8 +68,8 @@ def _origin(span: Span) -> tuple[str | None, int | None, int | None]:
 
 def _amd(span: Span) -> bool:
     # RCCL prints the same "Cuda failure" text on AMD GPUs; its paths say hipify/rccl.
-    line_start = span.text.rfind("\n", 0, span.start) + 1
-    line = span.text[line_start : span.start].lower()
+    begins = span.line_start
+    line = span.text[begins : span.start].lower()
     return "rccl" in line or "hipify" in line or "HIP failure" in span.text[span.start : span.end]
 
 

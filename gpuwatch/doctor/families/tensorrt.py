@@ -48,27 +48,29 @@ def find(window: str) -> list[Found]:
     for span in spans(window, _HEADER, limit=600):
         header = _HEADER.match(window, span.start)
         assert header is not None
-        line_start = window.rfind("\n", 0, span.start) + 1
-        if header["requested"] and _WARNING_LINE.search(window, line_start, span.start):
+        begins = span.line_start
+        if header["requested"] and _WARNING_LINE.search(window, begins, span.start):
             continue  # the builder skipped a tactic; not the failure
         around = window[max(0, span.start - CONTEXT_CHARS) : span.start + CONTEXT_CHARS]
         sizes = [int(m["bytes"]) for m in _REQUESTED.finditer(around)]
-        source = _SOURCE.search(window, line_start, span.start + 200)
-        facts = OomFacts(
-            kind="tensorrt",
-            category="tensorrt_out_of_memory",
-            device_type="cuda",
-            requested_bytes=sizes[0] if sizes else None,
-            api_call=header["call"] or header["call2"],
-            source_location=source["source"] if source else None,
-            message=window[line_start : span.end].strip()[:4000],
-        )
-        if header["llm"] or header["kv"]:
-            llm_source = _LLM_SOURCE.search(window, span.start, span.end)
-            facts.category = (
+        category, call = "tensorrt_out_of_memory", header["call"] or header["call2"]
+        source = _SOURCE.search(window, begins, span.start + 200)
+        location = source["source"] if source else None
+        if header["llm"] or header["kv"]:  # TensorRT-LLM names its own call and file
+            category = (
                 "tensorrt_llm_kv_cache_too_small" if header["kv"] else "tensorrt_llm_out_of_memory"
             )
-            facts.api_call = span.group(_LLM_CALL)
-            facts.source_location = f"{llm_source[1]}:{llm_source[2]}" if llm_source else None
+            call = span.group(_LLM_CALL)
+            llm_source = _LLM_SOURCE.search(window, span.start, span.end)
+            location = f"{llm_source[1]}:{llm_source[2]}" if llm_source else None
+        facts = OomFacts(
+            kind="tensorrt",
+            category=category,
+            device_type="cuda",
+            requested_bytes=sizes[0] if sizes else None,
+            api_call=call,
+            source_location=location,
+            message=window[begins : span.end].strip()[:4000],
+        )
         return [Found(span.start, facts)]
     return []
