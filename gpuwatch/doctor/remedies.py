@@ -139,6 +139,9 @@ UNKNOWN_BY_KIND = {
 # ... and by category, where the wording says more than its kind.
 UNKNOWN_BY_CATEGORY = {
     "host_pinned_memory_oom": "pinned *host* memory ran out (system RAM), not GPU memory",
+    "gpu_alloc_failed": "the program could not get the GPU memory it asked for and printed only "
+    "the request and what was free, not who holds the rest: other processes, or its own "
+    "earlier allocations",
     "pytorch_caching_allocator_oom_absurd_size": "the requested size is over 1 EB: a corrupt "
     "(negative or overflowed) tensor size, a bug",
     "pytorch_thc_cuda_runtime_error": "the legacy THC allocator printed no sizes",

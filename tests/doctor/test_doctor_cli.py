@@ -367,3 +367,38 @@ def test_explain_without_input_at_a_terminal_prints_a_hint_and_exits_2(tmp_path:
     assert result.stderr.count("\n") == 1
     assert "gpuwatch explain FILE" in result.stderr and "| gpuwatch explain" in result.stderr
     assert result.stdout == ""
+
+
+def test_explain_a_tools_failed_allocation_uses_the_request_and_free_it_printed(
+    capsys: pytest.CaptureFixture[str], no_agent_url: str
+) -> None:
+    # A tool's own wording (GrabGPU's) with the request and what was free, no total: the
+    # figures are shown, and the evidence does not claim the message had none.
+    message = "GPU-1: Failed to allocate 16.00 GB GPU memory (0.00 GB available)"
+    code, out, _ = run(["explain", "--text", message, "--agent", no_agent_url], capsys)
+    assert code == 0
+    assert out.startswith("Out of memory on cuda:1: CUDA runtime/driver")
+    assert "requested 16.00 GiB   free 0 bytes" in out
+    assert "printed only the request and what was free" in out
+    assert "printed no sizes" not in out
+
+
+@pytest.mark.parametrize(
+    ("message", "holders"),
+    [
+        (
+            "Error while calling cudaMalloc(&data, new_size*sizeof(float)) in file "
+            "dlib/cuda/gpu_data.cpp:221. code: 2, reason: out of memory",
+            "nvidia-smi --query-compute-apps",
+        ),
+        ("Cuda error: cudaMallocHost h_buf failed: out of memory.", "free -h"),
+    ],
+    ids=["device-call", "pinned-host-call"],
+)
+def test_explain_a_check_that_names_the_runtime_call_points_at_its_memory(
+    message: str, holders: str, capsys: pytest.CaptureFixture[str], no_agent_url: str
+) -> None:
+    code, out, _ = run(["explain", "--text", message, "--agent", no_agent_url], capsys)
+    assert code == 0
+    assert out.startswith("Out of memory: CUDA runtime/driver")
+    assert holders in out

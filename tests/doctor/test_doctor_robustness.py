@@ -7,6 +7,7 @@ that merely talk about memory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -195,3 +196,34 @@ def test_the_allocator_figures_without_a_head_name_their_device(
         conf,
     )
     assert facts.requested_bytes is not None and facts.free_bytes is not None
+
+
+def test_named_runtime_calls_and_checks_in_long_lines_are_bounded() -> None:
+    # The runtime call's name, a comparison with cudaSuccess and a tool's "Failed to
+    # allocate N GPU memory" start patterns of their own; each is tried from a word's
+    # first character only, and its gap is bounded.
+    log = (
+        ("cudaMallocX " * 3000 + "x." * 3000 + " out of memory\n")
+        + ("a == " * 6000 + "cudaSuccess (3 vs 0) out of memory\n")
+        + ("Failed to allocate " + "1" * 20000 + " GPU memor out of memory\n")
+    ) * 20
+    started = time.perf_counter()
+    with contextlib.suppress(NotRecognized):
+        parse_oom(log)
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Exception in thread "main" java.lang.OutOfMemoryError',
+        "java.lang.OutOfMemoryError: Java heap space",
+        "Caused by: java.lang.OutOfMemoryError",
+    ],
+    ids=["java-thread", "java-heap", "java-caused-by"],
+)
+def test_javas_out_of_memory_error_is_not_pytorchs(text: str) -> None:
+    # PyTorch's exception name alone ends a line too ("...报错OutOfMemoryError"); Java's
+    # dotted name is not it.
+    with pytest.raises(NotRecognized):
+        parse_oom(text)

@@ -14,7 +14,16 @@ import re
 from collections.abc import Callable
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, Span, exception_before, line_start, spans
+from gpuwatch.doctor.families.clauses import (
+    Found,
+    Span,
+    compile_clause,
+    exception_before,
+    line_start,
+    size_of,
+    spans,
+)
+from gpuwatch.doctor.units import SIZE_PATTERN, size_to_bytes
 
 # The runtime's own wording, in every form it reaches a log: PyTorch's "CUDA error: out of
 # memory" (1.10 printed "error:out" with no space), ROCm's "HIP error: out of memory",
@@ -29,8 +38,12 @@ _RUNTIME = re.compile(
     # "CUDA runtime error in ::cudaMallocAsync(ptr, n, stream): out of memory" (a wrapper
     # naming the call), Paddle's "Cuda error(2), out of memory.", nvidia-container-cli's
     # "initialization error: cuda error: out of memory".
-    r"(?P<api>(?i:cuda|hip))\s+(?i:driver\s+|runtime\s+)?(?i:API\s+)?error"
-    r"(?::|\s*\(2\),|\s+at\s+(?P<at>\w+):|\s+in\s+(?:::)?(?P<in>\w+)\([^)]{0,200}\):)?"
+    # Glog's wrappers in Paddle 0.x capitalise it: "Cuda Error: out of memory".
+    r"(?P<api>(?i:cuda|hip))\s+(?i:driver\s+|runtime\s+)?(?i:API\s+)?(?i:error)"
+    # A check naming the function and line: 'Cuda error in func "cuda_init_device" at line
+    # 33: out of memory.' (and "in ::call(...):" above).
+    r"(?::|\s*\(2\),|\s+at\s+(?P<at>\w+):"
+    r"|\s+in\s+(?:func(?:tion)?\s+)?\"?(?:::)?(?P<in>\w+)(?:\([^)]{0,200}\))?\"?(?:\s+at\s+line\s+\d+)?:)?"
     r"\s*(?i:out\s+of\s+memory)"
     # Cycles names the driver call after the driver's text: "Out of memory in
     # cuStreamCreate(&cuda_stream_, ...) (.../queue.cpp:21)".
@@ -50,6 +63,11 @@ _RUNTIME = re.compile(
     # A custom op's own allocator (TensorFlow's permutohedral lattice and others): "GPU
     # memory allocation failed (might be due to insufficient memory)".
     r"|(?P<generic>GPU\s+memory\s+allocation\s+failed)"
+    # The copied gpuErrchk macro: "GPUassert: out of memory mean.cu 377".
+    r"|(?P<gpuassert>GPUassert):\s*out\s+of\s+memory"
+    # A binding's debug print of a driver error, its text quoted: Rust cudarc's
+    # 'DriverError(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")'.
+    r"|(?P<quoted>Driver|Cuda|CUDA)Error\(\s*[^,()\n]{1,60},\s*\"out\s+of\s+memory\"\)"
     # Cycles' own summary: "System is out of GPU memory", "... out of GPU and shared host memory".
     r"|(?P<cycles>System\s+is\s+out\s+of\s+GPU)(?:\s+and\s+shared\s+host)?\s+memory"
 )
@@ -68,6 +86,14 @@ _RUNTIME_REQUESTED = re.compile(r"Requested\s+memory:\s*(\d+)\b")
 _MALLOC = re.compile(
     # Faiss: "... (cudaMalloc error out of memory [2])".
     r"(?P<call>cuda|hip)Malloc(?:\s+retry)?\s+(?:failed:|error)\s*out\s+of\s+memory"
+    # Any project's check that names the runtime call and then prints the runtime's text,
+    # on the same line or wrapped once: "cudaMalloc dev_pos failed: out of memory.",
+    # dlib's "Error while calling cudaMalloc(&data, n) in file gpu_data.cpp:221. code: 2,
+    # reason: out of memory", tiny-cuda-nn's "cudaMalloc(&rawptr, n) failed with error out
+    # of memory". The call's name starts the match (the lookbehind keeps it from being tried
+    # inside a longer word), and the gap is bounded.
+    r"|(?<![\w.])(?P<named>(?:cuda|hip)(?!Error|Success|GetError|GetLastError)[A-Z]\w{2,40})\b"
+    r"(?:[^\n]{0,300}?|[^\n]{0,300}\n[^\n]{0,40}?)\bout\s+of\s+memory"
     # PyCUDA names the driver call: "MemoryError: cuMemAlloc failed: out of memory".
     r"|(?P<driver>cuMem\w+)\s+failed:\s*out\s+of\s+memory"
     r"|(?P<api>CUDA|HIP)\s+failure\s+2:\s*out\s+of\s+memory"
@@ -77,6 +103,16 @@ _MALLOC = re.compile(
     # memory). Driver report 21364736 bytes free and 11715084288 bytes total".
     r"|Error\s+allocating\s+(?P<bytes>\d+)\s+bytes\s+of\s+device\s+memory"
 )
+# A tool's own report of a device allocation that failed, with its size: "GPU-0: Failed to
+# allocate 16.00 GB GPU memory (0.00 GB available)" (GrabGPU), "failed to allocate 2 GiB of
+# device memory". TensorFlow's "failed to allocate N (M bytes) from device" is its family's.
+_GPU_ALLOC = compile_clause(
+    r"(?i:failed\s+to\s+allocate)\s+",
+    r"\s+(?:of\s+)?(?i:GPU|device|VRAM|video)\s+memory"
+    r"(?:\s*\((?:only\s+)?(?P<free>[\d.]+\s?[KMGT]i?B)\s+(?:available|free)\))?",
+)
+_SIZE = re.compile(SIZE_PATTERN)
+_GPU_DASH_INDEX = re.compile(r"\bGPU[-\s#]?(\d+)\s*:\s*$")
 _DRIVER_REPORT = re.compile(
     r"Driver\s+report\s+(?P<free>\d+)\s+bytes\s+free\s+and\s+(?P<total>\d+)\s+bytes\s+total"
 )
@@ -98,7 +134,11 @@ _CHECK_MACRO = re.compile(
     r"|(?<![\w./-])(?P<file4>[\w./-]+\.(?:cuh?|hpp|cpp|cc|cxx|h))\((?P<line4>\d+)\):\s*(?:error:\s*)?out\s+of\s+memory"
     # glog's CHECK in Caffe and its forks: "syncedmem.cpp:56] Check failed: error ==
     # cudaSuccess (2 vs. 0)  out of memory"; 2 is the runtime's cudaErrorMemoryAllocation.
-    r"|Check\s+failed:\s*\w+\s*==\s*(?P<check>cuda|hip)Success\s*\(2\s+vs\.\s+0\)"
+    # Either side may be cudaSuccess (Paddle 0.x: "Check failed: cudaSuccess == cudaStat
+    # (0 vs. 2)"), and Caffe2's CAFFE_ENFORCE prints it without the parentheses:
+    # "[enforce fail at event_gpu.cc:17] error == cudaSuccess. 2 vs 0.".
+    r"|(?:Check\s+failed:\s*)?(?<!\w)\w+\s*==\s*(?P<check>cuda|hip)Success\.?\s*\(?2\s+vs\.?\s+0\b"
+    r"|(?:Check\s+failed:\s*)?(?<!\w)(?P<check2>cuda|hip)Success\s*==\s*\w+\.?\s*\(?0\s+vs\.?\s+2\b"
 )
 _CUDA_CONTEXT = re.compile(r"cuda|thrust|\bhip", re.IGNORECASE)
 _GLOG_LOCATION = re.compile(r"\b(\w+\.(?:cpp|cu|cc|hpp)):(\d+)\]\s*$")
@@ -179,7 +219,11 @@ def _runtime(span: Span) -> OomFacts | None:
         device_type="host" if host else "hip" if hip else "cuda",
         requested_bytes=span.integer(_RUNTIME_REQUESTED),
         free_bytes=span.integer(_RUNTIME_FREE),
-        cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
+        cuda_error="hipErrorOutOfMemory"
+        if hip
+        else "CUDA_ERROR_OUT_OF_MEMORY"
+        if match["quoted"] == "Driver"
+        else "cudaErrorMemoryAllocation",
         api_call=call,
         message=span.snippet,
     )
@@ -191,20 +235,43 @@ def _malloc(span: Span) -> OomFacts | None:
     begins = span.line_start
     if _GGML_BEFORE.search(span.text, begins, span.start):
         return None
-    hip = (match["call"] or match["api"] or "").upper() == "HIP"
-    call = match["driver"] or ("hipMalloc" if hip else "cudaMalloc")
+    named = match["named"]
+    if named and _RUNTIME.search(span.text, span.start, match.end()):
+        # "... cudaMallocAsync(...): out of memory" and the like: the runtime's own wording,
+        # which that builder reads.
+        return None
+    hip = (match["call"] or match["api"] or named or "").upper().startswith("HIP")
+    call = named or match["driver"] or ("hipMalloc" if hip else "cudaMalloc")
+    host = named is not None and _HOST_CALL.search(named) is not None
     report = _DRIVER_REPORT.search(span.text, span.start, span.end)
     return OomFacts(
         kind="driver",
-        category="cuda_malloc_failed",
+        category="host_pinned_memory_oom" if host else "cuda_malloc_failed",
         exception=exception_before(span.text, span.start),
-        device_type="hip" if hip else "cuda",
+        device_type="host" if host else "hip" if hip else "cuda",
         device_index=span.integer(_GPU_FIELD),
         requested_bytes=int(match["bytes"]) if match["bytes"] else None,
         free_bytes=int(report["free"]) if report else None,
         total_bytes=int(report["total"]) if report else None,
         cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
         api_call=call,
+        message=span.snippet,
+    )
+
+
+def _gpu_alloc(span: Span) -> OomFacts:
+    match = _GPU_ALLOC.match(span.text, span.start)
+    assert match is not None
+    index = _GPU_DASH_INDEX.search(span.text, span.line_start, span.start)
+    free = _SIZE.fullmatch(match["free"]) if match["free"] else None
+    return OomFacts(
+        kind="driver",
+        category="gpu_alloc_failed",
+        exception=exception_before(span.text, span.start),
+        device_type="cuda",
+        device_index=int(index[1]) if index else None,
+        requested_bytes=size_of(match),
+        free_bytes=size_to_bytes(free["num"], free["unit"]) if free else None,
         message=span.snippet,
     )
 
@@ -228,7 +295,8 @@ def _check_macro(span: Span) -> OomFacts | None:
     match = _CHECK_MACRO.match(span.text, span.start)
     assert match is not None
     begins = span.line_start
-    if match["check"]:
+    check = match["check"] or match["check2"]
+    if check:
         glog = _GLOG_LOCATION.search(span.text, begins, span.start)
         file, line = (glog[1], glog[2]) if glog else ("", "")
     else:
@@ -238,7 +306,7 @@ def _check_macro(span: Span) -> OomFacts | None:
     if host_file and not _cuda_location(span, match.end()):
         return None
     ggml = "ggml" in file
-    hip = match["check"] == "hip"
+    hip = check == "hip"
     return OomFacts(
         kind="ggml" if ggml else "driver",
         category="ggml_cuda_alloc_failed" if ggml else "cuda_runtime_error_oom",
@@ -372,6 +440,7 @@ def _bitsandbytes(span: Span) -> OomFacts:
 _BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...] = (
     (_RUNTIME, _runtime),
     (_MALLOC, _malloc),
+    (_GPU_ALLOC, _gpu_alloc),
     (_CHECK_MACRO, _check_macro),
     (_DRIVER, _driver),
     (_CUBLAS, _cublas),

@@ -62,7 +62,14 @@ _HEADER = re.compile(
 # In any case: issue text writes "cuda out of memory" as often as the exception does, and
 # right after text in another script ("就会出现cuda out of memory"), where \b sees no
 # boundary: only an ASCII letter or digit before the word disqualifies it.
-_FIRST_LINE = re.compile(rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+out\s+of\s+memory\b")
+# PyTorch's exception name alone at the end of a line ("45G显存也报错OutOfMemoryError", a
+# title) says the same; Java's java.lang.OutOfMemoryError (a dotted name other than
+# torch's) and any name followed by its message are not this.
+_FIRST_LINE = re.compile(
+    rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+out\s+of\s+memory\b"
+    r"|(?:(?<![\w.])(?:torch\.(?:cuda\.)?)?|(?<=[^\x00-\x7f]))OutOfMemoryError[ \t]*$",
+    re.MULTILINE,
+)
 _REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
 _ABSURD = re.compile(r"Tried\s+to\s+allocate\s+more\s+than\s+1EB")
 _SENTENCE_GPU = re.compile(r"\b[A-Z]{2,5}\s+(\d+)\s+has\s+(?:a\s+)?total\b")
@@ -116,7 +123,8 @@ def find_first_line(window: str) -> list[Found]:
     for span in spans(window, _FIRST_LINE, limit=400):
         header = _FIRST_LINE.match(window, span.start)
         assert header is not None
-        found.append(Found(span.start, _caching_facts(span, header["dev"].lower(), cut=True)))
+        device_type = (header["dev"] or "cuda").lower()
+        found.append(Found(span.start, _caching_facts(span, device_type, cut=True)))
     return found
 
 
