@@ -24,7 +24,9 @@ class ServerSettings(_Base):
     env_prefix: ClassVar[str] = "GPUWATCH_SERVER_"
     # hide_input_in_errors: receivers' URLs and secrets are credentials; a validation
     # error must not quote them.
-    model_config = ConfigDict(extra="forbid", validate_default=True, hide_input_in_errors=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_default=True, hide_input_in_errors=True, allow_inf_nan=False
+    )
 
     listen: str = Field(
         default="127.0.0.1:9403", description="HOST:PORT the API and web dashboard listen on."
@@ -45,7 +47,7 @@ class ServerSettings(_Base):
         default=5.0,
         gt=0,
         le=3600,
-        description="Time a snapshot push may take from its handler's start: past it before the database write starts, the push is answered 503 with Retry-After; past it midway, the snapshots done are committed and the rest answered 'deferred' (only to agents that send Gpuwatch-Partial). Half the agent's 10 s HTTP timeout, leaving the other half for the commit and the answer's way back.",
+        description="Time a snapshot push may take from its handler's start: a body still arriving when it passes, or a push it passes before the database write starts, is answered 503 with Retry-After (a reported event's body must arrive within it too); past it midway, the snapshots done are committed and the rest answered 'deferred' (only to agents that send Gpuwatch-Partial). Half the agent's 10 s HTTP timeout, leaving the other half for the commit and the answer's way back.",
     )
     state_cache_hosts: int = Field(
         default=4096,

@@ -44,7 +44,9 @@ SERVER_INGEST_REQUESTS = MetricSpec(
     "gpuwatch_server_ingest_requests",
     "counter",
     "Snapshot push requests answered, by result (partial: some snapshots deferred;"
-    " over_budget: 503, its time budget spent before its turn).",
+    " over_budget: 503, its time budget spent before its turn; slow_body: 503, its body"
+    " still arriving when the budget ran out; host_busy: 429, two of the host's requests"
+    " already being read).",
     ("result",),
 )
 SERVER_INGEST_SNAPSHOTS = MetricSpec(
@@ -147,6 +149,7 @@ _RESULT_BY_STATUS = {
     403: "forbidden",
     413: "too_large",
     422: "invalid",
+    429: "host_busy",
     503: "unavailable",
 }
 _OTHER_STATUS = "error"
@@ -164,6 +167,7 @@ INGEST_RESULTS = (
     *dict.fromkeys(_RESULT_BY_STATUS.values()),
     "partial",
     "over_budget",
+    "slow_body",
     "quarantined",
     _OTHER_STATUS,
 )

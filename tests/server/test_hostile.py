@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import psutil
@@ -42,7 +44,7 @@ from gpuwatch.server.ingest.body import (
 from gpuwatch.server.ingest.service import MAX_FUTURE_SKEW_SECONDS
 from gpuwatch.server.jobs import detect_silent_agents
 from gpuwatch.settings import ServerSettings
-from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.snapshot import NO_NUL, HostSnapshot
 from gpuwatch.wire import MAX_EVENT_BODY, MAX_EVIDENCE_BYTES, IngestRequest, ReportedEvent
 from server.factories import GIB, T0, big_host, body, gpu, process, snapshot
 from server.harness import Live, make_token
@@ -147,6 +149,115 @@ class TestAuthenticationBeforeTheBody:
         assert reply.startswith(b"HTTP/1.1 " + status), reply[:80]
 
 
+def _stalled_upload(url: str, path: str, token: str, declared: int) -> socket.socket:
+    """Open a request that announces ``declared`` bytes of body and sends none of them;
+    the caller closes the socket."""
+    address, port = url.removeprefix("http://").split(":")
+    conn = socket.create_connection((address, int(port)), timeout=5)
+    conn.sendall(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
+        % (path.encode(), token.encode(), declared)
+    )
+    return conn
+
+
+def _wait_for(condition: Any, seconds: float = 5.0) -> None:
+    """Poll ``condition`` (the server runs in another thread) until true or time is up."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+class TestSlowBodies:
+    """A body sent slowly, or never, holds the parse budget its request reserved.
+
+    Before the fix one host's token could open a few connections that announced 8 MiB
+    bodies and sent nothing: their reservations filled the server-wide budget, and every
+    other host's push was answered 503 for as long as those connections stayed open."""
+
+    @pytest.fixture
+    def database_url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+    @pytest.mark.parametrize("path", ["/api/v1/snapshots", "/api/v1/events"])
+    def test_one_hosts_stalled_uploads_cannot_take_the_budget_from_other_hosts(
+        self, live: Live, app: FastAPI, path: str
+    ) -> None:
+        attacker, victim = live.token("host-a"), live.token("host-b")
+        budget = context(app).bodies
+        declared = MAX_EVENT_BODY if path.endswith("events") else budget.capacity // 16
+        stalled = [_stalled_upload(live.url, path, attacker, declared) for _ in range(40)]
+        try:
+            # Every connection but the host's two is answered at once (the default time
+            # budget, 5 s, keeps the two waiting meanwhile).
+            refused = [conn.recv(4096) for conn in _answered(stalled, expected=38)]
+            held = budget.in_use
+
+            pushed = live.push(victim, body(snapshot(0, [gpu(0)], hostname="host-b")))
+        finally:
+            for conn in stalled:
+                conn.close()
+
+        assert pushed.status_code == 200, pushed.text
+        # Two requests of a host at a time hold a reservation (an agent sends one push
+        # and, at times, one event); the rest are refused unread, with Retry-After.
+        assert all(r.startswith(b"HTTP/1.1 429") and b"retry-after" in r.lower() for r in refused)
+        assert held == 2 * 2 * declared
+        _wait_for(lambda: budget.in_use == 0)
+        if path == "/api/v1/snapshots":
+            assert context(app).stats.ingest_requests["host_busy"] == 38
+
+
+class TestBodiesInTime:
+    BUDGET_SECONDS = 0.4
+
+    @pytest.fixture
+    def database_url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+    @pytest.fixture
+    def settings(self, settings: ServerSettings) -> ServerSettings:
+        # Real time: the budget bounds how long the server waits for bytes on a socket.
+        return settings.model_copy(update={"ingest_time_budget_seconds": self.BUDGET_SECONDS})
+
+    @pytest.mark.parametrize("path", ["/api/v1/snapshots", "/api/v1/events"])
+    def test_a_body_that_does_not_arrive_within_the_time_budget_is_answered_503(
+        self, live: Live, app: FastAPI, path: str
+    ) -> None:
+        token = live.token("host-a")
+        budget = context(app).bodies
+        began = time.monotonic()
+        with _stalled_upload(live.url, path, token, 2**19) as conn:
+            conn.settimeout(10 * self.BUDGET_SECONDS)
+            conn.sendall(b"[" * 1000)  # some of it, then nothing
+            # Read to the end: the server closes the connection after its answer, since
+            # what else the client sends would be read as the next request.
+            reply = b"".join(iter(lambda: conn.recv(4096), b""))
+        waited = time.monotonic() - began
+
+        assert reply.startswith(b"HTTP/1.1 503"), reply[:80]
+        assert b"retry-after" in reply.lower()
+        assert b"within the request's time budget" in reply
+        assert waited < 5 * self.BUDGET_SECONDS
+        _wait_for(lambda: budget.in_use == 0)
+        if path == "/api/v1/snapshots":
+            assert context(app).stats.ingest_requests["slow_body"] == 1
+        assert live.push(token, body(snapshot(0, [gpu(0)], hostname="host-a"))).status_code == 200
+
+
+def _answered(conns: list[socket.socket], *, expected: int) -> list[socket.socket]:
+    """The ``expected`` connections that have an answer to read (within 5 s)."""
+    deadline = time.monotonic() + 5
+    while True:
+        ready = [c for c in conns if select.select([c], [], [], 0)[0]]
+        if len(ready) >= expected or time.monotonic() > deadline:
+            assert len(ready) == expected, f"{len(ready)} answered, not {expected}"
+            return ready
+        time.sleep(0.01)
+
+
 def _snapshots_of(gpus: int, process: str, processes: int, *, count: int = 1) -> bytes:
     """A push of ``count`` snapshots of ``gpus`` GPUs of ``processes`` processes each."""
     listed = ",".join([process] * processes)
@@ -172,7 +283,7 @@ class TestParseBudget:
     ) -> None:
         token = live.token("host-1")
         budget = context(app).bodies
-        with budget.reserve() as held:
+        with budget.reserve(host_id=-1) as held:
             held.grow_to(budget.capacity)  # other requests hold all of it
 
             busy = live.push(token, body(snapshot(0, [gpu(0)])))
@@ -573,6 +684,67 @@ class TestReportedEventLimits:
 # --- answers the published schema promises -------------------------------------------------------
 
 
+def _string_parameters(app: FastAPI) -> list[tuple[str, str, str, str]]:
+    """(method, path, name, where) of every string path or query parameter the API
+    publishes; enums left out (a NUL is not one of their values)."""
+    found = []
+    for path, operations in app.openapi()["paths"].items():
+        for method, operation in operations.items():
+            for parameter in operation.get("parameters", []):
+                schema = parameter["schema"]
+                choices = schema.get("anyOf", [schema])
+                if parameter["in"] in ("path", "query") and any(
+                    c.get("type") == "string" and "enum" not in c for c in choices
+                ):
+                    found.append((method.upper(), path, parameter["name"], parameter["in"]))
+    return found
+
+
+# The web pages' string parameters (not in the OpenAPI document).
+_PAGE_PARAMETERS = [
+    ("/hosts/{hostname}", "hostname", "path"),
+    ("/hosts/{hostname}", "range", "query"),
+    ("/hosts/{hostname}/gpus/0", "hostname", "path"),
+    ("/hosts/{hostname}/gpus/0", "range", "query"),
+    *(("/events", name, "query") for name in ("host", "gpu", "user", "kind", "state")),
+    *(("/events", name, "query") for name in ("since", "until", "cursor")),
+    ("/login", "next", "query"),
+]
+
+
+class TestNulInParameters:
+    """Postgres text cannot hold NUL, and a filter that reached it with one was a 500
+    (found by Schemathesis on Postgres: ``GET /api/v1/processes?user=...%00``). Every
+    string parameter refuses NUL in its published schema, and is answered 422."""
+
+    def test_every_published_string_parameter_refuses_nul(self, app: FastAPI) -> None:
+        for method, path, name, _ in _string_parameters(app):
+            operation = app.openapi()["paths"][path][method.lower()]
+            (parameter,) = [p for p in operation["parameters"] if p["name"] == name]
+            choices = parameter["schema"].get("anyOf", [parameter["schema"]])
+            patterns = {c.get("pattern") for c in choices if c.get("type") == "string"}
+            assert patterns == {NO_NUL}, (method, path, name)
+
+    def test_a_nul_in_any_string_parameter_is_a_422_on_both_databases(
+        self, live: Live, app: FastAPI
+    ) -> None:
+        live.token("host-1")
+        nul = "a\x00b"
+        requests = [(m, p, n, w) for m, p, n, w in _string_parameters(app)]
+        requests += [("GET", p, n, w) for p, n, w in _PAGE_PARAMETERS]
+        answered = {}
+        for method, path, name, where in requests:
+            if where == "path":
+                url, params = path.replace("{" + name + "}", quote(nul)), {}
+            else:
+                url, params = path.replace("{hostname}", "host-1"), {name: nul}
+            url = url.replace("{name}", "nobody")
+            response = live.client.request(method, url, params=params)
+            answered[(method, path, name)] = response.status_code
+
+        assert set(answered.values()) == {422}, answered
+
+
 class TestPublishedSchema:
     @pytest.fixture
     def database_url(self, sqlite_url: str) -> str:
@@ -634,13 +806,13 @@ RSS_GROWTH_BOUND = 250 * MIB
 
 
 @pytest.fixture
-def server_process(tmp_path: Path) -> Iterator[tuple[str, str, psutil.Process]]:
+def server_process(tmp_path: Path) -> Iterator[tuple[str, list[str], psutil.Process]]:
     """``gpuwatch server`` in a process of its own (so its memory is only its own), on a
-    migrated SQLite database with a token for host-1."""
+    migrated SQLite database with tokens for host-0 ... host-99, in that order."""
     url = f"sqlite:///{tmp_path / 'rss.db'}"
     database = create_database(url)
     upgrade(database)
-    token = make_token(database, "host-1", now=time.time())
+    tokens = [make_token(database, f"host-{n}", now=time.time()) for n in range(100)]
     database.dispose()
     env = {
         **os.environ,
@@ -673,7 +845,7 @@ def server_process(tmp_path: Path) -> Iterator[tuple[str, str, psutil.Process]]:
                 time.sleep(0.05)
         stderr = server.stderr
         threading.Thread(target=lambda: stderr.read(), daemon=True).start()  # keep draining
-        yield base, token, psutil.Process(server.pid)
+        yield base, tokens, psutil.Process(server.pid)
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -726,31 +898,33 @@ def _minimal_processes(target_bytes: int) -> bytes:
 
 
 def test_concurrent_oversized_uploads_leave_the_servers_memory_flat(
-    server_process: tuple[str, str, psutil.Process],
+    server_process: tuple[str, list[str], psutil.Process],
 ) -> None:
-    base, token, server = server_process
+    base, tokens, server = server_process
     eight = b"x" * (8 * MIB)
     over = b"[" + b"1," * (9 * MIB // 2) + b"1]"
     parse_heavy = _minimal_processes(300 * 2**10)
-    events = json.dumps(
-        {
+
+    def large_event(n: int) -> bytes:
+        event = {
             "kind": "oom",
-            "hostname": "host-1",
+            "hostname": f"host-{n}",
             "summary": "s",
             "occurred_at": 1.0,
             "evidence": {"many": [f"s{i}" for i in range(90_000)]},  # 0.9 MiB
         }
-    ).encode()
+        return json.dumps(event).encode()
+
     anonymous: Upload = ("/api/v1/events", None, eight, False)
     anonymous_chunked: Upload = ("/api/v1/snapshots", None, eight, True)
-    over_the_limit: Upload = ("/api/v1/snapshots", token, over, True)
-    costly_to_parse: Upload = ("/api/v1/snapshots", token, parse_heavy, False)
-    large_event: Upload = ("/api/v1/events", token, events, False)
     waves = [
         # No token: answered from the headers, the bodies never read.
         [anonymous] * 50 + [anonymous_chunked] * 50,
-        # A valid token: read within the limit and the parse budget, or refused.
-        [over_the_limit] * 34 + [costly_to_parse] * 33 + [large_event] * 33,
+        # Valid tokens, one host each (one host's own requests are capped at two at a
+        # time): read within the limit and the parse budget, or refused.
+        [("/api/v1/snapshots", tokens[n], over, True) for n in range(34)]
+        + [("/api/v1/snapshots", tokens[n], parse_heavy, False) for n in range(34, 67)]
+        + [("/api/v1/events", tokens[n], large_event(n), False) for n in range(67, 100)],
     ]
     expected = [{"401"}, {"413", "422", "429", "503"}]
     before = server.memory_info().rss

@@ -16,6 +16,7 @@ from gpuwatch.server.alerts.schemas import (
     TestResult,
 )
 from gpuwatch.server.deps import Admin, Context, Reader, ReadSession, WriteSession
+from gpuwatch.snapshot import NO_NUL
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
@@ -109,7 +110,7 @@ def list_receivers(session: ReadSession, context: Context) -> list[ReceiverOut]:
     dependencies=[Admin],
     responses={404: {"description": "No receiver of that name."}},
 )
-def test_receiver(name: str, context: Context) -> TestResult:
+def test_receiver(context: Context, name: str = Path(max_length=256, pattern=NO_NUL)) -> TestResult:
     """One attempt with a sample alert; the outcome as the receiver answered it. It is
     logged like any notification, so a receiver a test finds broken shows broken."""
     engine = context.alerts

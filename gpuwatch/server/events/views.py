@@ -40,6 +40,7 @@ from gpuwatch.server.events.schemas import EventKind, EventPage, IdleHolderOut
 from gpuwatch.server.ingest.body import (
     FREE_JSON_BYTE_FACTOR,
     STORE_ERRORS,
+    Deadline,
     never_storable,
     parse_estimate,
     read_body,
@@ -47,6 +48,7 @@ from gpuwatch.server.ingest.body import (
     require_json,
 )
 from gpuwatch.server.pagination import MAX_LIMIT, Cursor
+from gpuwatch.snapshot import NO_NUL
 from gpuwatch.wire import EVENTS_PATH, MAX_EVENT_BODY, ReportedEvent, ReportedEventResult
 
 log = logging.getLogger(__name__)
@@ -59,9 +61,9 @@ _KINDS = ", ".join(get_args(EventKind))
 @router.get("", summary="List events", response_model=EventPage, dependencies=[Reader])
 def list_events(
     session: ReadSession,
-    host: str | None = Query(None, max_length=256, description="Hostname."),
+    host: str | None = Query(None, max_length=256, pattern=NO_NUL, description="Hostname."),
     gpu: int | None = Query(None, ge=0, lt=64, description="GPU index on the host."),
-    user: str | None = Query(None, max_length=256),
+    user: str | None = Query(None, max_length=256, pattern=NO_NUL),
     kind: EventKind | None = Query(None, description=f"One of {_KINDS}."),
     since: float | None = Query(None, ge=0, description="Epoch s: still open or ended after."),
     until: float | None = Query(None, ge=0, description="Epoch s: started at or before."),
@@ -70,7 +72,9 @@ def list_events(
         description="true: only events whose condition still holds; false: only ended ones.",
     ),
     limit: int = Query(100, ge=1, le=MAX_LIMIT),
-    cursor: str | None = Query(None, max_length=200, description="next_cursor of a page."),
+    cursor: str | None = Query(
+        None, max_length=200, pattern=NO_NUL, description="next_cursor of a page."
+    ),
 ) -> EventPage:
     """Events overlapping ``[since, until]``, newest first."""
     return service.list_events(
@@ -140,8 +144,13 @@ class ReportRoute(APIRoute):
             host_id = credential.identity.host_id
             _limit(context, host_id, cost=1.0, taking=False)  # before reading anything
             require_json(request)
-            with context.bodies.reserve() as reservation:
-                raw = await read_body(request, limit=MAX_EVENT_BODY, reservation=reservation)
+            deadline = Deadline.after(
+                context.settings.ingest_time_budget_seconds, clock=context.monotonic
+            )
+            with context.bodies.reserve(host_id) as reservation:
+                raw = await read_body(
+                    request, limit=MAX_EVENT_BODY, reservation=reservation, deadline=deadline
+                )
                 _limit(context, host_id, cost=event_cost(len(raw)), taking=True)
                 reservation.grow_to(parse_estimate(raw, byte_factor=FREE_JSON_BYTE_FACTOR))
                 result = await run_in_threadpool(_record, raw, credential, context)
@@ -205,10 +214,14 @@ router.add_api_route(
         413: {"description": "Body larger than MAX_EVENT_BODY (1 MiB), or too costly to parse."},
         415: {"description": "Content-Type is not application/json."},
         422: {"description": "Not a valid event, or one the database cannot store."},
-        429: {"description": "This host's event rate limit; retry after Retry-After seconds."},
+        429: {
+            "description": "This host's event rate limit, or two of its requests already"
+            " being read; retry after Retry-After seconds."
+        },
         503: {
-            "description": "Database unavailable, or the server is parsing as much as it may"
-            " at once; retry after Retry-After seconds."
+            "description": "Database unavailable, the server is parsing as much as it may"
+            " at once, or the body did not arrive within the time budget; retry after"
+            " Retry-After seconds."
         },
     },
     route_class_override=ReportRoute,

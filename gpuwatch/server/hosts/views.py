@@ -7,6 +7,7 @@ from fastapi import APIRouter, HTTPException, Path, status
 from gpuwatch.server.deps import Context, Reader, ReadSession
 from gpuwatch.server.hosts import service
 from gpuwatch.server.hosts.schemas import HostDetail, HostOut
+from gpuwatch.snapshot import NO_NUL
 
 router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"], dependencies=[Reader])
 
@@ -24,7 +25,7 @@ def list_hosts(session: ReadSession, context: Context) -> list[HostOut]:
     responses={404: {"description": "No such host."}},
 )
 def get_host(
-    session: ReadSession, context: Context, hostname: str = Path(max_length=256)
+    session: ReadSession, context: Context, hostname: str = Path(max_length=256, pattern=NO_NUL)
 ) -> HostDetail:
     """The host's GPUs (last reported state) and the processes holding memory now."""
     host = service.get_host(

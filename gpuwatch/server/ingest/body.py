@@ -6,7 +6,8 @@ again, many times over, as the objects it parses into.
 * Per request: at most ``limit`` bytes (413 past it, before reading when
   ``Content-Length`` says so, as soon as a chunked body passes it otherwise).
 * Across requests: a :class:`BodyBudget` of bytes that bodies being read and parsed
-  may take at once. A request reserves twice what it has read while it reads (a
+  may take at once, of which one host's requests hold at most :data:`HOST_REQUESTS`
+  reservations (429 with ``Retry-After`` past that, before reading). A request reserves twice what it has read while it reads (a
   growing buffer copies itself), then what its parse is estimated to allocate
   (:func:`parse_estimate`), and keeps that until its answer is built. A request that
   finds no room is answered 503 with ``Retry-After``; one whose estimate alone exceeds
@@ -17,8 +18,15 @@ read whole, and a parse costs 6x the body for realistic snapshots and up to 133x
 bodies of minimal objects (``{"pid":1}`` is 9 bytes and a 1.3 KiB process model).
 
 A third bound is time: a :class:`Deadline` per request (``ingest_time_budget_seconds``
-from the handler's start). One spent before its batch starts is answered 503 with
-``Retry-After`` (:func:`over_budget`), like a full memory budget.
+from the handler's start). A body still arriving when it passes is not waited for: the
+request is answered 503 with ``Retry-After`` and its connection closed. One spent before
+its batch starts is answered 503 with ``Retry-After`` (:func:`over_budget`), like a full
+memory budget.
+
+Why per host and in time: a reservation is taken as a body starts to arrive, so a
+request that announces 8 MiB and sends nothing held 16 MiB for as long as its client
+kept the connection open. One host's token, with eight such connections, filled the
+whole budget, and every other host's push was answered 503 until they closed.
 
 A body that is valid but that the database refuses to store is *quarantined*
 (:func:`never_storable`): answered 422 in the shape of every other 422
@@ -27,6 +35,7 @@ A body that is valid but that the database refuses to store is *quarantined*
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from collections.abc import Callable
@@ -41,6 +50,9 @@ from gpuwatch.server.database.core import is_unavailable
 
 # Seconds a 503 asks the agent to wait: memory frees as soon as parses finish.
 BUSY_RETRY_AFTER_SECONDS = 1
+# Requests of one host that may hold a reservation at once, in this process: an agent
+# sends one push at a time and, now and then, one event beside it.
+HOST_REQUESTS = 2
 # Python objects per JSON object: a GpuProcess with its ProcessOwner is ~1.3 KiB, a Gpu
 # ~1.6 KiB (with its health and GPM profiling fields), a HostSnapshot ~1.35 KiB, however
 # few of their fields the JSON sets. tests/server/test_hostile.py says when to raise it.
@@ -68,16 +80,19 @@ def parse_estimate(raw: bytes | bytearray, *, byte_factor: int) -> int:
 
 
 class BodyBudget:
-    """Bytes that request bodies being read and parsed may hold at once, server-wide.
+    """Bytes that request bodies being read and parsed may hold at once, server-wide,
+    and the reservations each host holds.
 
     Thread-safe; a :class:`Reservation` takes from it and gives back.
     """
 
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be positive")
+    def __init__(self, capacity: int, *, host_requests: int = HOST_REQUESTS) -> None:
+        if capacity < 1 or host_requests < 1:
+            raise ValueError("capacity and host_requests must be positive")
         self.capacity = capacity
+        self.host_requests = host_requests
         self._used = 0
+        self._by_host: dict[int, int] = {}
         self._lock = threading.Lock()
 
     @property
@@ -96,16 +111,35 @@ class BodyBudget:
         with self._lock:
             self._used -= n
 
-    def reserve(self) -> Reservation:
-        return Reservation(self)
+    def reserve(self, host_id: int) -> Reservation:
+        """A reservation for one of ``host_id``'s requests: 429 with ``Retry-After``
+        when the host already holds :attr:`host_requests` of them."""
+        with self._lock:
+            held = self._by_host.get(host_id, 0)
+            if held >= self.host_requests:
+                raise HTTPException(
+                    status.HTTP_429_TOO_MANY_REQUESTS,
+                    detail=f"this host already has {held} requests being read; wait for"
+                    " their answers",
+                    headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
+                )
+            self._by_host[host_id] = held + 1
+        return Reservation(self, host_id)
+
+    def _forget(self, host_id: int) -> None:
+        with self._lock:
+            held = self._by_host.pop(host_id) - 1
+            if held:
+                self._by_host[host_id] = held
 
 
 class Reservation:
     """One request's share of a :class:`BodyBudget`; a context manager that gives it
-    all back on exit."""
+    all back, and the host's place, on exit."""
 
-    def __init__(self, budget: BodyBudget) -> None:
+    def __init__(self, budget: BodyBudget, host_id: int) -> None:
         self._budget = budget
+        self._host_id: int | None = host_id
         self.held = 0
 
     def grow_to(self, n: int) -> None:
@@ -142,6 +176,9 @@ class Reservation:
         _traceback: TracebackType | None,
     ) -> None:
         self.release()
+        if self._host_id is not None:
+            self._budget._forget(self._host_id)
+            self._host_id = None
 
 
 @dataclass(frozen=True)
@@ -189,12 +226,16 @@ def _too_large(limit: int) -> HTTPException:
     )
 
 
-async def read_body(request: Request, *, limit: int, reservation: Reservation) -> bytearray:
-    """The request's body, at most ``limit`` bytes, held within ``reservation``.
+async def read_body(
+    request: Request, *, limit: int, reservation: Reservation, deadline: Deadline
+) -> bytearray:
+    """The request's body, at most ``limit`` bytes, held within ``reservation``, all of
+    it arrived before ``deadline``.
 
     Call it only once the token has been checked: nothing of the body is read before.
-    Raises 413 past ``limit`` and 503 when the budget has no room (see the module
-    docstring); what was read by then is dropped.
+    Raises 413 past ``limit``, 503 when the budget has no room and 503 with
+    ``Connection: close`` when the body is still arriving at ``deadline`` (see the
+    module docstring); what was read by then is dropped.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit():
@@ -202,12 +243,30 @@ async def read_body(request: Request, *, limit: int, reservation: Reservation) -
             raise _too_large(limit)
         reservation.grow_to(2 * int(declared))
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
-        reservation.grow_to(2 * len(body))
+    try:
+        # The event loop's clock, for as long as the budget has left on the request's.
+        async with asyncio.timeout(max(0.0, deadline.left())):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise _too_large(limit)
+                reservation.grow_to(2 * len(body))
+    except TimeoutError:
+        raise SlowBody(len(body)) from None
     return body
+
+
+class SlowBody(HTTPException):
+    """503: the body was still arriving when the request's time budget ran out."""
+
+    def __init__(self, received: int) -> None:
+        super().__init__(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail="the body did not arrive within the request's time budget"
+            f" ({received} bytes had); retry",
+            # What is still on its way would be read as the next request.
+            headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS), "Connection": "close"},
+        )
 
 
 def refusal(kind: str, loc: tuple[str | int, ...], msg: str) -> RequestValidationError:

@@ -9,7 +9,8 @@ it is parsed. The schema is still documented (:func:`openapi_schemas`).
 
 Nothing of the body is read before the token is checked (from the headers), and then
 at most ``max_body_bytes`` of it, within the server's budget of bytes being parsed at
-once (ingest/body.py: 413 or 503 otherwise). The token is confirmed inside the storing
+once and the host's share of it, and within the request's time budget (ingest/body.py:
+413, 429 or 503 otherwise). The token is confirmed inside the storing
 transaction (:func:`confirm_push`), so a request authenticated from this process's
 cache of verified tokens still cannot write after the token was revoked anywhere.
 
@@ -57,6 +58,7 @@ from gpuwatch.server.deps import (
 from gpuwatch.server.ingest.body import (
     SNAPSHOT_BYTE_FACTOR,
     Deadline,
+    SlowBody,
     over_budget,
     parse_estimate,
     read_body,
@@ -96,6 +98,10 @@ router = APIRouter(tags=["ingest"], route_class=IngestRoute)
 _ERRORS: dict[int | str, dict[str, str]] = {
     401: {"description": "No bearer token."},
     403: {"description": "Unknown or revoked token, or a token of another host."},
+    429: {
+        "description": "This host already has two requests being read: retry after"
+        " Retry-After seconds."
+    },
     413: {
         "description": "Body larger than max_body_bytes (refused before it is read when"
         " Content-Length says so), or that would take more memory to parse than the"
@@ -108,8 +114,8 @@ _ERRORS: dict[int | str, dict[str, str]] = {
     },
     503: {
         "description": "Database unavailable, the server is parsing as much as it may"
-        " at once, or the request spent its time budget waiting for its turn; nothing"
-        " stored: retry after Retry-After seconds."
+        " at once, or the request spent its time budget waiting for its body or its"
+        " turn; nothing stored: retry after Retry-After seconds."
     },
 }
 _PARTIAL_PARAMETER = {
@@ -149,9 +155,12 @@ async def push_snapshots(request: Request, credential: PushingAgent, context: Co
     partial = _accepts_partial(request)
     try:
         require_json(request)
-        with context.bodies.reserve() as reservation:
+        with context.bodies.reserve(credential.identity.host_id) as reservation:
             raw = await read_body(
-                request, limit=context.settings.max_body_bytes, reservation=reservation
+                request,
+                limit=context.settings.max_body_bytes,
+                reservation=reservation,
+                deadline=deadline,
             )
             reservation.grow_to(parse_estimate(raw, byte_factor=SNAPSHOT_BYTE_FACTOR))
             writer: IngestWriter = request.app.state.ingest_writer
@@ -159,6 +168,8 @@ async def push_snapshots(request: Request, credential: PushingAgent, context: Co
     except HTTPException as err:
         if err.status_code in (413, 415):  # the agent drops on these: 403 comes first
             await run_in_threadpool(reverify_push, context, credential)
+        if isinstance(err, SlowBody):
+            request.scope[INGEST_RESULT_SCOPE_KEY] = "slow_body"
         raise
     except Quarantined as err:
         request.scope[INGEST_RESULT_SCOPE_KEY] = "quarantined"

@@ -8,6 +8,7 @@ from gpuwatch.server.deps import Context, Reader, ReadSession
 from gpuwatch.server.pagination import MAX_LIMIT, Cursor
 from gpuwatch.server.processes import service
 from gpuwatch.server.processes.schemas import ProcessPage, ProcessSamples
+from gpuwatch.snapshot import NO_NUL
 
 # A week of samples at the default 60 s interval.
 MAX_SAMPLES = 10080
@@ -18,13 +19,15 @@ router = APIRouter(prefix="/api/v1/processes", tags=["processes"], dependencies=
 @router.get("", summary="Process history", response_model=ProcessPage)
 def list_processes(
     session: ReadSession,
-    host: str | None = Query(None, max_length=256, description="Hostname."),
+    host: str | None = Query(None, max_length=256, pattern=NO_NUL, description="Hostname."),
     gpu: int | None = Query(None, ge=0, lt=64, description="GPU index on the host."),
-    user: str | None = Query(None, max_length=256),
+    user: str | None = Query(None, max_length=256, pattern=NO_NUL),
     at: float | None = Query(None, ge=0, description="Epoch seconds: what held the GPU then."),
     open: bool = Query(False, description="Only processes still holding memory."),
     limit: int = Query(100, ge=1, le=MAX_LIMIT),
-    cursor: str | None = Query(None, max_length=200, description="next_cursor of a page."),
+    cursor: str | None = Query(
+        None, max_length=200, pattern=NO_NUL, description="next_cursor of a page."
+    ),
 ) -> ProcessPage:
     """Process lifetimes, newest first, e.g. "what was on host-3 GPU 2 at 14:05"."""
     return service.list_processes(

@@ -26,6 +26,7 @@ from gpuwatch.server.web.templates.events import EventFilters, events_page, form
 from gpuwatch.server.web.templates.fleet import fleet_page
 from gpuwatch.server.web.templates.layout import DEFAULT_RANGE, RANGES, Chrome, not_found
 from gpuwatch.server.web.templates.login import login_page
+from gpuwatch.snapshot import NO_NUL
 
 HEADERS = {
     "Cache-Control": "no-store",
@@ -76,8 +77,8 @@ def host(
     request: Request,
     session: ReadSession,
     context: Context,
-    hostname: str = Path(max_length=256),
-    range: str | None = Query(None, max_length=8),
+    hostname: str = Path(max_length=256, pattern=NO_NUL),
+    range: str | None = Query(None, max_length=8, pattern=NO_NUL),
 ) -> HTMLResponse:
     now = context.clock()
     chrome = _chrome(request, session, context, now)
@@ -108,9 +109,9 @@ def gpu(
     request: Request,
     session: ReadSession,
     context: Context,
-    hostname: str = Path(max_length=256),
+    hostname: str = Path(max_length=256, pattern=NO_NUL),
     index: int = Path(ge=0, lt=1024),
-    range: str | None = Query(None, max_length=8),
+    range: str | None = Query(None, max_length=8, pattern=NO_NUL),
 ) -> HTMLResponse:
     now = context.clock()
     chrome = _chrome(request, session, context, now)
@@ -146,14 +147,14 @@ def events(
     request: Request,
     session: ReadSession,
     context: Context,
-    host: str = Query("", max_length=256),
-    gpu: str = Query("", max_length=8),
-    user: str = Query("", max_length=256),
-    kind: str = Query("", max_length=32),
-    state: str = Query("", max_length=8),
-    since: str = Query("", max_length=32),
-    until: str = Query("", max_length=32),
-    cursor: str | None = Query(None, max_length=200),
+    host: str = Query("", max_length=256, pattern=NO_NUL),
+    gpu: str = Query("", max_length=8, pattern=NO_NUL),
+    user: str = Query("", max_length=256, pattern=NO_NUL),
+    kind: str = Query("", max_length=32, pattern=NO_NUL),
+    state: str = Query("", max_length=8, pattern=NO_NUL),
+    since: str = Query("", max_length=32, pattern=NO_NUL),
+    until: str = Query("", max_length=32, pattern=NO_NUL),
+    cursor: str | None = Query(None, max_length=200, pattern=NO_NUL),
 ) -> HTMLResponse:
     """Every filter is optional and arrives as the form sent it (empty when unset); a
     filter that does not parse is reported on the page, not as a 422."""
@@ -227,7 +228,7 @@ def alerts(request: Request, session: ReadSession, context: Context) -> HTMLResp
 
 @public.get("/login", response_class=HTMLResponse)
 def login_form(
-    request: Request, context: Context, next: str = Query("/", max_length=2048)
+    request: Request, context: Context, next: str = Query("/", max_length=2048, pattern=NO_NUL)
 ) -> Response:
     root = request.scope.get("root_path", "")
     if not auth.token_required(context):
