@@ -45,6 +45,7 @@ from pydantic import (
 
 from gpuwatch.agent.reaper.settings import ReapSettings
 from gpuwatch.errors import ConfigError
+from gpuwatch.files import file_problem
 
 if TYPE_CHECKING:
     from gpuwatch.server_settings import ServerSettings as ServerSettings
@@ -67,9 +68,20 @@ def parse_host_port(value: str) -> tuple[str, int]:
     Port 0 asks the kernel for a free port (the agent prints the one it got).
     """
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    # isascii: str.isdigit() is true for "١٢" and for 5,000 digits int() refuses.
+    if not sep or not (port.isascii() and port.isdigit() and len(port) <= 5):
         raise ValueError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    if not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        # What socket.bind does with the name, so a name it cannot send is refused
+        # here, as a setting, rather than as a TypeError or UnicodeError at bind.
+        host.encode("idna")
+    except UnicodeError:
+        shown = host if len(host) <= 64 else host[:61] + "..."
+        raise ValueError(f"expected HOST:PORT, {shown!r} is not a host name or address") from None
+    return host, int(port)
 
 
 class _Base(BaseModel):
@@ -77,15 +89,24 @@ class _Base(BaseModel):
     # in upper case) of each kind.
     section: ClassVar[str]
     env_prefix: ClassVar[str]
-    # validate_default: a default is checked like a given value.
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # validate_default: a default is checked like a given value. allow_inf_nan: "nan"
+    # passes no bound check of its own and was refused as "less than or equal to 3600",
+    # or, with no upper bound, accepted ("inf" days of retention).
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 def _toml_section(kind: type[_Base]) -> dict[str, Any]:
     """The ``[section]`` of the config file for ``kind``; empty when there is no file."""
     path = Path(os.environ.get("GPUWATCH_CONFIG") or DEFAULT_CONFIG_FILE)
-    if not path.is_file():
+    problem = file_problem(path)
+    # No file is no settings (the default path on a host configured by environment,
+    # and GPUWATCH_CONFIG=/nonexistent, which tests and bench use to mean "none");
+    # /dev/null, a device, reads as empty. A directory or a name the system refuses
+    # was meant as a config file: skipping it would drop every setting silently.
+    if problem in ("does not exist", "is not a regular file"):
         return {}
+    if problem is not None:
+        raise ConfigError(f"cannot read config file {path}: {problem}")
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:

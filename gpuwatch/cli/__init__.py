@@ -3,13 +3,14 @@
 Each subcommand group lives in its own module and exposes ``register(app)``.
 Modules import their heavy dependencies (pynvml, FastAPI, SQLAlchemy, torch) inside
 the command functions, so ``gpuwatch --version`` and ``gpuwatch status`` start fast.
-Exit codes are listed in :data:`gpuwatch.errors.EXIT_CODES` and docs/cli.md.
+Exit codes are listed in :data:`gpuwatch.errors.EXIT_CODES` and docs/exit-codes.md.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -141,6 +142,7 @@ def _root_log_level(root: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning gpuwatch errors into one line and an exit code."""
     args = sys.argv[1:] if argv is None else argv
+    _reopen_closed_standard_streams()
     try:
         if not _serve_agent_without_typer(args):
             _register_for(args)
@@ -151,3 +153,41 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as err:  # the last resort: see _unexpected
+        _unexpected(err)
+
+
+def _unexpected(err: Exception) -> None:
+    """A failure no boundary translated is a bug, but the promise still holds: one line
+    and exit 1 (unexpected runtime failure), not a traceback. The traceback is kept for
+    whoever reports it: ``--log-level debug`` prints it."""
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("gpuwatch").exception("unexpected failure")
+    detail = " ".join(str(err).split())[:300] or "no detail"
+    print(
+        f"gpuwatch: error: unexpected {type(err).__name__}: {detail} "
+        "(a bug; --log-level debug shows where)",
+        file=sys.stderr,
+    )
+    sys.exit(1)
+
+
+def _reopen_closed_standard_streams() -> None:
+    """Give a closed stdin, stdout or stderr (``<&-``, ``>&-``) /dev/null instead.
+
+    Python leaves ``sys.stdin`` None then, and code that asks ``sys.stdin.isatty()``
+    (explain, reap's prompt) would crash; worse, the next file opened would get the
+    closed descriptor's number, and whatever is written to "stdout" would land in it.
+    """
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 - lives as long as the process

@@ -32,9 +32,20 @@ TOKEN_HINT = (
 
 
 def use_config_file(path: Path | None) -> None:
-    """Point settings at ``--config`` (the CLI is the one place allowed to set this)."""
-    if path is not None:
-        os.environ["GPUWATCH_CONFIG"] = str(path)
+    """Point settings at ``--config`` (the CLI is the one place allowed to set this).
+
+    A file named on the command line must be there: settings skip a missing file (the
+    default path need not exist), which would run on defaults without a word.
+    Raises ``ConfigError``."""
+    if path is None:
+        return
+    from gpuwatch.errors import ConfigError
+    from gpuwatch.files import file_problem
+
+    problem = file_problem(path)
+    if problem is not None:
+        raise ConfigError(f"--config {path}: {problem}")
+    os.environ["GPUWATCH_CONFIG"] = str(path)
 
 
 @dataclass(frozen=True)

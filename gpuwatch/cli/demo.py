@@ -66,11 +66,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a server and three simulated hosts, and watch what gpuwatch finds (Ctrl-C stops)."""
         from gpuwatch.cli.demo_plan import Timings
+        from gpuwatch.settings import parse_host_port
 
         try:
             timings = Timings.at(speed)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--speed") from None
+        try:
+            parse_host_port(listen)  # before anything starts, as --speed
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--listen") from None
         _run(listen=listen, timings=timings, duration=duration, as_json=as_json)
 
 

@@ -125,7 +125,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"--at: {err}") from None
         # With option parsing stopped at SCENARIO, a "--" separator arrives as an argument.
         command = command[1:] if command[:1] == ["--"] else command
-        if not command:
+        if not command or not command[0]:  # "": execve refuses it with a ValueError
             raise typer.BadParameter("missing the command to run after --")
         spec = load_scenario(scenario, known_symbols=is_implemented)
         directory = prepare_runtime_dir(runtime_dir)

@@ -10,6 +10,7 @@ at the boundary::
     401, 403                     AuthError       (exit 5)
     404 from a route naming one  NotFound        (exit 8)
     422                          ConfigError     (exit 3: the server refused a value we sent)
+    a malformed URL or token     ConfigError     (exit 3, before any request)
 """
 
 from __future__ import annotations
@@ -46,9 +47,21 @@ class _ApiClient:
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url = base_url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self._base_url, headers=headers, timeout=timeout_seconds, transport=transport
-        )
+        try:
+            self._http = httpx.Client(
+                base_url=self._base_url,
+                headers=headers,
+                timeout=timeout_seconds,
+                transport=transport,
+            )
+        except httpx.InvalidURL as err:  # not an httpx.HTTPError: _request would miss it
+            shown = base_url if len(base_url) <= 100 else base_url[:97] + "..."
+            raise ConfigError(f"--server {shown!r} is not a URL: {err}") from None
+        except UnicodeEncodeError:
+            # A header is ASCII; the token is not quoted, it is a credential.
+            raise ConfigError(
+                "the token has characters a gpuwatch token never has (not ASCII)"
+            ) from None
 
     def __enter__(self) -> Any:
         return self

@@ -58,7 +58,10 @@ class ReapSettings(BaseModel):
     """``[agent.reap]``: what counts as idle, how processes are stopped, who is protected,
     and the agent's automatic policy (``enabled``, off by default)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # allow_inf_nan: "nan" passes no bound check, as in gpuwatch.settings._Base.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
     # --- the automatic policy ---------------------------------------------------------
     enabled: bool = Field(

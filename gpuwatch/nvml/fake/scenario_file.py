@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from gpuwatch.errors import ScenarioError
+from gpuwatch.files import file_problem
 from gpuwatch.nvml.fake import scenario_values as values
 from gpuwatch.nvml.fake.scenario import (
     Attach,
@@ -67,18 +68,27 @@ def resolve_scenario_path(source: str | os.PathLike[str]) -> Path:
     Raises ScenarioError when it is neither.
     """
     path = Path(source)
-    if path.is_file():
+    problem = file_problem(path)
+    if problem is None:
         return path
     text = os.fspath(source)
     if os.sep in text or text.endswith(".toml"):
-        raise ScenarioError(f"scenario file {text} does not exist")
+        raise ScenarioError(f"scenario file {text} {_as_clause(problem)}")
     bundled = bundled_scenario_dir() / f"{text}.toml"
-    if bundled.is_file():
+    if file_problem(bundled) is None:
         return bundled
+    if problem != "does not exist":  # a directory of that name, a name too long, ...
+        raise ScenarioError(f"scenario file {text} {_as_clause(problem)}")
     names = ", ".join(bundled_scenario_names())
     raise ScenarioError(
         f"unknown scenario {text!r}: not a file, and not a bundled scenario ({names})"
     )
+
+
+def _as_clause(problem: str) -> str:
+    """``file_problem``'s answer after the file's name: "does not exist", "is a
+    directory", or "cannot be read: File name too long"."""
+    return problem if problem.startswith(("does ", "is ")) else f"cannot be read: {problem}"
 
 
 def load_scenario(

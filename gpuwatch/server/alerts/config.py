@@ -24,7 +24,10 @@ ANNOUNCEMENTS = ("job_ended", "process_reaped")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # allow_inf_nan: "nan" passes no bound check, as in gpuwatch.settings._Base.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class RuleSettings(_Strict):

@@ -35,7 +35,10 @@ class ReceiverConfig(BaseModel):
 
     # hide_input_in_errors: a bad value (a URL with a typo, a misplaced secret) must
     # not be echoed into a ValidationError, a traceback or a log line.
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    # allow_inf_nan: "nan" passes no bound check, as in gpuwatch.settings._Base.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, hide_input_in_errors=True, allow_inf_nan=False
+    )
 
     name: str = Field(
         min_length=1,

@@ -1,0 +1,191 @@
+"""Hostile input through the real command line: each case must end in ONE line on
+stderr and a documented exit code (docs/exit-codes.md), never a traceback, and never a
+setting dropped without a word. Every case fails before any GPU, fake or real, is used.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.errors import EXIT_CODES
+
+GPUWATCH = [sys.executable, "-m", "gpuwatch"]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
+    return environ | {
+        "GPUWATCH_CONFIG": "/nonexistent",
+        "HOME": str(tmp_path),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "XDG_RUNTIME_DIR": str(tmp_path),
+    }
+
+
+def run(env: dict[str, str], *args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [*GPUWATCH, *args],
+        env=env,
+        cwd=env["HOME"],  # a private directory: relative names mean nothing here
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        **kwargs,  # type: ignore[call-overload]
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode in EXIT_CODES, (result.returncode, result.stderr)
+    return result
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The error line, checked to be the only one and to come with ``code``."""
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuwatch: error: "), result.stderr
+    return lines[0]
+
+
+def test_a_failure_nothing_translated_is_one_line_and_exit_1(env: dict[str, str]) -> None:
+    # A command that fails the way a bug does, run through the real entry point.
+    program = (
+        "import gpuwatch.cli as cli\n"
+        "def register():\n"
+        "    @cli._app().command('boom')\n"
+        "    def boom() -> None:\n"
+        "        raise TypeError(\"'int' object is not iterable\")\n"
+        "cli._register_all = register\n"
+        "import sys; sys.argv[1:] = LEVEL + ['boom']\n"
+        "cli.main()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program.replace("LEVEL", "[]")],
+        env=env, cwd=env["HOME"], capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr
+    line = one_line_error(result, 1)
+    assert "unexpected TypeError: 'int' object is not iterable" in line
+    assert "--log-level debug" in line
+    debug = subprocess.run(
+        [sys.executable, "-c", program.replace("LEVEL", "['--log-level', 'debug']")],
+        env=env, cwd=env["HOME"], capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr and ", in boom" in debug.stderr
+
+
+def test_closed_stdin_reads_as_empty_not_a_crash(env: dict[str, str]) -> None:
+    result = run(env, "explain", "--no-live", preexec_fn=lambda: os.close(0))
+    assert "not an OOM message" in one_line_error(result, 6)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["token", "list"],
+        ["reap", "--idle", "1h", "--dry-run"],
+        ["agent", "--listen", "127.0.0.1:0"],
+    ],
+)
+@pytest.mark.parametrize(
+    ("where", "problem"), [("absent.toml", "does not exist"), (".", "is a directory")]
+)
+def test_a_config_file_named_on_the_command_line_must_be_a_file(
+    env: dict[str, str], tmp_path: Path, command: list[str], where: str, problem: str
+) -> None:
+    # Before: the file was skipped, and the command ran on defaults without a word.
+    result = run(env, *command, "--config", str(tmp_path / where))
+    assert one_line_error(result, 3).endswith(problem)
+
+
+def test_gpuwatch_config_naming_a_directory_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    result = run(env | {"GPUWATCH_CONFIG": str(tmp_path)}, "token", "list")
+    assert one_line_error(result, 3).endswith(f"{tmp_path}: is a directory")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "command"),
+    [
+        ("GPUWATCH_SERVER_RETENTION_DAYS", "inf", ["token", "list"]),  # was accepted
+        ("GPUWATCH_AGENT_POLL_INTERVAL_SECONDS", "nan", ["status", "--fake-gpus", "/"]),
+    ],
+)
+def test_settings_refuse_nan_and_infinity(
+    env: dict[str, str], variable: str, value: str, command: list[str]
+) -> None:
+    result = run(env | {variable: value}, *command)
+    assert one_line_error(result, 3).endswith("Input should be a finite number")
+
+
+@pytest.mark.parametrize(
+    ("scenario", "says"),
+    [
+        ("a" * 5000, "cannot be read: File name too long"),
+        ("/", "is a directory"),
+        ("/dev/null", "is not a regular file"),
+    ],
+)
+def test_a_scenario_path_that_is_no_file_says_what_it_is(
+    env: dict[str, str], scenario: str, says: str
+) -> None:
+    result = run(env, "status", "--fake-gpus", scenario)
+    assert one_line_error(result, 3).endswith(says)
+
+
+@pytest.mark.parametrize(
+    "listen", ["\u00fc\u202e\U0001f600:0", "a" * 300 + ":0", "h:" + "9" * 5000]
+)
+def test_a_listen_host_no_socket_can_bind_is_a_setting_error(
+    env: dict[str, str], listen: str
+) -> None:
+    result = run(env, "agent", "--listen", listen)
+    assert "invalid agent setting listen: expected HOST:PORT" in one_line_error(result, 3)
+
+
+@pytest.mark.parametrize("listen", ["nope", "127.0.0.1:65536"])
+def test_demo_listen_is_checked_before_anything_starts(env: dict[str, str], listen: str) -> None:
+    result = run(env, "demo", "--listen", listen)
+    assert result.returncode == 2 and "--listen" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--server", "http://[::1"], "--server 'http://[::1' is not a URL"),
+        (["--server", "http://" + "a" * 70000], "is not a URL: URL too long"),
+        (["--token", "t\u00f6ken"], "the token has characters a gpuwatch token never has"),
+    ],
+)
+def test_a_malformed_server_url_or_token_is_an_option_error(
+    env: dict[str, str], args: list[str], says: str
+) -> None:
+    result = run(env, "history", "processes", "--server", "http://127.0.0.1:1", *args)
+    line = one_line_error(result, 3)
+    assert says in line and "t\u00f6ken" not in line  # a token is never quoted
+
+
+@pytest.mark.parametrize("at", ["nan", "inf", "1e309", "0001-01-01T00:00"])
+def test_history_refuses_times_that_are_not_times(env: dict[str, str], at: str) -> None:
+    # Before: nan/inf went to the server; year 1 (local) overflowed in a traceback.
+    result = run(env, "history", "processes", "--server", "http://127.0.0.1:1", "--at", at)
+    assert result.returncode == 2 and "is not a time" in result.stderr
+
+
+@pytest.mark.parametrize("until", ["nan", "1e309", "9" * 400])
+def test_a_silence_until_no_time_is_refused(env: dict[str, str], until: str) -> None:
+    result = run(
+        env, "alerts", "silence", "add", "--match", "hostname=x", "--until", until,
+        "--comment", "c", "--server", "http://127.0.0.1:1",
+    )  # fmt: skip
+    assert "use epoch seconds or a time" in one_line_error(result, 3)
+
+
+def test_fake_nvml_exec_of_an_empty_command_is_a_usage_error(env: dict[str, str]) -> None:
+    result = run(env, "fake-nvml", "exec", "workstation", "--", "")
+    assert result.returncode == 2 and "missing the command to run" in result.stderr
