@@ -189,3 +189,33 @@ def test_a_silence_until_no_time_is_refused(env: dict[str, str], until: str) -> 
 def test_fake_nvml_exec_of_an_empty_command_is_a_usage_error(env: dict[str, str]) -> None:
     result = run(env, "fake-nvml", "exec", "workstation", "--", "")
     assert result.returncode == 2 and "missing the command to run" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--params", "1" + "0" * 400, "--gpu", "24GiB"], "beyond any model"),
+        (["--params", "1001T", "--gpu", "24GiB"], "beyond any model"),
+        (["--params", "8B", "--gpu", "9" * 400 + "GiB"], "more memory than any device"),
+        (["--params", "8B", "--gpu", "2EiB"], "more memory than any device"),
+    ],
+    ids=["params-400-digits", "params-past-1000T", "size-400-digits", "size-exbibytes"],
+)
+def test_fit_with_numbers_past_any_model_or_device_is_an_option_error(
+    env: dict[str, str], args: list[str], says: str
+) -> None:
+    # Before: an OverflowError from the float arithmetic after them.
+    assert says in one_line_error(run(env, "fit", *args), 3)
+
+
+def test_explain_reads_a_message_with_a_size_past_what_a_float_holds(env: dict[str, str]) -> None:
+    huge = "1" + "0" * 400
+    message = (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {huge} GiB"
+        " (GPU 0; 23.65 GiB total capacity; 1 GiB already allocated)"
+    )
+
+    result = run(env, "explain", "--no-live", input=message)
+
+    assert result.returncode == 0, result.stderr
+    assert "23.65 GiB" in result.stdout

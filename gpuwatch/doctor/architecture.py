@@ -80,6 +80,11 @@ class Architecture:
         return (attention + mlp) * (self.layers or 0)
 
 
+# The largest models have a few trillion parameters; a count past this is a typo, and
+# the arithmetic after it (floats) would overflow.
+MAX_PARAMS = 10**15
+
+
 def parse_param_count(text: str) -> int:
     """``"8B"`` -> 8_000_000_000; also ``"350M"``, ``"1.5T"``, ``"7000000000"``.
 
@@ -94,6 +99,8 @@ def parse_param_count(text: str) -> int:
         raise ConfigError(f"--params: cannot read {text!r}") from err
     if count <= 0:
         raise ConfigError("--params must be positive")
+    if count > MAX_PARAMS:
+        raise ConfigError(f"--params: {text!r} is beyond any model (at most 1000T)")
     return count
 
 

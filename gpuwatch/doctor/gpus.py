@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuwatch.doctor.units import GIB, parse_size
+from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES, GIB, parse_size
 from gpuwatch.errors import ConfigError
 from gpuwatch.snapshot import HostSnapshot
 
@@ -67,6 +67,8 @@ def catalogue_target(name: str) -> GpuTarget:
         ) from None
     if size <= 0:
         raise ConfigError("--gpu: size must be positive")
+    if size >= ABSURD_REQUEST_BYTES:
+        raise ConfigError(f"--gpu: {name!r} is more memory than any device has (1 EiB or more)")
     return GpuTarget(name, size)
 
 

@@ -75,5 +75,5 @@ def fetch_gpu_history(
     try:
         items = response.json().get("items", [])
         return [PastEvent.model_validate(item) for item in items]
-    except (ValueError, AttributeError, ValidationError):
+    except (ValueError, AttributeError, TypeError, ValidationError):  # not the shape we asked for
         return None

@@ -103,4 +103,7 @@ def format_size(num_bytes: int) -> str:
     for limit, unit, divisor in ((MIB, "KiB", KIB), (GIB, "MiB", MIB)):
         if num_bytes < limit:
             return f"{num_bytes / divisor:.2f} {unit}"
+    if num_bytes >= NOT_AVAILABLE_BYTES**2:
+        # Past what a float holds (a message can print any number of digits): exact.
+        return f"{Decimal(num_bytes) / GIB:.2f} GiB"
     return f"{num_bytes / GIB:.2f} GiB"

@@ -33,9 +33,8 @@ def server() -> Iterator[tuple[str, list[dict[str, list[str]]]]]:
         def do_GET(self) -> None:
             url = urlparse(self.path)
             seen.append(parse_qs(url.query))
-            body = json.dumps(
-                {"items": [EVENT], "next_cursor": None} if url.path == "/api/v1/events" else [1]
-            )
+            answers = {"/api/v1/events": {"items": [EVENT], "next_cursor": None}}
+            body = json.dumps(answers.get(url.path, {"items": 5} if "odd" in url.path else [1]))
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -65,9 +64,10 @@ def test_no_server_means_no_history_not_an_error() -> None:
     )
 
 
-def test_an_answer_that_is_not_an_event_page_is_ignored(server) -> None:
+@pytest.mark.parametrize("path", ["/elsewhere", "/odd"], ids=["a-list", "items-not-a-list"])
+def test_an_answer_that_is_not_an_event_page_is_ignored(server, path: str) -> None:
     url, _ = server
-    assert fetch_gpu_history(url + "/elsewhere", hostname="box", gpu_index=0, now=1.0) is None
+    assert fetch_gpu_history(url + path, hostname="box", gpu_index=0, now=1.0) is None
 
 
 def test_report_shows_the_history(server) -> None:
