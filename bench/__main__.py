@@ -15,6 +15,7 @@ BENCHMARKS = (
     "dashboard",
     "writer",
     "fillfactor",
+    "duty_cycle",
     "load",
     "reliability",  # last: renders docs/reliability.md from the results above
 )
