@@ -6,6 +6,7 @@ setting dropped without a word. Every case fails before any GPU, fake or real, i
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +220,17 @@ def test_explain_reads_a_message_with_a_size_past_what_a_float_holds(env: dict[s
 
     assert result.returncode == 0, result.stderr
     assert "23.65 GiB" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["gpu\u202e4-tsoh", "gpu\u200b1", "host\x07", "host\udcff"],
+    ids=["right-to-left-override", "zero-width-space", "bell", "lone-surrogate"],
+)
+def test_token_create_refuses_host_names_that_could_read_as_another(
+    env: dict[str, str], name: str
+) -> None:
+    database = f"sqlite:///{env['HOME']}/central.db"
+    result = run(env, "token", "create", name, "--database-url", database)
+    said = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.stderr).split())  # the usage box
+    assert result.returncode == 2 and "control or format characters" in said, said

@@ -7,6 +7,7 @@ last line of output, so scripts can take it with ``| tail -n1``.
 from __future__ import annotations
 
 import time
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -42,9 +43,20 @@ def _migrated(database_url: str | None, config: Path | None) -> Iterator[Databas
 
 
 def _hostname(value: str) -> str:
-    if not value or len(value) > 256 or any(c.isspace() for c in value):
-        raise typer.BadParameter("a host name: 1-256 characters, no spaces")
+    # Control and format characters (a right-to-left override, a zero-width space) would
+    # let a name read as another host's in the dashboard and in alerts.
+    if (
+        not value
+        or len(value) > 256
+        or any(c.isspace() or unicodedata.category(c) in _INVISIBLE for c in value)
+    ):
+        raise typer.BadParameter(
+            "a host name: 1-256 characters, no spaces, control or format characters"
+        )
     return value
+
+
+_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 
 
 @token.command("create")
