@@ -49,6 +49,12 @@ class ServerSettings(_Base):
         le=3600,
         description="Time a snapshot push may take from its handler's start: a body still arriving when it passes, or a push it passes before the database write starts, is answered 503 with Retry-After (a reported event's body must arrive within it too); past it midway, the snapshots done are committed and the rest answered 'deferred' (only to agents that send Gpuwatch-Partial). Half the agent's 10 s HTTP timeout, leaving the other half for the commit and the answer's way back.",
     )
+    request_arrival_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="Time a request, head and body, may take to arrive, from its first byte (from the connection, for a connection's first request): past it the connection is answered 408 and closed. Bounds connections that send half a request, which anyone who can reach the port can open.",
+    )
     state_cache_hosts: int = Field(
         default=4096,
         ge=0,

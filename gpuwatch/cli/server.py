@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
         from gpuwatch.server.app import create_app
         from gpuwatch.server.database import database_for
         from gpuwatch.server.database.migrate import upgrade
-        from gpuwatch.server.runtime import tune_gc
+        from gpuwatch.server.protocol import bounded_protocol
+        from gpuwatch.server.runtime import raise_open_files_limit, tune_gc
         from gpuwatch.settings import ServerSettings, load, parse_host_port
 
         use_config_file(config)
@@ -61,9 +62,18 @@ def register(app: typer.Typer) -> None:
         tune_gc()
         # Our logging config stays in charge (log_config=None); the access log goes to
         # logger "uvicorn.access" at INFO, visible with --log-level info. HTTP parsing
-        # is httptools (a dependency), which uvicorn's default "auto" picks.
+        # is httptools (a dependency), with a bound on how long a request may take to
+        # arrive (server/protocol.py).
+        raise_open_files_limit()
         uvicorn.Server(
-            uvicorn.Config(app_, log_config=None, lifespan="on", ws="none", proxy_headers=False)
+            uvicorn.Config(
+                app_,
+                http=bounded_protocol(settings.request_arrival_seconds),
+                log_config=None,
+                lifespan="on",
+                ws="none",
+                proxy_headers=False,
+            )
         ).run(sockets=[sock])
 
 

@@ -9,6 +9,7 @@ it. The database-facing ones run on SQLite and Postgres.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import select
@@ -809,6 +810,15 @@ RSS_GROWTH_BOUND = 250 * MIB
 def server_process(tmp_path: Path) -> Iterator[tuple[str, list[str], psutil.Process]]:
     """``gpuwatch server`` in a process of its own (so its memory is only its own), on a
     migrated SQLite database with tokens for host-0 ... host-99, in that order."""
+    with _gpuwatch_server(tmp_path, {}) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def _gpuwatch_server(
+    tmp_path: Path, settings: dict[str, str]
+) -> Iterator[tuple[str, list[str], psutil.Process]]:
+    """:func:`server_process` with ``settings`` (environment variables) added."""
     url = f"sqlite:///{tmp_path / 'rss.db'}"
     database = create_database(url)
     upgrade(database)
@@ -819,6 +829,7 @@ def server_process(tmp_path: Path) -> Iterator[tuple[str, list[str], psutil.Proc
         "GPUWATCH_CONFIG": str(tmp_path / "absent.toml"),
         "GPUWATCH_SERVER_DATA_DIR": str(tmp_path),
         "GPUWATCH_SERVER_SCHEDULER": "false",
+        **settings,
     }
     command = [sys.executable, "-m", "gpuwatch", "server", "--listen", "127.0.0.1:0"]
     server = subprocess.Popen(
@@ -895,6 +906,54 @@ def _minimal_processes(target_bytes: int) -> bytes:
         snaps.append((one % len(snaps)) + f'"gpus":[{gpus}]}}')
         size += len(snaps[-1])
     return ('{"snapshots":[' + ",".join(snaps) + '],"spool_dropped_total":-1}').encode()
+
+
+ARRIVAL_SECONDS = 0.5
+
+
+@pytest.fixture
+def impatient_server(tmp_path: Path) -> Iterator[str]:
+    """``gpuwatch server`` that waits :data:`ARRIVAL_SECONDS` for a request to arrive."""
+    settings = {"GPUWATCH_SERVER_REQUEST_ARRIVAL_SECONDS": str(ARRIVAL_SECONDS)}
+    with _gpuwatch_server(tmp_path, settings) as (base, _, _):
+        yield base
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"GET /api/v1/hos", b"GET /api/v1/hosts HTTP/1.1\r\nHost: x\r\n"],
+    ids=["nothing", "half-a-request-line", "headers-never-ended"],
+)
+def test_a_request_that_never_arrives_is_answered_408_and_its_connection_closed(
+    impatient_server: str, sent: bytes
+) -> None:
+    # Before, uvicorn waited for ever: no token is needed to open such connections, and
+    # each held a file descriptor until the server could accept no one else.
+    address, port = impatient_server.removeprefix("http://").split(":")
+    began = time.monotonic()
+    with socket.create_connection((address, int(port)), timeout=10) as conn:
+        conn.sendall(sent)
+        reply = b"".join(iter(lambda: conn.recv(4096), b""))  # to the server's close
+    waited = time.monotonic() - began
+
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
+    assert ARRIVAL_SECONDS <= waited < ARRIVAL_SECONDS + 5
+    assert httpx.get(f"{impatient_server}/healthz").status_code == 200
+
+
+def test_a_kept_alive_connection_is_bounded_for_each_request(impatient_server: str) -> None:
+    address, port = impatient_server.removeprefix("http://").split(":")
+    with socket.create_connection((address, int(port)), timeout=10) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = conn.recv(4096)
+        time.sleep(ARRIVAL_SECONDS)  # longer than the bound, shorter than keep-alive (5 s)
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        second = conn.recv(4096)
+        conn.sendall(b"GET /heal")  # then nothing
+        third = b"".join(iter(lambda: conn.recv(4096), b""))
+
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+    assert third.startswith(b"HTTP/1.1 408")
 
 
 def test_concurrent_oversized_uploads_leave_the_servers_memory_flat(
