@@ -64,6 +64,8 @@ def main() -> None:
     import uvicorn
 
     from gpuwatch.cli.server import bind_listen_socket
+    from gpuwatch.server.protocol import bounded_protocol
+    from gpuwatch.settings import ServerSettings
 
     # gpuwatch's own binding: a socket made without IPPROTO_TCP gets connections that
     # asyncio leaves with Nagle on, and every reply then waits ~40 ms for a delayed ACK.
@@ -71,7 +73,14 @@ def main() -> None:
     print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
     # The options of gpuwatch/cli/server.py, so both servers differ only in the app.
     served = validating_app if "--validate" in sys.argv[1:] else app
-    config = uvicorn.Config(served, log_config=None, lifespan="off", ws="none", proxy_headers=False)
+    config = uvicorn.Config(
+        served,
+        http=bounded_protocol(ServerSettings.model_fields["request_arrival_seconds"].default),
+        log_config=None,
+        lifespan="off",
+        ws="none",
+        proxy_headers=False,
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 

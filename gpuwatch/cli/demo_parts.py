@@ -70,9 +70,14 @@ class DemoServer:
         import uvicorn
 
         from gpuwatch.server.app import create_app
+        from gpuwatch.server.protocol import bounded_protocol
 
         config = uvicorn.Config(
-            create_app(self.settings), log_config=None, lifespan="on", ws="none"
+            create_app(self.settings),
+            http=bounded_protocol(self.settings.request_arrival_seconds),
+            log_config=None,
+            lifespan="on",
+            ws="none",
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
