@@ -44,6 +44,7 @@ from gpuwatch.server.ingest.body import (
 )
 from gpuwatch.server.ingest.service import MAX_FUTURE_SKEW_SECONDS
 from gpuwatch.server.jobs import detect_silent_agents
+from gpuwatch.server.protocol import MAX_HEAD_BYTES
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import NO_NUL, HostSnapshot
 from gpuwatch.wire import MAX_EVENT_BODY, MAX_EVIDENCE_BYTES, IngestRequest, ReportedEvent
@@ -911,11 +912,12 @@ def _minimal_processes(target_bytes: int) -> bytes:
 ARRIVAL_SECONDS = 0.5
 
 
-@pytest.fixture
-def impatient_server(tmp_path: Path) -> Iterator[str]:
-    """``gpuwatch server`` that waits :data:`ARRIVAL_SECONDS` for a request to arrive."""
+@pytest.fixture(scope="module")
+def impatient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``gpuwatch server`` that waits :data:`ARRIVAL_SECONDS` for a request to arrive
+    (one for the module's tests: each of them leaves it as it found it)."""
     settings = {"GPUWATCH_SERVER_REQUEST_ARRIVAL_SECONDS": str(ARRIVAL_SECONDS)}
-    with _gpuwatch_server(tmp_path, settings) as (base, _, _):
+    with _gpuwatch_server(tmp_path_factory.mktemp("impatient"), settings) as (base, _, _):
         yield base
 
 
@@ -941,19 +943,55 @@ def test_a_request_that_never_arrives_is_answered_408_and_its_connection_closed(
     assert httpx.get(f"{impatient_server}/healthz").status_code == 200
 
 
+def _response(replies: Any) -> bytes:
+    """One whole HTTP/1.1 response (head and ``content-length`` bytes of body)."""
+    head = b"".join(iter(replies.readline, b"\r\n"))
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head + b"\r\n" + replies.read(length)
+
+
 def test_a_kept_alive_connection_is_bounded_for_each_request(impatient_server: str) -> None:
     address, port = impatient_server.removeprefix("http://").split(":")
     with socket.create_connection((address, int(port)), timeout=10) as conn:
+        replies = conn.makefile("rb")
         conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        first = conn.recv(4096)
+        first = _response(replies)
         time.sleep(ARRIVAL_SECONDS)  # longer than the bound, shorter than keep-alive (5 s)
         conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        second = conn.recv(4096)
+        second = _response(replies)
         conn.sendall(b"GET /heal")  # then nothing
-        third = b"".join(iter(lambda: conn.recv(4096), b""))
+        third = replies.read()  # to the server's close
 
     assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
     assert third.startswith(b"HTTP/1.1 408")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /" + b"a" * (MAX_HEAD_BYTES + 1),
+        b"GET /healthz HTTP/1.1\r\n"
+        + b"".join(b"X-%d: %s\r\n" % (n, b"c" * 1000) for n in range(70)),
+    ],
+    ids=["long-url", "many-headers"],
+)
+def test_a_head_past_its_bound_is_431_and_its_connection_closed(
+    impatient_server: str, head: bytes
+) -> None:
+    # Before, uvicorn gathered the URL and headers with no limit, before any token was
+    # read: one connection made the server hold 90 MiB of URL in 10 s.
+    address, port = impatient_server.removeprefix("http://").split(":")
+    with socket.create_connection((address, int(port)), timeout=10) as conn:
+        with contextlib.suppress(OSError):  # the server may close while we still send
+            conn.sendall(head + b"\r\n" * 2 + b"d" * 2**20)
+        reply = b"".join(iter(lambda: conn.recv(4096), b""))
+
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:80]
+    assert httpx.get(f"{impatient_server}/healthz").status_code == 200
 
 
 def test_concurrent_oversized_uploads_leave_the_servers_memory_flat(
