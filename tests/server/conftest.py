@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -44,9 +45,9 @@ def _postgres_available() -> None:
         pytest.skip("Postgres at 127.0.0.1:5432 is not reachable")
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A URL whose connections use a fresh, empty schema."""
+@contextmanager
+def fresh_postgres_schema() -> Iterator[str]:
+    """A URL whose connections use a fresh, empty schema, dropped on the way out."""
     _postgres_available()
     schema = f"gwtest_{uuid.uuid4().hex[:12]}"
     admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
@@ -58,6 +59,13 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A URL whose connections use a fresh, empty schema."""
+    with fresh_postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture
