@@ -17,6 +17,7 @@ Reported, each as a ratio to a baseline measured side by side in the same run:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import shutil
@@ -24,7 +25,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,26 +41,57 @@ SCENARIO = "big"
 SCRAPES = 10_000
 
 
-def _bare_calls(pynvml: Any, handles: list[Any]) -> None:
-    """Exactly the NVML calls one gpuwatch poll makes, with nothing around them."""
-    pynvml.nvmlDeviceGetCount()
-    for handle in handles:
-        pynvml.nvmlDeviceGetUUID(handle)
-        pynvml.nvmlDeviceGetName(handle)
-        pynvml.nvmlDeviceGetPciInfo(handle)
-        pynvml.nvmlDeviceGetAddressingMode(handle)
-        pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
-        pynvml.nvmlDeviceGetUtilizationRates(handle)
-        pynvml.nvmlDeviceGetTemperature(handle, 0)
-        pynvml.nvmlDeviceGetPowerUsage(handle)
-        pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)
-        pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle)
-        pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
-        pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle)
-        with contextlib.suppress(pynvml.NVMLError):  # NOT_FOUND: no new samples
-            pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
-        with contextlib.suppress(pynvml.NVMLError):  # NOT_SUPPORTED off MIG-capable GPUs
-            pynvml.nvmlDeviceGetMigMode(handle)
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+def _calls_of(pynvml: Any, poll: Callable[[], Any]) -> list[Call]:
+    """Every pynvml function one ``poll()`` calls, with its arguments, in order: the
+    baseline is exactly what the poll asks NVML, however the poll grows (a list kept by
+    hand went stale as health and profiling reads were added, and the ratio with it).
+
+    The functions are wrapped only while this one untimed poll runs, and each wrapper
+    calls the real function (the fake library stays beneath pynvml). Calls pynvml makes
+    to its own helpers from inside another call are not recorded: replaying the outer
+    call makes them again.
+    """
+    recorded: list[Call] = []
+    inside = threading.local()  # the poll reads each GPU on a worker thread
+    originals = {
+        name: function
+        for name, function in vars(pynvml).items()
+        if name.startswith("nvml") and name[4:5].isupper() and inspect.isfunction(function)
+    }
+
+    def spy(function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            outer = not getattr(inside, "depth", 0)
+            if outer:
+                recorded.append((function, args, kwargs))
+            inside.depth = getattr(inside, "depth", 0) + 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                inside.depth -= 1
+
+        return call
+
+    for name, function in originals.items():
+        setattr(pynvml, name, spy(function))
+    try:
+        poll()
+    finally:
+        for name, function in originals.items():
+            setattr(pynvml, name, function)
+    return recorded
+
+
+def _bare_calls(pynvml: Any, calls: list[Call]) -> None:
+    """The recorded calls with nothing around them: no reading of the results, no
+    attribution, no snapshot. An error is what the poll met too (NOT_FOUND: no new
+    samples; NOT_SUPPORTED), so it is let pass."""
+    for function, args, kwargs in calls:
+        with contextlib.suppress(pynvml.NVMLError):
+            function(*args, **kwargs)
 
 
 def _gpustat_seconds(runtime_dir: Path, *, repeat: int, number: int) -> dict[str, Any]:
@@ -83,10 +117,11 @@ def bench_poll(runtime_dir: Path) -> dict[str, Any]:
     try:
         settings = AgentSettings(fake_gpus=None)
         sampler = build_sampler(settings, AgentState())  # fake already beneath pynvml
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        gpus = pynvml.nvmlDeviceGetCount()
         processes = sum(len(g.processes) for g in sampler.poll().gpus)
+        calls = _calls_of(pynvml, sampler.poll)
         times = interleaved(
-            {"bare_pynvml": lambda: _bare_calls(pynvml, handles), "gpuwatch_poll": sampler.poll},
+            {"bare_pynvml": lambda: _bare_calls(pynvml, calls), "gpuwatch_poll": sampler.poll},
             repeat=7,
             number=5,
         )
@@ -96,8 +131,9 @@ def bench_poll(runtime_dir: Path) -> dict[str, Any]:
         fake.uninstall()
         host.stop()
     return {
-        "gpus": len(handles),
+        "gpus": gpus,
         "processes": processes,
+        "nvml_calls_per_poll": len(calls),
         "gpustat_saw": {"gpus": peer["gpus"], "processes": peer["processes"]},
         "seconds": times,
         "ratio_poll_to_bare": times["gpuwatch_poll"] / times["bare_pynvml"],

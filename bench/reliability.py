@@ -219,7 +219,7 @@ def agent_promises(r: dict[str, Any]) -> list[Promise]:
             f"{poll['ratio_poll_to_bare']:.2f}×",
             f"≤ {poll['targets']['ratio_poll_to_bare']}×",
             poll["ratio_poll_to_bare"] <= poll["targets"]["ratio_poll_to_bare"],
-            "`bench/agent.py`: interleaved rounds on the fake GPUs",
+            "`bench/agent.py`: interleaved rounds on the fake GPUs, the baseline replaying the calls one poll made",
         ),
         Promise(
             "Agent",
