@@ -7,11 +7,12 @@ again, many times over, as the objects it parses into.
   ``Content-Length`` says so, as soon as a chunked body passes it otherwise).
 * Across requests: a :class:`BodyBudget` of bytes that bodies being read and parsed
   may take at once, of which one host's requests hold at most :data:`HOST_REQUESTS`
-  reservations (429 with ``Retry-After`` past that, before reading). A request reserves twice what it has read while it reads (a
-  growing buffer copies itself), then what its parse is estimated to allocate
-  (:func:`parse_estimate`), and keeps that until its answer is built. A request that
-  finds no room is answered 503 with ``Retry-After``; one whose estimate alone exceeds
-  the whole budget can never be parsed here and is answered 413, so the agent splits it.
+  reservations (429 with ``Retry-After`` past that, before reading). A request
+  reserves twice what it has read while it reads (a growing buffer copies itself),
+  then what its parse is estimated to allocate (:func:`parse_estimate`), and keeps
+  that until its answer is built. A request that finds no room is answered 503 with
+  ``Retry-After``; one whose estimate alone exceeds the whole budget can never be
+  parsed here and is answered 413, so the agent splits it.
 
 Without the budget, 100 concurrent 8 MiB pushes took a server to 2 GiB: each body was
 read whole, and a parse costs 6x the body for realistic snapshots and up to 133x for
