@@ -53,7 +53,7 @@ ANCHORS = (
     "tried to allocate",
     "workspace size",
     "ran out of memory",
-    "cudaerrormemoryallocation",
+    "errormemoryallocation",  # cudaErrorMemoryAllocation, HIP's older hipErrorMemoryAllocation
     "cublas_status_not_initialized",
     "unhandled cuda error",
     "ncclunhandledcudaerror",

@@ -402,3 +402,41 @@ def test_explain_a_check_that_names_the_runtime_call_points_at_its_memory(
     assert code == 0
     assert out.startswith("Out of memory: CUDA runtime/driver")
     assert holders in out
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # ggml's CUDA_CHECK in a HIP build names its backend "ROCm" (blind-25).
+        "ROCm error: out of memory\n  current device: 0, in function stream at "
+        "//ml/backend/ggml/ggml/src/ggml-cuda/common.cuh",
+        # HIP's older enum name, an alias of hipErrorOutOfMemory (blind-26).
+        "But the dvptr is NULL after invoke hipMalloc(). And it returns hipErrorMemoryAllocation.",
+    ],
+    ids=["ggml-rocm-check", "hip-old-enum"],
+)
+def test_explain_hips_other_names_for_its_runtime_error_point_at_rocm_tools(
+    message: str, capsys: pytest.CaptureFixture[str], no_agent_url: str
+) -> None:
+    code, out, _ = run(["explain", "--text", message, "--agent", no_agent_url], capsys)
+    assert code == 0
+    assert out.startswith("Out of memory: HIP runtime (ROCm)")
+    assert "rocm-smi --showpids" in out
+    assert "nvidia-smi" not in out
+
+
+def test_explain_a_title_that_goes_on_in_another_script_after_the_first_line(
+    capsys: pytest.CaptureFixture[str], no_agent_url: str
+) -> None:
+    # "cuda out of memory" followed straight by Chinese (blind-26): \b sees no boundary
+    # between "y" and "的", so only an ASCII letter or digit after it may disqualify it.
+    message = "请问您在训练的时候有没有遇到过cuda out of memory的情况？"
+    code, out, _ = run(["explain", "--text", message, "--agent", no_agent_url], capsys)
+    assert code == 0
+    assert out.startswith("Out of memory: PyTorch CUDA allocator")
+    assert "paste the whole message" in out
+    # An ASCII word glued on is another word, not the allocator's line.
+    code, _, _ = run(
+        ["explain", "--text", "cuda out of memoryless", "--agent", no_agent_url], capsys
+    )
+    assert code == 6

@@ -39,7 +39,9 @@ _RUNTIME = re.compile(
     # naming the call), Paddle's "Cuda error(2), out of memory.", nvidia-container-cli's
     # "initialization error: cuda error: out of memory".
     # Glog's wrappers in Paddle 0.x capitalise it: "Cuda Error: out of memory".
-    r"(?P<api>(?i:cuda|hip))\s+(?i:driver\s+|runtime\s+)?(?i:API\s+)?(?i:error)"
+    # ggml's CUDA_CHECK names the backend it was built for, so its HIP build prints "ROCm
+    # error: out of memory" (then "current device: 0, in function ... at ...common.cuh").
+    r"(?P<api>(?i:cuda|hip|rocm))\s+(?i:driver\s+|runtime\s+)?(?i:API\s+)?(?i:error)"
     # A check naming the function and line: 'Cuda error in func "cuda_init_device" at line
     # 33: out of memory.' (and "in ::call(...):" above).
     r"(?::|\s*\(2\),|\s+at\s+(?P<at>\w+):"
@@ -49,9 +51,10 @@ _RUNTIME = re.compile(
     # cuStreamCreate(&cuda_stream_, ...) (.../queue.cpp:21)".
     r"|(?i:out\s+of\s+memory)\s+in\s+(?P<call>(?:cu|hip)[A-Z]\w*)\("
     # The enum name is the error itself, with or without its text after it: "'hipErrorOutOfMemory'(2)
-    # at square.cpp:76", or quoted in a sentence.
-    r"|(?P<enum>\bcudaErrorMemoryAllocation|\bhipErrorOutOfMemory)\b'?(?:\s*\(\d+\))?(?::?\s+out\s+of\s+memory)?"
-    r"|Search\s+for\s+`(?P<hint>cudaErrorMemoryAllocation|hipErrorOutOfMemory)'"
+    # at square.cpp:76", or quoted in a sentence. Older HIP (ROCm 2.3 in one report) spelt
+    # it like CUDA's, "hipErrorMemoryAllocation", a name newer HIP keeps as an alias.
+    r"|(?P<enum>\b(?:cuda|hip)ErrorMemoryAllocation|\bhipErrorOutOfMemory)\b'?(?:\s*\(\d+\))?(?::?\s+out\s+of\s+memory)?"
+    r"|Search\s+for\s+`(?P<hint>(?:cuda|hip)ErrorMemoryAllocation|hipErrorOutOfMemory)'"
     # CTranslate2 (faster-whisper, whisperX): "RuntimeError: CUDA failed with error out of memory".
     # cumm/spconv's TensorStorage: "cuda failed with error 2 out of memory".
     r"|(?P<ct2>CUDA|HIP|cuda|hip)\s+failed\s+with\s+error\s+(?:2\s+)?out\s+of\s+memory"
@@ -210,7 +213,7 @@ def _runtime(span: Span) -> OomFacts | None:
         return None
     call = match["at"] or match["in"] or match["call"] or match["ms"]
     name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or call or ""
-    hip = name.upper().startswith("HIP")
+    hip = name.upper().startswith(("HIP", "ROCM"))
     host = call is not None and _HOST_CALL.search(call) is not None
     return OomFacts(
         kind="driver",

@@ -61,12 +61,13 @@ _HEADER = re.compile(
 # up sampler", vLLM's).
 # In any case: issue text writes "cuda out of memory" as often as the exception does, and
 # right after text in another script ("就会出现cuda out of memory"), where \b sees no
-# boundary: only an ASCII letter or digit before the word disqualifies it.
+# boundary: only an ASCII letter or digit before the word disqualifies it, and likewise
+# after it ("遇到过cuda out of memory的情况？", a title that goes on in Chinese).
 # PyTorch's exception name alone at the end of a line ("45G显存也报错OutOfMemoryError", a
 # title) says the same; Java's java.lang.OutOfMemoryError (a dotted name other than
 # torch's) and any name followed by its message are not this.
 _FIRST_LINE = re.compile(
-    rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+out\s+of\s+memory\b"
+    rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+out\s+of\s+memory(?![A-Za-z0-9_])"
     r"|(?:(?<![\w.])(?:torch\.(?:cuda\.)?)?|(?<=[^\x00-\x7f]))OutOfMemoryError[ \t]*$",
     re.MULTILINE,
 )
