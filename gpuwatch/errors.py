@@ -57,7 +57,8 @@ class AuthError(RemoteError):
 
 
 class NotFound(RemoteError):
-    """The server has nothing of that id or name (HTTP 404 from a route that names one)."""
+    """The server has nothing of that id or name (HTTP 404 from a route that names one),
+    or its database has nothing to act on (``token revoke`` of a host with no token)."""
 
     exit_code = 8
 
@@ -89,7 +90,7 @@ EXIT_CODES: dict[int, str] = {
     5: "the gpuwatch server or agent is unreachable, or refused the token",
     6: "input not recognised (e.g. `gpuwatch explain` on text that is not an OOM message)",
     7: "database unreachable or not migrated",
-    8: "not found on the server: no silence with that id, or no receiver with that name",
+    8: "not found: no silence with that id or receiver with that name on the server, or no active token for that host (`gpuwatch token revoke`)",
     9: "a receiver refused or failed the test notification (`gpuwatch alerts test-receiver`)",
     10: "`gpuwatch fit`: the model does not fit on any of the GPUs asked about",
     11: "`gpuwatch fit`: cannot tell; the answer depends on an input not given (e.g. --config)",

@@ -18,7 +18,7 @@ import typer
 
 from gpuwatch.cli.db import open_database
 from gpuwatch.cli.server import CONFIG_HELP, DATABASE_URL_HELP
-from gpuwatch.errors import GpuwatchError
+from gpuwatch.errors import NotFound
 
 if TYPE_CHECKING:
     from gpuwatch.server.database import Database
@@ -124,7 +124,8 @@ def revoke(
         revoked = service.revoke_tokens(session=session, hostname=host, now=time.time())
         session.commit()
     if revoked == 0:
-        raise GpuwatchError(f"host {host} has no active token")
+        # An expected outcome a script may test for, not an unexpected failure (exit 1).
+        raise NotFound(f"host {host} has no active token")
     typer.echo(f"revoked {revoked} token(s) of {host}")
 
 

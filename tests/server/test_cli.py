@@ -115,7 +115,7 @@ def test_token_lifecycle_against_a_running_server(env: dict[str, str], server: s
     assert token not in gw(env, "token", "list").stdout
 
     again = gw(env, "token", "revoke", "host-1", check=False)
-    assert again.returncode == 1 and "no active token" in again.stderr
+    assert again.returncode == 8 and "no active token" in again.stderr
 
     port = server.rsplit(":", 1)[1]
     busy = gw(env, "server", "--listen", f"127.0.0.1:{port}", check=False)
