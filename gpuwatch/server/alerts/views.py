@@ -15,7 +15,14 @@ from gpuwatch.server.alerts.schemas import (
     SilenceOut,
     TestResult,
 )
-from gpuwatch.server.deps import Admin, Context, Reader, ReadSession, WriteSession
+from gpuwatch.server.deps import (
+    Admin,
+    AdminFirstRoute,
+    Context,
+    Reader,
+    ReadSession,
+    WriteSession,
+)
 from gpuwatch.snapshot import NO_NUL
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
@@ -51,13 +58,6 @@ def list_silences(
     return service.list_silences(session=session, now=context.clock(), include_expired=expired)
 
 
-@router.post(
-    "/silences",
-    summary="Create a silence",
-    response_model=SilenceOut,
-    status_code=status.HTTP_201_CREATED,
-    dependencies=[Admin],
-)
 def create_silence(body: SilenceIn, session: WriteSession, context: Context) -> SilenceOut:
     """Mute alerts matching every matcher until it ends. Silences are stored, so they
     survive restarts and hold on every replica."""
@@ -67,6 +67,18 @@ def create_silence(body: SilenceIn, session: WriteSession, context: Context) -> 
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(err)) from err
     session.commit()
     return created
+
+
+router.add_api_route(
+    "/silences",
+    create_silence,
+    methods=["POST"],
+    summary="Create a silence",
+    response_model=SilenceOut,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[Admin],
+    route_class_override=AdminFirstRoute,
+)
 
 
 @router.delete(
