@@ -64,23 +64,17 @@ def main() -> None:
     import uvicorn
 
     from gpuwatch.cli.server import bind_listen_socket
-    from gpuwatch.server.protocol import bounded_protocol
+    from gpuwatch.server.protocol import server_config
     from gpuwatch.settings import ServerSettings
 
     # gpuwatch's own binding: a socket made without IPPROTO_TCP gets connections that
     # asyncio leaves with Nagle on, and every reply then waits ~40 ms for a delayed ACK.
     sock = bind_listen_socket("127.0.0.1", 0)
     print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
-    # The options of gpuwatch/cli/server.py, so both servers differ only in the app.
+    # gpuwatch server's own uvicorn configuration, so both servers differ only in the app.
     served = validating_app if "--validate" in sys.argv[1:] else app
-    config = uvicorn.Config(
-        served,
-        http=bounded_protocol(ServerSettings.model_fields["request_arrival_seconds"].default),
-        log_config=None,
-        lifespan="off",
-        ws="none",
-        proxy_headers=False,
-    )
+    arrival = ServerSettings.model_fields["request_arrival_seconds"].default
+    config = server_config(served, arrival_seconds=arrival, lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
 
 

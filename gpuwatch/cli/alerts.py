@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import getpass
 import json
-import math
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 import typer
 
+from gpuwatch.cli.times import epoch_or_iso
 from gpuwatch.errors import ConfigError, DeliveryFailed
 
 if TYPE_CHECKING:
@@ -284,21 +283,12 @@ def parse_duration(text: str) -> float:
 
 def parse_until(text: str) -> float:
     """Epoch seconds, or an ISO 8601 time (local when it names no zone)."""
-    not_a_time = f"--until {text!r}: use epoch seconds or a time such as 2026-12-01T18:00"
     try:
-        seconds = float(text)
+        return epoch_or_iso(text)
     except ValueError:
-        pass
-    else:
-        if not math.isfinite(seconds):  # "inf" cannot be sent as JSON; "nan" is no time
-            raise ConfigError(not_a_time)
-        return seconds
-    try:
-        parsed = datetime.fromisoformat(text.strip())
-        # astimezone and timestamp overflow at the calendar's ends (0001-01-01 local).
-        return (parsed if parsed.tzinfo else parsed.astimezone()).timestamp()
-    except (ValueError, OverflowError):
-        raise ConfigError(not_a_time) from None
+        raise ConfigError(
+            f"--until {text!r}: use epoch seconds or a time such as 2026-12-01T18:00"
+        ) from None
 
 
 # What a person typed, for each field of the API's SilenceIn.

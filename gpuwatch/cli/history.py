@@ -13,7 +13,6 @@ Times are local: ``14:05`` (the latest past 14:05), ``2026-12-01T14:05``, ``7d``
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import Sequence
@@ -21,6 +20,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import typer
+
+from gpuwatch.cli.times import epoch_or_iso
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -71,21 +72,12 @@ def parse_when(value: str, *, now: datetime) -> float:
         if when > now:
             when -= timedelta(days=1)  # "at 14:05" at 10:00 means yesterday's 14:05
         return when.timestamp()
-    not_a_time = f"{value!r} is not a time: use 14:05, 2026-12-01T14:05, 7d, 12h or epoch seconds"
     try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(seconds):  # "nan", "inf", "1e309": no server can answer them
-            raise typer.BadParameter(not_a_time)
-        return seconds
-    try:
-        parsed = datetime.fromisoformat(text)
-        # astimezone and timestamp overflow at the calendar's ends (0001-01-01 local).
-        return (parsed if parsed.tzinfo else parsed.astimezone()).timestamp()
-    except (ValueError, OverflowError) as err:
-        raise typer.BadParameter(not_a_time) from err
+        return epoch_or_iso(text)
+    except ValueError as err:
+        raise typer.BadParameter(
+            f"{value!r} is not a time: use 14:05, 2026-12-01T14:05, 7d, 12h or epoch seconds"
+        ) from err
 
 
 def _time_option(value: str | None) -> float | None:

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         from gpuwatch.server.app import create_app
         from gpuwatch.server.database import database_for
         from gpuwatch.server.database.migrate import upgrade
-        from gpuwatch.server.protocol import bounded_protocol
+        from gpuwatch.server.protocol import server_config
         from gpuwatch.server.runtime import raise_open_files_limit, tune_gc
         from gpuwatch.settings import ServerSettings, load, parse_host_port
 
@@ -60,21 +60,9 @@ def register(app: typer.Typer) -> None:
         print(f"gpuwatch server listening on http://{shown}:{bound}", file=sys.stderr, flush=True)
         app_ = create_app(settings)
         tune_gc()
-        # Our logging config stays in charge (log_config=None); the access log goes to
-        # logger "uvicorn.access" at INFO, visible with --log-level info. HTTP parsing
-        # is httptools (a dependency), with a bound on how long a request may take to
-        # arrive (server/protocol.py).
         raise_open_files_limit()
-        uvicorn.Server(
-            uvicorn.Config(
-                app_,
-                http=bounded_protocol(settings.request_arrival_seconds),
-                log_config=None,
-                lifespan="on",
-                ws="none",
-                proxy_headers=False,
-            )
-        ).run(sockets=[sock])
+        serving = server_config(app_, arrival_seconds=settings.request_arrival_seconds)
+        uvicorn.Server(serving).run(sockets=[sock])
 
 
 def bind_listen_socket(host: str, port: int) -> socket.socket:

@@ -20,7 +20,9 @@ connection, measured). Past the bound: 431, and the connection closed.
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Literal
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 # Seconds a refused connection is still read from (and what comes dropped) after its
@@ -141,3 +143,20 @@ def bounded_protocol(arrival_seconds: float) -> type[asyncio.Protocol]:
                 self.transport.close()
 
     return BoundedHttpToolsProtocol
+
+
+def server_config(
+    app: Any, *, arrival_seconds: float, lifespan: Literal["on", "off"] = "on"
+) -> uvicorn.Config:
+    """How ``gpuwatch server`` runs ``app`` under uvicorn; the benchmarks' HTTP floor
+    (bench/http_floor.py) uses it too, so the two differ only in the app. Our logging
+    config stays in charge (``log_config=None``; the access log is logger
+    "uvicorn.access" at INFO); HTTP is parsed by httptools with the bounds above."""
+    return uvicorn.Config(
+        app,
+        http=bounded_protocol(arrival_seconds),
+        log_config=None,
+        lifespan=lifespan,
+        ws="none",
+        proxy_headers=False,
+    )

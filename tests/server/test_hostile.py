@@ -122,13 +122,7 @@ class TestOneTokenOneHost:
 
 def _answer_before_body(url: str, path: str, token: str | None) -> bytes:
     """Announce 4 MiB of body, send none of it, and read the answer."""
-    address, port = url.removeprefix("http://").split(":")
-    auth = b"" if token is None else b"Authorization: Bearer %s\r\n" % token.encode()
-    with socket.create_connection((address, int(port)), timeout=5) as conn:
-        conn.sendall(
-            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
-            b"Content-Length: 4194304\r\n\r\n" % (path.encode(), auth)
-        )
+    with _stalled_upload(url, path, token, 4 * 2**20) as conn:
         return conn.recv(4096)
 
 
@@ -151,15 +145,15 @@ class TestAuthenticationBeforeTheBody:
         assert reply.startswith(b"HTTP/1.1 " + status), reply[:80]
 
 
-def _stalled_upload(url: str, path: str, token: str, declared: int) -> socket.socket:
+def _stalled_upload(url: str, path: str, token: str | None, declared: int) -> socket.socket:
     """Open a request that announces ``declared`` bytes of body and sends none of them;
     the caller closes the socket."""
     address, port = url.removeprefix("http://").split(":")
+    auth = b"" if token is None else b"Authorization: Bearer %s\r\n" % token.encode()
     conn = socket.create_connection((address, int(port)), timeout=5)
     conn.sendall(
-        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
-        % (path.encode(), token.encode(), declared)
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
+        b"Content-Length: %d\r\n\r\n" % (path.encode(), auth, declared)
     )
     return conn
 
