@@ -36,6 +36,9 @@ class ServerSettings(_Base):
     )
     database_url: str | None = Field(
         default=None,
+        # An empty value is refused, not read as "the default": `--database-url "$URL"`
+        # with URL unset would otherwise put a fleet's history in a local SQLite file.
+        min_length=1,
         description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. Default: SQLite under data_dir.",
     )
     max_body_bytes: int = Field(

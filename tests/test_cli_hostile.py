@@ -125,6 +125,24 @@ def test_settings_refuse_nan_and_infinity(
 
 
 @pytest.mark.parametrize(
+    ("extra_env", "args"),
+    [
+        # `--database-url "$URL"` with URL unset: it used to mean the default SQLite file,
+        # so a fleet's server would have started on an empty local database.
+        ({}, ["server", "--database-url", ""]),
+        ({}, ["db", "upgrade", "--database-url", ""]),
+        ({"GPUWATCH_SERVER_DATABASE_URL": ""}, ["token", "list"]),
+    ],
+)
+def test_an_empty_database_url_is_refused_not_read_as_the_default(
+    env: dict[str, str], extra_env: dict[str, str], args: list[str]
+) -> None:
+    result = run(env | extra_env, *args)
+    assert "database_url" in one_line_error(result, 3)
+    assert not (Path(env["XDG_DATA_HOME"]) / "gpuwatch").exists()
+
+
+@pytest.mark.parametrize(
     ("scenario", "says"),
     [
         ("a" * 5000, "cannot be read: File name too long"),
