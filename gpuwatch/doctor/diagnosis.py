@@ -285,32 +285,30 @@ def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
     )
 
 
+# What makes the working set smaller, where the framework has its own way to say it.
+_ACTIVATION_COMMANDS: dict[str, list[str]] = {
+    "ggml": [
+        "llama.cpp: lower the context (-c) and batch (-b / -ub), or offload fewer layers (-ngl)"
+    ],
+    "xla": [
+        "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX preallocates 75% of the GPU",
+        "reduce the batch, or shard it (jax.sharding) across devices",
+    ],
+    "tensorflow": [
+        "tf.config.experimental.set_memory_growth(gpu, True)   # TF grabs the whole GPU otherwise",
+        "reduce the batch size",
+    ],
+    "paddle": remedies.PADDLE,
+    "mindspore": remedies.MINDSPORE,
+    "catboost": remedies.CATBOOST,
+    "onnxruntime": remedies.ONNXRUNTIME_ARENA,
+}
+
+
 def _activation_commands(facts: OomFacts) -> list[str]:
-    if facts.kind == "ggml":
-        return [
-            "llama.cpp: lower the context (-c) and batch (-b / -ub), or offload fewer layers (-ngl)"
-        ]
-    if facts.kind == "xla":
-        return [
-            "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX preallocates 75% of the GPU",
-            "reduce the batch, or shard it (jax.sharding) across devices",
-        ]
-    if facts.kind == "tensorflow":
-        return [
-            "tf.config.experimental.set_memory_growth(gpu, True)   # TF grabs the whole GPU otherwise",
-            "reduce the batch size",
-        ]
-    if facts.kind == "paddle":
-        return remedies.PADDLE
-    if facts.kind == "mindspore":
-        return remedies.MINDSPORE
-    if facts.kind == "catboost":
-        return remedies.CATBOOST
-    if facts.kind == "onnxruntime":
-        return remedies.ONNXRUNTIME_ARENA
-    if facts.kind == "tgi":
+    if facts.kind == "tgi":  # the only one whose commands carry the message's figure
         return remedies.tgi_warmup(facts.prefill_tokens)
-    return remedies.REDUCE_ACTIVATIONS
+    return _ACTIVATION_COMMANDS.get(facts.kind, remedies.REDUCE_ACTIVATIONS)
 
 
 _TENSOR_ITEM_BYTES = {

@@ -44,6 +44,9 @@ Kind = Literal[
     "mindspore",  # MindSpore's device memory pool (Ascend NPU or GPU)
     "exllama",  # ExLlamaV2's loader: the model and its KV cache do not fit the GPUs it may use
     "catboost",  # CatBoost's GPU trainer: its memory pool (a share of the free GPU) ran out
+    # A GPU's or another accelerator's memory ran out, in a wording no family above knows
+    # (families/generic.py): recognised, with only the figures the wording makes plain.
+    "device",
     "host",  # not the GPU: host RAM (PyTorch's CPU allocator, or a worker SIGKILLed by the OOM killer)
     "vllm_kv_cache",  # vLLM start-up: the KV cache (or what is left after it) does not fit
 ]

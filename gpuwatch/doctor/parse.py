@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families import FALLBACKS, FAMILIES, Found
-from gpuwatch.doctor.text import windows
+from gpuwatch.doctor.families import FALLBACKS, FAMILIES, Found, generic
+from gpuwatch.doctor.text import weak_lines, windows
 from gpuwatch.errors import NotRecognized
 
 MAX_ADDITIONAL_MESSAGES = 16
@@ -60,6 +60,12 @@ def find_all(text: str) -> list[OomFacts]:
             ):
                 facts.phase = "model load"
             _add(messages, facts)
+    if not messages:
+        # A wording without any known anchor word: read line by line (families/generic.py).
+        for previous, line, following in weak_lines(text, generic.says_failure):
+            read = generic.read_line(line, previous, following)
+            if read is not None:
+                _add(messages, read)
     return messages
 
 
@@ -68,8 +74,12 @@ def _find_in(window: str) -> tuple[str, list[Found]]:
     for family in FAMILIES:
         found.extend(family(window))
     if not found:
+        # In order, the first that finds anything: a message they would both read (a
+        # PyTorch first line is also a line about GPU memory) is one message.
         for fallback in FALLBACKS:
-            found.extend(fallback(window))
+            found = fallback(window)
+            if found:
+                break
     return window, found
 
 

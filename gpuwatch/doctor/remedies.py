@@ -131,6 +131,9 @@ UNKNOWN_BY_KIND = {
     "context length do not fit the GPUs it may use; other processes' memory counts against it",
     "mindspore": "MindSpore serves every tensor from a pool it takes at start (max_device_memory) "
     "and the pool could not serve this one: the model's working set is larger than the pool",
+    "device": "the message says the device's memory ran out, in a wording gpuwatch has no "
+    "family for, so it gives no figures to check: first see who else holds the device, then "
+    "make this program's working set smaller (batch, sequence length, model precision)",
     "host": "a worker was killed with SIGKILL (exit -9), not by a GPU out-of-memory (that raises "
     "an exception): on Linux usually the kernel's OOM killer reclaiming system RAM, or a "
     "scheduler's limit",
@@ -138,6 +141,10 @@ UNKNOWN_BY_KIND = {
 
 # ... and by category, where the wording says more than its kind.
 UNKNOWN_BY_CATEGORY = {
+    "ggml_cuda_check_oom": "llama.cpp's check of a CUDA/HIP call says the runtime could not "
+    "allocate: the weights, the KV cache for the context (-c) and the compute buffers for "
+    "the batch (-b / -ub) did not fit beside what else holds the GPU; offload fewer layers "
+    "(-ngl) or lower the context",
     "host_pinned_memory_oom": "pinned *host* memory ran out (system RAM), not GPU memory",
     "gpu_alloc_failed": "the program could not get the GPU memory it asked for and printed only "
     "the request and what was free, not who holds the rest: other processes, or its own "
@@ -269,6 +276,12 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "trtexec --onnx=model.onnx --memPoolSize=workspace:1024   # the same, in MiB",
         "build with smaller maximum shapes in the optimization profile (batch, sequence)",
         *FIND_HOLDERS,
+    ],
+    # families/generic.py, where the message names no vendor: any vendor's tool.
+    "device_out_of_memory": [
+        *FIND_HOLDERS,
+        "rocm-smi --showpids   # AMD GPUs",
+        "# another accelerator: its vendor's monitoring tool lists who holds its memory",
     ],
     "exllama_autosplit_full": EXLLAMA,
     "exllama_split_too_small": EXLLAMA,

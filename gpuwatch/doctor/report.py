@@ -40,6 +40,7 @@ _TITLES = {
     "catboost": "CatBoost GPU memory pool",
     "exllama": "ExLlamaV2 loader",
     "mindspore": "MindSpore device memory pool",
+    "device": "device memory (a wording gpuwatch has no family for)",
     "host": "host memory (not the GPU)",
     "vllm_kv_cache": "vLLM start-up",
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 
 # Lower-case words at least one of which every recognised message contains. Finding
 # them with str.find keeps a 10 MB log to a handful of linear scans.
@@ -72,6 +73,27 @@ ANCHORS = (
     "memory isn't enough",  # MindSpore
     "more than total mem size",  # MindSpore's pool
     "not enough memory for",  # CatBoost's tree-ctr estimate
+    "success (2 vs",  # glog's check of a status: cudaSuccess, CUFFT_SUCCESS (2 vs. 0)
+    "allocator out of memory",  # DirectML's "DML allocator out of memory!"
+    "vkallocatememory",  # Vulkan's call, with its result -2
+    "memory object allocation failure",  # OpenCL's status in words (Boost.Compute)
+    "mtlcommandbuffererrordomain",  # Metal's status as an NSError
+)
+
+# Words of the wordings no family knows (families/generic.py). Logs that hold no OOM
+# at all are full of them ("allocated", "not enough data"), so they never open a window
+# of their own: only the line they are on, and the one before, is read
+# (:func:`weak_lines`), and only where the windows found no message.
+WEAK_ANCHORS = (
+    "enough",
+    "insufficient",
+    "exhausted",
+    "alloc",
+    "outof",
+    " oom",
+    "memory is full",
+    "显存",
+    "内存不",
 )
 
 CONTEXT_BEFORE_CHARS = 1500  # exception names, BFC stats dumps printed before the error
@@ -81,6 +103,8 @@ MAX_WINDOW_CHARS = 64 * 1024
 MAX_WINDOWS = 32  # bounds the work on a log with thousands of OOM lines
 MAX_HITS_PER_ANCHOR = 256
 MIN_WRAP_WIDTH = 60
+MAX_WEAK_LINES = 1024
+MAX_WEAK_LINE_CHARS = 1000
 
 _LINE_PREFIXES = tuple(
     re.compile(p)
@@ -114,7 +138,7 @@ def windows(text: str) -> list[list[str]]:
     Overlapping windows are merged (up to :data:`MAX_WINDOW_CHARS`); at most
     :data:`MAX_WINDOWS` are returned, so the cost is bounded for any input.
     """
-    spans = _merge(_anchor_spans(text))
+    spans = _merge(_anchor_spans(text, ANCHORS))
     readings = []
     for start, end in spans[:MAX_WINDOWS]:
         joined = repair(text[start:end])
@@ -123,10 +147,40 @@ def windows(text: str) -> list[list[str]]:
     return readings
 
 
-def _anchor_spans(text: str) -> list[tuple[int, int]]:
+def weak_lines(text: str, keep: Callable[[str], bool]) -> list[tuple[str, str, str]]:
+    """Each line with a weak anchor on it that ``keep`` accepts as it stands, with the
+    lines before and after it, each repaired; in text order. At most
+    :data:`MAX_WEAK_LINES` anchored lines are looked at (a log of nothing else is cut
+    there), and ``keep`` spares the repairs of those it turns down."""
+    lowered = text.lower()
+    starts: set[int] = set()
+    for anchor in WEAK_ANCHORS:
+        pos = lowered.find(anchor)
+        while pos != -1 and len(starts) < MAX_WEAK_LINES:
+            starts.add(text.rfind("\n", 0, pos) + 1)
+            end = text.find("\n", pos)
+            pos = -1 if end == -1 else lowered.find(anchor, end)
+    return [
+        (
+            repair(_line_at(text, text.rfind("\n", 0, max(0, start - 1)) + 1) if start else ""),
+            repair(_line_at(text, start)),
+            repair(_line_at(text, end + 1) if (end := text.find("\n", start)) != -1 else ""),
+        )
+        for start in sorted(starts)[:MAX_WEAK_LINES]
+        if keep(_line_at(text, start))
+    ]
+
+
+def _line_at(text: str, start: int) -> str:
+    """The line that begins at ``start``, cut at :data:`MAX_WEAK_LINE_CHARS`."""
+    end = text.find("\n", start, start + MAX_WEAK_LINE_CHARS)
+    return text[start : end if end != -1 else start + MAX_WEAK_LINE_CHARS]
+
+
+def _anchor_spans(text: str, anchors: tuple[str, ...]) -> list[tuple[int, int]]:
     lowered = text.lower()
     hits: list[int] = []
-    for anchor in ANCHORS:
+    for anchor in anchors:
         pos = lowered.find(anchor)
         found = 0
         while pos != -1 and found < MAX_HITS_PER_ANCHOR:

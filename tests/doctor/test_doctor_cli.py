@@ -405,22 +405,29 @@ def test_explain_a_check_that_names_the_runtime_call_points_at_its_memory(
 
 
 @pytest.mark.parametrize(
-    "message",
+    ("message", "headline"),
     [
-        # ggml's CUDA_CHECK in a HIP build names its backend "ROCm" (blind-25).
-        "ROCm error: out of memory\n  current device: 0, in function stream at "
-        "//ml/backend/ggml/ggml/src/ggml-cuda/common.cuh",
+        # ggml's CUDA_CHECK in a HIP build names its backend "ROCm" (blind-25); the
+        # check's "current device ... at ggml-cuda/common.cuh" makes it llama.cpp's.
+        (
+            "ROCm error: out of memory\n  current device: 0, in function stream at "
+            "//ml/backend/ggml/ggml/src/ggml-cuda/common.cuh",
+            "Out of memory on hip:0: llama.cpp (ggml)",
+        ),
         # HIP's older enum name, an alias of hipErrorOutOfMemory (blind-26).
-        "But the dvptr is NULL after invoke hipMalloc(). And it returns hipErrorMemoryAllocation.",
+        (
+            "But the dvptr is NULL after invoke hipMalloc(). And it returns hipErrorMemoryAllocation.",
+            "Out of memory: HIP runtime (ROCm)",
+        ),
     ],
     ids=["ggml-rocm-check", "hip-old-enum"],
 )
 def test_explain_hips_other_names_for_its_runtime_error_point_at_rocm_tools(
-    message: str, capsys: pytest.CaptureFixture[str], no_agent_url: str
+    message: str, headline: str, capsys: pytest.CaptureFixture[str], no_agent_url: str
 ) -> None:
     code, out, _ = run(["explain", "--text", message, "--agent", no_agent_url], capsys)
     assert code == 0
-    assert out.startswith("Out of memory: HIP runtime (ROCm)")
+    assert out.startswith(headline)
     assert "rocm-smi --showpids" in out
     assert "nvidia-smi" not in out
 

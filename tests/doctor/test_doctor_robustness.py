@@ -139,8 +139,8 @@ def test_long_path_like_tokens_beside_anchor_words_are_bounded() -> None:
     # first character only; linear, they take well under a second.
     log = ("CUDA kernel failed: out of memory at " + "x." * 4000 + "\n") * 40
     started = time.perf_counter()
-    with pytest.raises(NotRecognized):
-        parse_oom(log)
+    # No family knows this wording; it still says CUDA ran out (families/generic.py).
+    assert parse_oom(log).kind == "device"
     assert time.perf_counter() - started < 5
 
 

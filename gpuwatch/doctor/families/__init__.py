@@ -2,9 +2,10 @@
 
 The families' header patterns are disjoint (each needs its own wording), so every
 family runs on every window and the results are ordered by position. The
-:data:`FALLBACKS` run only on a window where no family found anything: a first line that
-other families' messages begin with, and a worker killed by SIGKILL (where a GPU
-out-of-memory message is there too, it is the one to explain).
+:data:`FALLBACKS` run only on a window where no family found anything, in order, until
+one finds something: a first line that other families' messages begin with, a line in
+any other wording that says a GPU's memory ran out (generic.py), and a worker killed by
+SIGKILL (where a GPU out-of-memory message is there too, it is the one to explain).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gpuwatch.doctor.families import (
     cuda_libraries,
     cupy,
     exllama,
+    generic,
     hami,
     host,
     llama_cpp,
@@ -60,6 +62,10 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     mindspore.find,
 )
 
-FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (pytorch.find_first_line, host.find)
+FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (
+    pytorch.find_first_line,
+    generic.find,
+    host.find,
+)
 
 __all__ = ["FALLBACKS", "FAMILIES", "Found"]

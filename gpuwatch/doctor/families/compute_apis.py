@@ -3,12 +3,15 @@
 * Vulkan (llama.cpp's ggml-vulkan, MLC-LLM/TVM, Mesa drivers): the result code
   ``VK_ERROR_OUT_OF_DEVICE_MEMORY`` or vulkan-hpp's ``vk::Device::allocateMemory:
   ErrorOutOfDeviceMemory``, after ggml's ``ggml_vulkan: Device memory allocation of size N
-  failed.``. Vulkan runs on every vendor's GPU (an NVIDIA one included), so the device
-  type is left unknown.
+  failed.``; vulkano's ``OomError(OutOfDeviceMemory)``; and ``vkAllocateMemory`` with
+  the result's value, -2. Vulkan runs on every vendor's GPU (an NVIDIA one included), so
+  the device type is left unknown.
 * DirectML (torch-directml on Windows): ``Could not allocate tensor with N bytes. There is
-  not enough GPU video memory available!`` (its second sentence alone is DirectML's too).
+  not enough GPU video memory available!`` (its second sentence alone is DirectML's too),
+  and its heap allocator's ``DML allocator out of memory!``.
 * OpenCL: the status ``CL_MEM_OBJECT_ALLOCATION_FAILURE`` (-4), however the program words
-  the call around it. Like Vulkan, OpenCL runs on any vendor's GPU.
+  the call around it, or in words after a C++ exception's ``what():`` (Boost.Compute:
+  ``Memory Object Allocation Failure``). Like Vulkan, OpenCL runs on any vendor's GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from gpuwatch.doctor.families.clauses import Found, exception_before, spans
 
 _VULKAN = re.compile(
     r"VK_ERROR_OUT_OF_DEVICE_MEMORY|ErrorOutOfDeviceMemory"
+    # Rust's vulkano names the result OutOfDeviceMemory inside its OomError.
+    r"|\bOomError\(OutOfDeviceMemory\)"
+    # The call that returned it, with the result's value (-2).
+    r"|\bvkAllocateMemory\b[^\n]{0,200}?(?:ErrCode|error|result|VkResult)\s*[=:]?\s*-2\b"
     # The API's name and the plain words, as a title or a program's own summary says it
     # ("Vulkan out of memory with nvidia card").
     r"|\bVulkan\s+(?:error:?\s+)?out\s+of\s+(?:device\s+)?memory"
@@ -30,9 +37,13 @@ _GGML_SIZE = re.compile(
 _DIRECTML = re.compile(
     r"(?:Could\s+not\s+allocate\s+tensor\s+with\s+(?P<bytes>\d+)\s+bytes\.\s+)?There\s+is\s+not\s+"
     r"enough\s+GPU\s+video\s+memory\s+available"
+    # torch-directml's heap allocator, logged as a warning before the exception it raises.
+    r"|\bDML\s+allocator\s+out\s+of\s+memory"
 )
 _OPENCL = re.compile(
     r"CL_MEM_OBJECT_ALLOCATION_FAILURE|\bOpenCL\s+(?:error:?\s+)?out\s+of\s+(?:device\s+)?memory"
+    # The status in words, as Boost.Compute's opencl_error says it.
+    r"|(?<=what\(\):)\s+Memory\s+Object\s+Allocation\s+Failure"
 )
 _OPENCL_CALL = re.compile(r"\b(cl[A-Z]\w+)\b")
 CONTEXT_CHARS = 300

@@ -161,6 +161,9 @@ _LIBRARY_ALLOC = re.compile(
     # cuFFT's status by its number (2) or its documented text, as CUDA.jl prints it:
     # "CUFFTError(code 2, cuFFT failed to allocate GPU or CPU memory)".
     r"|\b(?P<fft_code>CUFFT)(?:Error)?\(code\s+2\b|(?P<fft_text>cuFFT)\s+failed\s+to\s+allocate\s+GPU\s+or\s+CPU\s+memory"
+    # glog's check that got the allocation status (2 for each of these) for success:
+    # "Check failed: (cufftPlanMany(...)) == CUFFT_SUCCESS (2 vs. 0)".
+    r"|\b(?P<check>CUFFT|CUSOLVER|CUSPARSE)_(?:STATUS_)?SUCCESS\s*\(\s*2\s+vs\.?\s+0\s*\)"
 )
 # NOT_INITIALIZED means cuBLAS could not create its handle; when that failed in handle
 # creation (cublasCreate, TF's "failed to create cublas handle", CuPy's cublas.create),
@@ -194,6 +197,14 @@ _BNB = re.compile(
 )
 
 
+# What ggml's CUDA_CHECK prints after the runtime's text: "current device: 0, in function
+# ggml_cuda_pool_malloc_vmm at .../ggml-cuda.cu:8583" (HIP builds: ".../common.cuh").
+_GGML_CHECK = re.compile(
+    r"current\s+device:\s*(?P<device>\d+),\s+in\s+function\s+(?P<function>\w+)\s+at\s+"
+    r"(?P<file>\S*(?:ggml|llama\.cpp|common\.cuh)\S*)"
+)
+
+
 def find(window: str) -> list[Found]:
     """Every CUDA runtime/driver/library OOM in ``window``."""
     found: list[Found] = []
@@ -215,6 +226,27 @@ def _runtime(span: Span) -> OomFacts | None:
     name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or call or ""
     hip = name.upper().startswith(("HIP", "ROCM"))
     host = call is not None and _HOST_CALL.search(call) is not None
+    cuda_error = (
+        "hipErrorOutOfMemory"
+        if hip
+        else "CUDA_ERROR_OUT_OF_MEMORY"
+        if match["quoted"] == "Driver"
+        else "cudaErrorMemoryAllocation"
+    )
+    # ggml's CUDA_CHECK (llama.cpp, Ollama): llama.cpp's own fixes apply.
+    ggml = _GGML_CHECK.search(span.text, span.start, span.end)
+    if ggml is not None and not host:
+        return OomFacts(
+            kind="ggml",
+            category="ggml_cuda_check_oom",
+            exception=exception_before(span.text, span.start),
+            device_type="hip" if hip else "cuda",
+            device_index=int(ggml["device"]),
+            cuda_error=cuda_error,
+            api_call=ggml["function"],
+            source_location=ggml["file"],
+            message=span.snippet,
+        )
     return OomFacts(
         kind="driver",
         category="host_pinned_memory_oom" if host else "cuda_runtime_error_oom",
@@ -222,11 +254,7 @@ def _runtime(span: Span) -> OomFacts | None:
         device_type="host" if host else "hip" if hip else "cuda",
         requested_bytes=span.integer(_RUNTIME_REQUESTED),
         free_bytes=span.integer(_RUNTIME_FREE),
-        cuda_error="hipErrorOutOfMemory"
-        if hip
-        else "CUDA_ERROR_OUT_OF_MEMORY"
-        if match["quoted"] == "Driver"
-        else "cudaErrorMemoryAllocation",
+        cuda_error=cuda_error,
         api_call=call,
         message=span.snippet,
     )
@@ -282,13 +310,17 @@ def _gpu_alloc(span: Span) -> OomFacts:
 def _library_alloc(span: Span) -> OomFacts:
     match = _LIBRARY_ALLOC.match(span.text, span.start)
     assert match is not None
-    library = match["lib"] or match["fft"] or match["rand"] or match["jpeg"] or "CUFFT"
+    library = match["lib"] or match["fft"] or match["rand"] or match["jpeg"] or match["check"]
+    library = library or "CUFFT"
+    status = match["status"] or (
+        f"{library}_STATUS_ALLOC_FAILED" if library != "CUFFT" else "CUFFT_ALLOC_FAILED"
+    )
     return OomFacts(
         kind="cuda_library",
         category=f"{library.lower()}_alloc_failed",
         exception=exception_before(span.text, span.start),
         device_type="cuda",
-        library_status=match["status"] or "CUFFT_ALLOC_FAILED",
+        library_status=status,
         api_call=span.group(_CALLING),
         message=span.snippet,
     )

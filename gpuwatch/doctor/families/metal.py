@@ -1,7 +1,8 @@
 """Apple Metal: a command buffer aborted because the GPU (unified memory) ran out.
 
 ``Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)`` is the
-``MTLCommandBufferError`` text; llama.cpp's Metal backend prints it after
+``MTLCommandBufferError`` text (as an NSError: ``Error Domain=MTLCommandBufferErrorDomain
+Code=8 "Insufficient Memory (IOAF code 8)"``); llama.cpp's Metal backend prints it after
 ``ggml_metal_graph_compute: command buffer N failed with status 5`` and MLX raises it as
 ``[METAL] Command buffer execution failed: ...``. PyTorch's MPS allocator has its own
 wording (:mod:`~gpuwatch.doctor.families.mps`). No sizes are printed: the fix is a
@@ -22,6 +23,8 @@ from gpuwatch.doctor.families.clauses import Found, exception_before, spans
 
 _HEADER = re.compile(
     r"(?:Insufficient\s+Memory\s+\(\w+:)?kIOGPUCommandBufferCallbackErrorOutOfMemory\)?"
+    # The same status as an NSError, as Swift prints it: the domain's code 8, in words.
+    r"|MTLCommandBufferErrorDomain\s+Code=8\b|Insufficient\s+Memory\s+\(IOAF\s+code\s+8\)"
 )
 _GGML = re.compile(r"ggml_metal|llama_|ggml_backend")
 _MLX_UNABLE = re.compile(

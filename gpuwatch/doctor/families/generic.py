@@ -1,0 +1,219 @@
+"""Any other wording: a line that says a GPU's (or another accelerator's) memory ran out.
+
+The families read the wordings gpuwatch knows, with their figures. Every fresh sample
+of real reports still turns up wordings none of them knows (a framework's own sentence,
+a vendor library, a translation), and "not an OOM message I recognise" helps nobody
+who pasted one. This fallback runs only on a window where no family, and no fallback
+before it, found anything, and recognises a line (kind ``device``) that says both:
+
+* that memory ran short: *out of memory* (``OutOfDeviceMemory``), *not enough* or
+  *insufficient* memory, memory *exhausted*, ``显存不足``; or that an allocation failed:
+  *failed* / *unable* / *cannot* / *could not allocate* (``Failed to cudaMalloc``), an
+  allocation or an allocating call that *failed* (``bm_alloc_gmem failed``, ``Failure in
+  vkAllocateMemory``), where the line names no other error (*illegal*, *invalid*, ...);
+* where: a GPU, accelerator or GPU-API word (GPU, CUDA, VRAM, HBM, NPU, ROCm, Vulkan,
+  OpenCL, DirectX, ...) on the line or the one before, also inside an identifier
+  (``cudaMalloc``, ``cuda_malloc``), or *device* where nothing says host memory.
+
+It does not recognise a line that says the program went on (*not a failure*, *falling
+back*, *instead*, *retrying*, *skipping*, *reducing*, there or wrapped onto the next
+line; or a warning, info or debug level),
+nor one that puts the memory elsewhere: on the host (*pinned*, *host* or *system memory*,
+the OOM killer) or in a GPU's on-chip *shared memory*.
+Only figures the wording makes unambiguous are read: the size after *allocate* (or
+``size =``, hexadecimal included) and the device's index.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.families.clauses import SIZE, Found, exception_before, size_of
+
+# Memory said to be short, in words.
+_SHORT = re.compile(
+    # Not "memoryless"; "OutOfMemoryError", "OutOfDeviceMemory", "OUTOFVIDEOMEMORY" are
+    # the same words, and the last two say where.
+    r"out[\s_-]?of[\s_-]?(?P<where>(?:device|gpu|video|graphics|vram)[\s_-]?)?memory(?-i:(?![a-z]))"
+    r"|\bOOM\b"
+    r"|(?:\bnot|n't)\s+(?:have\s+|had\s+)?enough\s+(?:[\w-]+\s+){0,3}?(?:memory|vram|hbm)\b"
+    r"|\binsufficient\s+(?:[\w-]+\s+){0,3}?(?:memory|vram|hbm)\b"
+    r"|\b(?:memory|vram)\s+(?:is\s+|was\s+)?(?:insufficient|exhausted|full)\b"
+    r"|\bexhausted\s+(?:[\w-]+\s+){0,2}?memory\b"
+    r"|显存不足|显存不够|显存溢出|内存不足|内存不够",
+    re.IGNORECASE,
+)
+# An allocation said to have failed: a word or an identifier that allocates ("allocate",
+# "cudaMalloc", "vkAllocateMemory", "bm_alloc_gmem") next to a failure.
+_ALLOCATES = r"\w*?alloc\w*"
+_ALLOC_FAILED = re.compile(
+    rf"\b(?:failed|unable|cannot|can't|could\s+not|couldn't)\s+(?:to\s+)?{_ALLOCATES}"
+    rf"|(?:\b|_){_ALLOCATES}\s+(?:[\w-]+\s+){{0,3}}?(?:fail(?:ed|ure|s)?|error)\b"
+    r"|alloc\w*?_(?:error|fail\w*)"
+    rf"|\bfail(?:ed|ure)\s+in\s+{_ALLOCATES}",
+    re.IGNORECASE,
+)
+# ... unless the line names an error that is not about memory: then the allocation is
+# where that error surfaced ("cudaMalloc failed: an illegal memory access").
+_OTHER_ERROR = re.compile(
+    r"illegal|invalid|initiali[sz]|launch|not\s+supported|no\s+(?:cuda-capable\s+)?device"
+    r"|unknown\s+error|not\s+permitted|timed?\s*out|misaligned|unspecified",
+    re.IGNORECASE,
+)
+
+
+def _words(alternatives: str) -> str:
+    """``alternatives`` (any case) as whole words, also inside identifiers: at a word's
+    start or a camelCase hump ("cudaMalloc", "cuda_malloc", "DiscreteGpu"), never inside a
+    longer lower-case word ("gpustat", "relationship")."""
+    return rf"(?:(?<![A-Za-z])|(?<=[a-z])(?=[A-Z]))(?i:{alternatives})(?![a-z])"
+
+
+# Words that put the memory on a GPU or another accelerator, or on its API.
+_ACCELERATOR = re.compile(
+    _words(
+        r"gpus?|cuda|vram|hbm|npus?|tpus?|xpus?|dcu|mlu|ipu|hpu|musa|rocm|hip|nvidia|geforce"
+        r"|radeon|tesla|metal|mps|vulkan|opencl|sycl|oneapi|directml|dml|direct3d|d3d\d*"
+        r"|directx|directdraw|dderr|optix|accelerator|graphics\s+card|video\s+memory"
+    )
+    + r"|(?<![A-Za-z])vk(?=[A-Z])|gmem|显存|显卡"
+)
+# "device" counts too, unless the line is about the host's memory.
+_DEVICE = re.compile(r"\bdev(?:ice)?(?:_?id)?\b", re.IGNORECASE)
+_HOST = re.compile(r"\b(?:CPU|host|system|RAM|swap|disk)\b|no\s+space\s+left", re.IGNORECASE)
+# Memory the line itself puts elsewhere than the device's memory, whatever else it names:
+# the host's ("ggml_cuda_host_malloc: failed to allocate ... of pinned memory", NumPy's
+# "Unable to allocate 3.2 GiB for an array with shape", the kernel's OOM killer) or a
+# GPU's on-chip shared memory (a kernel's launch limit, not its memory).
+_ELSEWHERE = re.compile(
+    r"\bpinned\b|_host_|\b(?:host|system|CPU)\s+(?:memory|RAM)\b|for\s+an\s+array\s+with\s+shape"
+    r"|oom[\s_-]?kill|\bcgroup|shared\s+memory",
+    re.IGNORECASE,
+)
+# The program said it went on: a warning, a fallback, a retry.
+_WENT_ON = re.compile(
+    r"not\s+a\s+failure|fall(?:ing)?\s*back|\binstead\b|\bretry(?:ing)?\b|attempting\s+to\s+free"
+    r"|\bskipping\b|\breducing\b",
+    re.IGNORECASE,
+)
+# PyTorch's exception name is the PyTorch family's to read: cut short ("torch.cuda.
+# OutOfMemoryError: CUDA o"), it is not another wording.
+_PYTORCH_NAME = re.compile(r"\btorch\.(?:cuda\.)?OutOfMemory")
+_LEVEL = re.compile(
+    r"(?:^|[\s\[|(])(?:WARN(?:ING)?|INFO|DEBUG|TRACE)\b|\b(?i:level=(?:warn\w*|info|debug))\b"
+    r"|^\s*\[?[WwIi]\s?\d{4}\b"
+)
+# "allocate 2.00 GiB", "allocating 512MB", "size = 0xc0fb4000", "size: 6529024".
+_REQUESTED = re.compile(
+    r"\balloc\w*\s+(?:of\s+)?(?:size\s+)?" + SIZE
+    + r"|\bsize\s*[=:]\s*(?:(?P<hex>0x[0-9a-fA-F]+)|(?P<plain>\d{4,})(?![\d.]|\s*[KMGTPkmgtp]))"
+)  # fmt: skip
+_INDEX = re.compile(
+    r"(?:\bGPU|\bdevice|\bdev(?:_?id)?|\bcard|\b(?:cuda|npu|xpu|hip|mlu|tpu))\s*[#:=]?\s*(\d{1,3})\b",
+    re.IGNORECASE,
+)
+_VENDORS = tuple(
+    (name, re.compile(_words(words)))
+    for name, words in (
+        ("cuda", r"cuda|nvidia|geforce|tesla|cuda:\d+"),
+        ("hip", r"rocm|hip|radeon|amd"),
+        ("npu", r"npu|ascend"),
+        ("tpu", r"tpu"),
+        ("xpu", r"xpu"),
+        ("mlu", r"mlu"),
+        ("musa", r"musa"),
+    )
+)
+MAX_LINE_CHARS = 2000
+
+
+def find(window: str) -> list[Found]:
+    """The first line of ``window`` that says an accelerator's memory ran out."""
+    lines = [line[:MAX_LINE_CHARS] for line in window.split("\n")]
+    offset = 0
+    for n, line in enumerate(lines):
+        start, offset = offset, offset + len(line) + 1
+        previous = lines[n - 1] if n else ""
+        following = lines[n + 1] if n + 1 < len(lines) else ""
+        at = _failure_at(line, previous, following)
+        if at is not None:
+            exception = exception_before(window, start + at)
+            return [Found(start, _facts(line, previous, exception))]
+    return []
+
+
+def read_line(line: str, previous: str, following: str) -> OomFacts | None:
+    """``line``, between the lines around it, as a message, or None (the parser's read
+    of a line whose only anchor words are weak ones: text.py, ``weak_lines``)."""
+    line, previous = line[:MAX_LINE_CHARS], previous[:MAX_LINE_CHARS]
+    at = _failure_at(line, previous, following[:MAX_LINE_CHARS])
+    if at is None:
+        return None
+    exception = exception_before(f"{previous}\n{line}", len(previous) + 1 + at)
+    return _facts(line, previous, exception)
+
+
+# Every line _SHORT or _ALLOC_FAILED matches holds one of these (lower-cased): a
+# substring test spares the patterns most lines of a long log.
+_KEYWORDS = ("memory", "alloc", "oom", "vram", "hbm", "显存", "内存")
+
+
+def says_failure(line: str) -> bool:
+    """Whether ``line`` says memory ran short or an allocation failed (anywhere: the
+    cheap first test of :func:`read_line`)."""
+    lowered = line.lower()
+    if not any(word in lowered for word in _KEYWORDS):
+        return False
+    return bool(_SHORT.search(line) or _ALLOC_FAILED.search(line))
+
+
+def _failure_at(line: str, previous: str, following: str) -> int | None:
+    """Where in ``line`` it says the device's memory ran out, or None when it does not."""
+    if not says_failure(line):
+        return None
+    failure = _SHORT.search(line)
+    if failure is None:
+        failure = _ALLOC_FAILED.search(line)
+        if failure is None or _OTHER_ERROR.search(line):
+            return None
+    if any(p.search(line) for p in (_WENT_ON, _LEVEL, _PYTORCH_NAME, _ELSEWHERE)):
+        return None
+    # A sentence wrapped onto the next line may say there that the program went on.
+    if _WENT_ON.search(following):
+        return None
+    named = failure.re is _SHORT and failure["where"]
+    if named or (
+        _ACCELERATOR.search(line)
+        or _ACCELERATOR.search(previous)
+        or (_DEVICE.search(line) and not _HOST.search(line))
+    ):
+        return failure.start()
+    return None
+
+
+def _facts(line: str, previous: str, exception: str | None) -> OomFacts:
+    where = line + "\n" + previous
+    requested = _REQUESTED.search(line)
+    index = _INDEX.search(line)
+    device_type = next((name for name, pattern in _VENDORS if pattern.search(where)), None)
+    return OomFacts(
+        kind="device",
+        # Without a vendor, whose tool lists the device's holders is not known either.
+        category="device_out_of_memory_other_wording" if device_type else "device_out_of_memory",
+        exception=exception,
+        device_type=device_type,
+        device_index=int(index[1]) if index else None,
+        requested_bytes=_requested_bytes(requested),
+        message=line.strip()[:4000],
+    )
+
+
+def _requested_bytes(match: re.Match[str] | None) -> int | None:
+    if match is None:
+        return None
+    if match["hex"]:
+        return int(match["hex"], 16)
+    if match["plain"]:
+        return int(match["plain"])
+    return size_of(match)
