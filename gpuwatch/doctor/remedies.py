@@ -141,6 +141,9 @@ UNKNOWN_BY_KIND = {
 
 # ... and by category, where the wording says more than its kind.
 UNKNOWN_BY_CATEGORY = {
+    "onnxruntime_cpu_arena_alloc_failed": "ONNX Runtime's arena on the CPU provider could "
+    "not grow: system RAM ran out, not GPU memory; the arena keeps what it took, so "
+    "sess_options.enable_cpu_mem_arena = False, or a smaller batch or input, is the fix",
     "ggml_cuda_check_oom": "llama.cpp's check of a CUDA/HIP call says the runtime could not "
     "allocate: the weights, the KV cache for the context (-c) and the compute buffers for "
     "the batch (-b / -ub) did not fit beside what else holds the GPU; offload fewer layers "

@@ -26,7 +26,7 @@ _VULKAN = re.compile(
     # Rust's vulkano names the result OutOfDeviceMemory inside its OomError.
     r"|\bOomError\(OutOfDeviceMemory\)"
     # The call that returned it, with the result's value (-2).
-    r"|\bvkAllocateMemory\b[^\n]{0,200}?(?:ErrCode|error|result|VkResult)\s*[=:]?\s*-2\b"
+    r"|\bvkAllocateMemory\b[^\n]{0,200}?(?<![\w.])-2\b"
     # The API's name and the plain words, as a title or a program's own summary says it
     # ("Vulkan out of memory with nvidia card").
     r"|\bVulkan\s+(?:error:?\s+)?out\s+of\s+(?:device\s+)?memory"

@@ -12,12 +12,14 @@ before it, found anything, and recognises a line (kind ``device``) that says bot
   allocation or an allocating call that *failed* (``bm_alloc_gmem failed``, ``Failure in
   vkAllocateMemory``), where the line names no other error (*illegal*, *invalid*, ...);
 * where: a GPU, accelerator or GPU-API word (GPU, CUDA, VRAM, HBM, NPU, ROCm, Vulkan,
-  OpenCL, DirectX, ...) on the line or the one before, also inside an identifier
-  (``cudaMalloc``, ``cuda_malloc``), or *device* where nothing says host memory.
+  OpenCL, DirectX, wgpu, ...) on the line or the one before, also inside an identifier
+  (``cudaMalloc``, ``cuda_malloc``), or *device* there where neither line speaks of the
+  host.
 
 It does not recognise a line that says the program went on (*not a failure*, *falling
 back*, *instead*, *retrying*, *skipping*, *reducing*, there or wrapped onto the next
-line; or a warning, info or debug level),
+line; or a warning, info or debug level), one that only supposes the failure (*if*, *in
+case*, *to avoid* before it in its sentence),
 nor one that puts the memory elsewhere: on the host (*pinned*, *host* or *system memory*,
 the OOM killer) or in a GPU's on-chip *shared memory*.
 Only figures the wording makes unambiguous are read: the size after *allocate* (or
@@ -74,7 +76,7 @@ def _words(alternatives: str) -> str:
 _ACCELERATOR = re.compile(
     _words(
         r"gpus?|cuda|vram|hbm|npus?|tpus?|xpus?|dcu|mlu|ipu|hpu|musa|rocm|hip|nvidia|geforce"
-        r"|radeon|tesla|metal|mps|vulkan|opencl|sycl|oneapi|directml|dml|direct3d|d3d\d*"
+        r"|radeon|tesla|metal|mps|vulkan|opencl|sycl|oneapi|directml|dml|direct3d|d3d\d*|w(?:eb)?gpu"
         r"|directx|directdraw|dderr|optix|accelerator|graphics\s+card|video\s+memory"
     )
     + r"|(?<![A-Za-z])vk(?=[A-Z])|gmem|显存|显卡"
@@ -97,6 +99,10 @@ _WENT_ON = re.compile(
     r"|\bskipping\b|\breducing\b",
     re.IGNORECASE,
 )
+# A failure only supposed ("If out-of-memory error occurs during cudagraph capture, ...",
+# vLLM's start-up advice): one of these between the sentence's start and the failure.
+_SUPPOSED = re.compile(r"\b(?:if|in\s+case|unless|whether|avoid|prevent)\b", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?;]\s")
 # PyTorch's exception name is the PyTorch family's to read: cut short ("torch.cuda.
 # OutOfMemoryError: CUDA o"), it is not another wording.
 _PYTORCH_NAME = re.compile(r"\btorch\.(?:cuda\.)?OutOfMemory")
@@ -182,11 +188,17 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
     # A sentence wrapped onto the next line may say there that the program went on.
     if _WENT_ON.search(following):
         return None
+    ends = _SENTENCE_END.finditer(line, 0, failure.start())
+    sentence = max((end.end() for end in ends), default=0)
+    if _SUPPOSED.search(line, sentence, failure.start()):
+        return None
     named = failure.re is _SHORT and failure["where"]
-    if named or (
-        _ACCELERATOR.search(line)
-        or _ACCELERATOR.search(previous)
-        or (_DEVICE.search(line) and not _HOST.search(line))
+    if named or _ACCELERATOR.search(line) or _ACCELERATOR.search(previous):
+        return failure.start()
+    # "device" (a weak word) on the line, or on the line before ("In Device::create_buffer"
+    # then "Not enough memory left."), where neither line speaks of the host.
+    if any(_DEVICE.search(text) for text in (line, previous)) and not any(
+        _HOST.search(text) for text in (line, previous)
     ):
         return failure.start()
     return None
