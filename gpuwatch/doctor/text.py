@@ -82,7 +82,7 @@ ANCHORS = (
 
 # Words of the wordings no family knows (families/generic.py). Logs that hold no OOM
 # at all are full of them ("allocated", "not enough data"), so they never open a window
-# of their own: only the line they are on, and the one before, is read
+# of their own: only the line they are on is read, with the lines around it
 # (:func:`weak_lines`), and only where the windows found no message.
 WEAK_ANCHORS = (
     "enough",
@@ -160,15 +160,17 @@ def weak_lines(text: str, keep: Callable[[str], bool]) -> list[tuple[str, str, s
             starts.add(text.rfind("\n", 0, pos) + 1)
             end = text.find("\n", pos)
             pos = -1 if end == -1 else lowered.find(anchor, end)
-    return [
-        (
-            repair(_line_at(text, text.rfind("\n", 0, max(0, start - 1)) + 1) if start else ""),
-            repair(_line_at(text, start)),
-            repair(_line_at(text, end + 1) if (end := text.find("\n", start)) != -1 else ""),
-        )
-        for start in sorted(starts)[:MAX_WEAK_LINES]
-        if keep(_line_at(text, start))
-    ]
+    pieces = []
+    for start in sorted(starts)[:MAX_WEAK_LINES]:
+        line = _line_at(text, start)
+        if not keep(line):
+            continue
+        # start - 1 is the newline that ends the line before.
+        previous = _line_at(text, text.rfind("\n", 0, start - 1) + 1) if start else ""
+        after = text.find("\n", start)
+        following = _line_at(text, after + 1) if after != -1 else ""
+        pieces.append((repair(previous), repair(line), repair(following)))
+    return pieces
 
 
 def _line_at(text: str, start: int) -> str:

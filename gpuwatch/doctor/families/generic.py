@@ -19,11 +19,10 @@ before it, found anything, and recognises a line (kind ``device``) that says bot
 It does not recognise a line that says the program went on (*not a failure*, *falling
 back*, *instead*, *retrying*, *skipping*, *reducing*, there or wrapped onto the next
 line; or a warning, info or debug level), one that only supposes the failure (*if*, *in
-case*, *to avoid* before it in its sentence),
-nor one that puts the memory elsewhere: on the host (*pinned*, *host* or *system memory*,
-the OOM killer) or in a GPU's on-chip *shared memory*.
-Only figures the wording makes unambiguous are read: the size after *allocate* (or
-``size =``, hexadecimal included) and the device's index.
+case*, *to avoid* before it in its sentence), nor one that puts the memory elsewhere: on
+the host (*pinned*, *host* or *system memory*, the OOM killer) or in a GPU's on-chip
+*shared memory*. Only figures the wording makes unambiguous are read: the size after
+*allocate* (or ``size =``, hexadecimal included) and the device's index.
 """
 
 from __future__ import annotations

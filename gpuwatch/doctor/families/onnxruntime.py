@@ -5,8 +5,9 @@
 allocate memory for requested buffer of size 1073741824``, often inside ``[ONNXRuntimeError]
 : 6 : RUNTIME_EXCEPTION``. The same arena serves the CPU provider, so the device is named
 only when the text says CUDA; where it says the CPU provider (or names a node of its
-NCHWc layout, ``Conv node. Name:'347_nchwc'``), it is system RAM: kind ``host``. The CUDA provider's own ``CUDA failure 2: out of memory``
-is a plain cudaMalloc failure (:mod:`~gpuwatch.doctor.families.cuda_libraries`).
+NCHWc layout, ``Conv node. Name:'347_nchwc'``), it is system RAM: kind ``host``. The
+CUDA provider's own ``CUDA failure 2: out of memory`` is a plain cudaMalloc failure
+(:mod:`~gpuwatch.doctor.families.cuda_libraries`).
 """
 
 from __future__ import annotations
