@@ -562,7 +562,20 @@ def summarize(run: Run, window: tuple[float, float], cpu: dict[str, float]) -> d
         ),
         "generator_lateness_p99_ms": _round(percentile([x * 1e3 for x in run.lateness], 0.99)),
         "by_bucket_closing": _by_bucket_closing(inside),
+        "slow_seconds": _slow_seconds(inside, began),
     }
+
+
+def _slow_seconds(requests: Sequence[Request], began: float) -> list[list[float]]:
+    """The seconds of the window (offsets from its start) in which some request took
+    longer than the p99 target, with the slowest of them (ms): whether the tail is
+    spread out or comes in bursts, and how far apart the bursts are."""
+    slowest: dict[int, float] = {}
+    for r in requests:
+        if r.seconds * 1e3 > TARGETS["p99_ms"]:
+            second = int(r.started - began)
+            slowest[second] = max(slowest.get(second, 0.0), r.seconds * 1e3)
+    return [[second, round(ms)] for second, ms in sorted(slowest.items())]
 
 
 # The server's default sample_interval_seconds: a host's bucket is this long.
