@@ -104,6 +104,7 @@ MAX_WINDOWS = 32  # bounds the work on a log with thousands of OOM lines
 MAX_HITS_PER_ANCHOR = 256
 MIN_WRAP_WIDTH = 60
 MAX_WEAK_LINES = 1024
+MAX_WEAK_HITS_PER_ANCHOR = 4096
 MAX_WEAK_LINE_CHARS = 1000
 
 _LINE_PREFIXES = tuple(
@@ -149,19 +150,24 @@ def windows(text: str) -> list[list[str]]:
 
 def weak_lines(text: str, keep: Callable[[str], bool]) -> list[tuple[str, str, str]]:
     """Each line with a weak anchor on it that ``keep`` accepts as it stands, with the
-    lines before and after it, each repaired; in text order. At most
-    :data:`MAX_WEAK_LINES` anchored lines are looked at (a log of nothing else is cut
-    there), and ``keep`` spares the repairs of those it turns down."""
+    lines before and after it, each repaired; in text order. ``keep`` is asked first (it
+    spares the repairs of the lines it turns down), and its refusals do not count
+    against the bounds: the first :data:`MAX_WEAK_HITS_PER_ANCHOR` lines of each anchor
+    word are looked at, and at most :data:`MAX_WEAK_LINES` are returned."""
     lowered = text.lower()
     starts: set[int] = set()
     for anchor in WEAK_ANCHORS:
         pos = lowered.find(anchor)
-        while pos != -1 and len(starts) < MAX_WEAK_LINES:
+        hits = 0
+        while pos != -1 and hits < MAX_WEAK_HITS_PER_ANCHOR:
             starts.add(text.rfind("\n", 0, pos) + 1)
+            hits += 1
             end = text.find("\n", pos)
             pos = -1 if end == -1 else lowered.find(anchor, end)
-    pieces = []
-    for start in sorted(starts)[:MAX_WEAK_LINES]:
+    pieces: list[tuple[str, str, str]] = []
+    for start in sorted(starts):
+        if len(pieces) == MAX_WEAK_LINES:
+            break
         line = _line_at(text, start)
         if not keep(line):
             continue

@@ -95,10 +95,20 @@ def test_a_known_family_wins_over_the_fallback() -> None:
     assert parse_oom(text).kind == "pytorch_allocator"
 
 
+NOISE = "".join(f"step {n}: allocated {n} tensors, not enough data yet\n" * 20 for n in range(60))
+
+
 def test_many_weak_anchor_lines_do_not_crowd_out_a_known_message() -> None:
-    # Weak anchors ("alloc", "enough") only fill the window slots the known ones leave.
-    noise = "".join(
-        f"step {n}: allocated {n} tensors, not enough data yet\n" * 20 for n in range(60)
-    )
-    log = noise + "RuntimeError: CUDA error: out of memory\n" + noise
+    # Weak anchor words ("alloc", "enough") never open a window of their own.
+    log = NOISE + "RuntimeError: CUDA error: out of memory\n" + NOISE
     assert parse_oom(log).kind == "driver"
+
+
+def test_a_line_with_only_weak_anchor_words_is_found_among_them() -> None:
+    # 1,200 lines with "alloc" and "enough" before it: each is read on its own.
+    log = NOISE + "FATAL: not enough video memory to create the swap chain\n" + NOISE
+    facts = parse_oom(log)
+    assert (facts.kind, facts.message) == (
+        "device",
+        "FATAL: not enough video memory to create the swap chain",
+    )
