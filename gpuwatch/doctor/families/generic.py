@@ -167,21 +167,22 @@ _KEYWORDS = ("memory", "alloc", "oom", "vram", "hbm", "显存", "内存")
 def says_failure(line: str) -> bool:
     """Whether ``line`` says memory ran short or an allocation failed (anywhere: the
     cheap first test of :func:`read_line`)."""
+    return _failure(line) is not None
+
+
+def _failure(line: str) -> re.Match[str] | None:
+    """Where ``line`` says memory ran short, or else that an allocation failed."""
     lowered = line.lower()
     if not any(word in lowered for word in _KEYWORDS):
-        return False
-    return bool(_SHORT.search(line) or _ALLOC_FAILED.search(line))
+        return None
+    return _SHORT.search(line) or _ALLOC_FAILED.search(line)
 
 
 def _failure_at(line: str, previous: str, following: str) -> int | None:
     """Where in ``line`` it says the device's memory ran out, or None when it does not."""
-    if not says_failure(line):
+    failure = _failure(line)
+    if failure is None or (failure.re is _ALLOC_FAILED and _OTHER_ERROR.search(line)):
         return None
-    failure = _SHORT.search(line)
-    if failure is None:
-        failure = _ALLOC_FAILED.search(line)
-        if failure is None or _OTHER_ERROR.search(line):
-            return None
     if any(p.search(line) for p in (_WENT_ON, _LEVEL, _PYTORCH_NAME, _ELSEWHERE)):
         return None
     # A sentence wrapped onto the next line may say there that the program went on.
