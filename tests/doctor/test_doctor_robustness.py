@@ -3,6 +3,9 @@
 The parser must never raise anything but NotRecognized, must stay fast (every pattern
 is linear and only bounded windows are scanned), and must extract nothing from logs
 that merely talk about memory.
+
+Time bounds are on the parse's own CPU time (``process_time``): tests run side by side
+(``./dev test`` runs a worker per core) take the machine's cores, not this process's CPU.
 """
 
 from __future__ import annotations
@@ -119,18 +122,18 @@ def test_ten_megabyte_log_is_bounded_and_finds_the_oom() -> None:
         noise[: 5 * 2**20] + "\n[rank0]: " + MESSAGE.replace("\n", " ") + "\n" + noise[: 5 * 2**20]
     )
     assert len(log) > 10 * 2**20
-    started = time.perf_counter()
+    started = time.process_time()
     facts = parse_oom(log)
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
     assert facts.requested_bytes == 144_703_488
 
 
 def test_ten_megabyte_log_of_anchor_words_is_bounded() -> None:
     log = "out of memory Tried to allocate cudnn kv cache " * 250_000
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(NotRecognized):
         parse_oom(log)
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
 
 
 def test_long_path_like_tokens_beside_anchor_words_are_bounded() -> None:
@@ -138,10 +141,10 @@ def test_long_path_like_tokens_beside_anchor_words_are_bounded() -> None:
     # squared: 40 lines like this took 10 s before file paths were matched from their
     # first character only; linear, they take well under a second.
     log = ("CUDA kernel failed: out of memory at " + "x." * 4000 + "\n") * 40
-    started = time.perf_counter()
+    started = time.process_time()
     # No family knows this wording; it still says CUDA ran out (families/generic.py).
     assert parse_oom(log).kind == "device"
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
 
 
 @FAST
@@ -207,10 +210,10 @@ def test_named_runtime_calls_and_checks_in_long_lines_are_bounded() -> None:
         + ("a == " * 6000 + "cudaSuccess (3 vs 0) out of memory\n")
         + ("Failed to allocate " + "1" * 20000 + " GPU memor out of memory\n")
     ) * 20
-    started = time.perf_counter()
+    started = time.process_time()
     with contextlib.suppress(NotRecognized):
         parse_oom(log)
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
 
 
 @pytest.mark.parametrize(
