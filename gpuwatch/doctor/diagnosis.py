@@ -237,6 +237,7 @@ _ACTIVATION_CATEGORIES = {
     "paddle_enforce_allocating",
     "onnxruntime_arena_alloc_failed",
     "tgi_warmup_prefill_tokens",
+    "tgi_warmup_total_tokens",
 }
 
 
@@ -270,7 +271,12 @@ def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
         elif capacity:
             what += f" ({_pct(requested, capacity)} of {ctx.capacity_name})"
         parts.append(what)
-    if facts.prefill_tokens is not None:
+    if facts.kind == "tgi" and facts.kv_cache_tokens is not None:
+        parts.append(
+            f"the start-up warm-up could not fit a batch of {facts.kv_cache_tokens} total tokens "
+            f"(with a {facts.prefill_tokens}-token prefill) beside the weights"
+        )
+    elif facts.prefill_tokens is not None:
         parts.append(f"the start-up warm-up could not run a {facts.prefill_tokens}-token prefill")
     score = max(_share(held, capacity), _share(requested, capacity), 0.05)
     return (
@@ -307,7 +313,7 @@ _ACTIVATION_COMMANDS: dict[str, list[str]] = {
 
 def _activation_commands(facts: OomFacts) -> list[str]:
     if facts.kind == "tgi":  # the only one whose commands carry the message's figure
-        return remedies.tgi_warmup(facts.prefill_tokens)
+        return remedies.tgi_warmup(facts.prefill_tokens, facts.kv_cache_tokens)
     return _ACTIVATION_COMMANDS.get(facts.kind, remedies.REDUCE_ACTIVATIONS)
 
 
@@ -461,6 +467,30 @@ def _kv_evidence(facts: OomFacts) -> str:
     return "after loading the weights and profiling, no memory was left for KV-cache blocks"
 
 
+def _nvenc(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """NVENC's NV_ENC_ERR_OUT_OF_MEMORY: first the session cap, which returns the same
+    status on GeForce cards, then video memory."""
+    if ctx.facts.kind != "nvenc":
+        return None
+    call = f" ({ctx.facts.api_call})" if ctx.facts.api_call else ""
+    evidence = (
+        f"NVENC returned NV_ENC_ERR_OUT_OF_MEMORY (10){call}. On GeForce cards the driver caps "
+        "how many encode sessions may be open at once and returns this same status for one "
+        "more, with video memory to spare; only with fewer sessions open than that is video "
+        "memory the likely cause"
+    )
+    return (
+        2.0,
+        Diagnosis(
+            fix="other_processes",
+            summary="Count the open NVENC sessions before freeing video memory: other encoders "
+            "may hold the sessions the driver allows",
+            evidence=evidence,
+            commands=remedies.NVENC_SESSIONS,
+        ),
+    )
+
+
 def _unknown(ctx: Context) -> Diagnosis:
     facts, fig = ctx.facts, ctx.figures
     evidence = remedies.UNKNOWN_BY_KIND.get(
@@ -475,6 +505,17 @@ def _unknown(ctx: Context) -> Diagnosis:
         )
     if facts.category in remedies.UNKNOWN_BY_CATEGORY:
         evidence = remedies.UNKNOWN_BY_CATEGORY[facts.category]
+    if (
+        facts.category == "ollama_system_memory"
+        and facts.requested_bytes is not None
+        and facts.free_bytes is not None
+    ):
+        evidence = (
+            f"Ollama needs {format_size(facts.requested_bytes)} of system RAM for this model "
+            f"(the layers not offloaded to a GPU, and its context) and "
+            f"{format_size(facts.free_bytes)} was free: other programs, or models Ollama keeps "
+            "loaded, hold the rest"
+        )
     elif facts.category == "hami_pod_limit" and facts.would_use_bytes and facts.allowed_bytes:
         evidence = (
             f"HAMi limits this pod to {format_size(facts.allowed_bytes)} of the GPU "
@@ -505,4 +546,5 @@ _RULES: tuple[Rule, ...] = (
     _held_across_steps,
     _model_too_large,
     _kv_cache,
+    _nvenc,
 )

@@ -44,6 +44,9 @@ Kind = Literal[
     "mindspore",  # MindSpore's device memory pool (Ascend NPU or GPU)
     "exllama",  # ExLlamaV2's loader: the model and its KV cache do not fit the GPUs it may use
     "catboost",  # CatBoost's GPU trainer: its memory pool (a share of the free GPU) ran out
+    # NVENC, NVIDIA's video encoder: NV_ENC_ERR_OUT_OF_MEMORY (10), which GeForce drivers also
+    # return when their cap on simultaneous encode sessions is reached.
+    "nvenc",
     # A GPU's or another accelerator's memory ran out, in a wording no family above knows
     # (families/generic.py): recognised, with only the figures the wording makes plain.
     "device",

@@ -17,6 +17,7 @@ import re
 
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families import FALLBACKS, FAMILIES, Found, generic
+from gpuwatch.doctor.families.clauses import forecast
 from gpuwatch.doctor.text import weak_lines, windows
 from gpuwatch.errors import NotRecognized
 
@@ -72,12 +73,12 @@ def find_all(text: str) -> list[OomFacts]:
 def _find_in(window: str) -> tuple[str, list[Found]]:
     found: list[Found] = []
     for family in FAMILIES:
-        found.extend(family(window))
+        found.extend(f for f in family(window) if not forecast(window, f.start))
     if not found:
         # In order, the first that finds anything: a message they would both read (a
         # PyTorch first line is also a line about GPU memory) is one message.
         for fallback in FALLBACKS:
-            found = fallback(window)
+            found = [f for f in fallback(window) if not forecast(window, f.start)]
             if found:
                 break
     return window, found

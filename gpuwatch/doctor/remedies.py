@@ -28,6 +28,16 @@ FIND_HOLDERS_BY_DEVICE = {
     "dml": ["Task Manager > Performance > GPU: dedicated GPU memory, and which apps hold it"],
     "mps": _UNIFIED_MEMORY,
     "metal": _UNIFIED_MEMORY,
+    "ipu": ["gc-monitor   # Graphcore: which processes have the IPUs attached"],
+    "tenstorrent": ["tt-smi   # Tenstorrent: the boards and who uses them"],
+    "neuron": [
+        "neuron-ls   # AWS Neuron: the devices and the processes (PIDs) holding each",
+        "neuron-top   # their memory use, live",
+    ],
+    "sycl": [
+        "xpu-smi ps   # Intel GPUs: the processes using each device",
+        "nvidia-smi, or rocm-smi --showpids   # SYCL on an NVIDIA or AMD GPU",
+    ],
 }
 
 
@@ -190,6 +200,78 @@ UNKNOWN_BY_CATEGORY = {
     "left after the weights cannot hold one whole sequence of the engine's maximum length",
     "catboost_tree_ctrs": "CatBoost estimated that its combinations of categorical features "
     "(tree-ctrs) need more than its pool has: fewer combinations, or keep them in host memory",
+    "rmm_pool_exhausted": "RAPIDS Memory Manager's pool (or arena) reached the maximum size it "
+    "was created with: that cap, not necessarily the card, ran out; a larger maximum pool, "
+    "smaller batches or partitions, or fewer tasks sharing the GPU",
+    "opencv_cuda_oom": "OpenCV's CUDA module got the runtime's out-of-memory: the GpuMat (or the "
+    "CUDA context, in setDevice) did not fit beside what else holds the GPU",
+    "npp_alloc_failed": "NPP could not allocate an image or its scratch buffer on the GPU: the "
+    "GPU was (nearly) full",
+    "poplar_tile_memory_exhausted": "Poplar places every variable and temporary on the IPU's "
+    "tiles when it compiles, and the program does not fit a tile's SRAM: smaller batches, "
+    "recomputation, availableMemoryProportion, or more IPUs (pipelining, sharding)",
+    "poplar_memory_allocation_error": "Poplar could not fit the program's memory when it "
+    "compiled it for the IPU (graph variables, or a host stream's buffer): smaller batches, "
+    "fewer or smaller streams, or more IPUs",
+    "tt_metal_dram_buffer_oom": "tt-metal could not place a buffer in the device's DRAM banks: "
+    "the tensors kept on the device (weights, KV cache, activations) need more than is free",
+    "tt_metal_l1_oom": "tt-metal could not place a buffer in the cores' L1 (on-chip SRAM): the "
+    "op's sharding or memory config asks for more L1 than each core has; move the tensor to "
+    "DRAM (ttnn.DRAM_MEMORY_CONFIG) or shard it over more cores",
+    "sycl_out_of_device_memory": "the SYCL runtime (Level Zero, OpenCL or CUDA under it) could "
+    "not allocate device memory: the GPU was full, or one allocation was larger than the "
+    "device allows at once",
+    "sycl_out_of_resources": "the SYCL runtime's 'out of resources' for an allocation: on Intel "
+    "GPUs usually device memory (or one allocation over the device's single-allocation limit); "
+    "a kernel's launch limits would say so",
+    "ggml_sycl_out_of_device_memory": "llama.cpp's SYCL backend could not allocate device "
+    "memory: offload fewer layers (-ngl), lower the context (-c), or a smaller quantisation",
+    "ggml_sycl_out_of_resources": "llama.cpp's SYCL backend got 'out of resources' for an "
+    "allocation, on Intel GPUs usually device memory: offload fewer layers (-ngl), lower the "
+    "context (-c) or the batch (-b / -ub), or a smaller quantisation",
+    "sycl_out_of_host_memory": "the SYCL runtime could not allocate host memory: system RAM "
+    "ran out, not the GPU",
+    "vulkan_out_of_host_memory": "the Vulkan driver could not allocate host memory: system RAM "
+    "ran out, not the GPU",
+    "nvidia_opengl_out_of_memory": "NVIDIA's OpenGL driver closed the program: it asked for more "
+    "video memory than the GPU had free; other programs' video memory counts too",
+    "opengl_out_of_memory": "the OpenGL driver could not allocate the texture or buffer asked "
+    "for (GL_OUT_OF_MEMORY): the GPU's memory was full, or the object too large",
+    "wgpu_out_of_memory": "wgpu could not allocate a buffer or texture on the device: the GPU "
+    "(or, on integrated GPUs and in a browser, the share it is allowed) was full",
+    "sglang_kv_pool_does_not_fit": "SGLang reserves --mem-fraction-static of the GPU for the "
+    "weights and the KV-cache pool; after the weights nothing of it was left for the pool. "
+    "Raise the fraction (the opposite of the fix for an out-of-memory while serving), or "
+    "free the GPU, or shard or quantise the model",
+    "sglang_kv_pool_exhausted": "a batch found no free KV-cache slots in SGLang's pool: fewer "
+    "requests at once, a smaller prefill chunk, or a larger pool",
+    "tgi_warmup_total_tokens": "TGI's start-up warm-up sizes the batch's KV cache for "
+    "--max-batch-total-tokens and runs a prefill: that total did not fit beside the weights "
+    "(the prefill was small); other processes on the GPU count against it too",
+    "opencl_out_of_resources": "an OpenCL call returned CL_OUT_OF_RESOURCES (-5): the runtime "
+    "could not get what the device needed, usually its memory (or one buffer over "
+    "CL_DEVICE_MAX_MEM_ALLOC_SIZE); NVIDIA's OpenCL also returns it for a kernel that read "
+    "or wrote out of bounds, so if memory was free, check the kernel's indexing",
+    "opencl_out_of_host_memory": "an OpenCL call returned CL_OUT_OF_HOST_MEMORY (-6): the "
+    "runtime could not allocate system RAM, not the GPU's memory",
+    "directml_e_outofmemory": "DirectML (Direct3D 12) got Windows' E_OUTOFMEMORY (0x8007000E): "
+    "the GPU's video memory, and the shared system memory Windows lets it spill into, were "
+    "full; other apps' video memory counts too",
+    "neuron_device_alloc_failed": "the Neuron runtime could not allocate device memory on the "
+    "Inferentia/Trainium chip (NRT_RESOURCE): the model's weights, its tensors and the "
+    "runtime's buffers need more than the NeuronCores' memory has free; other processes "
+    "holding the device count too",
+    "neuron_host_alloc_failed": "the Neuron runtime could not allocate host memory: system RAM "
+    "ran out, not the Neuron device's",
+    "ollama_system_memory": "Ollama checks before loading that the model (the layers not "
+    "offloaded to a GPU, and its context) fits in the system RAM that is free, and it did not",
+    "unity_out_of_memory": "Unity's memory manager could not get system RAM for an allocation "
+    "(32-bit builds and mobile devices have far less than the machine's RAM)",
+    "unreal_out_of_memory": "Unreal Engine could not allocate system RAM (virtual memory): on "
+    "Windows, RAM plus the paging file ran out, which is what 'the paging file is too small' says",
+    "lmcache_buffer_full": "LMCache's CPU buffer for KV-cache chunks (max_local_cpu_size) is "
+    "full: that fixed pool, not the machine's RAM, had no room; where the server went on "
+    "serving, those chunks were only not cached",
     "pytorch_caching_allocator_oom_first_line": "only the message's first line is here; its "
     "figures (requested, free, held by others) say which fix applies: paste the whole message",
 }
@@ -216,9 +298,18 @@ HAMI = [
 ]
 
 
-def tgi_warmup(prefill_tokens: int | None) -> list[str]:
-    """TGI's launcher options for a warm-up that did not fit ``prefill_tokens``."""
+def tgi_warmup(prefill_tokens: int | None, total_tokens: int | None = None) -> list[str]:
+    """TGI's launcher options for a warm-up that did not fit ``prefill_tokens`` (and, where
+    the message names it, a batch of ``total_tokens`` in the KV cache)."""
     fewer = f"{max(1, prefill_tokens // 2)}" if prefill_tokens else "N"
+    if total_tokens:
+        # The total (the batch's KV cache) is what did not fit beside the weights.
+        return [
+            f"text-generation-launcher --model-id MODEL --max-batch-total-tokens {max(1, total_tokens // 2)}",
+            "or leave it unset: with flash-attention models TGI infers it from the memory left after warm-up",
+            "--max-total-tokens must stay at or below it: the longest request must still fit",
+            "--quantize (awq, gptq, bitsandbytes-nf4) or --num-shard 2: less of the GPU for weights",
+        ]
     return [
         f"text-generation-launcher --model-id MODEL --max-batch-prefill-tokens {fewer}",
         "lower --max-input-tokens and --max-total-tokens too: the longest request must still fit",
@@ -260,7 +351,48 @@ EXLLAMA = [
 ]
 
 
+# RAPIDS Memory Manager's pool: cuDF (Python), Spark RAPIDS and dask-cuda set its size.
+RMM_POOL = [
+    "rmm.reinitialize(pool_allocator=True, maximum_pool_size=...)   # cuDF: a larger cap, or none",
+    "spark.rapids.memory.gpu.maxAllocFraction / spark.rapids.sql.concurrentGpuTasks=1   # Spark RAPIDS",
+    "LocalCUDACluster(rmm_pool_size=..., device_memory_limit=...)   # dask-cuda: spill earlier",
+    *FIND_HOLDERS,
+]
+
+# SGLang's server arguments (sglang.launch_server).
+SGLANG_STARTUP = [
+    "python -m sglang.launch_server ... --mem-fraction-static 0.9   # more of the GPU for weights and the KV pool",
+    "--tp 2 or a quantised model (--quantization fp8)   # less of each GPU for the weights",
+    *FIND_HOLDERS,
+]
+SGLANG_SERVING = [
+    "--max-running-requests 32 --chunked-prefill-size 4096   # fewer tokens in flight at once",
+    "--mem-fraction-static   # a larger KV pool, if the activations still fit beside it",
+]
+
+# NVENC's NV_ENC_ERR_OUT_OF_MEMORY: GeForce drivers return it for one session too many.
+NVENC_SESSIONS = [
+    "nvidia-smi --query-gpu=encoder.stats.sessionCount --format=csv   # NVENC sessions open now",
+    "nvidia-smi encodersessions   # which processes hold them",
+    "close the other encoders (OBS, ShadowPlay / Game DVR, another ffmpeg or transcoder), or "
+    "encode fewer streams at once: GeForce drivers cap the sessions a GPU may open",
+    "only if the session count is under that cap: free video memory (smaller -extra_hw_frames / "
+    "-surfaces in ffmpeg, or stop other GPU programs)",
+    *FIND_HOLDERS,
+]
+
 UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
+    "rmm_pool_exhausted": RMM_POOL,
+    "sglang_kv_pool_does_not_fit": SGLANG_STARTUP,
+    "sglang_kv_pool_exhausted": SGLANG_SERVING,
+    "tt_metal_l1_oom": [
+        "ttnn.to_memory_config(tensor, ttnn.DRAM_MEMORY_CONFIG)   # keep large tensors in DRAM, not L1",
+        "a smaller batch, or shard the op over more cores",
+    ],
+    "poplar_tile_memory_exhausted": [
+        "lower availableMemoryProportion for convolutions and matmuls   # less temporary memory per tile",
+        "a smaller micro-batch, recomputation, or pipeline the model over more IPUs",
+    ],
     "nccl_shm_exhausted": [
         "docker run --shm-size=8g ...   # or --ipc=host; Kubernetes: an emptyDir medium: Memory at /dev/shm",
         "df -h /dev/shm",
@@ -308,6 +440,33 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "check the input shapes fed to the session: a dynamic dimension of 0 or -1, or an overflowed product",
         "run it on the CPU provider to see whether the same node asks for the same size",
     ],
+    "ollama_system_memory": [
+        "free -h   # what is free now; other programs' RAM counts against the model",
+        "ollama ps   # models Ollama keeps loaded; ollama stop MODEL unloads one",
+        "a smaller model or quantisation (a smaller tag, q4_K_M), or a smaller context (num_ctx)",
+    ],
+    "unity_out_of_memory": [
+        "the Memory Profiler package (Window > Analysis): which assets and allocations hold memory",
+        "lower texture quality and mesh sizes, or stream assets (Addressables) instead of loading them at once",
+        "a 64-bit build: a 32-bit player has at most 2-4 GB whatever the machine has",
+    ],
+    "unreal_out_of_memory": [
+        "Windows: System > About > Advanced system settings > Performance > Virtual memory: "
+        "let Windows manage the paging file size, or raise it",
+        "Task Manager > Memory: close what else holds RAM",
+        "lower texture quality (r.Streaming.PoolSize) and view distance",
+    ],
+    "lmcache_buffer_full": [
+        "LMCACHE_MAX_LOCAL_CPU_SIZE=<GB>   # max_local_cpu_size in the config: a larger CPU buffer, if the host has the RAM",
+        "free -h   # the host's RAM that the buffer would take",
+        "LMCACHE_LOCAL_DISK / a remote backend: room beyond the CPU buffer",
+    ],
+    "neuron_device_alloc_failed": [
+        "neuron-ls   # which processes hold each Neuron device; stop the ones you own",
+        "neuron-top   # memory use per NeuronCore, live",
+        "shard over more NeuronCores (tensor parallel degree, tp_degree), or a smaller batch or sequence length",
+    ],
+    "nvenc_out_of_memory": NVENC_SESSIONS,
     "metal_command_buffer_oom": [
         "llama.cpp: lower the context (-c) and batch (-b / -ub), or a smaller quantisation",
         "sudo sysctl iogpu.wired_limit_mb=<MiB>   # raise the GPU's share of unified memory (macOS 14+)",

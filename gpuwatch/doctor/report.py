@@ -43,6 +43,19 @@ _TITLES = {
     "device": "device memory (a wording gpuwatch has no family for)",
     "host": "host memory (not the GPU)",
     "vllm_kv_cache": "vLLM start-up",
+    "nvenc": "NVENC video encoder",
+}
+# Kind ``device`` is also what families of their own report for accelerators, APIs and
+# servers that have no kind of theirs: their category's prefix names them.
+_DEVICE_TITLES = {
+    "poplar_": "Graphcore Poplar",
+    "tt_metal_": "Tenstorrent tt-metal",
+    "neuron_": "AWS Neuron runtime",
+    "sycl_": "SYCL / Level Zero runtime",
+    "nvidia_opengl_": "OpenGL (NVIDIA driver)",
+    "opengl_": "OpenGL",
+    "wgpu_": "wgpu",
+    "sglang_": "SGLang",
 }
 
 
@@ -97,6 +110,9 @@ def _headline(explanation: Explanation) -> str:
         what = f"PyTorch {device_type.upper()} allocator"
     elif explanation.kind == "driver" and device_type == "hip":
         what = "HIP runtime (ROCm)"
+    elif explanation.kind == "device":
+        category = explanation.category or ""
+        what = next((t for p, t in _DEVICE_TITLES.items() if category.startswith(p)), what)
     raised = f" ({explanation.exception})" if explanation.exception else ""
     return f"Out of memory{where}: {what}{raised}"
 

@@ -78,6 +78,47 @@ ANCHORS = (
     "vkallocatememory",  # Vulkan's call, with its result -2
     "memory object allocation failure",  # OpenCL's status in words (Boost.Compute)
     "mtlcommandbuffererrordomain",  # Metal's status as an NSError
+    "gpu api call",  # OpenCV's cv::Error::GpuApiCallError (-217)
+    "curesult",  # the CUDA driver API's status by its number: "CUresult error result=2"
+    "] call to cu",  # Numba: "CudaAPIError: [2] Call to cuMemAlloc results in ..."
+    "driver api error",  # NVIDIA's samples: "Driver API error = 0002"
+    "npp_memory_allocation_err",  # NPP's statuses
+    "npp_mem_alloc_err",
+    "npp_no_memory_error",
+    "nppexception",  # ManagedCuda: NPPException: "Device allocation error"
+    "memory_allocation_error",  # Poplar's graph_ / stream_memory_allocation_error
+    "circular buffers",  # tt-metal: circular buffers that clash with (or grow beyond) L1
+    "out_of_resources",  # SYCL: UR_RESULT_ERROR_ / PI_ERROR_OUT_OF_RESOURCES
+    "out_of_host_memory",  # SYCL, Level Zero, Vulkan: system RAM
+    "outofhostmemory",  # vulkan-hpp's ErrorOutOfHostMemory, vulkano's OutOfHostMemory
+    "rmm failure",  # RMM: "RMM failure at:...: Maximum pool size exceeded"
+    "out of device memory",  # the same in words ("vmaAllocateMemory: out of device memory")
+    "out of video memory",  # a renderer's "OUT OF VIDEO MEMORY! ( vmaAllocateMemory )"
+    "out of video ram",  # the same, the GPU's memory called RAM ("out of GPU RAM": "out of gpu")
+    "requested more gpu memory",  # NVIDIA's OpenGL dialog
+    "not enough memory left",  # wgpu's DeviceError::OutOfMemory
+    "--mem-fraction-static",  # SGLang's KV pool at start-up
+    # OpenCL's calls, whose status by its number (-4, -5, -6) follows them; errors name
+    # them, ordinary logs seldom do.
+    "clenqueue",
+    "clcreate",
+    "clfinish",
+    "clbuildprogram",
+    "clwaitforevents",
+    "cl_out_of_host_memory",  # OpenCL's host-memory status by name
+    "returned error 10",  # NVIDIA's Video Codec SDK: "nvEncOpenEncodeSessionEx(...) returned error 10"
+    "requires more system memory",  # Ollama: the model does not fit in system RAM
+    # AWS Neuron's runtime: 'nrt_tensor_allocate status=4 message="Allocation Failure"' (not
+    # "status=4" alone: web logs are full of "status=404").
+    "nrt_tensor_allocate",
+    'message="allocation failure',
+    "nrt_resource",  # AWS Neuron's runtime status NRT_RESOURCE
+    "'nerr_resource'",  # ... and the older neuron-rtd's
+    # Windows' E_OUTOFMEMORY (DirectML, Direct3D 12): its HRESULT, signed, by name, in words.
+    "8007000e",
+    "-2147024882",
+    "e_outofmemory",
+    "not enough memory resources",
 )
 
 # Words of the wordings no family knows (families/generic.py). Logs that hold no OOM

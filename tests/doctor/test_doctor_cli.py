@@ -291,6 +291,24 @@ def test_explain_an_npu_message_names_its_allocator_and_gets_no_nvidia_context(
             "Out of memory: host memory (not the GPU)",
             "look at what holds system RAM",
         ),
+        (
+            "[h264_nvenc @ 0x5601aa5b40c0] OpenEncodeSessionEx failed: out of memory (10)",
+            "Out of memory: NVENC video encoder",
+            "nvidia-smi --query-gpu=encoder.stats.sessionCount --format=csv",
+        ),
+        # Kind "device", from a family of its own: the headline names it.
+        (
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+            "Out of memory: SGLang (RuntimeError)",
+            "--mem-fraction-static 0.9",
+        ),
+        (
+            "Out of Memory: Not enough space to allocate 117440512 B DRAM buffer across 12 "
+            "banks, where each bank needs to store 9787392 B, but bank size is only "
+            "1046181792 B (assert.hpp:103)",
+            "Out of memory: Tenstorrent tt-metal\n  requested 112.00 MiB",
+            "tt-smi",
+        ),
     ],
     ids=[
         "paddle",
@@ -303,6 +321,9 @@ def test_explain_an_npu_message_names_its_allocator_and_gets_no_nvidia_context(
         "mindspore",
         "tensorrt-llm",
         "cpu-allocator",
+        "nvenc",
+        "sglang",
+        "tt-metal",
     ],
 )
 def test_explain_other_frameworks_get_their_own_fix(

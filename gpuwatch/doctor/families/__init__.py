@@ -27,13 +27,18 @@ from gpuwatch.doctor.families import (
     mindspore,
     mps,
     nccl,
+    nvenc,
     onnxruntime,
+    opengl,
     paddle,
     pytorch,
+    sglang,
+    sycl,
     tensorflow,
     tensorrt,
     tgi,
     vllm,
+    wgpu,
     xla,
 )
 from gpuwatch.doctor.families.clauses import Found
@@ -59,7 +64,13 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     catboost.find,
     exllama.find,
     host.find_cpu_allocator,
+    host.find_applications,
     mindspore.find,
+    sycl.find,
+    opengl.find,
+    wgpu.find,
+    sglang.find,
+    nvenc.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (

@@ -19,11 +19,46 @@ from gpuwatch.doctor.units import SIZE_PATTERN, size_to_bytes
 SIZE = rf"{SIZE_PATTERN}(?:\s?\((?P<exact>\d+)\s?(?:bytes|B)\))?"
 
 
+# A failure only forecast in the sentence that names it, whatever the family: a modal
+# verb before it ("Allocating memory ... may produce VK_ERROR_OUT_OF_HOST_MEMORY",
+# "Blender may display an error that reads 'System is out of GPU memory'"), an API's
+# behaviour told in the future ("the driver will return OOM errors when ..."), or a
+# change described in prose ("This commit adds the case for UR_RESULT_ERROR_OUT_OF_
+# DEVICE_MEMORY ..."). A program logs what failed, not what an error may do. Left out
+# on purpose: a negated modal ("could not allocate" is a failure); "will throw" or
+# "would crash with", how a person tells of a failure they keep meeting; and verbs of
+# causes ("what can lead to this error: ..."), how a person asks about one they met.
+_FORECAST = re.compile(
+    r"\b(?:may|might|can|could|should)\s+(?!not\b)(?:\w+\s+){0,2}?"
+    r"(?:produce|display|show|throw|raise|return|report|fail\s+with)\b"
+    r"|\b(?:will|would)\s+(?!not\b)(?:\w+\s+){0,2}?(?:return|produce|report)\b"
+    r"|^\W*(?:this|the)\s+(?:commit|pr|pull\s+request|patch|change)\b",
+    re.IGNORECASE,
+)
+# A question about the failure ("why would cudaMalloc return out of memory here?") is
+# about one that happened.
+_QUESTION = re.compile(r"^\W*(?:what|why|how|which|when|where|who)\b", re.IGNORECASE)
+# Where a sentence starts (for :func:`forecast`): after a line break or a sentence's end.
+_SENTENCE_END = re.compile(r"\n|[.!?;]\s")
+# How far back the sentence of a failure is looked for.
+FORECAST_LOOKBACK_CHARS = 300
+
+
 class Found(NamedTuple):
     """One message a family recognised: where it starts in the window, and its facts."""
 
     start: int
     facts: OomFacts
+
+
+def forecast(text: str, start: int) -> bool:
+    """Whether the sentence of ``text`` that leads to ``start`` (a failure a family or
+    the fallback found) only forecasts it: see ``_FORECAST``."""
+    begin = max(0, start - FORECAST_LOOKBACK_CHARS)
+    ends = _SENTENCE_END.finditer(text, begin, start)
+    sentence = max((end.end() for end in ends), default=begin)
+    told = text[sentence:start]
+    return _FORECAST.search(told) is not None and _QUESTION.search(told) is None
 
 
 def size_of(match: re.Match[str]) -> int:

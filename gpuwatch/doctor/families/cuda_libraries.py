@@ -5,7 +5,9 @@ These messages carry no sizes (or only the one failed request), so what they tel
 or a kernel's own allocation; the same from HIP, CuPy, Numba, RMM, MXNet), cuBLAS/cuDNN
 handle or workspace creation, the other CUDA libraries' allocation statuses (cuFFT,
 cuSOLVER, cuSPARSE, cuRAND, cuTENSOR, nvJPEG), bitsandbytes' managed (paged-optimizer)
-memory. NCCL has its own module (:mod:`~gpuwatch.doctor.families.nccl`).
+memory, RAPIDS Memory Manager's pool, OpenCV's CUDA modules (its -217 error with the
+runtime's text), NPP's statuses, and the driver API's status by its number (2). NCCL has its
+own module (:mod:`~gpuwatch.doctor.families.nccl`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ _RUNTIME = re.compile(
     # ggml's CUDA_CHECK names the backend it was built for, so its HIP build prints "ROCm
     # error: out of memory" (then "current device: 0, in function ... at ...common.cuh").
     r"(?P<api>(?i:cuda|hip|rocm))\s+(?i:driver\s+|runtime\s+)?(?i:API\s+)?(?i:error)"
+    # A check may print the status's number before its text: "CUDA error 2: out of memory"
+    # (2 is the runtime's cudaErrorMemoryAllocation and HIP's hipErrorOutOfMemory).
+    r"(?:\s+(?:code\s+)?2\b)?"
     # A check naming the function and line: 'Cuda error in func "cuda_init_device" at line
     # 33: out of memory.' (and "in ::call(...):" above).
     r"(?::|\s*\(2\),|\s+at\s+(?P<at>\w+):"
@@ -123,7 +128,10 @@ _GGML_BEFORE = re.compile(r"on\s+device\s+\d+:\s*$")
 # The CUDA_CHECK macro many C++ projects copy: "CUDA error 2 at ggml-cuda.cu:359: out of
 # memory" (llama.cpp before 2024, and others); 2 is cudaErrorMemoryAllocation.
 _CHECK_MACRO = re.compile(
-    r"CUDA\s+error\s+2\s+at\s+(?P<file>[\w./-]+):(?P<line>\d+):\s*out\s+of\s+memory"
+    # The same check may say "in file F line N" (AMReX's: "CUDA error 2 in file
+    # .../AMReX_Arena.cpp line 169: out of memory !!!"), and a HIP build "HIP error 2".
+    r"(?P<api0>CUDA|HIP)\s+error\s+2\s+(?:at|in)\s+(?:file\s+)?(?P<file>[\w./-]+?)"
+    r"(?::(?P<line>\d+)|,?\s+(?:at\s+)?line\s+(?P<line0>\d+))\s*:\s*out\s+of\s+memory"
     # "CUDA by Example"'s HANDLE_ERROR, copied as widely: "out of memory in FILE at line N".
     r"|out\s+of\s+memory\s+in\s+(?P<file2>[\w./-]+\.(?:cu|cuh|cpp|cc|c|h))\s+at\s+line\s+(?P<line2>\d+)"
     # Caffe2's CUDA_ENFORCE and others: "context_gpu.cu:415: out of memory" (a CUDA source file).
@@ -144,6 +152,35 @@ _CHECK_MACRO = re.compile(
     r"|(?:Check\s+failed:\s*)?(?<!\w)(?P<check2>cuda|hip)Success\s*==\s*\w+\.?\s*\(?0\s+vs\.?\s+2\b"
 )
 _CUDA_CONTEXT = re.compile(r"cuda|thrust|\bhip", re.IGNORECASE)
+# OpenCV's CUDA modules raise cv::Exception with code -217 (cv::Error::GpuApiCallError) and
+# the CUDA runtime's own text: "cuda_info.cpp:74: error: (-217:Gpu API call) out of memory in
+# function 'setDevice'" (OpenCV 4), "error: (-217) out of memory in function allocate"
+# (OpenCV 3), "OpenCV Error: Gpu API call (out of memory) in allocate, file ..., line N" (2.4).
+_OPENCV = re.compile(
+    r"\(-217(?::Gpu\s+API\s+call)?\)\s*out\s+of\s+memory(?:\s+in\s+function\s+'?(?P<function>\w+))?"
+    r"|Gpu\s+API\s+call\s+\(out\s+of\s+memory\)(?:\s+in\s+(?P<function2>\w+))?"
+)
+# Where OpenCV threw it: "cuda_info.cpp:74: error:" before, or ", file PATH, line N" after.
+_OPENCV_SOURCE = re.compile(r"(?P<file>[\w.-]+\.(?:cpp|cu|hpp)):(?P<line>\d+):\s*error:")
+_OPENCV_SOURCE_AFTER = re.compile(
+    r"file\s+\S*?(?P<file>[\w.-]+\.(?:cpp|cu|hpp)),\s+line\s+(?P<line>\d+)"
+)
+# cv::cuda::HostMem (cuda_host_mem.cpp) allocates page-locked host memory: system RAM.
+_OPENCV_HOST = re.compile(r"host_mem")
+# The driver API's status by its number: CUDA_ERROR_OUT_OF_MEMORY is 2 (as the runtime's
+# cudaErrorMemoryAllocation is). torch_memory_saver (SGLang): "CUresult error  result=2
+# file=csrc/torch_memory_saver.cpp func=cu_mem_create line=103"; Numba: "CudaAPIError: [2]
+# Call to cuMemAlloc results in ..."; NVIDIA's samples' checkCudaErrors: "Driver API error =
+# 0002". Only 2: the driver's other statuses are other errors.
+_DRIVER_CODE = re.compile(
+    r"\bCUresult(?:\s+error)?\s*(?:result|code|status)?\s*[=:(]?\s*(?P<code>2)\b(?![.\d])"
+    r"|\[2\]\s+Call\s+to\s+(?P<numba>cu[A-Z]\w*)"
+    r"|\bDriver\s+API\s+error\s*=\s*0*2\b"
+)
+_DRIVER_CODE_FUNC = re.compile(r"\bfunc(?:tion)?\s*[=:]\s*(?P<func>\w+)")
+# "file=csrc/torch_memory_saver.cpp ... line=103", "from file <simpleDrvRuntime.cpp>, line 53".
+_DRIVER_CODE_FILE = re.compile(r"\bfile\s*[=:]?\s*<?[^\s<>]*?(?P<file>[\w.-]+\.\w+)>?")
+_DRIVER_CODE_LINE = re.compile(r"\bline\s*[=:]?\s*(?P<line>\d+)")
 _GLOG_LOCATION = re.compile(r"\b(\w+\.(?:cpp|cu|cc|hpp)):(\d+)\]\s*$")
 # The driver API's name. TensorFlow's stream executor prints it too, after "failed to
 # alloc(ate) ... from device/on host:"; that wording is the tensorflow family's, and
@@ -164,6 +201,11 @@ _LIBRARY_ALLOC = re.compile(
     # glog's check that got the allocation status (2 for each of these) for success:
     # "Check failed: (cufftPlanMany(...)) == CUFFT_SUCCESS (2 vs. 0)".
     r"|\b(?P<check>CUFFT|CUSOLVER|CUSPARSE)_(?:STATUS_)?SUCCESS\s*\(\s*2\s+vs\.?\s+0\s*\)"
+    # NPP's statuses: NPP_MEMORY_ALLOCATION_ERR (-9; older headers' NPP_MEM_ALLOC_ERR, whose
+    # text some wrappers print as NPP_MEMORY_ALLOCATION_ERROR) and NPP_NO_MEMORY_ERROR; and
+    # ManagedCuda's NPPException when nppiMalloc returned no pointer: "Device allocation error".
+    r"|\b(?P<npp_status>(?P<npp>NPP)_(?:MEMORY_ALLOCATION_ERR(?:OR)?|MEM_ALLOC_ERR|NO_MEMORY_ERROR))\b"
+    r"|\b(?P<npp_managed>NPP)Exception\W{0,4}Device\s+allocation\s+error"
 )
 # NOT_INITIALIZED means cuBLAS could not create its handle; when that failed in handle
 # creation (cublasCreate, TF's "failed to create cublas handle", CuPy's cublas.create),
@@ -189,9 +231,27 @@ _WORKSPACE = re.compile(
 # MIOpen (ROCm's DNN library) could not get a buffer: "MIOpen Error: .../handlehip.cpp:70:
 # Memory not available to allocate buffer: 655360000".
 _MIOPEN = re.compile(r"Memory\s+not\s+available\s+to\s+allocate\s+buffer:\s*(?P<bytes>\d+)")
-# RAPIDS Memory Manager: "std::bad_alloc: out_of_memory: CUDA error at: .../rmm/..."
-# ... and the RMM releases before 0.12: "rmm.rmm.RMMError: RMM_ERROR_OUT_OF_MEMORY".
-_RMM = re.compile(r"(?:rmm::)?out_of_memory:\s+CUDA\s+error\s+at|RMM_ERROR_OUT_OF_MEMORY")
+# RAPIDS Memory Manager (cuDF, Spark RAPIDS, dask-cuda): its exception's text, "std::bad_alloc:
+# out_of_memory: CUDA error at: .../rmm/..." (the upstream cudaMalloc failed) or "out_of_memory:
+# RMM failure at:.../pool_memory_resource.hpp:196: Maximum pool size exceeded" (the pool or
+# arena reached the maximum size it was created with; older releases print it without the
+# "out_of_memory: "), the exception type alone ("terminate called after throwing an instance
+# of 'rmm::out_of_memory'"), and the RMM releases before 0.12: "RMMError: RMM_ERROR_OUT_OF_MEMORY".
+# RMM's own error log ("[FAILURE maximum pool size exceeded]") is not read: Spark RAPIDS logs
+# it for every tryAlloc that then goes on.
+_RMM = re.compile(
+    r"(?:rmm::)?out_of_memory:\s+(?:CUDA\s+error|RMM\s+failure)\s+at"
+    r"|\bRMM\s+failure\s+at:?\s*\S{0,300}?:\s*Maximum\s+pool\s+size\s+exceeded"
+    r"|\brmm::out_of_memory\b|RMM_ERROR_OUT_OF_MEMORY"
+)
+_RMM_POOL_FULL = re.compile(r"Maximum\s+pool\s+size\s+exceeded")
+# The memory resource that failed, from the path RMM prints: "pool_memory_resource.hpp:182".
+_RMM_RESOURCE = re.compile(r"\b(?P<resource>\w+_memory_resource)\.hpp:(?P<line>\d+)")
+# A pool over pinned host memory (Spark RAPIDS' host allocations): system RAM, not the GPU.
+_RMM_HOST_RESOURCE = re.compile(r"pinned|host")
+# Newer RMM adds the request: "Maximum pool size exceeded (failed to allocate 1.00 GiB)".
+_RMM_REQUESTED = compile_clause(r"\(failed\s+to\s+allocate\s+")
+RMM_CONTEXT_CHARS = 800
 _BNB = re.compile(
     r"Error\s+out\s+of\s+memory\s+at\s+line\s+(?P<line>\d+)\s+in\s+file\s+(?P<file>\S+)"
 )
@@ -311,10 +371,12 @@ def _library_alloc(span: Span) -> OomFacts:
     match = _LIBRARY_ALLOC.match(span.text, span.start)
     assert match is not None
     library = match["lib"] or match["fft"] or match["rand"] or match["jpeg"] or match["check"]
-    library = library or "CUFFT"
-    status = match["status"] or (
-        f"{library}_STATUS_ALLOC_FAILED" if library != "CUFFT" else "CUFFT_ALLOC_FAILED"
-    )
+    library = library or match["npp"] or match["npp_managed"] or "CUFFT"
+    status = match["status"] or match["npp_status"]
+    if status is None:
+        status = {"CUFFT": "CUFFT_ALLOC_FAILED", "NPP": "NPP_MEMORY_ALLOCATION_ERR"}.get(
+            library, f"{library}_STATUS_ALLOC_FAILED"
+        )
     return OomFacts(
         kind="cuda_library",
         category=f"{library.lower()}_alloc_failed",
@@ -336,12 +398,12 @@ def _check_macro(span: Span) -> OomFacts | None:
         file, line = (glog[1], glog[2]) if glog else ("", "")
     else:
         file = match["file"] or match["file2"] or match["file3"] or match["file4"]
-        line = match["line"] or match["line2"] or match["line3"] or match["line4"]
+        line = match["line"] or match["line0"] or match["line2"] or match["line3"] or match["line4"]
     host_file = match["file4"] and not file.endswith((".cu", ".cuh"))
     if host_file and not _cuda_location(span, match.end()):
         return None
     ggml = "ggml" in file
-    hip = check == "hip"
+    hip = check == "hip" or match["api0"] == "HIP"
     return OomFacts(
         kind="ggml" if ggml else "driver",
         category="ggml_cuda_alloc_failed" if ggml else "cuda_runtime_error_oom",
@@ -350,6 +412,49 @@ def _check_macro(span: Span) -> OomFacts | None:
         cuda_error="hipErrorOutOfMemory" if hip else "cudaErrorMemoryAllocation",
         cuda_error_code=2,
         source_location=f"{file.rsplit('/', 1)[-1]}:{line}" if file else None,
+        message=span.snippet,
+    )
+
+
+def _opencv(span: Span) -> OomFacts:
+    match = _OPENCV.match(span.text, span.start)
+    assert match is not None
+    line_end = span.text.find("\n", span.start, span.end)
+    line_end = span.end if line_end == -1 else line_end
+    source = _OPENCV_SOURCE.search(span.text, span.line_start, span.start) or (
+        _OPENCV_SOURCE_AFTER.search(span.text, span.start, line_end)
+    )
+    file = source["file"] if source else ""
+    host = _OPENCV_HOST.search(file) is not None
+    return OomFacts(
+        kind="driver",
+        category="host_pinned_memory_oom" if host else "opencv_cuda_oom",
+        exception=exception_before(span.text, span.start),
+        device_type="host" if host else "cuda",
+        cuda_error="cudaErrorMemoryAllocation",
+        api_call=match["function"] or match["function2"],
+        source_location=f"{file}:{source['line']}" if source else None,
+        message=span.snippet,
+    )
+
+
+def _driver_code(span: Span) -> OomFacts:
+    match = _DRIVER_CODE.match(span.text, span.start)
+    assert match is not None
+    line_end = span.text.find("\n", span.start, span.end)
+    line_end = span.end if line_end == -1 else line_end
+    func = _DRIVER_CODE_FUNC.search(span.text, span.start, line_end)
+    file = _DRIVER_CODE_FILE.search(span.text, span.start, line_end)
+    line = _DRIVER_CODE_LINE.search(span.text, file.end(), line_end) if file else None
+    return OomFacts(
+        kind="driver",
+        category="cuda_driver_error_oom",
+        exception=exception_before(span.text, span.start),
+        device_type="cuda",
+        cuda_error="CUDA_ERROR_OUT_OF_MEMORY",
+        cuda_error_code=2,
+        api_call=match["numba"] or (func["func"] if func else None),
+        source_location=f"{file['file']}:{line['line']}" if file and line else None,
         message=span.snippet,
     )
 
@@ -447,12 +552,25 @@ def _miopen(span: Span) -> OomFacts:
 
 
 def _rmm(span: Span) -> OomFacts:
+    # The type's name may open the message, its text (with the resource) on the next line
+    # (what() after "terminate called ..."): read to the end of that line.
+    bound = min(len(span.text), span.start + RMM_CONTEXT_CHARS)
+    line_end = span.text.find("\n", span.start, bound)
+    after = -1 if line_end == -1 else span.text.find("\n", line_end + 1, bound)
+    reach = bound if after == -1 else after
+    resource = _RMM_RESOURCE.search(span.text, span.start, reach)
+    pool_full = _RMM_POOL_FULL.search(span.text, span.start, reach) is not None
+    host = resource is not None and _RMM_HOST_RESOURCE.search(resource["resource"]) is not None
+    category = "rmm_pool_exhausted" if pool_full else "rmm_out_of_memory"
+    requested = _RMM_REQUESTED.search(span.text, span.start, reach)
     return OomFacts(
         kind="driver",
-        category="rmm_out_of_memory",
+        category="host_pinned_memory_oom" if host else category,
         exception=exception_before(span.text, span.start),
-        device_type="cuda",
-        cuda_error="cudaErrorMemoryAllocation",
+        device_type="host" if host else "cuda",
+        requested_bytes=size_of(requested) if requested else None,
+        cuda_error=None if pool_full or host else "cudaErrorMemoryAllocation",
+        source_location=f"{resource['resource']}.hpp:{resource['line']}" if resource else None,
         message=span.snippet,
     )
 
@@ -485,5 +603,7 @@ _BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...]
     (_WORKSPACE, _workspace),
     (_MIOPEN, _miopen),
     (_RMM, _rmm),
+    (_OPENCV, _opencv),
+    (_DRIVER_CODE, _driver_code),
     (_BNB, _bitsandbytes),
 )

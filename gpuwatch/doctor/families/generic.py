@@ -30,17 +30,22 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import SIZE, Found, exception_before, size_of
+from gpuwatch.doctor.families.clauses import SIZE, Found, exception_before, forecast, size_of
+from gpuwatch.doctor.units import SIZE_PATTERN, size_to_bytes
 
 # Memory said to be short, in words.
+# The GPU's memory called RAM: "GPU RAM", "video RAM" ("Not enough GPU RAM free (3686MB
+# free, need at least 4122MB)"). RAM alone is the host's.
+_GPU_RAM = r"(?:gpu|video|graphics)[\s_-]?ram"
 _SHORT = re.compile(
     # Not "memoryless"; "OutOfMemoryError", "OutOfDeviceMemory", "OUTOFVIDEOMEMORY" are
     # the same words, and the last two say where.
     r"out[\s_-]?of[\s_-]?(?P<where>(?:device|gpu|video|graphics|vram)[\s_-]?)?memory(?-i:(?![a-z]))"
+    rf"|out[\s_-]of[\s_-](?P<where_ram>{_GPU_RAM})\b"
     r"|\bOOM\b"
-    r"|(?:\bnot|n't)\s+(?:have\s+|had\s+)?enough\s+(?:[\w-]+\s+){0,3}?(?:memory|vram|hbm)\b"
-    r"|\binsufficient\s+(?:[\w-]+\s+){0,3}?(?:memory|vram|hbm)\b"
-    r"|\b(?:memory|vram)\s+(?:is\s+|was\s+)?(?:insufficient|exhausted|full)\b"
+    rf"|(?:\bnot|n't)\s+(?:have\s+|had\s+)?enough\s+(?:[\w-]+\s+){{0,3}}?(?:memory|vram|hbm|{_GPU_RAM})\b"
+    rf"|\binsufficient\s+(?:[\w-]+\s+){{0,3}}?(?:memory|vram|hbm|{_GPU_RAM})\b"
+    rf"|\b(?:memory|vram|{_GPU_RAM})\s+(?:is\s+|was\s+)?(?:insufficient|exhausted|full)\b"
     r"|\bexhausted\s+(?:[\w-]+\s+){0,2}?memory\b"
     r"|显存不足|显存不够|显存溢出|内存不足|内存不够",
     re.IGNORECASE,
@@ -114,6 +119,11 @@ _REQUESTED = re.compile(
     r"\balloc\w*\s+(?:of\s+)?(?:size\s+)?" + SIZE
     + r"|\bsize\s*[=:]\s*(?:(?P<hex>0x[0-9a-fA-F]+)|(?P<plain>\d{4,})(?![\d.]|\s*[KMGTPkmgtp]))"
 )  # fmt: skip
+# What the line says was free, and what it needed: "(3686MB free, need at least 4122MB)".
+# A number is matched from its first digit only (the lookbehind): tried from every digit of
+# a long one, the pattern would cost its length squared.
+_FREE = re.compile(r"(?<![\d,.])" + SIZE_PATTERN + r"\s+(?:free|available)\b")
+_NEEDED = re.compile(r"\bneed(?:s|ed)?\s+(?:at\s+least\s+)?" + SIZE_PATTERN)
 _INDEX = re.compile(
     r"(?:\bGPU|\bdevice|\bdev(?:_?id)?|\bcard|\b(?:cuda|npu|xpu|hip|mlu|tpu))\s*[#:=]?\s*(\d{1,3})\b",
     re.IGNORECASE,
@@ -161,7 +171,7 @@ def read_line(line: str, previous: str, following: str) -> OomFacts | None:
 
 # Every line _SHORT or _ALLOC_FAILED matches holds one of these (lower-cased): a
 # substring test spares the patterns most lines of a long log.
-_KEYWORDS = ("memory", "alloc", "oom", "vram", "hbm", "显存", "内存")
+_KEYWORDS = ("memory", "alloc", "oom", "vram", "hbm", "ram", "显存", "内存")
 
 
 def says_failure(line: str) -> bool:
@@ -190,9 +200,9 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
         return None
     ends = _SENTENCE_END.finditer(line, 0, failure.start())
     sentence = max((end.end() for end in ends), default=0)
-    if _SUPPOSED.search(line, sentence, failure.start()):
+    if _SUPPOSED.search(line, sentence, failure.start()) or forecast(line, failure.start()):
         return None
-    named = failure.re is _SHORT and failure["where"]
+    named = failure.re is _SHORT and (failure["where"] or failure["where_ram"])
     if named or _ACCELERATOR.search(line) or _ACCELERATOR.search(previous):
         return failure.start()
     # "device" (a weak word) on the line, or on the line before ("In Device::create_buffer"
@@ -206,7 +216,8 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
 
 def _facts(line: str, previous: str, exception: str | None) -> OomFacts:
     where = line + "\n" + previous
-    requested = _REQUESTED.search(line)
+    requested = _REQUESTED.search(line) or _NEEDED.search(line)
+    free = _FREE.search(line)
     index = _INDEX.search(line)
     device_type = next((name for name, pattern in _VENDORS if pattern.search(where)), None)
     return OomFacts(
@@ -217,6 +228,7 @@ def _facts(line: str, previous: str, exception: str | None) -> OomFacts:
         device_type=device_type,
         device_index=int(index[1]) if index else None,
         requested_bytes=_requested_bytes(requested),
+        free_bytes=size_to_bytes(free["num"], free["unit"]) if free else None,
         message=line.strip()[:4000],
     )
 
@@ -224,8 +236,10 @@ def _facts(line: str, previous: str, exception: str | None) -> OomFacts:
 def _requested_bytes(match: re.Match[str] | None) -> int | None:
     if match is None:
         return None
-    if match["hex"]:
+    if match.re is _REQUESTED and match["hex"]:
         return int(match["hex"], 16)
-    if match["plain"]:
+    if match.re is _REQUESTED and match["plain"]:
         return int(match["plain"])
+    if match.re is _NEEDED:
+        return size_to_bytes(match["num"], match["unit"])
     return size_of(match)

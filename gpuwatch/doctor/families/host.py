@@ -12,6 +12,21 @@ with ``Signal 9 (SIGKILL) received by PID 14750``. People read it as a GPU
 out-of-memory; on Linux it is nearly always the kernel's OOM killer reclaiming system
 RAM (data-loader workers, a model loaded on the CPU first), though a scheduler's kill
 (Slurm's time or memory limit) looks the same. A GPU OOM raises an exception instead.
+
+Applications that say system RAM ran out in their own words (:func:`find_applications`):
+
+* Ollama refuses to load a model that would not fit in system RAM: ``model requires more
+  system memory (3.7 GiB) than is available (3.6 GiB)`` (the request and what was free),
+  also without the sizes (``... than is currently available``).
+* Unity's memory manager: ``Could not allocate memory: System out of memory!``, with
+  ``Trying to allocate: 67108864B with 16 alignment`` after it, and its allocators'
+  ``DynamicHeapAllocator out of memory - Could not get memory for large allocation N!``.
+* Unreal Engine's ``Ran out of memory allocating 5894144 (5.6 MiB) bytes with alignment 0``,
+  often with Windows' ``The paging file is too small for this operation to complete``.
+* LMCache's buffer for KV-cache chunks (``memory_management.py``), a fixed pool of CPU
+  memory (``max_local_cpu_size``): ``Failed to allocate memory for tensor(torch.Size([...]),
+  torch.float16) because no memory is available`` (and ``... memory block of size N ...``).
+  That pool, not the whole machine, is what is full.
 """
 
 from __future__ import annotations
@@ -19,7 +34,8 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, compile_clause, exception_before, spans
+from gpuwatch.doctor.families.clauses import Found, Span, compile_clause, exception_before, spans
+from gpuwatch.doctor.units import parse_size
 
 _SIGKILL = re.compile(
     r"failed\s+\(exitcode:\s*-9\)|exitcode\s*:\s*-9\b|Signal\s+9\s+\(SIGKILL\)\s+received"
@@ -29,6 +45,26 @@ _CPU_ALLOCATOR = re.compile(
     r"|(?P<th>Torch:\s+not\s+enough\s+memory:)"
 )
 _TH_SIZE = compile_clause(r"you\s+tried\s+to\s+allocate\s+")
+# Each application's wording (see the module's docstring).
+_SIZE = r"\d+(?:\.\d+)?\s?[KMGT]i?B"
+_APPLICATIONS = re.compile(
+    rf"(?P<ollama>model\s+requires\s+more\s+system\s+memory)(?:\s+\((?P<need>{_SIZE})\))?"
+    rf"\s+than\s+is\s+(?:currently\s+)?available(?:\s+\((?P<free>{_SIZE})\))?"
+    r"|(?P<unity>Could\s+not\s+allocate\s+memory:\s+System\s+out\s+of\s+memory)"
+    # (the allocator's name is tried from a word's first character only: linear in a long word)
+    r"|(?<!\w)(?P<unity_allocator>\w{1,60}Allocator)\s+out\s+of\s+memory\s+-\s+Could\s+not\s+get\s+memory"
+    r"\s+for\s+large\s+allocation\s+(?P<large>\d+)"
+    r"|(?P<unreal>Ran\s+out\s+of\s+memory\s+allocating)\s+(?P<unreal_bytes>\d+)\s+(?:\([^)\n]{0,40}\)\s+)?"
+    r"bytes\s+with\s+alignment\s+\d+"
+    r"|(?P<lmcache>Failed\s+to\s+allocate\s+memory)\s+(?:for\s+tensor\((?P<tensor>[^\n]{0,200}?)\)"
+    r"|block\s+of\s+size\s+(?P<block>\d+))\s+because\s+no\s+memory\s+is\s+available"
+)
+# Unity's line after its failure: "Trying to allocate: 32768B with 16 alignment."
+_UNITY_SIZE = re.compile(r"Trying\s+to\s+allocate:\s*(?P<bytes>\d+)B\b")
+UNITY_SIZE_LOOKAHEAD_CHARS = 400
+MAX_APPLICATION_TRIES = 16  # each costs a look along its line
+# LMCache's tensor: "torch.Size([2, 80, 256, 256]), torch.float16".
+_TORCH_TENSOR = re.compile(r"torch\.Size\((?P<shape>\[[\d,\s]{0,100}\])\),\s*torch\.(?P<dtype>\w+)")
 _PID = re.compile(r"\(pid:\s*(?P<pid>\d+)\)|received\s+by\s+PID\s+(?P<pid2>\d+)")
 
 
@@ -63,3 +99,56 @@ def find(window: str) -> list[Found]:
         )
         return [Found(span.start, facts)]
     return []
+
+
+def find_applications(window: str) -> list[Found]:
+    """The first refusal of system RAM in an application's own words in ``window`` (each
+    prints one failure on several lines)."""
+    for span in spans(window, _APPLICATIONS, limit=600)[:MAX_APPLICATION_TRIES]:
+        match = _APPLICATIONS.match(window, span.start)
+        assert match is not None
+        if match["ollama"] and not match["need"] and not _reported(window, span):
+            continue  # "the 70B model requires more system memory than is available" in prose
+        return [Found(span.start, _application(window, span, match))]
+    return []
+
+
+# Ollama's refusal without its sizes is an error's text: "Error: ...", '{"error":"...'.
+_ERROR_BEFORE = re.compile(r"error", re.IGNORECASE)
+
+
+def _reported(window: str, span: Span) -> bool:
+    """Whether the line says an error before the match (Ollama's client prints its text)."""
+    return _ERROR_BEFORE.search(window, span.line_start, span.start) is not None
+
+
+def _application(window: str, span: Span, match: re.Match[str]) -> OomFacts:
+    requested = free = None
+    shape = dtype = None
+    if match["ollama"]:
+        category = "ollama_system_memory"
+        requested = parse_size(match["need"]) if match["need"] else None
+        free = parse_size(match["free"]) if match["free"] else None
+    elif match["unity"] or match["unity_allocator"]:
+        category = "unity_out_of_memory"
+        size = _UNITY_SIZE.search(window, span.start, span.start + UNITY_SIZE_LOOKAHEAD_CHARS)
+        requested = int(size["bytes"]) if size else int(match["large"] or 0) or None
+    elif match["unreal"]:
+        category = "unreal_out_of_memory"
+        requested = int(match["unreal_bytes"])
+    else:
+        category = "lmcache_buffer_full"
+        requested = int(match["block"]) if match["block"] else None
+        tensor = _TORCH_TENSOR.search(match["tensor"] or "")
+        shape, dtype = (tensor["shape"], tensor["dtype"]) if tensor else (None, None)
+    return OomFacts(
+        kind="host",
+        category=category,
+        exception=exception_before(window, span.start),
+        device_type="host",
+        requested_bytes=requested,
+        free_bytes=free,
+        tensor_shape=shape,
+        dtype=dtype,
+        message=span.snippet,
+    )

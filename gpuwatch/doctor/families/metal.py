@@ -8,6 +8,12 @@ Code=8 "Insufficient Memory (IOAF code 8)"``); llama.cpp's Metal backend prints 
 wording (:mod:`~gpuwatch.doctor.families.mps`). No sizes are printed: the fix is a
 smaller context or model, or fewer other apps holding unified memory.
 
+llama.cpp's Metal backend before it printed the error's description logged only its
+status, ``command buffer N failed with status 5`` (``MTLCommandBufferStatusError``, any
+error), and some builds the description's words on the next line (``out of memory``): that
+status is read as an out-of-memory only where the line or the two after it say memory ran
+out (``out of memory``, ``Insufficient Memory``).
+
 MLX's allocator says so before a command buffer runs: ``[malloc_or_wait] Unable to
 allocate N bytes.`` (``[malloc]`` in later releases) when unified memory is used up, and
 ``[metal::malloc] Attempting to allocate N bytes which is greater than the maximum
@@ -16,10 +22,11 @@ allowed buffer size of M bytes.`` when one buffer is larger than Metal allows at
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, exception_before, spans
+from gpuwatch.doctor.families.clauses import Found, exception_before, line_start, spans
 
 _HEADER = re.compile(
     r"(?:Insufficient\s+Memory\s+\(\w+:)?kIOGPUCommandBufferCallbackErrorOutOfMemory\)?"
@@ -27,6 +34,11 @@ _HEADER = re.compile(
     r"|MTLCommandBufferErrorDomain\s+Code=8\b|Insufficient\s+Memory\s+\(IOAF\s+code\s+8\)"
 )
 _GGML = re.compile(r"ggml_metal|llama_|ggml_backend")
+# MTLCommandBufferStatusError (5): an error of any kind, until the words after it say which.
+_STATUS_ERROR = re.compile(r"command\s+buffer\s+\d+\s+failed\s+with\s+status\s+5\b")
+_SAYS_MEMORY = re.compile(r"out\s+of\s+memory|insufficient\s+memory", re.IGNORECASE)
+STATUS_LINES_AFTER = 2
+MAX_STATUS_TRIES = 16  # each costs a look along three lines: a line repeating it stays linear
 _MLX_UNABLE = re.compile(
     r"\[(?:malloc_or_wait|malloc|metal::malloc)\]\s+Unable\s+to\s+allocate\s+(?P<bytes>\d+)\s+bytes"
 )
@@ -50,6 +62,7 @@ def find(window: str) -> list[Found]:
             message=span.snippet,
         )
         found.append(Found(span.start, facts))
+    found.extend(_status_error(window))
     for header, category in (
         (_MLX_UNABLE, "mlx_malloc_failed"),
         (_MLX_TOO_LARGE, "mlx_buffer_larger_than_allowed"),
@@ -66,4 +79,28 @@ def find(window: str) -> list[Found]:
                 message=window[match.start() : match.end() + 1].strip(),
             )
             found.append(Found(match.start(), facts))
+    return found
+
+
+def _status_error(window: str) -> list[Found]:
+    """Each ``command buffer N failed with status 5`` whose line, or one of the two after
+    it, says memory ran out."""
+    found = []
+    for match in itertools.islice(_STATUS_ERROR.finditer(window), MAX_STATUS_TRIES):
+        end = match.end()
+        for _ in range(STATUS_LINES_AFTER + 1):  # the rest of its line, then two more
+            newline = window.find("\n", end + 1)
+            end = len(window) if newline == -1 else newline
+        if not _SAYS_MEMORY.search(window, match.end(), end):
+            continue
+        begins = line_start(window, match.start())
+        facts = OomFacts(
+            kind="metal",
+            category="metal_command_buffer_oom",
+            exception=exception_before(window, begins),
+            device_type="metal",
+            api_call="llama.cpp (ggml Metal)" if _GGML.search(window, begins, end) else None,
+            message=window[begins:end].strip()[:4000],
+        )
+        found.append(Found(begins, facts))
     return found

@@ -13,9 +13,12 @@ Wordings (from NCCL's ``checks.h`` / ``alloc.h`` / ``shmutils.cc`` and PyTorch's
 * PyTorch: ``NCCL error in: ...ProcessGroupNCCL.cpp:N, unhandled cuda error[ (run with
   NCCL_DEBUG=INFO for details)], NCCL version X`` then ``ncclUnhandledCudaError: Call to
   CUDA function failed.`` and, since NCCL 2.12, ``Last error:`` with the CUDA failure.
-  Older torch: ``NCCL Error 1: unhandled cuda error``. Without a ``Last error`` naming
-  another failure, out-of-memory is the usual cause (``nccl_unhandled_cuda_error``, an
-  OOM suspect); with ``Last error: Cuda failure ... 'invalid argument'`` it is not an OOM.
+  Older torch: ``NCCL Error 1: unhandled cuda error``. Where NCCL names the CUDA failure
+  (its ``Last error:`` line, each line behind a logger's or a host's prefix, or its own
+  ``NCCL WARN Cuda failure`` just before), only an out-of-memory one (its text, or the
+  number 2) makes this an OOM: ``Cuda failure 'initialization error'``, ``1 'invalid
+  argument'`` or ``999 'unknown error'`` are other errors. Where nothing names it,
+  out-of-memory is the usual cause (``nccl_unhandled_cuda_error``, an OOM suspect).
 """
 
 from __future__ import annotations
@@ -37,11 +40,23 @@ _SHM = re.compile(
     r"|failed\s+to\s+extend\s+(?P<extended>/dev/shm/\S+)\s+to\s+(?P<to>\d+)\s+bytes)"
 )
 _UNHANDLED = re.compile(r"unhandled\s+cuda\s+error|ncclUnhandledCudaError")
-# How far after "unhandled cuda error" PyTorch prints NCCL's "Last error:" line.
+# How far after "unhandled cuda error" PyTorch prints NCCL's "Last error:" line, and how far
+# before it NCCL's own WARN line with the failure may be.
 LAST_ERROR_LOOKAHEAD_CHARS = 800
-_LAST_ERROR = re.compile(
-    r"Last\s+error:\s*(?:Cuda|HIP)\s+failure\s+(?:\d+\s+)?'(?P<what>[^'\n]{1,80})'"
+CUDA_FAILURE_LOOKBACK_CHARS = 800
+# The CUDA failure NCCL names: "Cuda failure 'initialization error'", NCCL >= 2.19's "Cuda
+# failure 1 'invalid argument'", RCCL's "HIP failure ...". Found wherever it is within the
+# bounds, so a prefix on each line ("rank0: ", "worker-1: ") does not hide it.
+_CUDA_FAILURE = re.compile(
+    r"(?:Cuda|CUDA|HIP)\s+failure\s+(?:(?P<code>\d+)\s+)?'(?P<what>[^'\n]{1,80})'"
 )
+# NCCL's "Last error:" with a failure that is about memory, in NCCL's other words: its
+# "Failed to CUDA calloc N bytes" (or alloc, malloc; not "host alloc", pinned RAM) behind
+# the unhandled error.
+_LAST_ERROR_MEMORY = re.compile(
+    r"Last\s+error:[^\n]{0,200}\n?[^\n]{0,200}?Failed\s+to\s+CUDA\s+(?:calloc|alloc|malloc)\b"
+)
+_OUT_OF_MEMORY = re.compile(r"out\s+of\s+memory", re.IGNORECASE)
 # "host:pid:tid [gpu]" right before the message on its line.
 _ORIGIN = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+\s+\[(?P<gpu>\d+)\]")
 
@@ -122,11 +137,23 @@ def _shm(span: Span) -> OomFacts:
     )
 
 
-def _unhandled(span: Span) -> OomFacts | None:
+def _named_failure(span: Span) -> bool | None:
+    """Whether the CUDA failure NCCL names around the unhandled error is an out-of-memory
+    (``None``: none is named)."""
     # Both header wordings appear in one message; look past the span for "Last error".
-    last = _LAST_ERROR.search(span.text, span.start, span.start + LAST_ERROR_LOOKAHEAD_CHARS)
-    oom = last is not None and re.fullmatch(r"out\s+of\s+memory", last["what"]) is not None
-    if last is not None and not oom:
+    low = max(0, span.start - CUDA_FAILURE_LOOKBACK_CHARS)
+    high = span.start + LAST_ERROR_LOOKAHEAD_CHARS
+    named = list(_CUDA_FAILURE.finditer(span.text, low, high))
+    if any(f["code"] == "2" or _OUT_OF_MEMORY.fullmatch(f["what"]) for f in named):
+        return True
+    if _LAST_ERROR_MEMORY.search(span.text, span.start, high):
+        return True
+    return False if named else None
+
+
+def _unhandled(span: Span) -> OomFacts | None:
+    oom = _named_failure(span)
+    if oom is False:
         return None  # the CUDA failure is named, and it is not memory
     host, pid, gpu = _origin(span)
     return OomFacts(

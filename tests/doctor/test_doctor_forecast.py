@@ -1,0 +1,81 @@
+"""A failure only forecast is not a failure, whichever family knows its wording.
+
+Documentation, pull requests and how-to articles name the errors an API may return;
+people paste them, and blind-30's near misses showed four families and the fallback
+reading such a sentence as an OOM. The rule (families/clauses.py, ``forecast``) looks
+only at the failure's own sentence, before it: what a log line says after the failure
+("If reserved but unallocated memory is large ...") or on another line does not count.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwatch.doctor.parse import parse_oom
+from gpuwatch.errors import NotRecognized
+
+FORECASTS = {
+    "vulkan-may-produce": "Allocating memory for Vulkan resources may produce "
+    "VK_ERROR_OUT_OF_DEVICE_MEMORY, so the allocator retries with a smaller block.",
+    "blender-may-display": "Blender may display an error that reads \u201cSystem is out of "
+    "GPU memory\u201d when a scene's textures do not fit.",
+    "driver-will-return": "The Vulkan driver will return OOM errors when the shared GPU "
+    "memory has filled up.",
+    "pytorch-might-raise": "Large batches might raise torch.OutOfMemoryError: CUDA out of "
+    "memory. Tried to allocate 2.00 GiB",
+    "cuda-can-return": "cudaMallocAsync can return cudaErrorMemoryAllocation (out of memory) "
+    "when the pool's release threshold is too low.",
+    "opencl-could-return": "clCreateBuffer could return CL_MEM_OBJECT_ALLOCATION_FAILURE if "
+    "the buffer is larger than the device allows.",
+    "commit-prose": "This commit adds the case for UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY to "
+    "the cases where the constructor throws.",
+    "pr-prose": "The PR maps hipErrorOutOfMemory to a Python MemoryError.",
+}
+
+
+@pytest.mark.parametrize("text", FORECASTS.values(), ids=FORECASTS.keys())
+def test_a_forecast_failure_is_not_recognised(text: str) -> None:
+    with pytest.raises(NotRecognized):
+        parse_oom(text)
+
+
+FAILURES = {
+    # A negated modal is a failure that happened.
+    "could-not-allocate": (
+        "RuntimeError: could not allocate 2.00 GiB on device 0: CUDA error: out of memory",
+        "driver",
+    ),
+    # What PyTorch says after the failure, in its own sentences, is advice.
+    "advice-after": (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+        "total capacity of 23.65 GiB of which 3.06 MiB is free. If reserved but unallocated "
+        "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to "
+        "avoid fragmentation.",
+        "pytorch_allocator",
+    ),
+    # The forecast on the line before does not reach the failure's own line.
+    "forecast-line-before": (
+        "Note: a large batch may cause this error.\nRuntimeError: CUDA error: out of memory",
+        "driver",
+    ),
+    # A person asking about a failure they met, or what causes it.
+    "why-would-return": (
+        "Why would cudaMalloc return out of memory on GPU 0 when nvidia-smi shows 20 GiB free?",
+        "driver",
+    ),
+    "what-can-lead-to": (
+        'what issues can lead to this error which is "RuntimeError: CUDA error: out of memory"?',
+        "driver",
+    ),
+    # A person telling of a failure they keep meeting.
+    "will-throw-narrative": (
+        "Every run will throw torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "1.50 GiB (GPU 0; 7.79 GiB total capacity; 5.10 GiB already allocated)",
+        "pytorch_allocator",
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "kind"), FAILURES.values(), ids=FAILURES.keys())
+def test_a_failure_that_happened_is_still_recognised(text: str, kind: str) -> None:
+    assert parse_oom(text).kind == kind
