@@ -75,6 +75,8 @@ _NEURON = re.compile(
     r"|\bnrt_\w{1,40}\s+status=4\b"
     r"|\bNRT_RESOURCE\b|'NERR_RESOURCE'"
 )
+# A word of each of _NEURON's branches (clauses.mentions).
+_NEURON_WORDS = ("memory:", "usage:", "bytes", "mla", "nrt_", "nerr_")
 # "on ND 0:NC 1": which Neuron device, anywhere in the failure's lines.
 _NEURON_DEVICE = re.compile(r"\bon\s+ND\s+(?P<nd>\d+)")
 NEURON_CONTEXT_CHARS = 1500
@@ -87,7 +89,9 @@ def find(window: str) -> list[Found]:
 
 
 def _poplar(window: str) -> list[Found]:
-    for span in spans(window, _POPLAR, limit=POPLAR_CONTEXT_CHARS)[:1]:
+    for span in spans(
+        window, _POPLAR, limit=POPLAR_CONTEXT_CHARS, needs=("memory_allocation_error", "tile")
+    )[:1]:
         begins = span.line_start
         around = window[begins : span.start + POPLAR_CONTEXT_CHARS]
         stream = _POPLAR_STREAM.search(around)
@@ -105,7 +109,7 @@ def _poplar(window: str) -> list[Found]:
 
 
 def _neuron(window: str) -> list[Found]:
-    for span in spans(window, _NEURON, limit=NEURON_CONTEXT_CHARS)[:1]:
+    for span in spans(window, _NEURON, limit=NEURON_CONTEXT_CHARS, needs=_NEURON_WORDS)[:1]:
         match = _NEURON.match(window, span.start)
         assert match is not None
         begins = span.line_start
@@ -139,7 +143,7 @@ def _neuron_size(match: re.Match[str]) -> int | None:
 
 def _tt_metal(window: str) -> list[Found]:
     found = []
-    for span in spans(window, _TT_METAL, limit=400):
+    for span in spans(window, _TT_METAL, limit=400, needs=("space", "circular")):
         match = _TT_METAL.match(window, span.start)
         assert match is not None
         buffer = (match["buffer"] or "L1").upper()

@@ -113,8 +113,33 @@ def line_start(text: str, pos: int) -> int:
     return text.rfind("\n", 0, pos) + 1
 
 
-def spans(text: str, header: re.Pattern[str], *, limit: int = 3000) -> list[Span]:
-    """One span per ``header`` match: from it to the next header (or ``limit`` chars)."""
+# The last text lowered by :func:`mentions`, and its lowered copy: every family is
+# handed the same window object, so it is lowered once, not once per family.
+_lowered: tuple[str, str] = ("", "")
+
+
+def mentions(text: str, words: tuple[str, ...]) -> bool:
+    """Whether ``text``, lowered, holds one of ``words`` (lower case).
+
+    A cheap necessary condition to check before a pattern with no literal text at its
+    start: Python's re tries such a pattern at every position of a 64 KiB window, where
+    a substring search skips along at C speed. ``words`` must hold a word of every
+    branch of the pattern, or it would miss what the pattern matches.
+    """
+    global _lowered
+    cached = _lowered  # one read: another thread may replace it meanwhile
+    if cached[0] is not text:
+        cached = _lowered = (text, text.lower())
+    return any(word in cached[1] for word in words)
+
+
+def spans(
+    text: str, header: re.Pattern[str], *, limit: int = 3000, needs: tuple[str, ...] = ()
+) -> list[Span]:
+    """One span per ``header`` match: from it to the next header (or ``limit`` chars).
+    With ``needs``, none unless ``text`` :func:`mentions` one of those words."""
+    if needs and not mentions(text, needs):
+        return []
     starts = [m.start() for m in header.finditer(text)]
     out = []
     for i, start in enumerate(starts):

@@ -34,7 +34,14 @@ import itertools
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, Span, exception_before, line_start, spans
+from gpuwatch.doctor.families.clauses import (
+    Found,
+    Span,
+    exception_before,
+    line_start,
+    mentions,
+    spans,
+)
 
 _VULKAN = re.compile(
     r"VK_ERROR_OUT_OF_DEVICE_MEMORY|ErrorOutOfDeviceMemory"
@@ -131,7 +138,13 @@ def find(window: str) -> list[Found]:
     """The first Vulkan and the first OpenCL out-of-device-memory (repeats are one
     failure), and every DirectML one, in ``window``."""
     found = []
-    vulkan = [span for span in spans(window, _VULKAN, limit=400) if not _went_on(span)]
+    vulkan = [
+        span
+        for span in spans(
+            window, _VULKAN, limit=400, needs=("vk", "vma", "vulkan", "outofdevicememory")
+        )
+        if not _went_on(span)
+    ]
     for span in vulkan[:1]:
         start = max(0, span.start - CONTEXT_CHARS)
         size = _GGML_SIZE.search(window, start, span.start)
@@ -149,7 +162,7 @@ def find(window: str) -> list[Found]:
         )
         found.append(Found(begins, facts))
     if not vulkan:
-        for span in spans(window, _VULKAN_HOST, limit=300)[:1]:
+        for span in spans(window, _VULKAN_HOST, limit=300, needs=("vk", "outofhostmemory"))[:1]:
             facts = OomFacts(
                 kind="host",
                 category="vulkan_out_of_host_memory",
@@ -194,7 +207,9 @@ def find(window: str) -> list[Found]:
 
 def _windows_out_of_memory(window: str) -> list[Found]:
     """The first E_OUTOFMEMORY in ``window`` with DirectML or Direct3D 12 around it."""
-    if not _DIRECTML_CONTEXT.search(window):
+    if not mentions(
+        window, ("dml", "d3d12", "direct3d", "directml")
+    ) or not _DIRECTML_CONTEXT.search(window):
         return []
     for match in itertools.islice(_E_OUTOFMEMORY.finditer(window), MAX_STATUS_TRIES):
         begins = line_start(window, match.start())
@@ -216,6 +231,8 @@ def _windows_out_of_memory(window: str) -> list[Found]:
 
 def _opencl_status(window: str) -> list[Found]:
     """The first OpenCL status read by its number (or -5 and -6 by name) next to its call."""
+    if not mentions(window, ("-4", "-5", "-6", "cl_out_of_")):
+        return []
     for match in itertools.islice(_OPENCL_STATUS.finditer(window), MAX_STATUS_TRIES):
         code = match["code"] or match["code2"] or match["code3"]
         name = match["name"] or match["name2"] or match["name3"]

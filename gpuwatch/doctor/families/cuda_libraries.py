@@ -269,7 +269,7 @@ def find(window: str) -> list[Found]:
     """Every CUDA runtime/driver/library OOM in ``window``."""
     found: list[Found] = []
     for header, build in _BUILDERS:
-        for span in spans(window, header, limit=800):
+        for span in spans(window, header, limit=800, needs=_NEEDS.get(header, ())):
             facts = build(span)
             if facts is not None:
                 found.append(Found(span.start, facts))
@@ -589,6 +589,14 @@ def _bitsandbytes(span: Span) -> OomFacts:
         message=span.snippet,
     )
 
+
+# A word of every branch of a builder's pattern (clauses.mentions), for the patterns
+# that would otherwise be tried at every position of a window.
+_NEEDS: dict[re.Pattern[str], tuple[str, ...]] = {
+    _RMM: ("rmm", "out_of_memory"),
+    _OPENCV: ("-217", "(out"),
+    _DRIVER_CODE: ("curesult", "[2]", "driver"),
+}
 
 _BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...] = (
     (_RUNTIME, _runtime),

@@ -59,6 +59,8 @@ _APPLICATIONS = re.compile(
     r"|(?P<lmcache>Failed\s+to\s+allocate\s+memory)\s+(?:for\s+tensor\((?P<tensor>[^\n]{0,200}?)\)"
     r"|block\s+of\s+size\s+(?P<block>\d+))\s+because\s+no\s+memory\s+is\s+available"
 )
+# A word of each of _APPLICATIONS' branches (clauses.mentions).
+_APPLICATION_WORDS = ("requires", "memory:", "large", "alignment", "because")
 # Unity's line after its failure: "Trying to allocate: 32768B with 16 alignment."
 _UNITY_SIZE = re.compile(r"Trying\s+to\s+allocate:\s*(?P<bytes>\d+)B\b")
 UNITY_SIZE_LOOKAHEAD_CHARS = 400
@@ -104,7 +106,9 @@ def find(window: str) -> list[Found]:
 def find_applications(window: str) -> list[Found]:
     """The first refusal of system RAM in an application's own words in ``window`` (each
     prints one failure on several lines)."""
-    for span in spans(window, _APPLICATIONS, limit=600)[:MAX_APPLICATION_TRIES]:
+    for span in spans(window, _APPLICATIONS, limit=600, needs=_APPLICATION_WORDS)[
+        :MAX_APPLICATION_TRIES
+    ]:
         match = _APPLICATIONS.match(window, span.start)
         assert match is not None
         if match["ollama"] and not match["need"] and not _reported(window, span):

@@ -25,7 +25,7 @@ import itertools
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, exception_before, line_start
+from gpuwatch.doctor.families.clauses import Found, exception_before, line_start, mentions
 
 _STATUS = re.compile(
     # The status by name.
@@ -56,6 +56,8 @@ MAX_TRIES = 16
 def find(window: str) -> list[Found]:
     """The first NVENC out-of-memory status in ``window`` (programs print one failure on
     several lines: NVEncC three times)."""
+    if not mentions(window, ("nvenc", "nv_enc")):
+        return []
     for match in itertools.islice(_STATUS.finditer(window), MAX_TRIES):
         begins = line_start(window, match.start())
         end = window.find("\n", match.end())

@@ -30,7 +30,7 @@ DIALOG_CHARS = 400
 def find(window: str) -> list[Found]:
     """The first NVIDIA dialog and the first OpenGL out-of-memory status in ``window``."""
     found = []
-    for span in spans(window, _NVIDIA_DIALOG, limit=DIALOG_CHARS)[:1]:
+    for span in spans(window, _NVIDIA_DIALOG, limit=DIALOG_CHARS, needs=("requested",))[:1]:
         pid = _PID.search(window, span.start, span.end)
         facts = OomFacts(
             kind="device",
@@ -43,7 +43,7 @@ def find(window: str) -> list[Found]:
         found.append(Found(span.start, facts))
     if found:
         return found
-    for span in spans(window, _GL, limit=300)[:1]:
+    for span in spans(window, _GL, limit=300, needs=("gl_out_of_memory", "opengl"))[:1]:
         begins = span.line_start
         facts = OomFacts(
             kind="device",

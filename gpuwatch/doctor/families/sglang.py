@@ -35,7 +35,7 @@ _FRACTION = re.compile(r"mem_fraction_static\s*=\s*(?P<fraction>[\d.]+)")
 def find(window: str) -> list[Found]:
     """Every SGLang KV-pool refusal in ``window``."""
     found = []
-    for span in spans(window, _STARTUP, limit=300):
+    for span in spans(window, _STARTUP, limit=300, needs=("fraction",)):
         match = _STARTUP.match(window, span.start)
         assert match is not None
         fraction = _FRACTION.search(window, span.start, span.end)
@@ -49,7 +49,7 @@ def find(window: str) -> list[Found]:
             message=span.snippet,
         )
         found.append(Found(span.start, facts))
-    for span in spans(window, _SERVING, limit=300):
+    for span in spans(window, _SERVING, limit=300, needs=("prefill", "decode")):
         match = _SERVING.match(window, span.start)
         assert match is not None
         facts = OomFacts(

@@ -47,7 +47,7 @@ CONTEXT_LINES_CHARS = 400
 def find(window: str) -> list[Found]:
     """The first SYCL out-of-memory status in ``window`` (one failure prints it on every
     level it passes through)."""
-    for span in spans(window, _STATUS, limit=400):
+    for span in spans(window, _STATUS, limit=400, needs=("_out_of_",)):
         facts = _facts(window, span.start)
         if facts is not None:
             return [Found(span.start, facts)]

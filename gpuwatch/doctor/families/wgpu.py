@@ -41,7 +41,7 @@ CONTEXT_CHARS = 400
 
 def find(window: str) -> list[Found]:
     """The first wgpu out-of-memory in ``window`` (its error sink repeats the report)."""
-    for span in spans(window, _OOM, limit=300):
+    for span in spans(window, _OOM, limit=300, needs=("enough", "wgpu", "outofmemory")):
         low = max(0, span.start - CONTEXT_CHARS)
         if "GPUOutOfMemoryError" not in window[span.start : span.start + 20] and not (
             _CONTEXT.search(window, low, span.end)
