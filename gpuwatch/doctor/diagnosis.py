@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwatch.doctor import remedies
 from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.families import host
 from gpuwatch.doctor.figures import Figures
 from gpuwatch.doctor.live import LiveGpu
 from gpuwatch.doctor.units import GIB, MIB, format_size
@@ -230,6 +231,7 @@ _ACTIVATION_CATEGORIES = {
     "tensorflow_stream_executor_alloc_failed",
     "xla_resource_exhausted",
     "ggml_cuda_alloc_failed",
+    "ggml_metal_alloc_failed",
     "cudnn_no_algorithm_oom",
     "pytorch_mps_oom",
     "cupy_oom",
@@ -248,6 +250,8 @@ def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
     tensor = tensor_bytes(facts.tensor_shape, facts.dtype)
     requested = fig.requested if fig.requested is not None else tensor
     held = fig.allocated if fig.allocated is not None else fig.this_process
+    if facts.device_type == "host":
+        held = None  # system RAM a process held (the OOM killer's anon-rss), not the GPU's
     dominant = bool(held is not None and capacity and held >= DOMINANT_SHARE * capacity)
     big_request = bool(
         requested is not None and capacity and requested >= LARGE_REQUEST_SHARE * capacity
@@ -516,6 +520,8 @@ def _unknown(ctx: Context) -> Diagnosis:
             f"{format_size(facts.free_bytes)} was free: other programs, or models Ollama keeps "
             "loaded, hold the rest"
         )
+    elif facts.category in ("linux_oom_killer", "cgroup_oom_killer"):
+        evidence = _oom_killer_evidence(facts, evidence)
     elif facts.category == "hami_pod_limit" and facts.would_use_bytes and facts.allowed_bytes:
         evidence = (
             f"HAMi limits this pod to {format_size(facts.allowed_bytes)} of the GPU "
@@ -537,6 +543,22 @@ def _unknown(ctx: Context) -> Diagnosis:
         commands=remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)
         or remedies.find_holders(facts.device_type),
     )
+
+
+def _oom_killer_evidence(facts: OomFacts, general: str) -> str:
+    """Who the kernel killed and what it held in RAM, then the general text."""
+    name = host.killed_process(facts.message)
+    who = " ".join(
+        part for part in (name, f"(pid {facts.pid})" if facts.pid is not None else None) if part
+    )
+    if not who:
+        return general
+    held = (
+        f", which held {format_size(facts.process_in_use_bytes)} of RAM (anon-rss)"
+        if facts.process_in_use_bytes is not None
+        else ""
+    )
+    return f"the kernel killed {who}{held}; {general}"
 
 
 _RULES: tuple[Rule, ...] = (

@@ -272,6 +272,25 @@ UNKNOWN_BY_CATEGORY = {
     "lmcache_buffer_full": "LMCache's CPU buffer for KV-cache chunks (max_local_cpu_size) is "
     "full: that fixed pool, not the machine's RAM, had no room; where the server went on "
     "serving, those chunks were only not cached",
+    "linux_oom_killer": "the Linux kernel's OOM killer killed the process to reclaim system "
+    "RAM: the machine's RAM (and swap) ran out, not the GPU's memory; a model loaded on the "
+    "CPU first, DataLoader workers each holding a copy of the dataset, or other programs",
+    "cgroup_oom_killer": "the kernel killed the process because its memory cgroup reached its "
+    "limit (a container's --memory, a Kubernetes pod's limits.memory, a systemd slice, "
+    "Slurm's --mem): that limit, not the machine's RAM nor the GPU, ran out",
+    "dataloader_worker_sigkilled": "a DataLoader worker was killed with SIGKILL, not by a GPU "
+    "out-of-memory: most likely the kernel's OOM killer reclaiming system RAM (each worker "
+    "holds its own copy of the dataset's Python objects, and prefetched batches), or a "
+    "scheduler's kill; dmesg says which",
+    "dataloader_shm_exhausted": "the DataLoader's workers hand their batches to the main "
+    "process through shared memory (/dev/shm) and it is too small (a Docker container's "
+    "default is 64 MiB): this is host memory, not the GPU",
+    "ggml_metal_alloc_failed": "llama.cpp could not allocate a Metal buffer in unified memory: "
+    "the weights, the KV cache for the context (-c) and the compute buffers need more than "
+    "the GPU's share of the Mac's memory (about two thirds to three quarters of RAM); other "
+    "apps' memory counts against it",
+    "cupy_oom_name_only": "only CuPy's exception name is here; its message (the size asked "
+    "for, what the pool holds) says which fix applies: paste the whole message",
     "pytorch_caching_allocator_oom_first_line": "only the message's first line is here; its "
     "figures (requested, free, held by others) say which fix applies: paste the whole message",
 }
@@ -381,6 +400,14 @@ NVENC_SESSIONS = [
     *FIND_HOLDERS,
 ]
 
+# The kernel's OOM killer: its own lines say who was killed and what it held.
+OOM_KILLER = [
+    "sudo dmesg -T | grep -i -E 'killed process|out of memory'   # every kill, with the RAM each process held",
+    *_SYSTEM_RAM,
+    "fewer DataLoader workers (num_workers), or load the model straight to the GPU (device_map, low_cpu_mem_usage=True)",
+    "more swap, or a machine with more RAM, if the job's working set really needs it",
+]
+
 UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
     "rmm_pool_exhausted": RMM_POOL,
     "sglang_kv_pool_does_not_fit": SGLANG_STARTUP,
@@ -435,6 +462,32 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "sudo dmesg -T | grep -i -E 'killed process|out of memory'   # the kernel's OOM killer, if it was",
         *_SYSTEM_RAM,
         "fewer DataLoader workers (num_workers), or load the model straight to the GPU (device_map, low_cpu_mem_usage=True)",
+    ],
+    "linux_oom_killer": OOM_KILLER,
+    "cgroup_oom_killer": [
+        "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory.peak   # the limit, and the peak use (cgroup v2)",
+        "raise the limit: docker run --memory=64g ..., Kubernetes resources.limits.memory, Slurm --mem",
+        "kubectl describe pod POD   # Last State: Terminated, Reason: OOMKilled, and the limits",
+        "fewer DataLoader workers (num_workers), or load the model straight to the GPU (device_map, low_cpu_mem_usage=True)",
+    ],
+    "dataloader_worker_sigkilled": [
+        "sudo dmesg -T | grep -i -E 'killed process|out of memory'   # the kernel's OOM killer, if it was",
+        *_SYSTEM_RAM,
+        "DataLoader(..., num_workers=2, prefetch_factor=2)   # fewer workers, fewer batches in flight",
+        "keep the dataset's samples in numpy arrays, not Python lists or dicts: workers' reads "
+        "of Python objects copy their pages (reference counts)",
+    ],
+    "dataloader_shm_exhausted": [
+        "df -h /dev/shm   # its size, and how full it is",
+        "docker run --shm-size=8g ...   # or --ipc=host; Kubernetes: an emptyDir medium: Memory at /dev/shm",
+        "DataLoader(..., num_workers=2)   # fewer workers, or smaller batches: less in /dev/shm at once",
+        "torch.multiprocessing.set_sharing_strategy('file_system')   # another way to share tensors",
+    ],
+    "ggml_metal_alloc_failed": [
+        "llama.cpp: lower the context (-c) and batch (-b / -ub), offload fewer layers (-ngl), "
+        "or a smaller quantisation (Q4_K_M)",
+        "sudo sysctl iogpu.wired_limit_mb=<MiB>   # raise the GPU's share of unified memory (macOS 14+)",
+        *_UNIFIED_MEMORY,
     ],
     "onnxruntime_arena_absurd_size": [
         "check the input shapes fed to the session: a dynamic dimension of 0 or -1, or an overflowed product",

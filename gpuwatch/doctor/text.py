@@ -108,6 +108,15 @@ ANCHORS = (
     "cl_out_of_host_memory",  # OpenCL's host-memory status by name
     "returned error 10",  # NVIDIA's Video Codec SDK: "nvEncOpenEncodeSessionEx(...) returned error 10"
     "requires more system memory",  # Ollama: the model does not fit in system RAM
+    # The Linux kernel's OOM killer ("Out of memory: Killed process" has "out of memory"),
+    # and a container's kill as Kubernetes and Docker report it.
+    "killed process",
+    "oom-kill",  # "oom-kill:constraint=...", "python3 invoked oom-killer:"
+    "oomkilled",
+    # PyTorch's DataLoader: a worker SIGKILLed, or SIGBUS for want of shared memory.
+    "killed by signal: killed",
+    "killed by signal: bus error",
+    "unexpected bus error",
     # AWS Neuron's runtime: 'nrt_tensor_allocate status=4 message="Allocation Failure"' (not
     # "status=4" alone: web logs are full of "status=404").
     "nrt_tensor_allocate",

@@ -1,4 +1,5 @@
-"""A failure only forecast is not a failure, whichever family knows its wording.
+"""A failure only forecast, or only built in code, is not a failure, whichever family
+knows its wording.
 
 Documentation, pull requests and how-to articles name the errors an API may return;
 people paste them, and blind-30's near misses showed four families and the fallback
@@ -30,6 +31,13 @@ FORECASTS = {
     "commit-prose": "This commit adds the case for UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY to "
     "the cases where the constructor throws.",
     "pr-prose": "The PR maps hipErrorOutOfMemory to a Python MemoryError.",
+    "advice-to-the-reader": "Keep the batch small, otherwise you will see a CUDA Out Of Memory "
+    "(OOM) Error and your training will crash.",
+    # Built in code, not printed by a failure.
+    "passed-to-a-call": "This returns false: `is_oom(RuntimeError('CUDA error: out of memory'))`",
+    "the-string-code-looks-for": "The helper only checks for the string `CUDA out of memory.`",
+    # The words inside the name of code that tests for an OOM (families/generic.py).
+    "handler-name": "`lightning.utilities.memory.is_cuda_out_of_memory` does not work reliably",
 }
 
 
@@ -65,6 +73,16 @@ FAILURES = {
     ),
     "what-can-lead-to": (
         'what issues can lead to this error which is "RuntimeError: CUDA error: out of memory"?',
+        "driver",
+    ),
+    # An exception's repr in a log, after a colon, is one that was raised.
+    "repr-in-a-log": (
+        "worker 3 failed: RuntimeError('CUDA error: out of memory')",
+        "driver",
+    ),
+    # "When" starts a sentence that is not a question.
+    "when-not-a-question": (
+        "When I start the second run, RuntimeError: CUDA error: out of memory",
         "driver",
     ),
     # A person telling of a failure they keep meeting.

@@ -32,12 +32,29 @@ _FORECAST = re.compile(
     r"\b(?:may|might|can|could|should)\s+(?!not\b)(?:\w+\s+){0,2}?"
     r"(?:produce|display|show|throw|raise|return|report|fail\s+with)\b"
     r"|\b(?:will|would)\s+(?!not\b)(?:\w+\s+){0,2}?(?:return|produce|report)\b"
+    # Advice told to the reader: "otherwise you will see a CUDA Out Of Memory (OOM) Error".
+    r"|\byou\s+(?:will|would|may|might|can|could)\s+(?:\w+\s+){0,2}?"
+    r"(?:see|get|hit|encounter|run\s+into|face)\b"
     r"|^\W*(?:this|the)\s+(?:commit|pr|pull\s+request|patch|change)\b",
     re.IGNORECASE,
 )
+# The failure's text only built in code (inside a string still open where the failure
+# starts): an exception passed to a call ("is_cuda_out_of_memory(RuntimeError('CUDA
+# error: out of memory'))"), where a log prints it ("RuntimeError: CUDA error: out of
+# memory", or its repr after a colon). A ``raise`` is not such code: in a traceback it
+# is the line that raised, and sometimes all of the failure a paste kept...
+_IN_CODE = re.compile(
+    r"\(\s*[\w.]*(?:Error|Exception)\(\s*[rbf]?['\"][^'\"\n]*$"
+    # ... or named as a string that code looks for: "checks for the string `CUDA out of
+    # memory.`", "matches the substring 'out of memory'".
+    r"|\b(?:string|substring|regex|pattern)\s*[`'\"][^`'\"\n]*$",
+    re.IGNORECASE,
+)
 # A question about the failure ("why would cudaMalloc return out of memory here?") is
-# about one that happened.
+# about one that happened: a sentence that starts with a question word and ends, after
+# the failure, with a question mark ("When training ..., you will see ..." is advice).
 _QUESTION = re.compile(r"^\W*(?:what|why|how|which|when|where|who)\b", re.IGNORECASE)
+_SENTENCE_OR_QUESTION_END = re.compile(r"\n|[.!](?:\s|$)|\?")
 # Where a sentence starts (for :func:`forecast`): after a line break or a sentence's end.
 _SENTENCE_END = re.compile(r"\n|[.!?;]\s")
 # How far back the sentence of a failure is looked for.
@@ -53,12 +70,23 @@ class Found(NamedTuple):
 
 def forecast(text: str, start: int) -> bool:
     """Whether the sentence of ``text`` that leads to ``start`` (a failure a family or
-    the fallback found) only forecasts it: see ``_FORECAST``."""
+    the fallback found) only forecasts it (``_FORECAST``), or code only builds it
+    (``_IN_CODE``)."""
     begin = max(0, start - FORECAST_LOOKBACK_CHARS)
     ends = _SENTENCE_END.finditer(text, begin, start)
     sentence = max((end.end() for end in ends), default=begin)
     told = text[sentence:start]
-    return _FORECAST.search(told) is not None and _QUESTION.search(told) is None
+    if _IN_CODE.search(told):
+        return True
+    if _FORECAST.search(told) is None:
+        return False
+    return _QUESTION.search(told) is None or not _asks(text, start)
+
+
+def _asks(text: str, start: int) -> bool:
+    """Whether the sentence that holds ``start`` ends with a question mark."""
+    end = _SENTENCE_OR_QUESTION_END.search(text, start, start + FORECAST_LOOKBACK_CHARS)
+    return end is not None and end[0] == "?"
 
 
 def size_of(match: re.Match[str]) -> int:

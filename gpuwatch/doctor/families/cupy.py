@@ -2,6 +2,9 @@
 3,635,267,072 bytes).`` and ``out of memory to allocate 1073741824 bytes (total
 12373894656 bytes)``, where *total* is what the pool holds. Both are raised as
 ``cupy.cuda.memory.OutOfMemoryError``, which Chainer's trainer prints without its name.
+
+The exception's name alone (an issue's title, a Jupyter traceback's header) is CuPy's
+out-of-memory too, with no figures: ``cupy.cuda.memory.OutOfMemoryError in forward``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ _TOTAL = re.compile(
     r"out\s+of\s+memory\s+to\s+allocate\s+(?P<req>\d[\d,]*)\s+bytes\s+\(total\s+(?P<pool>\d[\d,]*)\s+bytes\)"
 )
 _EXCEPTION = "cupy.cuda.memory.OutOfMemoryError"
+# The dotted name, as CuPy defines it (cupy.cuda.memory) or as it is imported (cupy.cuda).
+# Followed by its message, it is that message (read above, or a wording not CuPy's pool's:
+# a PR quoting "OutOfMemoryError: out of memory to allocate XXXX bytes").
+_NAME = re.compile(r"(?<![\w.])cupy\.cuda\.(?:memory\.)?OutOfMemoryError\b(?![ \t]*:)")
 
 
 def find(window: str) -> list[Found]:
@@ -43,4 +50,17 @@ def find(window: str) -> list[Found]:
             else:
                 facts.reserved_bytes = pool
             found.append(Found(span.start, facts))
+    if found:
+        return found
+    for span in spans(window, _NAME, limit=300, needs=("cupy",))[:1]:
+        match = _NAME.match(window, span.start)
+        assert match is not None
+        facts = OomFacts(
+            kind="cupy",
+            category="cupy_oom_name_only",
+            exception=match[0],
+            device_type="cuda",
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
     return found

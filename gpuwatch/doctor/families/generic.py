@@ -110,6 +110,13 @@ _SENTENCE_END = re.compile(r"[.!?;]\s")
 # PyTorch's exception name is the PyTorch family's to read: cut short ("torch.cuda.
 # OutOfMemoryError: CUDA o"), it is not another wording.
 _PYTORCH_NAME = re.compile(r"\btorch\.(?:cuda\.)?OutOfMemory")
+# The failure's words inside the name of code that tests for or handles one
+# ("is_cuda_out_of_memory does not work reliably", "handle_oom", "catch_out_of_memory"):
+# the identifier's start, right before the failure.
+_HANDLER_NAME = re.compile(
+    r"\b(?:is|has|check|handle|catch|detect|maybe|should|on|retry|with)_\w*$",
+    re.IGNORECASE,
+)
 _LEVEL = re.compile(
     r"(?:^|[\s\[|(])(?:WARN(?:ING)?|INFO|DEBUG|TRACE)\b|\b(?i:level=(?:warn\w*|info|debug))\b"
     r"|^\s*\[?[WwIi]\s?\d{4}\b"
@@ -201,6 +208,8 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
     ends = _SENTENCE_END.finditer(line, 0, failure.start())
     sentence = max((end.end() for end in ends), default=0)
     if _SUPPOSED.search(line, sentence, failure.start()) or forecast(line, failure.start()):
+        return None
+    if _HANDLER_NAME.search(line, max(0, failure.start() - 80), failure.start()):
         return None
     named = failure.re is _SHORT and (failure["where"] or failure["where_ram"])
     if named or _ACCELERATOR.search(line) or _ACCELERATOR.search(previous):

@@ -27,6 +27,30 @@ Applications that say system RAM ran out in their own words (:func:`find_applica
   memory (``max_local_cpu_size``): ``Failed to allocate memory for tensor(torch.Size([...]),
   torch.float16) because no memory is available`` (and ``... memory block of size N ...``).
   That pool, not the whole machine, is what is full.
+
+The Linux kernel's OOM killer, as pasted from ``dmesg`` or ``journalctl -k``
+(:func:`find_oom_killer`); one kill prints several lines, each read alone too:
+
+* ``python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0,
+  oom_score_adj=0`` (the process that asked for memory, not always the one killed);
+* ``oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),...,task=python3,pid=25315,uid=0``;
+* ``Out of memory: Killed process 25315 (python3) total-vm:48123456kB, anon-rss:30123456kB,
+  ...`` (before Linux 4.19 ``Out of memory: Kill process N (name) score S or sacrifice child``
+  then ``Killed process N (name) total-vm:..., anon-rss:...``). anon-rss is what the process
+  held in RAM, kept as ``process_in_use_bytes``.
+
+A memory cgroup's limit (a container's ``--memory``, a pod's ``limits.memory``, Slurm's
+``--mem``) says ``Memory cgroup out of memory: Killed process ...`` and
+``constraint=CONSTRAINT_MEMCG``; Kubernetes and Docker report the same kill as ``Reason:
+OOMKilled`` and ``"OOMKilled": true``. Lines that set ``oom_score_adj``, or ``"OOMKilled":
+false``, are not a kill.
+
+PyTorch's DataLoader (:func:`find_dataloader`): ``DataLoader worker (pid 19597) is killed by
+signal: Killed.`` is a worker SIGKILLed, most likely by the OOM killer; ``... killed by
+signal: Bus error. It is possible that dataloader's workers are out of shared memory.``
+(and the older ``ERROR: Unexpected bus error encountered in worker. This might be caused by
+insufficient shared memory (shm).``) is /dev/shm too small for the batches the workers hand
+over. A worker's segmentation fault is not memory running out.
 """
 
 from __future__ import annotations
@@ -70,6 +94,105 @@ _TORCH_TENSOR = re.compile(r"torch\.Size\((?P<shape>\[[\d,\s]{0,100}\])\),\s*tor
 _PID = re.compile(r"\(pid:\s*(?P<pid>\d+)\)|received\s+by\s+PID\s+(?P<pid2>\d+)")
 
 
+# The kernel's lines (see the module's docstring); a "Killed process" without the "Out of
+# memory:" before it must show the kernel's figures after it (total-vm, anon-rss).
+_KERNEL = re.compile(
+    r"(?P<memcg>Memory\s+cgroup\s+)?(?P<oom>[Oo]ut\s+of\s+memory(?:\s+\([\w\s]{1,40}\))?:\s+)?"
+    r"Kill(?:ed)?\s+process\s+(?P<pid>\d+)\s+\((?P<name>[^()\n]{1,64})\)"
+    # What the kernel prints after the name (or the paste ends there): its figures, or
+    # the old "score 913 or sacrifice child".
+    r"(?=[ \t]*$|,?\s+(?:total-vm|anon-rss):\d|\s+score\s+\d)"
+    r"|oom-kill:constraint=(?P<constraint>CONSTRAINT_\w+)"
+    r"|(?P<invoked>invoked\s+oom-killer:)"
+    r"|(?P<k8s>Reason:[ \t]*OOMKilled\b|\"reason\":\s*\"OOMKilled\"|\"OOMKilled\":\s*true\b)",
+    re.MULTILINE,
+)
+# A word of each of _KERNEL's branches (clauses.mentions).
+_KERNEL_WORDS = ("kill process", "killed process", "oom-kill", "oomkilled")
+_KERNEL_FIGURES = re.compile(r"\b(?:total-vm|anon-rss):\d+kB")
+_ANON_RSS = re.compile(r"\banon-rss:(?P<kb>\d+)kB")
+_TASK = re.compile(r",task=(?P<name>[^,\n]{1,64}),pid=(?P<pid>\d+)")
+MAX_KERNEL_LINES = 64
+_DATALOADER = re.compile(
+    r"DataLoader\s+worker\s+\(pid\s+(?P<pid>\d+)\)\s+is\s+killed\s+by\s+signal:\s+"
+    r"(?:(?P<killed>Killed)|Bus\s+error)\b"
+    r"|Unexpected\s+bus\s+error\s+encountered\s+in\s+worker"
+)
+_DATALOADER_WORDS = ("killed by signal", "unexpected bus error")
+
+
+def find_oom_killer(window: str) -> list[Found]:
+    """The processes the kernel's OOM killer killed in ``window``: one per PID, whichever
+    of its lines were pasted (a kill without a PID only where no line names one)."""
+    lines = spans(window, _KERNEL, limit=600, needs=_KERNEL_WORDS)[:MAX_KERNEL_LINES]
+    matches = [(span, _KERNEL.match(window, span.start)) for span in lines]
+    cgroup = any(
+        m and (m["memcg"] or m["k8s"] or m["constraint"] == "CONSTRAINT_MEMCG") for _, m in matches
+    )
+    by_pid: dict[int | None, Found] = {}
+    for span, match in matches:
+        assert match is not None
+        line_end = window.find("\n", match.end())
+        line_end = len(window) if line_end == -1 else line_end
+        pid: int | None = None
+        rss = None
+        if match["pid"]:
+            if not match["oom"] and not _KERNEL_FIGURES.search(window, match.end(), line_end):
+                continue  # "Killed process 42 (make)" from some other program
+            pid = int(match["pid"])
+            rss = _ANON_RSS.search(window, match.end(), line_end)
+        elif match["constraint"]:
+            task = _TASK.search(window, match.end(), line_end)
+            pid = int(task["pid"]) if task else None
+        earlier = by_pid.get(pid)
+        if earlier is None:
+            facts = OomFacts(
+                kind="host",
+                category="cgroup_oom_killer" if cgroup else "linux_oom_killer",
+                device_type="host",
+                pid=pid,
+                message=span.snippet,
+            )
+            earlier = by_pid[pid] = Found(span.start, facts)
+        if rss and earlier.facts.process_in_use_bytes is None:
+            earlier.facts.process_in_use_bytes = int(rss["kb"]) * 1024
+            earlier.facts.message = span.snippet  # the line with the figures says the most
+    if len(by_pid) > 1:
+        by_pid.pop(None, None)
+    return list(by_pid.values())
+
+
+def killed_process(message: str) -> str | None:
+    """The name of the process the OOM killer killed, as its line prints it."""
+    match = _KERNEL.search(message)
+    while match is not None and not match["name"]:
+        match = _KERNEL.search(message, match.end())
+    if match is not None:
+        return match["name"]
+    task = _TASK.search(message)
+    return task["name"] if task else None
+
+
+def find_dataloader(window: str) -> list[Found]:
+    """PyTorch DataLoader workers killed by SIGKILL or SIGBUS (/dev/shm) in ``window``."""
+    found = []
+    for span in spans(window, _DATALOADER, limit=400, needs=_DATALOADER_WORDS)[:16]:
+        match = _DATALOADER.match(window, span.start)
+        assert match is not None
+        facts = OomFacts(
+            kind="host",
+            category="dataloader_worker_sigkilled"
+            if match["killed"]
+            else "dataloader_shm_exhausted",
+            exception=exception_before(window, span.start),
+            device_type="host",
+            pid=int(match["pid"]) if match["pid"] else None,
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
+    return found
+
+
 def find_cpu_allocator(window: str) -> list[Found]:
     """Every refusal of PyTorch's CPU allocator in ``window``."""
     found = []
@@ -105,7 +228,12 @@ def find(window: str) -> list[Found]:
 
 def find_applications(window: str) -> list[Found]:
     """The first refusal of system RAM in an application's own words in ``window`` (each
-    prints one failure on several lines)."""
+    prints one failure on several lines), then the kernel's OOM kills and the DataLoader's
+    killed workers (:data:`~gpuwatch.doctor.families.FAMILIES` runs this for all three)."""
+    return [*_find_application(window), *find_oom_killer(window), *find_dataloader(window)]
+
+
+def _find_application(window: str) -> list[Found]:
     for span in spans(window, _APPLICATIONS, limit=600, needs=_APPLICATION_WORDS)[
         :MAX_APPLICATION_TRIES
     ]:

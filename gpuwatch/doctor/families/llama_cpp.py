@@ -10,6 +10,15 @@ compute buffers (``failed to allocate compute buffers``).
 ``unable to allocate CUDA0 buffer``) alone is the loader's summary of the same failure
 when the allocation line was not captured; ggml's ``GGML_ASSERT: ... "failed to allocate
 buffer"`` is the same from programs that assert instead (whisper.cpp).
+
+Metal (Apple silicon's unified memory) has no cudaMalloc line; its failure is the buffer
+itself, with its size: ``ggml_gallocr_reserve_n: failed to allocate Metal buffer of size
+34681522080`` (bytes), ``ggml_metal_add_buffer: error: failed to allocate 'data            '
+buffer, size = 19283.21 MiB`` (older builds, one buffer per named region), and
+``ggml_backend_metal_buffer_type_alloc_buffer: error: failed to allocate buffer, size =
+17096.00 MiB``. Ollama passes the last on as ``llama runner process has terminated:
+error:failed to allocate buffer, size = 33074.89 MiB``: read where ggml's or llama's lines
+are around it, and as Metal's only where Metal is named.
 """
 
 from __future__ import annotations
@@ -17,7 +26,13 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, compile_clause, spans
+from gpuwatch.doctor.families.clauses import (
+    SIZE,
+    Found,
+    compile_clause,
+    size_of,
+    spans,
+)
 
 _HEADER = compile_clause(
     r"allocating\s+",
@@ -36,6 +51,16 @@ _BACKEND_BUFFER = re.compile(
 # The host-side allocation that precedes it when system RAM ran out:
 # "alloc_tensor_range: failed to allocate CPU buffer of size 437944320".
 _HOST_EXACT = re.compile(r"failed\s+to\s+allocate\s+CPU\s+buffer\s+of\s+size\s+(?P<bytes>\d+)")
+# A buffer that could not be allocated, with its size (see the module's docstring).
+_SIZED_BUFFER = re.compile(
+    r"failed\s+to\s+allocate\s+Metal\s+buffer\s+of\s+size\s+(?P<bytes>\d+)"
+    r"|failed\s+to\s+allocate\s+(?:'[^'\n]{0,40}'\s+)?buffer,\s+size\s*=\s*" + SIZE
+)
+# What makes that second wording ggml's (Ollama's runner, llama.cpp's and ggml's lines),
+# and Metal's.
+_GGML_AROUND = re.compile(r"ggml|llama|[Mm]etal")
+_METAL = re.compile(r"[Mm]etal|METAL")
+GGML_CONTEXT_CHARS = 2000
 # A ggml backend name, as the device type it runs on.
 _DEVICE_TYPES = {"cuda": "cuda", "rocm": "hip", "cpu": "host", "metal": "metal"}
 # (phase, pattern), first match wins; looked for after the failure, and for the
@@ -67,6 +92,9 @@ def find(window: str) -> list[Found]:
         found.append(Found(span.start, facts))
     if found:
         return found
+    found = _find_sized(window)
+    if found:
+        return found
     for span in spans(window, _BACKEND_BUFFER, limit=400):
         match = _BACKEND_BUFFER.match(window, span.start)
         assert match is not None
@@ -94,3 +122,27 @@ def _phase(window: str, start: int, end: int) -> str | None:
         if pattern.search(window, low, end):
             return name
     return None
+
+
+def _find_sized(window: str) -> list[Found]:
+    """Buffers ggml could not allocate, with their sizes (Metal's, and Ollama's copy)."""
+    found = []
+    for span in spans(window, _SIZED_BUFFER, limit=400)[:16]:
+        match = _SIZED_BUFFER.match(window, span.start)
+        assert match is not None
+        around_start = max(0, span.start - GGML_CONTEXT_CHARS)
+        around_end = min(len(window), span.end + GGML_CONTEXT_CHARS)
+        if not match["bytes"] and not _GGML_AROUND.search(window, around_start, around_end):
+            continue  # "failed to allocate buffer, size = ..." from some other program
+        # Metal named on the line itself, or in ggml's lines around an Ollama copy.
+        metal = bool(match["bytes"] or _METAL.search(window, around_start, around_end))
+        facts = OomFacts(
+            kind="ggml",
+            category="ggml_metal_alloc_failed" if metal else "ggml_backend_buffer_alloc_failed",
+            device_type="metal" if metal else None,
+            requested_bytes=int(match["bytes"]) if match["bytes"] else size_of(match),
+            phase=_phase(window, span.start, span.end),
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
+    return found

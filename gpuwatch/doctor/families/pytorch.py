@@ -65,10 +65,13 @@ _HEADER = re.compile(
 # after it ("遇到过cuda out of memory的情况？", a title that goes on in Chinese).
 # PyTorch's exception name alone at the end of a line ("45G显存也报错OutOfMemoryError", a
 # title) says the same; Java's java.lang.OutOfMemoryError (a dotted name other than
-# torch's) and any name followed by its message are not this.
+# torch's) and any name followed by its message are not this. Jupyter and IPython head a
+# traceback with the name alone, the message only at its end (which may not be pasted):
+# "OutOfMemoryError                          Traceback (most recent call last)".
 _FIRST_LINE = re.compile(
     rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+out\s+of\s+memory(?![A-Za-z0-9_])"
-    r"|(?:(?<![\w.])(?:torch\.(?:cuda\.)?)?|(?<=[^\x00-\x7f]))OutOfMemoryError[ \t]*$",
+    r"|(?P<name>(?:(?<![\w.])(?:torch\.(?:cuda\.)?)?|(?<=[^\x00-\x7f]))OutOfMemoryError)"
+    r"(?:[ \t]*$|[ \t]+Traceback\s+\(most\s+recent\s+call\s+last\))",
     re.MULTILINE,
 )
 _REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
@@ -125,7 +128,10 @@ def find_first_line(window: str) -> list[Found]:
         header = _FIRST_LINE.match(window, span.start)
         assert header is not None
         device_type = (header["dev"] or "cuda").lower()
-        found.append(Found(span.start, _caching_facts(span, device_type, cut=True)))
+        facts = _caching_facts(span, device_type, cut=True)
+        if header["name"] and facts.exception is None:
+            facts.exception = header["name"]  # a Jupyter traceback's header
+        found.append(Found(span.start, facts))
     return found
 
 
