@@ -141,6 +141,12 @@ def line_start(text: str, pos: int) -> int:
     return text.rfind("\n", 0, pos) + 1
 
 
+def line_end(text: str, pos: int) -> int:
+    """Index just past the last character of the line that holds ``pos``."""
+    end = text.find("\n", pos)
+    return len(text) if end == -1 else end
+
+
 # The last text lowered by :func:`mentions`, and its lowered copy: every family is
 # handed the same window object, so it is lowered once, not once per family.
 _lowered: tuple[str, str] = ("", "")

@@ -38,6 +38,7 @@ from gpuwatch.doctor.families.clauses import (
     Found,
     Span,
     exception_before,
+    line_end,
     line_start,
     mentions,
     spans,
@@ -216,14 +217,13 @@ def _windows_out_of_memory(window: str) -> list[Found]:
         low = max(0, begins - DIRECTML_CONTEXT_CHARS)
         if not _DIRECTML_CONTEXT.search(window, low, match.end() + DIRECTML_CONTEXT_CHARS):
             continue
-        end = window.find("\n", match.end())
         facts = OomFacts(
             kind="directml",
             category="directml_e_outofmemory",
             exception=exception_before(window, begins),
             device_type="dml",
             cuda_error="E_OUTOFMEMORY",
-            message=window[begins : end if end != -1 else len(window)].strip()[:4000],
+            message=window[begins : line_end(window, match.end())].strip()[:4000],
         )
         return [Found(begins, facts)]
     return []
@@ -238,8 +238,7 @@ def _opencl_status(window: str) -> list[Found]:
         name = match["name"] or match["name2"] or match["name3"]
         status = name or _CL_STATUS_NAMES[code]
         begins = line_start(window, match.start())
-        end = window.find("\n", match.end())
-        line = window[begins : end if end != -1 else len(window)]
+        line = window[begins : line_end(window, match.end())]
         if "Native API" in line:
             continue  # SYCL's wrapper of an OpenCL status: the sycl family's
         around = window[max(0, begins - CONTEXT_CHARS) : match.end() + CONTEXT_CHARS]

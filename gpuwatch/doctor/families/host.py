@@ -58,7 +58,14 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, Span, compile_clause, exception_before, spans
+from gpuwatch.doctor.families.clauses import (
+    Found,
+    Span,
+    compile_clause,
+    exception_before,
+    line_end,
+    spans,
+)
 from gpuwatch.doctor.units import parse_size
 
 _SIGKILL = re.compile(
@@ -132,17 +139,16 @@ def find_oom_killer(window: str) -> list[Found]:
     by_pid: dict[int | None, Found] = {}
     for span, match in matches:
         assert match is not None
-        line_end = window.find("\n", match.end())
-        line_end = len(window) if line_end == -1 else line_end
+        ends = line_end(window, match.end())
         pid: int | None = None
         rss = None
         if match["pid"]:
-            if not match["oom"] and not _KERNEL_FIGURES.search(window, match.end(), line_end):
+            if not match["oom"] and not _KERNEL_FIGURES.search(window, match.end(), ends):
                 continue  # "Killed process 42 (make)" from some other program
             pid = int(match["pid"])
-            rss = _ANON_RSS.search(window, match.end(), line_end)
+            rss = _ANON_RSS.search(window, match.end(), ends)
         elif match["constraint"]:
-            task = _TASK.search(window, match.end(), line_end)
+            task = _TASK.search(window, match.end(), ends)
             pid = int(task["pid"]) if task else None
         earlier = by_pid.get(pid)
         if earlier is None:

@@ -25,7 +25,13 @@ import itertools
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, exception_before, line_start, mentions
+from gpuwatch.doctor.families.clauses import (
+    Found,
+    exception_before,
+    line_end,
+    line_start,
+    mentions,
+)
 
 _STATUS = re.compile(
     # The status by name.
@@ -60,8 +66,7 @@ def find(window: str) -> list[Found]:
         return []
     for match in itertools.islice(_STATUS.finditer(window), MAX_TRIES):
         begins = line_start(window, match.start())
-        end = window.find("\n", match.end())
-        line = window[begins : end if end != -1 else len(window)]
+        line = window[begins : line_end(window, match.end())]
         if match["ffmpeg"] and not _NVENC_LINE.search(line):
             continue  # "...: out of memory (10)" from something other than the encoder
         facts = OomFacts(

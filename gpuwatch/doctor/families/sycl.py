@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, exception_before, line_start, spans
+from gpuwatch.doctor.families.clauses import Found, exception_before, line_end, line_start, spans
 
 _STATUS = re.compile(
     r"\b(?P<name>(?:UR_RESULT_ERROR|PI_ERROR|ZE_RESULT_ERROR)_OUT_OF_"
@@ -64,8 +64,7 @@ def _facts(window: str, start: int) -> OomFacts | None:
         return None
     code = _NATIVE_API.search(window, begins, start)
     status = match["name"] or match["cl"]
-    end = window.find("\n", start)
-    message = window[begins : end if end != -1 else len(window)].strip()[:4000]
+    message = window[begins : line_end(window, start)].strip()[:4000]
     if what == "HOST_MEMORY":
         return OomFacts(
             kind="host",
