@@ -536,8 +536,11 @@ def _unknown(ctx: Context) -> Diagnosis:
     return Diagnosis(
         fix="unknown",
         summary="Not enough numbers to pick a fix: look at "
-        + (
-            "what holds system RAM" if facts.device_type in ("host", "cpu") else "who holds the GPU"
+        + remedies.UNKNOWN_LOOK_AT_BY_CATEGORY.get(
+            facts.category,
+            "what holds system RAM"
+            if facts.device_type in ("host", "cpu")
+            else "who holds the GPU",
         ),
         evidence=evidence,
         commands=remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)

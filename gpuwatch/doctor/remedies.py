@@ -269,6 +269,13 @@ UNKNOWN_BY_CATEGORY = {
     "(32-bit builds and mobile devices have far less than the machine's RAM)",
     "unreal_out_of_memory": "Unreal Engine could not allocate system RAM (virtual memory): on "
     "Windows, RAM plus the paging file ran out, which is what 'the paging file is too small' says",
+    "jvm_heap_exhausted": "the Java virtual machine's heap reached its limit (-Xmx; on Spark "
+    "spark.executor.memory or spark.driver.memory): that limit, not the machine's RAM nor the "
+    "GPU, ran out; GC overhead limit exceeded says the same (the JVM spent nearly all its time "
+    "collecting a full heap)",
+    "jvm_off_heap_exhausted": "a pool the Java virtual machine keeps outside its heap ran out: "
+    "direct (NIO) buffers, capped by -XX:MaxDirectMemorySize, or class metadata (Metaspace, "
+    "-XX:MaxMetaspaceSize); on Spark that room comes out of spark.executor.memoryOverhead",
     "lmcache_buffer_full": "LMCache's CPU buffer for KV-cache chunks (max_local_cpu_size) is "
     "full: that fixed pool, not the machine's RAM, had no room; where the server went on "
     "serving, those chunks were only not cached",
@@ -408,6 +415,15 @@ OOM_KILLER = [
     "more swap, or a machine with more RAM, if the job's working set really needs it",
 ]
 
+# What to look at, where a limit rather than the machine's RAM or the GPU ran out (the
+# summary's "look at ..." otherwise names system RAM or the GPU's holders).
+UNKNOWN_LOOK_AT_BY_CATEGORY = {
+    "cgroup_oom_killer": "the memory cgroup's limit (the container, pod or job)",
+    "jvm_heap_exhausted": "the JVM's heap limit (-Xmx), not the machine's RAM",
+    "jvm_off_heap_exhausted": "the JVM's limits outside its heap",
+    "lmcache_buffer_full": "LMCache's CPU buffer (max_local_cpu_size)",
+}
+
 UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
     "rmm_pool_exhausted": RMM_POOL,
     "sglang_kv_pool_does_not_fit": SGLANG_STARTUP,
@@ -508,6 +524,18 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "let Windows manage the paging file size, or raise it",
         "Task Manager > Memory: close what else holds RAM",
         "lower texture quality (r.Streaming.PoolSize) and view distance",
+    ],
+    "jvm_heap_exhausted": [
+        "Spark: --conf spark.executor.memory=8g (the executors), --driver-memory 8g (the "
+        "driver: collect(), toPandas() and broadcasts land there)",
+        "more, smaller partitions (df.repartition(N), spark.sql.shuffle.partitions): less "
+        "held by each task at once",
+        "java -Xmx8g -XX:+HeapDumpOnOutOfMemoryError ...   # a larger heap, and a dump of what filled it",
+    ],
+    "jvm_off_heap_exhausted": [
+        "Spark: --conf spark.executor.memoryOverhead=2g   # each executor's room outside its heap",
+        "java -XX:MaxDirectMemorySize=4g ... (direct buffers) or -XX:MaxMetaspaceSize=1g (Metaspace)",
+        "java -XX:NativeMemoryTracking=summary ..., then jcmd PID VM.native_memory summary   # which pool grew",
     ],
     "lmcache_buffer_full": [
         "LMCACHE_MAX_LOCAL_CPU_SIZE=<GB>   # max_local_cpu_size in the config: a larger CPU buffer, if the host has the RAM",

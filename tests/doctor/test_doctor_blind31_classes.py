@@ -241,9 +241,9 @@ NEGATIVE = [
     "Reason: Completed",
     # Another program's "Killed process" without the kernel's figures.
     "supervisord: Killed process 42 (celery) with SIGTERM after 10 s",
-    # Java's OutOfMemoryError, even heading a traceback, and another Error's header.
+    # Java's OutOfMemoryError heading a traceback (its message, host RAM, is read:
+    # test_doctor_blind32_classes.py), and another Error's header.
     "java.lang.OutOfMemoryError                Traceback (most recent call last)",
-    'Exception in thread "main" java.lang.OutOfMemoryError: Java heap space',
     "RuntimeError                              Traceback (most recent call last)",
     # "failed to allocate buffer, size = ..." from a program that is not ggml's.
     "libavcodec: failed to allocate buffer, size = 12.00 MiB for the frame pool",
@@ -267,9 +267,12 @@ def test_gpu_out_of_memory_stays_the_gpus_beside_the_new_anchor_words() -> None:
         "total capacity of 23.64 GiB of which 1.19 GiB is free."
     )
     assert parse_oom(text).kind == "pytorch_allocator"
-    assert parse_oom("java.lang.OutOfMemoryError: Java heap space\n" + text).kind == (
-        "pytorch_allocator"
-    )
+    # The JVM's own OOM is host RAM (blind-32), and the GPU's comes after it, as its own.
+    both = parse_oom("java.lang.OutOfMemoryError: Java heap space\n" + text)
+    assert [both.kind, *(m.kind for m in both.additional_messages)] == [
+        "host",
+        "pytorch_allocator",
+    ]
 
 
 def test_oom_killer_evidence_names_the_process_and_what_it_held() -> None:

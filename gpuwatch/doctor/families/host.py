@@ -27,6 +27,11 @@ Applications that say system RAM ran out in their own words (:func:`find_applica
   memory (``max_local_cpu_size``): ``Failed to allocate memory for tensor(torch.Size([...]),
   torch.float16) because no memory is available`` (and ``... memory block of size N ...``).
   That pool, not the whole machine, is what is full.
+* The Java virtual machine (Spark's executors and driver, Android apps):
+  ``java.lang.OutOfMemoryError: Java heap space`` (also ``GC overhead limit exceeded``,
+  ``Requested array size exceeds VM limit``, Android's ``Failed to allocate a N byte
+  allocation with M free bytes``) is the heap's limit (``-Xmx``, ``spark.executor.memory``);
+  ``Direct buffer memory`` and ``Metaspace`` are pools the JVM keeps outside its heap.
 
 The Linux kernel's OOM killer, as pasted from ``dmesg`` or ``journalctl -k``
 (:func:`find_oom_killer`); one kill prints several lines, each read alone too:
@@ -87,11 +92,19 @@ _APPLICATIONS = re.compile(
     r"\s+for\s+large\s+allocation\s+(?P<large>\d+)"
     r"|(?P<unreal>Ran\s+out\s+of\s+memory\s+allocating)\s+(?P<unreal_bytes>\d+)\s+(?:\([^)\n]{0,40}\)\s+)?"
     r"bytes\s+with\s+alignment\s+\d+"
+    # The Java virtual machine (Spark's executors and driver, Android apps): the heap, or
+    # memory it keeps outside the heap (direct buffers, class metadata). Not "unable to
+    # create native thread", a limit on threads.
+    r"|java\.lang\.OutOfMemoryError:[ \t]*(?:(?P<jvm_heap>Java\s+heap\s+space|GC\s+overhead"
+    r"\s+limit\s+exceeded|Requested\s+array\s+size\s+exceeds\s+VM\s+limit|Failed\s+to\s+allocate"
+    r"\s+an?\s+(?P<jvm_bytes>\d+)[\s-]byte\s+allocation(?:\s+with\s+(?P<jvm_free>\d+)\s+free\s+bytes)?)"
+    r"|(?P<jvm_off_heap>(?:Cannot\s+reserve\s+\d+\s+bytes\s+of\s+)?[Dd]irect\s+buffer\s+memory"
+    r"|Metaspace|Compressed\s+class\s+space))"
     r"|(?P<lmcache>Failed\s+to\s+allocate\s+memory)\s+(?:for\s+tensor\((?P<tensor>[^\n]{0,200}?)\)"
     r"|block\s+of\s+size\s+(?P<block>\d+))\s+because\s+no\s+memory\s+is\s+available"
 )
 # A word of each of _APPLICATIONS' branches (clauses.mentions).
-_APPLICATION_WORDS = ("requires", "memory:", "large", "alignment", "because")
+_APPLICATION_WORDS = ("requires", "memory:", "large", "alignment", "because", "outofmemoryerror")
 # Unity's line after its failure: "Trying to allocate: 32768B with 16 alignment."
 _UNITY_SIZE = re.compile(r"Trying\s+to\s+allocate:\s*(?P<bytes>\d+)B\b")
 UNITY_SIZE_LOOKAHEAD_CHARS = 400
@@ -274,6 +287,12 @@ def _application(window: str, span: Span, match: re.Match[str]) -> OomFacts:
     elif match["unreal"]:
         category = "unreal_out_of_memory"
         requested = int(match["unreal_bytes"])
+    elif match["jvm_heap"]:
+        category = "jvm_heap_exhausted"
+        requested = int(match["jvm_bytes"]) if match["jvm_bytes"] else None
+        free = int(match["jvm_free"]) if match["jvm_free"] else None
+    elif match["jvm_off_heap"]:
+        category = "jvm_off_heap_exhausted"
     else:
         category = "lmcache_buffer_full"
         requested = int(match["block"]) if match["block"] else None

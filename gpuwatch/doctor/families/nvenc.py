@@ -53,8 +53,20 @@ _STATUS = re.compile(
     r"\s+allocate\s+enough\s+memory"
 )
 # FFmpeg's line names the encoder ("[hevc_nvenc @ 0x...]"): "...: out of memory (10)" from
-# anything else is not NVENC's.
+# anything else is not NVENC's, unless the call that failed is one of the encoder API's
+# (a title or a paste that dropped the "[h264_nvenc @ ...]" prefix).
 _NVENC_LINE = re.compile(r"nvenc", re.IGNORECASE)
+_API_CALLS = frozenset(
+    name.lower()
+    for name in (
+        "OpenEncodeSession", "OpenEncodeSessionEx", "InitializeEncoder", "ReconfigureEncoder",
+        "CreateBitstreamBuffer", "CreateInputBuffer", "CreateMVBuffer", "RegisterResource",
+        "MapInputResource", "EncodePicture", "LockBitstream", "LockInputBuffer",
+        "GetEncodeCaps", "GetEncodePresetConfig", "GetEncodePresetConfigEx", "GetSequenceParams",
+    )
+)  # fmt: skip
+# What may come before the call on its line: a list marker or a quote, not a sentence.
+_LINE_HEAD = re.compile(r"\W{0,4}")
 # Matches looked at before giving up: each costs a look along its line.
 MAX_TRIES = 16
 
@@ -62,12 +74,12 @@ MAX_TRIES = 16
 def find(window: str) -> list[Found]:
     """The first NVENC out-of-memory status in ``window`` (programs print one failure on
     several lines: NVEncC three times)."""
-    if not mentions(window, ("nvenc", "nv_enc")):
+    if not mentions(window, ("nvenc", "nv_enc", "(10)")):
         return []
     for match in itertools.islice(_STATUS.finditer(window), MAX_TRIES):
         begins = line_start(window, match.start())
         line = window[begins : line_end(window, match.end())]
-        if match["ffmpeg"] and not _NVENC_LINE.search(line):
+        if match["ffmpeg"] and not _NVENC_LINE.search(line) and not _api_call(match, line, begins):
             continue  # "...: out of memory (10)" from something other than the encoder
         facts = OomFacts(
             kind="nvenc",
@@ -81,6 +93,16 @@ def find(window: str) -> list[Found]:
         )
         return [Found(begins, facts)]
     return []
+
+
+def _api_call(match: re.Match[str], line: str, begins: int) -> bool:
+    """Whether FFmpeg's failed call is one of the NVENC API's, by its name, and starts its
+    line (a title, or a log line that lost its prefix; one quoted inside a sentence is
+    talk about the error)."""
+    call = match["ffcall"]
+    if call is None or call.lower().removeprefix("nvenc") not in _API_CALLS:
+        return False
+    return _LINE_HEAD.fullmatch(line[: match.start("ffcall") - begins]) is not None
 
 
 def _call(match: re.Match[str]) -> str | None:
