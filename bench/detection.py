@@ -230,6 +230,8 @@ def judge(case: Case, window: float, *, baseline: bool) -> dict[str, Any]:
     first: dict[str, float | None] = {"leak": None, "filling": None, "previous": None}
     late = {"leak": False, "filling": False, "previous": False}
     misses = 0
+    # Open verdicts, as the server's events: one opens only while the memory rises.
+    open_now = {"leak": False, "filling": False}
     for poll in closes(case.polls):
         at = poll.t
         lo = bisect_left(starts, at - window - 2 * INTERVAL)
@@ -241,7 +243,12 @@ def judge(case: Case, window: float, *, baseline: bool) -> dict[str, Any]:
         }
         fired = {
             "leak": detect_leak(
-                recent, now=at, gpu_total_bytes=TOTAL, gpu_free_bytes=free, **kwargs
+                recent,
+                now=at,
+                gpu_total_bytes=TOTAL,
+                gpu_free_bytes=free,
+                already_open=open_now["leak"],
+                **kwargs,
             )
             is not None,
             "filling": detect_filling(
@@ -251,11 +258,13 @@ def judge(case: Case, window: float, *, baseline: bool) -> dict[str, Any]:
                 free_bytes=free,
                 horizon_seconds=HORIZON,
                 processes={1: recent},
+                already_open=open_now["filling"],
                 **kwargs,
             )
             is not None,
             "previous": baseline and previous_rule(recent, at, window),
         }
+        open_now = {"leak": fired["leak"], "filling": fired["filling"]}
         t = at - T0
         for name, yes in fired.items():
             if yes and first[name] is None:

@@ -17,7 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpuwatch.detectors._format import format_bytes, format_seconds
-from gpuwatch.detectors.growth import Growth, floor_slope, growth_of, points
+from gpuwatch.detectors.growth import (
+    Growth,
+    floor_slope,
+    growing_now,
+    growth_of,
+    points,
+    recent_slope,
+)
 from gpuwatch.detectors.types import Finding, Sample
 
 
@@ -105,60 +112,6 @@ def detect_filling(
             "culprits": _ranked(culprits),
         },
     )
-
-
-# The recent rate is judged over the newest third of the window, and never over fewer
-# than this many buckets.
-RECENT_SHARE = 1 / 3
-MIN_RECENT_POINTS = 4
-
-
-def recent_slope(samples: Sequence[Sample], *, now: float, since: float) -> float:
-    """How fast the floor rose over the newest third of the window that starts at
-    ``since`` (bytes/s; at least :data:`MIN_RECENT_POINTS` buckets): the floor level at
-    its end minus the level at its start, over the time between.
-
-    A difference of levels rather than a fitted line, so an allocator that grows in
-    steps (flat, jump, flat) counts at its average rate; each level is the lowest floor
-    of the first or last third of those buckets, so noise and breathing move neither
-    end up.
-    """
-    pts = [p for p in points(samples, now=now) if p[0] >= since]
-    if len(pts) < 2:
-        return 0.0
-    cutoff = pts[-1][0] - (pts[-1][0] - pts[0][0]) * RECENT_SHARE
-    recent = [p for p in pts if p[0] >= cutoff]
-    if len(recent) < MIN_RECENT_POINTS:
-        recent = pts[-MIN_RECENT_POINTS:]
-    edge = max(2, len(recent) // 3)
-    start, end = recent[:edge], recent[-edge:]
-    elapsed = end[-1][0] - start[0][0]
-    if elapsed <= 0:
-        return 0.0
-    return (min(f for _, f, _ in end) - min(f for _, f, _ in start)) / elapsed
-
-
-# A verdict opens only when the newest bucket itself shows growth: its highest poll is
-# above its lowest by half of what the slope adds in a bucket. (Not "its floor above
-# the bucket before's peak": the last stretch of a steep load that stopped just past a
-# bucket boundary looks exactly like that.)
-NOW_SHARE = 0.5
-
-
-def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
-    """Does the newest bucket show the memory rising, at half of ``slope`` or more?
-
-    This is what tells a fill from a warm-up that has just levelled off: the window's
-    evidence of growth lasts a while after a steep load stops, but the newest bucket of
-    a load that stopped is flat. Once a verdict is open it does not need this (an
-    allocator that grows in steps is flat between its steps; it opens at a bucket
-    that holds one of its steps).
-    """
-    pts = points(samples, now=now)
-    if len(pts) < 2:
-        return False
-    (t0, _, _), (t1, floor1, peak1) = pts[-2], pts[-1]
-    return peak1 - floor1 >= NOW_SHARE * slope * (t1 - t0)
 
 
 def _culprits(

@@ -61,6 +61,10 @@ SPANS = 16
 R_SQUARED_MIN = 0.8
 # Upward share of the span floors' movement in bytes: 0.5 is a random walk, 1 a ramp.
 MONOTONIC_MIN = 0.8
+# The wider spans' fit (see _halved) must be nearly a line: half as many floors show a
+# step that straddles a span, or noise, as a ramp more easily than the finer ones do.
+WIDER_R_SQUARED_MIN = 0.95
+WIDER_MONOTONIC_MIN = 0.95
 # Below this, "above the earlier peaks" is NVML's rounding, not evidence.
 CLEARANCE_MIN_BYTES = 64 * 2**20
 
@@ -82,6 +86,9 @@ class Growth:
     reference_peak_bytes: int
     reference_floor_bytes: int
     reference_end: float
+    # How many span floors the line was fitted to: SPANS, or half as many wider ones
+    # where those follow the line better (see _halved).
+    spans: int = SPANS
 
     @property
     def window_seconds(self) -> float:
@@ -143,6 +150,7 @@ class Growth:
             "r_squared_min": R_SQUARED_MIN,
             "monotonic_fraction": self.monotonic_fraction,
             "monotonic_fraction_min": MONOTONIC_MIN,
+            "spans": self.spans,
             "current_floor_bytes": self.current_floor_bytes,
             "current_seconds": self.current_seconds,
             "reference_peak_bytes": self.reference_peak_bytes,
@@ -224,8 +232,14 @@ def measure_growth(pts: list[_Point], *, min_duration_seconds: float) -> Growth 
     spans = _span_floors(pts)
     if not _quarters_covered(spans):
         return None
-    floors = [f for f in spans if f is not None]
-    slope = _theil_sen_slope(floors)
+    # The finer fit when it holds (its slope is the closer estimate); the wider spans'
+    # only where the finer ones fail the shape checks and the wider ones do better.
+    fit = _fit([f for f in spans if f is not None])
+    if _fit_score(fit) < 0:
+        wider = _fit(_halved(spans))
+        if wider[1] >= WIDER_R_SQUARED_MIN and wider[2] >= WIDER_MONOTONIC_MIN:
+            fit = wider
+    slope, r_squared, monotonic, span_count = fit
     current_floor, reference_peak, reference_floor, current_seconds, reference_end = split
     return Growth(
         window_start=start,
@@ -233,8 +247,9 @@ def measure_growth(pts: list[_Point], *, min_duration_seconds: float) -> Growth 
         samples=len(pts),
         newest_bytes=pts[-1][1],
         slope=slope,
-        r_squared=_r_squared(floors, slope),
-        monotonic_fraction=_upward_share(floors),
+        r_squared=r_squared,
+        monotonic_fraction=monotonic,
+        spans=span_count,
         current_floor_bytes=current_floor,
         current_seconds=current_seconds,
         reference_peak_bytes=reference_peak,
@@ -275,6 +290,74 @@ def _best_split(pts: list[_Point]) -> tuple[int, int, int, float, float] | None:
         if best is None or current_floor - peak_so_far[e] > best[0] - best[1]:
             best = (current_floor, peak_so_far[e], floor_so_far[e], c, pts[e][0])
     return best
+
+
+# The recent rate is judged over the newest third of the window, and never over fewer
+# than this many buckets.
+RECENT_SHARE = 1 / 3
+MIN_RECENT_POINTS = 4
+
+
+def recent_slope(samples: Sequence[Sample], *, now: float, since: float) -> float:
+    """How fast the floor rose over the newest third of the window that starts at
+    ``since`` (bytes/s; at least :data:`MIN_RECENT_POINTS` buckets): the floor level at
+    its end minus the level at its start, over the time between.
+
+    A difference of levels rather than a fitted line, so an allocator that grows in
+    steps (flat, jump, flat) counts at its average rate; each level is the lowest floor
+    of the first or last third of those buckets, so noise and breathing move neither
+    end up.
+    """
+    pts = [p for p in points(samples, now=now) if p[0] >= since]
+    if len(pts) < 2:
+        return 0.0
+    cutoff = pts[-1][0] - (pts[-1][0] - pts[0][0]) * RECENT_SHARE
+    recent = [p for p in pts if p[0] >= cutoff]
+    if len(recent) < MIN_RECENT_POINTS:
+        recent = pts[-MIN_RECENT_POINTS:]
+    edge = max(2, len(recent) // 3)
+    start, end = recent[:edge], recent[-edge:]
+    # Between the edges' middles: for steady growth each edge's lowest floor is its
+    # first, and those lie exactly that far apart.
+    elapsed = sum(t for t, _, _ in end) / edge - sum(t for t, _, _ in start) / edge
+    if elapsed <= 0:
+        return 0.0
+    return (min(f for _, f, _ in end) - min(f for _, f, _ in start)) / elapsed
+
+
+# A verdict opens only when the newest stretch of the window (its last 1/SPANS, and at
+# least its two newest samples) shows the memory rising: some sample above an earlier
+# one's floor by half of what the slope adds over that stretch. (Not "the newest floor
+# above the bucket before's peak": the last stretch of a steep load that stopped just
+# past a bucket boundary looks exactly like that.)
+NOW_SHARE = 0.5
+
+
+def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
+    """Does the newest stretch of ``samples`` show the memory rising, at half of
+    ``slope`` or more?
+
+    This is what tells growth that goes on from a load that has finished: the window's
+    evidence of growth lasts a while after a steep load stops (a model streamed in over
+    a few minutes, or two allocations minutes apart, pass every other check for up to
+    W/2 after), but the newest stretch of a load that stopped is flat. Once a verdict is
+    open it does not need this (an allocator that grows in steps is flat between its
+    steps; it opens at a stretch that holds one of its steps). A bucket's own peak may
+    come after its floor, so it counts as a rise within the bucket.
+    """
+    pts = points(samples, now=now)
+    if len(pts) < 2:
+        return False
+    start = pts[-1][0] - (pts[-1][0] - pts[0][0]) / SPANS
+    first = min(len(pts) - 2, next(i for i, p in enumerate(pts) if p[0] >= start))
+    stretch = pts[first:]
+    wanted = NOW_SHARE * slope * (stretch[-1][0] - stretch[0][0])
+    lowest = stretch[0][1]
+    for _, floor, peak in stretch:
+        lowest = min(lowest, floor)
+        if peak - lowest >= wanted and peak > lowest:
+            return True
+    return False
 
 
 def floor_slope(pts: list[_Point]) -> float:
@@ -339,6 +422,44 @@ def _r_squared(floors: list[tuple[float, int]], slope: float) -> float:
     total = sum((y - mean_y) ** 2 for y in ys)
     residual = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
     return 1.0 - residual / total if total > 0 else 0.0
+
+
+_Fit = tuple[float, float, float, int]
+
+
+def _fit(floors: list[tuple[float, int]]) -> _Fit:
+    """``(slope, r², upward share, number of floors)`` of one set of span floors."""
+    slope = _theil_sen_slope(floors)
+    return slope, _r_squared(floors, slope), _upward_share(floors), len(floors)
+
+
+def _fit_score(fit: _Fit) -> float:
+    """The weaker of the fit's two shape scores (each 0 at its threshold, 1 at best)."""
+    _, r_squared, monotonic, _ = fit
+    return min(
+        (r_squared - R_SQUARED_MIN) / (1 - R_SQUARED_MIN),
+        (monotonic - MONOTONIC_MIN) / (1 - MONOTONIC_MIN),
+    )
+
+
+def _halved(spans: list[tuple[float, int] | None]) -> list[tuple[float, int]]:
+    """The floors of spans twice as wide: the lower of each pair of neighbours.
+
+    Memory that dips for a moment every few minutes (a square wave, an evaluation pass)
+    gives narrow spans that alternately hold a dip and miss it, so their floors saw up
+    and down by the whole dip even while the memory beneath grows; spans twice as wide
+    hold a dip each for any period up to their width. Where the finer floors fail the
+    shape checks, the wider ones are used if they follow a line closely (r² and upward
+    share of at least 0.95): periodic memory is still ruled out by the clearance alone,
+    and a single step, which explains at most 75% of the variance of clean floors,
+    stays far from that even where a span straddles it or noise blurs it.
+    """
+    halved = []
+    for i in range(0, len(spans) - 1, 2):
+        pair = [f for f in spans[i : i + 2] if f is not None]
+        if pair:
+            halved.append(min(pair, key=lambda f: f[1]))
+    return halved
 
 
 def _upward_share(floors: list[tuple[float, int]]) -> float:

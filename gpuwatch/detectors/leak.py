@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuwatch.detectors._format import format_bytes, format_seconds
-from gpuwatch.detectors.growth import MAX_SAMPLES, Growth, growth_of
+from gpuwatch.detectors.growth import MAX_SAMPLES, Growth, growing_now, growth_of, recent_slope
 from gpuwatch.detectors.types import Finding, Sample
 
 __all__ = ["MAX_SAMPLES", "detect_leak"]
@@ -37,6 +37,7 @@ def detect_leak(
     gpu_free_bytes: int | None,
     min_slope_bytes_per_second: float,
     min_duration_seconds: float,
+    already_open: bool = False,
 ) -> Finding | None:
     """Return a ``runaway``/``leak`` finding if the holder's memory grew over the window.
 
@@ -52,6 +53,11 @@ def detect_leak(
     ``min_slope_bytes_per_second`` with ``r_squared`` and ``monotonic_fraction`` at or
     above their minimums (both are in the evidence).
 
+    A verdict *opens* (``already_open`` False) only while the newest bucket shows the
+    memory rising (:func:`~gpuwatch.detectors.growth.growing_now`): a model streamed in
+    over a few minutes, or two allocations minutes apart, pass every other check for a
+    while after the memory has levelled off. An open one continues while the rest holds.
+
     Evidence, besides the growth numbers and ``confidence`` (0..1):
     ``time_to_exhaust_seconds``, ``gpu_free_bytes / slope``, the time until the GPU is
     full at this rate. When free memory is unknown but the total is known,
@@ -61,6 +67,10 @@ def detect_leak(
     growth = growth_of(samples, now=now, min_duration_seconds=min_duration_seconds)
     if growth is None or growth.failed_check(min_slope_bytes_per_second) is not None:
         return None
+    if recent_slope(samples, now=now, since=growth.window_start) < min_slope_bytes_per_second:
+        return None  # it grew, but it has stopped: a load that has finished
+    if not already_open and not growing_now(samples, now=now, slope=growth.slope):
+        return None  # it grew, but the newest bucket is flat: a load that has finished
     return _finding(growth, gpu_total_bytes, gpu_free_bytes)
 
 

@@ -123,6 +123,7 @@ class Replay:
 
     def _processes(self, timeline: Timeline) -> None:
         for life in self.lifetimes:
+            leak = None  # open, as the server's event book would know it
             for i, at in closes(life.polls):
                 leak = detect_leak(
                     life.window(at - LEAK_WINDOW - 2 * INTERVAL, at),
@@ -131,6 +132,7 @@ class Replay:
                     gpu_free_bytes=self.total - self.gpu_used[i],
                     min_slope_bytes_per_second=MIN_SLOPE,
                     min_duration_seconds=LEAK_WINDOW,
+                    already_open=leak is not None,
                 )
                 idle = detect_idle(
                     life.window(at - IDLE_WINDOW - 2 * INTERVAL, at),

@@ -113,6 +113,7 @@ def check_trend(
             gpu_free_bytes=gpu.memory_free_bytes,
             min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
             min_duration_seconds=settings.leak_min_duration_seconds,
+            already_open=book.open_reason(runaway) == "leak",
         )
     if leak is not None:
         _reconcile(book, "runaway", leak, gpu_row, lifetime, at)
