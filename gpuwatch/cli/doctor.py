@@ -159,7 +159,12 @@ def fit(
     context: int = typer.Option(4096, "--context", min=1, help="Tokens per sequence."),
     batch: int = typer.Option(1, "--batch", min=1, help="Sequences per step."),
     gpu: str = typer.Option(
-        "local", "--gpu", help="H100-80GB, A100-40GB, RTX4090, 24GiB, or local."
+        "local",
+        "--gpu",
+        help=(
+            "H100-80GB, A100-40GB, RTX4090, a size, or local. In a size GB means GiB, "
+            "as cards are sold: 24GB = 24GiB = an RTX 4090."
+        ),
     ),
     agent: str = typer.Option(
         DEFAULT_AGENT_URL, "--agent", metavar="URL", help="Agent for --gpu local."

@@ -5,11 +5,13 @@ The parameter count of a decoder-only transformer follows from its config
 
     embeddings   V*h            (and the same again for an untied lm_head)
     attention    h*(n*d) + 2*h*(k*d) + (n*d)*h      per layer (q, k, v, o)
-    MLP          3*h*i (gated: gate, up, down) or 2*h*i (GPT-style)   per layer, x experts
+    MLP          3*h*i (gated: gate, up, down) or 2*h*i (GPT-style)   per MLP
     norms        2*h per layer + h
 
 with V vocab, h hidden size, n attention heads, k KV heads, d head dim, i intermediate
-size. For Llama-3.1-8B (V=128256, h=4096, 32 layers, n=32, k=8, d=128, i=14336, untied)
+size. A mixture-of-experts layer has one MLP per expert (of ``moe_intermediate_size``
+where the config gives one), a shared expert where there is one, and an h x experts
+router. For Llama-3.1-8B (V=128256, h=4096, 32 layers, n=32, k=8, d=128, i=14336, untied)
 that is 8,030,261,248, the published 8.03B. Biases and rotary tables are left out
 (under 0.1 %).
 
@@ -33,7 +35,50 @@ from typing import Any
 from gpuwatch.errors import ConfigError
 
 # Families whose MLP is up -> activation -> down (two matrices), not gated (three).
-_NON_GATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "gpt_bigcode", "mpt"}
+# RefinedWeb* are Falcon's model types from before transformers had FalconConfig.
+_NON_GATED = {
+    "gpt2",
+    "gpt_neox",
+    "gptj",
+    "opt",
+    "bloom",
+    "falcon",
+    "RefinedWeb",
+    "RefinedWebModel",
+    "phi",
+    "gpt_bigcode",
+    "mpt",
+}
+# A config without ``tie_word_embeddings`` gets its config class's default. That is
+# PretrainedConfig's True (GPT-2, Gemma, Falcon, OPT, BLOOM, ...) except for the classes
+# below, whose __init__ defaults it to False.
+_UNTIED_BY_DEFAULT = {
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "phi",
+    "phi3",
+    "gpt_neox",
+    "gptj",
+    "stablelm",
+    "olmo",
+    "olmo2",
+    "granite",
+    "granitemoe",
+    "dbrx",
+    "jamba",
+    "nemotron",
+    "persimmon",
+    "deepseek",
+    "deepseek_v2",
+    "deepseek_v3",
+}
+# Expert counts under the names fit reads (Mixtral, Qwen-MoE, DeepSeek-MoE).
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _COUNT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMBGT]?)\s*", re.IGNORECASE)
 
@@ -52,7 +97,9 @@ class Architecture:
     intermediate: int | None = None
     tied_embeddings: bool = False
     gated_mlp: bool = True
-    experts: int = 1
+    # (inner size, how many of them in the whole model) for every MLP, experts included;
+    # empty means one MLP of ``intermediate`` per layer.
+    mlps: tuple[tuple[int, int], ...] = ()
     name: str | None = None
     # True when the shape was guessed from the parameter count (typical_shape), not read.
     estimated: bool = False
@@ -73,11 +120,12 @@ class Architecture:
         """Trainable LoRA parameters with ``rank`` on every attention and MLP projection."""
         if not self.has_shape or self.heads is None or self.intermediate is None:
             return None
-        h, d, i = self.hidden or 0, self.head_dim or 0, self.intermediate
+        h, d, layers = self.hidden or 0, self.head_dim or 0, self.layers or 0
         q_out, kv_out = (self.heads) * d, (self.kv_heads or 0) * d
         attention = rank * ((h + q_out) * 2 + (h + kv_out) * 2)
-        mlp = rank * (h + i) * (3 if self.gated_mlp else 2) * self.experts
-        return (attention + mlp) * (self.layers or 0)
+        mlps = self.mlps or ((self.intermediate, layers),)
+        per_mlp = rank * (3 if self.gated_mlp else 2)
+        return attention * layers + sum(per_mlp * (h + i) * count for i, count in mlps)
 
 
 # The largest models have a few trillion parameters; a count past this is a typo, and
@@ -129,33 +177,134 @@ def _key(config: dict[str, Any], *names: str, default: int | None = None) -> int
     raise ConfigError(f"model config lacks a positive integer {names[0]!r}")
 
 
+def _count(config: dict[str, Any], name: str, default: int) -> int:
+    """A non-negative integer field (``first_k_dense_replace`` may be 0)."""
+    value = config.get(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return default
+
+
+def _kv_heads(config: dict[str, Any], heads: int) -> int:
+    """KV heads, as transformers' Falcon and GPT-BigCode attention reads them.
+
+    ``multi_query`` means one KV head (Falcon-7B, StarCoder), unless Falcon's
+    ``new_decoder_architecture`` (40B, 180B) says to use ``num_kv_heads`` instead.
+    FalconConfig defaults ``multi_query`` to True; the RefinedWeb remote code used
+    ``n_head_kv``.
+    """
+    multi_query = config.get("multi_query", config.get("model_type") == "falcon")
+    if multi_query is True and not config.get("new_decoder_architecture"):
+        return 1
+    return _key(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+
+
+def _tied(config: dict[str, Any]) -> bool:
+    value = config.get("tie_word_embeddings")
+    if isinstance(value, bool):
+        return value
+    return config.get("model_type") not in _UNTIED_BY_DEFAULT
+
+
+def _refuse_unmodelled(config: dict[str, Any], experts: int) -> None:
+    """Refuse what the formula would silently get wrong, rather than miscount it."""
+    if _count(config, "kv_lora_rank", 0):
+        raise ConfigError(
+            "model config uses multi-head latent attention (kv_lora_rank: DeepSeek-V2/V3), "
+            "whose weights and KV cache fit does not model; use --params with the "
+            "published parameter count"
+        )
+    if experts > 1:
+        return
+    # An expert count under another name would be counted as one dense MLP per layer.
+    moe_fields = sorted(
+        key
+        for key in config
+        if ("expert" in key.lower() or "moe" in key.lower()) and _count(config, key, 0) > 1
+    )
+    if moe_fields:
+        raise ConfigError(
+            f"model config has mixture-of-experts fields fit does not read "
+            f"({', '.join(moe_fields)}) and no {_EXPERT_COUNTS[0]!r}, {_EXPERT_COUNTS[1]!r} or "
+            f"{_EXPERT_COUNTS[2]!r}; use --params with the published parameter count"
+        )
+
+
+def _is_moe_layer(config: dict[str, Any], index: int) -> bool:
+    """Whether layer ``index`` has experts (every layer for Mixtral).
+
+    Qwen-MoE: not in ``mlp_only_layers`` and every ``decoder_sparse_step``-th layer.
+    DeepSeek-MoE: from ``first_k_dense_replace`` on, every ``moe_layer_freq``-th layer.
+    """
+    dense_only = config.get("mlp_only_layers") or []
+    step = _key(config, "decoder_sparse_step", default=1)
+    first = _count(config, "first_k_dense_replace", 0)
+    every = _key(config, "moe_layer_freq", default=1)
+    return (
+        index not in dense_only
+        and (index + 1) % step == 0
+        and index >= first
+        and index % every == 0
+    )
+
+
+def _mlps(
+    config: dict[str, Any], layers: int, hidden: int, intermediate: int
+) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Every MLP as (inner size, count), and the router and gate parameters."""
+    experts = _key(config, *_EXPERT_COUNTS, default=1)
+    _refuse_unmodelled(config, experts)
+    if experts == 1:
+        return ((intermediate, layers),), 0
+    sparse = sum(1 for index in range(layers) if _is_moe_layer(config, index))
+    # Mixtral's experts are intermediate_size wide; Qwen-MoE's and DeepSeek's are not.
+    expert_size = _key(config, "moe_intermediate_size", default=intermediate)
+    mlps = [(intermediate, layers - sparse), (expert_size, experts * sparse)]
+    routers = hidden * experts * sparse
+    if shared := _count(config, "shared_expert_intermediate_size", 0):
+        mlps.append((shared, sparse))  # Qwen-MoE: one shared expert, with a 1-output gate
+        routers += hidden * sparse
+    elif shared_experts := _count(config, "n_shared_experts", 0):
+        # DeepSeek: the shared experts are one MLP, n_shared_experts times as wide.
+        mlps.append((expert_size * shared_experts, sparse))
+    return tuple((size, count) for size, count in mlps if count), routers
+
+
 def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Architecture:
     """The architecture a Hugging Face config describes, parameters computed from it.
 
     Reads ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
-    ``num_key_value_heads`` (default: = heads), ``head_dim`` (default: hidden/heads),
-    ``vocab_size``, ``intermediate_size`` (default 4*hidden), ``tie_word_embeddings``,
-    ``num_local_experts``; GPT-2 style names (``n_layer``, ``n_embd``, ``n_head``) too.
-    Raises ``ConfigError`` when a required field is missing.
+    ``num_key_value_heads`` (default: = heads; ``multi_query``, ``num_kv_heads`` and
+    ``n_head_kv`` for Falcon and GPT-BigCode), ``head_dim`` (default: hidden/heads),
+    ``vocab_size``, ``intermediate_size`` (default 4*hidden), ``tie_word_embeddings``
+    (default: the config class's, as transformers applies it), and the mixture-of-experts
+    fields of Mixtral, Qwen-MoE and DeepSeek-MoE; GPT-2 style names (``n_layer``,
+    ``n_embd``, ``n_head``) too. Raises ``ConfigError`` when a required field is missing
+    or the config describes something the formula would miscount.
     """
     layers = _key(config, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _key(config, "hidden_size", "n_embd", "d_model")
     heads = _key(config, "num_attention_heads", "n_head")
-    kv_heads = _key(config, "num_key_value_heads", "num_kv_heads", default=heads)
+    if "head_dim" not in config and heads > hidden:
+        raise ConfigError(f"model config has more attention heads ({heads}) than hidden units")
+    kv_heads = _kv_heads(config, heads)
     head_dim = _key(config, "head_dim", default=hidden // heads)
     vocab = _key(config, "vocab_size")
-    intermediate = _key(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
-    experts = _key(config, "num_local_experts", "num_experts", default=1)
+    intermediate = _key(
+        config, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden
+    )
     gated = config.get("model_type") not in _NON_GATED
-    tied = bool(config.get("tie_word_embeddings", False))
+    tied = _tied(config)
+    mlps, routers = _mlps(config, layers, hidden, intermediate)
 
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    mlp = hidden * intermediate * (3 if gated else 2) * experts
-    router = hidden * experts if experts > 1 else 0
-    per_layer = attention + mlp + router + 2 * hidden
+    mlp = sum(hidden * size * (3 if gated else 2) * count for size, count in mlps)
     embeddings = vocab * hidden * (1 if tied else 2)
+    params = layers * (attention + 2 * hidden) + mlp + routers + embeddings + hidden
+    if params > MAX_PARAMS:
+        raise ConfigError(f"model config describes {params:.3g} parameters, beyond any model")
     return Architecture(
-        params=layers * per_layer + embeddings + hidden,
+        params=params,
         layers=layers,
         hidden=hidden,
         heads=heads,
@@ -165,7 +314,7 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Archit
         intermediate=intermediate,
         tied_embeddings=tied,
         gated_mlp=gated,
-        experts=experts,
+        mlps=mlps,
         name=name,
     )
 

@@ -323,7 +323,9 @@ def options(workload: Workload, capacity: int) -> list[Option]:
             replace(workload, checkpointing=True),
         )
     if workload.batch > 1:
-        consider("batch 1 with gradient accumulation (--batch 1)", replace(workload, batch=1))
+        # Accumulation keeps a training step's effective batch; inference has no step.
+        how = "batch 1" if workload.mode == "inference" else "batch 1 with gradient accumulation"
+        consider(f"{how} (--batch 1)", replace(workload, batch=1))
     shorter = max_context(workload, capacity)
     if shorter is not None and shorter < workload.context:
         consider(f"shorter context (--context {shorter})", replace(workload, context=shorter))

@@ -237,5 +237,15 @@ def _fit_on(workload: Workload, breakdown: Breakdown, target: GpuTarget) -> GpuF
         headroom_ratio=1 - total / target.total_bytes,
         fits_free_now=free_now,
         options=[] if result == "fits" else options(workload, target.total_bytes),
-        bigger_gpu=None if result == "fits" else smallest_fitting(total, headroom=FITS_HEADROOM),
+        bigger_gpu=None if result == "fits" else _bigger_gpu(breakdown, target),
     )
+
+
+def _bigger_gpu(breakdown: Breakdown, target: GpuTarget) -> str | None:
+    """A catalogue card larger than ``target`` that fits even the top of the range.
+
+    For an estimated shape the central total may fit a card the high end does not; a
+    suggestion that can still be "cannot tell" does not make it fit.
+    """
+    needed = max(breakdown.total, breakdown.high_total or 0)
+    return smallest_fitting(needed, headroom=FITS_HEADROOM, larger_than=target.total_bytes)

@@ -3,6 +3,10 @@
 Catalogue sizes are the nominal memory (an "80GB" H100 has 80 GiB of HBM). The usable
 total a driver reports is a little lower (an H100 80GB shows 81,559 MiB = 79.6 GiB in
 ``nvidia-smi``), which the 10-15 % headroom the verdict asks for covers.
+
+A size's GB means GiB, as GPU memory is sold: an RTX 4090's "24 GB" is 24 GiB (24,564
+MiB in ``nvidia-smi``), so ``--gpu 24GB`` is that card, not 22.4 GiB. (Scenario files,
+:mod:`gpuwatch.quantities`, read GB as 10**9 bytes, as a vendor's decimal spec sheet.)
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES, GIB, parse_size
+from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES, GIB, size_to_bytes
 from gpuwatch.errors import ConfigError
 from gpuwatch.snapshot import HostSnapshot
 
@@ -48,6 +52,8 @@ def _canonical(name: str) -> str:
 
 
 _BY_CANONICAL = {_canonical(name): name for name in CATALOGUE_GIB}
+# "24GiB", "24 GB", "24gb", "0.5T": binary multiples whatever the spelling (module doc).
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTPE](?:iB|B)?)\s*", re.IGNORECASE)
 
 
 def catalogue_target(name: str) -> GpuTarget:
@@ -58,13 +64,14 @@ def catalogue_target(name: str) -> GpuTarget:
     known = _BY_CANONICAL.get(_canonical(name))
     if known is not None:
         return GpuTarget(known, CATALOGUE_GIB[known] * GIB)
-    try:
-        size = parse_size(name)
-    except ValueError:
+    match = _SIZE.fullmatch(name)
+    if match is None:
         choices = ", ".join(CATALOGUE_GIB)
         raise ConfigError(
-            f"--gpu: unknown GPU {name!r}; use a size like 24GiB, 'local', or one of {choices}"
-        ) from None
+            f"--gpu: unknown GPU {name!r}; use a size like 24GiB (GB means GiB), 'local', "
+            f"or one of {choices}"
+        )
+    size = size_to_bytes(match[1], match[2])
     if size <= 0:
         raise ConfigError("--gpu: size must be positive")
     if size >= ABSURD_REQUEST_BYTES:
@@ -85,9 +92,13 @@ def local_targets(snapshot: HostSnapshot) -> list[GpuTarget]:
     ]
 
 
-def smallest_fitting(needed_bytes: int, *, headroom: float) -> str | None:
-    """The smallest catalogue GPU that holds ``needed_bytes`` with ``headroom`` to spare."""
+def smallest_fitting(needed_bytes: int, *, headroom: float, larger_than: int = 0) -> str | None:
+    """The smallest catalogue GPU that holds ``needed_bytes`` with ``headroom`` to spare.
+
+    Only cards with more than ``larger_than`` bytes count: "a bigger GPU" that is the
+    card asked about, or one of the same size, is no advice.
+    """
     for name, gib in sorted(CATALOGUE_GIB.items(), key=lambda item: item[1]):
-        if needed_bytes <= (1 - headroom) * gib * GIB:
+        if gib * GIB > larger_than and needed_bytes <= (1 - headroom) * gib * GIB:
             return name
     return None
