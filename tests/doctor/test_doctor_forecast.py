@@ -33,6 +33,13 @@ FORECASTS = {
     "pr-prose": "The PR maps hipErrorOutOfMemory to a Python MemoryError.",
     "advice-to-the-reader": "Keep the batch small, otherwise you will see a CUDA Out Of Memory "
     "(OOM) Error and your training will crash.",
+    # Supposed, or counted as none, in any family (the CLI audit's prose).
+    "to-avoid": "To avoid CUDA out of memory errors, reduce the batch size.",
+    "tip-if-you-hit": "Tip: if you hit CUDA out of memory, try a smaller batch size.",
+    "reduce-the-chance": "Setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to reduce "
+    "the chance of CUDA out of memory errors",
+    "zero-count": "Training finished: 0 CUDA out of memory errors, 3 epochs.",
+    "no-oom": "Peak GPU memory: 78.5 GiB of 80 GiB, no out of memory.",
     # Built in code, not printed by a failure.
     "passed-to-a-call": "This returns false: `is_oom(RuntimeError('CUDA error: out of memory'))`",
     "the-string-code-looks-for": "The helper only checks for the string `CUDA out of memory.`",
@@ -83,6 +90,18 @@ FAILURES = {
     # "When" starts a sentence that is not a question.
     "when-not-a-question": (
         "When I start the second run, RuntimeError: CUDA error: out of memory",
+        "driver",
+    ),
+    # "if" in a question about one that happened, or on the code line of a traceback
+    # before the failure's own line; a count that is not zero.
+    "if-in-a-question": ("What should I do if I get CUDA out of memory?", "pytorch_allocator"),
+    "if-on-the-line-before": (
+        '  File "train.py", line 9, in step\n    if batch is not None: loss = model(batch)\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "pytorch_allocator",
+    ),
+    "a-count-of-two": (
+        "2 CUDA out of memory errors in the last hour: RuntimeError: CUDA error: out of memory",
         "driver",
     ),
     # A person telling of a failure they keep meeting.

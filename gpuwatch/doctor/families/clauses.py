@@ -38,6 +38,21 @@ _FORECAST = re.compile(
     r"|^\W*(?:this|the)\s+(?:commit|pr|pull\s+request|patch|change)\b",
     re.IGNORECASE,
 )
+# A failure only supposed ("If out-of-memory error occurs during cudagraph capture, ...",
+# vLLM's start-up advice; "To avoid CUDA out of memory errors, ..."; "... to reduce the
+# chance of CUDA out of memory errors"): one of these between the sentence's start (a
+# line's start at the latest) and the failure.
+_SUPPOSED = re.compile(
+    r"\b(?:if|in\s+case|unless|whether|avoid|prevent|reduce\s+the\s+(?:chance|risk|"
+    r"likelihood)\s+of)\b",
+    re.IGNORECASE,
+)
+# A failure counted as none right before its words ("0 CUDA out of memory errors", "no out
+# of memory", "without OOM").
+_NONE_BEFORE = re.compile(
+    r"(?:^|[^\w.])(?:no|zero|0|without|never)\s+(?:[\w-]{1,12}\s+){0,2}$", re.IGNORECASE
+)
+NONE_LOOKBACK_CHARS = 40
 # The failure's text only built in code (inside a string still open where the failure
 # starts): an exception passed to a call ("is_cuda_out_of_memory(RuntimeError('CUDA
 # error: out of memory'))"), where a log prints it ("RuntimeError: CUDA error: out of
@@ -70,15 +85,16 @@ class Found(NamedTuple):
 
 def forecast(text: str, start: int) -> bool:
     """Whether the sentence of ``text`` that leads to ``start`` (a failure a family or
-    the fallback found) only forecasts it (``_FORECAST``), or code only builds it
+    the fallback found) only forecasts it (``_FORECAST``) or supposes it
+    (``_SUPPOSED``), counts none of it (``_NONE_BEFORE``), or code only builds it
     (``_IN_CODE``)."""
     begin = max(0, start - FORECAST_LOOKBACK_CHARS)
     ends = _SENTENCE_END.finditer(text, begin, start)
     sentence = max((end.end() for end in ends), default=begin)
     told = text[sentence:start]
-    if _IN_CODE.search(told):
+    if _IN_CODE.search(told) or _NONE_BEFORE.search(told[-NONE_LOOKBACK_CHARS:]):
         return True
-    if _FORECAST.search(told) is None:
+    if _FORECAST.search(told) is None and _SUPPOSED.search(told) is None:
         return False
     return _QUESTION.search(told) is None or not _asks(text, start)
 

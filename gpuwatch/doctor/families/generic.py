@@ -103,10 +103,6 @@ _WENT_ON = re.compile(
     r"|\bskipping\b|\breducing\b",
     re.IGNORECASE,
 )
-# A failure only supposed ("If out-of-memory error occurs during cudagraph capture, ...",
-# vLLM's start-up advice): one of these between the sentence's start and the failure.
-_SUPPOSED = re.compile(r"\b(?:if|in\s+case|unless|whether|avoid|prevent)\b", re.IGNORECASE)
-_SENTENCE_END = re.compile(r"[.!?;]\s")
 # PyTorch's exception name is the PyTorch family's to read: cut short ("torch.cuda.
 # OutOfMemoryError: CUDA o"), it is not another wording.
 _PYTORCH_NAME = re.compile(r"\btorch\.(?:cuda\.)?OutOfMemory")
@@ -205,9 +201,7 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
     # A sentence wrapped onto the next line may say there that the program went on.
     if _WENT_ON.search(following):
         return None
-    ends = _SENTENCE_END.finditer(line, 0, failure.start())
-    sentence = max((end.end() for end in ends), default=0)
-    if _SUPPOSED.search(line, sentence, failure.start()) or forecast(line, failure.start()):
+    if forecast(line, failure.start()):  # supposed, forecast, none, or built in code
         return None
     if _HANDLER_NAME.search(line, max(0, failure.start() - 80), failure.start()):
         return None
