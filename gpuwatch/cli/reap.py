@@ -12,8 +12,9 @@ signal, that a process is still idle. Without history nothing is idle.
 
 Exit codes: 0 every chosen process stopped (or a dry run chose some); 20 nothing to
 do; 21 partial (some chosen processes were not stopped); 22 refused before any signal
-(not safe here, not confirmed, audit log unwritable, ``--pid`` target not eligible);
-plus the usual 2 (usage), 3 (bad setting), 4 (no NVML).
+(not safe here, not confirmed, audit log unwritable, ``--pid`` target not eligible, the
+history served by something other than the agent); plus the usual 2 (usage), 3 (bad
+setting, ``--idle`` below its floor), 4 (no NVML).
 """
 
 from __future__ import annotations
@@ -210,9 +211,13 @@ class _Session:
         self.agent_url = agent_url or _agent_url(settings.listen)
         self.now = time.time
         self.sampler = build_sampler(settings, AgentState())
+        # Every poll of this run, the plan's and the confirming ones, goes through it.
+        self.observer = _SamplerObserver(self.sampler)
         self.caller_uid = None if may_signal_anyone(settings.proc_root) else os.geteuid()
         self.run_id = secrets.token_hex(6)
-        self.protections = Protections.from_settings(reap, self_pids=(os.getpid(), os.getppid()))
+        self.protections = Protections.from_settings(
+            reap, self_pids=(os.getpid(), os.getppid()), proc_root=settings.proc_root
+        )
         self.notes: list[str] = []
         self.poster: EventPoster | None = None
         self._executor: Executor | None = None
@@ -231,13 +236,15 @@ class _Session:
         import contextlib
 
         from gpuwatch.agent.reaper.central import ServerHistory
-        from gpuwatch.agent.reaper.plan import IdleRule, make_plan
+        from gpuwatch.agent.reaper.plan import CURRENT_POLLS, IdleRule, make_plan
         from gpuwatch.agent.reaper.policy import Selection
 
-        snapshot = self.sampler.poll()
+        snapshot = self.observer.poll()
         self.hostname = snapshot.hostname
         history = self._history(snapshot.hostname, snapshot.boot_id, pid)
         r = self.reap
+        if history is not None:
+            _check_idle_floor(r.idle_seconds, history.poll_interval_seconds)
         selection = Selection(
             window_seconds=r.idle_seconds,
             min_memory_bytes=r.min_memory_bytes,
@@ -265,7 +272,14 @@ class _Session:
                 history.runs_for if history is not None else None,
                 now=self.now(),
                 rule=IdleRule(
-                    r.idle_seconds, r.min_memory_bytes, r.max_gap_seconds, r.coverage_ratio
+                    r.idle_seconds,
+                    r.min_memory_bytes,
+                    r.max_gap_seconds,
+                    r.coverage_ratio,
+                    # An agent whose polls stopped serves a history that proves nothing now.
+                    max_age_seconds=None
+                    if history is None
+                    else CURRENT_POLLS * history.poll_interval_seconds,
                 ),
                 selection=selection,
                 protections=self.protections,
@@ -308,14 +322,33 @@ class _Session:
             return None
 
     def _history(self, hostname: str, boot_id: str, pid: int | None) -> HistoryReport | None:
-        from gpuwatch.agent.reaper.served import fetch_history
+        """The agent's history, only from a listener on this host owned by root or the
+        agent's service user (checked before and after the request, so the socket that
+        answered is the one checked); raises ReapRefused otherwise."""
+        import dataclasses
+
+        from gpuwatch.agent.reaper.errors import ReapRefused
+        from gpuwatch.agent.reaper.served import fetch_history, socket_pids, verify_agent
         from gpuwatch.errors import RemoteError
 
+        proc = self.settings.proc_root
+        verify_agent(self.agent_url, proc)
         try:
             history = fetch_history(self.agent_url, pid=pid)
         except RemoteError as err:
             self.notes.append(f"{err}: without history no process can be called idle")
             return None
+        found = verify_agent(self.agent_url, proc)
+        if not found:
+            raise ReapRefused(
+                f"cannot verify who serves the history at {self.agent_url}: nothing listens "
+                "there on this host; refusing"
+            )
+        # The agent itself is never reaped, whatever its command line says.
+        agent_pids = socket_pids({f.inode for f in found}, proc)
+        self.protections = dataclasses.replace(
+            self.protections, self_pids=self.protections.self_pids | agent_pids
+        )
         if history.boot_id != boot_id or history.hostname != hostname:
             self.notes.append(
                 f"the agent at {self.agent_url} is not on this host and boot; its history is ignored"
@@ -434,7 +467,7 @@ def _build_executor(session: _Session) -> Executor:
             unkillable_seconds=r.unkillable_seconds,
         ),
         audit=AuditLog(r.audit_log),
-        observer=_SamplerObserver(session.sampler),
+        observer=session.observer,
         protections=session.protections,
         caller_uid=session.caller_uid,
         # The CLI is the one place that reads the environment: SUDO_USER names the
@@ -454,18 +487,61 @@ def _build_executor(session: _Session) -> Executor:
 
 
 class _SamplerObserver:
-    """A fresh NVML poll from this process; ``None`` when the poll fails."""
+    """Fresh NVML polls from this process; ``None`` when a poll fails.
+
+    It remembers the busiest activity each process (GPU, PID, start time) showed in any
+    poll of this run, the plan's included, and every snapshot it hands out carries at
+    least that: activity seen once in this run vetoes a signal, even if a later poll,
+    milliseconds after, has no new sample to show it.
+    """
 
     def __init__(self, sampler: Sampler) -> None:
         self._sampler = sampler
+        self._busiest: dict[tuple[str, int, float | None], float] = {}
+
+    def poll(self) -> HostSnapshot:
+        from gpuwatch.agent.reaper.history import activity_ratio
+
+        snapshot = self._sampler.poll()
+        gpus = []
+        for gpu in snapshot.gpus:
+            processes = []
+            for process in gpu.processes:
+                key = (gpu.uuid, process.pid, process.start_time)
+                ratio = activity_ratio(process, gpu)
+                if ratio is not None and ratio > 0:
+                    self._busiest[key] = max(self._busiest.get(key, 0.0), ratio)
+                seen = self._busiest.get(key)
+                if seen is not None and (process.sm_ratio or 0.0) < seen:
+                    process = process.model_copy(update={"sm_ratio": seen})
+                processes.append(process)
+            gpus.append(gpu.model_copy(update={"processes": processes}))
+        return snapshot.model_copy(update={"gpus": gpus})
 
     def observe(self) -> HostSnapshot | None:
         from gpuwatch.errors import GpuwatchError
 
         try:
-            return self._sampler.poll()
+            return self.poll()
         except GpuwatchError:
             return None
+
+
+# ``--idle`` must span at least this many of the agent's poll intervals: a shorter
+# window is a handful of samples (``--idle 1ms`` once reaped after two polls).
+MIN_IDLE_POLLS = 5
+
+
+def _check_idle_floor(idle_seconds: float, poll_interval_seconds: float) -> None:
+    from gpuwatch.agent.reaper.evidence import format_duration
+    from gpuwatch.errors import ConfigError
+
+    floor = MIN_IDLE_POLLS * poll_interval_seconds
+    if idle_seconds < floor:
+        raise ConfigError(
+            f"--idle: {format_duration(idle_seconds)} is too short: at least {MIN_IDLE_POLLS} "
+            f"of the agent's poll intervals ({format_duration(floor)})"
+        )
 
 
 def _agent_url(listen: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ _NO_INSTANCE = 0xFFFFFFFF
 # What nvmlDeviceGetMemoryInfo_v2 answers on a driver without it: missing symbol, the
 # struct version refused, or not supported on this board.
 _MEMORY_V2_ABSENT = frozenset({NVML_ERROR_FUNCTION_NOT_FOUND, 2, 3, 25})
+# How often the driver records a per-process utilisation sample (about once a second;
+# the fake GPUs do the same). A read sooner than this after the previous one usually
+# finds no new sample, and that silence says nothing about activity.
+PROCESS_SAMPLE_PERIOD_SECONDS = 1.0
 
 
 def error_name(code: int) -> str:
@@ -190,7 +195,8 @@ class DeviceReading:
     # The process list read just before the memory figures (``processes`` is read just
     # after them), so a reader can tell whether the two describe the same moment.
     processes_before_memory: list[ProcessUsage] | None = None
-    # pid -> SM busy ratio since the previous poll; None when the call itself failed.
+    # pid -> busy ratio of its busiest engine (SM, encoder, decoder) since the previous
+    # poll; None when the call itself failed. See NvmlSession._read_process_sm.
     process_sm: dict[int, float] | None = None
     mig: list[MigReading] = field(default_factory=list)
     # GPM figures of the whole GPU since the previous poll; None: no GPM, or no pair yet.
@@ -218,6 +224,9 @@ class NvmlSession(HealthReads, GpmReads):
         # Last process-utilisation sample timestamp per device (µs, NVML's clock), so each
         # poll asks only for samples newer than the previous one.
         self._util_ts: dict[int, int] = {}
+        # Per device: what the previous read found, kept by a re-read that comes before
+        # the driver's next sample is due (see _read_process_sm).
+        self._util_last: dict[int, dict[int, float]] = {}
         self._handles: dict[int, Any] = {}
         self._health = HealthState()
         self._gpm = GpmState()
@@ -353,6 +362,7 @@ class NvmlSession(HealthReads, GpmReads):
             # Keep what identifies the GPU; everything else is unknowable now.
             self._handles.pop(index, None)
             self._forget_gpm(index)
+            self._util_last.pop(index, None)
             return DeviceReading(index=index, uuid=reading.uuid, name=reading.name, lost=True)
         return reading
 
@@ -449,30 +459,45 @@ class NvmlSession(HealthReads, GpmReads):
         return None
 
     def _read_process_sm(self, index: int, handle: Any) -> dict[int, float] | None:
-        """SM busy ratio per PID over the samples newer than the previous poll.
+        """Busy ratio per PID over the samples newer than the previous poll.
 
-        NVML keeps samples only for processes that ran kernels, so a listed process
-        with no sample was idle over the interval (0.0). NOT_FOUND means "no samples
-        at all since then", i.e. everything idle. Other failures mean unknown (None).
+        A process's activity is its **busiest engine**: the highest of a sample's
+        ``smUtil``, ``encUtil`` and ``decUtil``, so a process working only on the video
+        encoder or decoder is not idle. A sample with all three at 0 is idle (0.0), the
+        same as no sample. NVML keeps samples only for processes that used an engine, so
+        a listed process with no sample was idle over the interval (0.0), and NOT_FOUND
+        means "no samples at all since then". Other failures mean unknown (None).
+
+        "No sample" is evidence of idleness only once the driver's next sample is due
+        (:data:`PROCESS_SAMPLE_PERIOD_SECONDS` after the newest one seen; NVML stamps
+        samples with this host's wall clock in µs). A re-read before that (``gpuwatch
+        reap`` confirming right before a signal, milliseconds after its first poll)
+        keeps what the previous read found, raised by any new sample: reading that
+        silence as idle once let a busy process be killed. A newest sample stamped in
+        the future (a clock step) is no reason to keep anything.
         """
         since = self._util_ts.get(index, 0)
+        age = time.time() - since / 1_000_000
+        quick = since > 0 and 0 <= age < PROCESS_SAMPLE_PERIOD_SECONDS
+        busy: dict[int, float] = dict(self._util_last.get(index, {})) if quick else {}
         try:
             samples = self._nv.nvmlDeviceGetProcessUtilization(handle, since)
         except self._nv.NVMLError as err:
             if err.value == NVML_ERROR_GPU_IS_LOST:
                 raise GpuLost("nvmlDeviceGetProcessUtilization") from err
-            if err.value == NVML_ERROR_NOT_FOUND:
-                return {}
-            self.errors.add("nvmlDeviceGetProcessUtilization", error_name(err.value))
-            return None
-        busy: dict[int, float] = {}
+            if err.value != NVML_ERROR_NOT_FOUND:
+                self.errors.add("nvmlDeviceGetProcessUtilization", error_name(err.value))
+                return None
+            samples = []
         newest = since
         for sample in samples:
             newest = max(newest, int(sample.timeStamp))
-            ratio = min(int(sample.smUtil), 100) / 100.0
+            engine = max(int(sample.smUtil), int(sample.encUtil), int(sample.decUtil))
+            ratio = min(engine, 100) / 100.0
             busy[int(sample.pid)] = max(busy.get(int(sample.pid), 0.0), ratio)
         self._util_ts[index] = newest
-        return busy
+        self._util_last[index] = busy
+        return dict(busy)
 
     def _read_mig(self, handle: Any) -> list[MigReading]:
         mode = self._call("nvmlDeviceGetMigMode", handle)

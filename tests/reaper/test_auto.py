@@ -233,3 +233,19 @@ def test_the_reaper_collector_yields_exactly_its_declared_families() -> None:
     declared = {spec.name for spec in reaper_metrics.METRICS}
     assert {family.name for family in collector.collect()} == declared
     assert list(ReaperCollector(lambda: None).collect()) == []
+
+
+def test_a_dry_run_warning_says_it_is_a_dry_run(
+    rig: Rig, victims: Callable[..., Victim], tmp_path: Path
+) -> None:
+    # Audit finding 8: in test mode owners were told "will be stopped in 10m" with no
+    # sign that nothing would be.
+    idle = victims()
+    rig.install([Hold(idle.pid, memory="6GiB")])
+    sink = Events()
+    agent = policy_agent(rig, tmp_path, sink, contended_ratio=0.3, dry_run=True)
+    run_polls(agent, rig, 31)
+    (warning,) = [e for e in sink.events if e.pid == idle.pid]
+    assert warning.evidence["stage"] == "warning" and warning.evidence["dry_run"] is True
+    assert warning.summary.startswith("dry run, nothing will be stopped: ")
+    assert idle.alive()

@@ -90,9 +90,10 @@ def test_each_protection() -> None:
         "spare",
         "protected_job",
     )
-    # gpuwatch's own agent, whatever its PID.
-    assert one(candidate(command="/usr/local/bin/gpuwatch agent")) == ("spare", "protected_self")
-    assert one(candidate(command="python -m gpuwatch agent")) == ("spare", "protected_self")
+    # gpuwatch is protected by PID, never by a command line anyone can choose (audit
+    # finding 9: these were protected_self before).
+    for evasive in ("python /home/alice/gpuwatch train.py", "python -m gpuwatch.mytrain"):
+        assert one(candidate(command=evasive)) == ("reap", "idle"), evasive
 
 
 def test_force_skips_idleness_and_nothing_else() -> None:
@@ -208,7 +209,6 @@ def _protected(c: Candidate, p: Protections) -> bool:
     return (
         c.pid == 1
         or c.pid in p.self_pids
-        or "gpuwatch" in (c.command or "")
         or (c.uid is not None and c.uid <= p.system_uid_max)
         or c.name in p.display_servers
         or c.user in p.users

@@ -305,7 +305,7 @@ def test_with_a_running_agents_own_history(victims, tmp_path: Path) -> None:
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     try:
-        time.sleep(5.5)
+        time.sleep(8.5)  # --idle is at least 5 poll intervals
         served = httpx.get(f"{agent.exporter.url}/reaper/history", params={"pid": idle.pid}).json()
         assert [t["pid"] for t in served["tracks"]] == [idle.pid]
         assert served["tracks"][0]["runs"][-1]["activity"] == "idle"
@@ -314,7 +314,7 @@ def test_with_a_running_agents_own_history(victims, tmp_path: Path) -> None:
         done = run_cli(
             "reap",
             "--idle",
-            "3s",
+            "5s",
             "--yes",
             "--json",
             "--agent",

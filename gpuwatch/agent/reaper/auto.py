@@ -42,7 +42,7 @@ from gpuwatch.agent.reaper.events import describe
 from gpuwatch.agent.reaper.evidence import format_duration
 from gpuwatch.agent.reaper.execute import Executor, decision_row
 from gpuwatch.agent.reaper.history import ProcessHistory
-from gpuwatch.agent.reaper.plan import IdleRule, Plan, make_plan
+from gpuwatch.agent.reaper.plan import CURRENT_POLLS, IdleRule, Plan, make_plan
 from gpuwatch.agent.reaper.policy import Decision, Protections, Selection
 from gpuwatch.agent.reaper.server_cache import CachedServerHistory
 from gpuwatch.agent.reaper.settings import ReapSettings
@@ -167,7 +167,14 @@ class AutoReaper:
             snapshot,
             self._history.runs_for,
             now=now,
-            rule=IdleRule(s.idle_seconds, s.min_memory_bytes, s.max_gap_seconds, s.coverage_ratio),
+            rule=IdleRule(
+                s.idle_seconds,
+                s.min_memory_bytes,
+                s.max_gap_seconds,
+                s.coverage_ratio,
+                # Its own history is current unless the poll loop is stuck.
+                max_age_seconds=CURRENT_POLLS * self._history.poll_interval_seconds,
+            ),
             selection=Selection(window_seconds=s.idle_seconds, min_memory_bytes=s.min_memory_bytes),
             protections=self._protections,
             caller_uid=self._caller_uid,
@@ -204,6 +211,10 @@ class AutoReaper:
             f"{describe(decision)} will be stopped in {format_duration(wait)} unless it becomes active "
             f"({decision.detail}; {why})"
         )
+        if self.dry_run:
+            # Test mode (or no CAP_KILL): the owner must not read a threat that will never
+            # be carried out as if it were real.
+            summary = f"dry run, nothing will be stopped: {summary}"
         log.warning("%s", summary)
         self._executor.audit(
             "warning", dry_run=self.dry_run, hostname=plan.hostname, **decision_row(decision)
@@ -213,7 +224,7 @@ class AutoReaper:
             plan.hostname,
             stage="warning",
             summary=summary,
-            extra={"deadline": warning.deadline, "contention": why},
+            extra={"deadline": warning.deadline, "contention": why, "dry_run": self.dry_run},
         )
         return warning
 

@@ -44,6 +44,7 @@ def idle_evidence(
     min_bytes: int,
     max_gap_seconds: float,
     min_coverage: float,
+    max_age_seconds: float | None = None,
 ) -> IdleEvidence:
     """The idle verdict over ``[now - window, now]`` from ``runs`` (oldest first).
 
@@ -53,20 +54,30 @@ def idle_evidence(
     than ``max_gap_seconds``, the newest recent enough. Then the observed share of the
     window (runs are fully observed, gaps between them are not) must reach
     ``min_coverage``, and no part of the window may have been CPU-busy.
+
+    Idle time is counted only up to the newest observation, never to ``now``: an
+    unobserved tail is unknown, not idle. A history whose newest observation is older
+    than ``max_age_seconds`` (the caller's bound on how current it must be, a couple of
+    the agent's poll intervals) is not current and proves nothing.
     """
     if not runs:
         return IdleEvidence(False, "no_history", "no history of this process yet")
     samples = _samples(runs, max_gap_seconds)
+    last = runs[-1]
+    unobserved = now - last.end
+    too_old = max_gap_seconds if max_age_seconds is None else min(max_gap_seconds, max_age_seconds)
+    if unobserved > too_old:
+        return IdleEvidence(False, "unknown", f"not observed for {format_duration(unobserved)}")
+    observed_until = min(now, last.end)
     # Window 0 first: the length of the trailing idle stretch, for the message.
     stretch = detect_idle(
-        samples, now=now, window_seconds=0.0, min_bytes=min_bytes, max_gap_seconds=max_gap_seconds
+        samples,
+        now=observed_until,
+        window_seconds=0.0,
+        min_bytes=min_bytes,
+        max_gap_seconds=max_gap_seconds,
     )
-    last = runs[-1]
     if stretch is None:
-        if now - last.end > max_gap_seconds:
-            return IdleEvidence(
-                False, "unknown", f"not observed for {format_duration(now - last.end)}"
-            )
         if last.activity == "active":
             return IdleEvidence(False, "active", f"active now (SM {last.busiest_ratio:.0%})")
         if last.activity == "unknown":
@@ -106,7 +117,7 @@ def idle_evidence(
         )
     finding = detect_idle(
         samples,
-        now=now,
+        now=observed_until,
         window_seconds=window_seconds,
         min_bytes=min_bytes,
         max_gap_seconds=max_gap_seconds,

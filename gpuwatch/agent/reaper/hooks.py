@@ -104,7 +104,9 @@ class ReaperHooks:
         stats = PolicyStats()
         can_signal = may_signal_anyone(settings.proc_root)
         caller_uid = None if can_signal else os.geteuid()
-        protections = Protections.from_settings(r, self_pids=(os.getpid(),))
+        protections = Protections.from_settings(
+            r, self_pids=(os.getpid(),), proc_root=settings.proc_root
+        )
         # Up to three poll intervals for the next poll; a stuck poll loop is "no reading".
         next_poll = NextPoll(timeout_seconds=3 * settings.poll_interval_seconds + 1)
         uid = os.getuid()

@@ -18,7 +18,7 @@ from gpuwatch.agent.reaper.central import (
 )
 from gpuwatch.agent.reaper.errors import ReapRefused
 from gpuwatch.agent.reaper.evidence import IdleEvidence, format_duration, idle_evidence
-from gpuwatch.agent.reaper.history import Run
+from gpuwatch.agent.reaper.history import Run, activity_ratio
 from gpuwatch.agent.reaper.policy import (
     Candidate,
     Decision,
@@ -38,16 +38,24 @@ ISOLATED = (
     "name a different process, or none. Refusing; run `gpuwatch reap` on the host."
 )
 
+# A history is current when its newest observation is at most this many of the agent's
+# poll intervals old; older, the agent has stopped observing and its idle runs prove
+# nothing about now.
+CURRENT_POLLS = 2.0
+
 
 @dataclass(frozen=True)
 class IdleRule:
     """The idle verdict's parameters: window, memory floor, longest bridged gap, and
-    the share of the window the samples must cover (seconds, bytes, 0..1)."""
+    the share of the window the samples must cover (seconds, bytes, 0..1), and how old
+    the newest observation may be for the history to count as current (``None``: up to
+    ``max_gap_seconds``)."""
 
     window_seconds: float
     min_memory_bytes: int
     max_gap_seconds: float
     min_coverage: float
+    max_age_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,9 +136,13 @@ def candidates_from(
 
     The memory floor is judged on the GPU where the process holds the most; on its
     other GPUs it only has to be idle (stopping it frees all of them).
+
+    Activity in ``snapshot`` itself vetoes, whatever the history says: the history can
+    lag this poll by up to a poll interval, and this poll is the newest look at the GPU.
     """
     first: dict[int, GpuProcess] = {}
     held: dict[int, dict[int, tuple[str, int | None]]] = {}
+    busy_now: dict[tuple[int, int], float] = {}  # (pid, gpu index) -> activity seen now
     unreadable = [g for g in snapshot.gpus if g.lost or g.read_error is not None]
     for gpu in snapshot.gpus:
         if gpu.lost or gpu.read_error is not None:
@@ -145,6 +157,10 @@ def candidates_from(
             elif previous is not None:
                 used = None
             per_gpu[gpu.index] = (gpu.uuid, used)
+            ratio = activity_ratio(process, gpu)
+            if ratio is not None and ratio > 0:
+                key = (process.pid, gpu.index)
+                busy_now[key] = max(busy_now.get(key, 0.0), ratio)
     out = []
     for pid, process in first.items():
         gpus = held[pid]
@@ -154,7 +170,8 @@ def candidates_from(
                 gpu_index=index,
                 gpu_uuid=uuid,
                 used_bytes=used,
-                evidence=_evidence(
+                evidence=_active_now(busy_now.get((pid, index)))
+                or _evidence(
                     runs_for,
                     uuid,
                     process,
@@ -182,6 +199,13 @@ def candidates_from(
             )
         )
     return out
+
+
+def _active_now(ratio: float | None) -> IdleEvidence | None:
+    """The verdict when this run's own poll saw activity; ``None`` when it did not."""
+    if ratio is None:
+        return None
+    return IdleEvidence(False, "active", f"active now (busiest engine {ratio:.0%} in this poll)")
 
 
 def _unreadable_holdings(
@@ -229,6 +253,7 @@ def _evidence(
         min_bytes=min_bytes,
         max_gap_seconds=rule.max_gap_seconds,
         min_coverage=rule.min_coverage,
+        max_age_seconds=rule.max_age_seconds,
     )
 
 
@@ -280,6 +305,7 @@ def _second_look(
             min_bytes=rule.min_memory_bytes if h.gpu_index == largest else 0,
             max_gap_seconds=rule.max_gap_seconds,
             min_coverage=rule.min_coverage,
+            max_age_seconds=rule.max_age_seconds,
         )
         where = (
             f"agent history for the last {format_duration(now - agent[0].start)}, the server's before"

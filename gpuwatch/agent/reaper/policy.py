@@ -23,18 +23,21 @@ strongest one:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Literal
 
 from gpuwatch.agent.reaper.evidence import IdleEvidence
+from gpuwatch.agent.reaper.procfs import Executable, executable
 from gpuwatch.agent.reaper.settings import ReapSettings
 from gpuwatch.snapshot import ProcessOwner
 
 Verdict = Literal["reap", "spare"]
 
-# gpuwatch's own processes: the installed entry point or ``python -m gpuwatch``.
-_GPUWATCH = re.compile(r"(^|/)gpuwatch(\s|$)|(^|\s)-m\s*gpuwatch(\s|\.|$)")
+# gpuwatch itself is protected by PID (this command, its parent, the agent), never by
+# its command line or name: any user can name a process "gpuwatch" or "Xorg".
 
 # Reason codes, documented in docs/reaper.md. Protections first.
 PROTECTED_REASONS = (
@@ -120,10 +123,17 @@ class Protections:
     pods: frozenset[str] = frozenset()
     display_servers: frozenset[str] = frozenset()
     self_pids: frozenset[int] = frozenset()
+    # pid -> its executable (procfs.executable); None: judge display servers by name
+    # alone (pure callers and tests with no real processes).
+    executable: Callable[[int], Executable | None] | None = None
 
     @classmethod
-    def from_settings(cls, settings: ReapSettings, *, self_pids: Iterable[int]) -> Protections:
+    def from_settings(
+        cls, settings: ReapSettings, *, self_pids: Iterable[int], proc_root: Path | None = None
+    ) -> Protections:
+        """``proc_root`` given: display servers are recognised by their executable."""
         return cls(
+            executable=None if proc_root is None else partial(executable, proc_root=proc_root),
             system_uid_max=settings.system_uid_max,
             users=frozenset(settings.protected_users),
             commands=tuple(re.compile(p) for p in settings.protected_commands),
@@ -211,14 +221,15 @@ def protection(c: Candidate, p: Protections) -> tuple[str, str] | None:
     command = c.command or ""
     if c.pid == 1:
         return "protected_pid1", "PID 1 (init) is never signalled"
-    if c.pid in p.self_pids or _GPUWATCH.search(command):
+    if c.pid in p.self_pids:
         return "protected_self", "gpuwatch itself is never signalled"
     if c.uid == 0:
         return "protected_root", "runs as uid 0: root's processes are never reaped"
     if c.uid is not None and c.uid <= p.system_uid_max:
         return "protected_system_user", f"system user (uid {c.uid} <= {p.system_uid_max})"
-    if c.name is not None and c.name in p.display_servers:
-        return "protected_display_server", f"display server {c.name}"
+    display = _display_server(c, p)
+    if display is not None:
+        return "protected_display_server", f"display server {display}"
     if (c.user is not None and c.user in p.users) or (c.uid is not None and str(c.uid) in p.users):
         return "protected_user", f"user {c.user or c.uid} is on the protected list"
     for pattern in p.commands:
@@ -233,6 +244,16 @@ def protection(c: Candidate, p: Protections) -> tuple[str, str] | None:
     if c.owner.pod_uid is not None and c.owner.pod_uid in p.pods:
         return "protected_job", f"pod {c.owner.pod_uid} is protected"
     return None
+
+
+def _display_server(c: Candidate, p: Protections) -> str | None:
+    """The display server ``c`` is, or ``None``. The name (comm) is the process's to
+    set (PR_SET_NAME), so where its executable can be read, that decides: a system
+    binary named like a display server. Unreadable: the name decides (sparing it)."""
+    exe = None if p.executable is None else p.executable(c.pid)
+    if exe is None:
+        return c.name if c.name is not None and c.name in p.display_servers else None
+    return exe.name if exe.system and exe.name in p.display_servers else None
 
 
 def _unsafe(c: Candidate, caller_uid: int | None) -> tuple[str, str] | None:

@@ -152,3 +152,26 @@ def may_signal_anyone(proc_root: Path = DEFAULT_PROC_ROOT) -> bool:
             except (IndexError, ValueError):
                 return False
     return False
+
+
+@dataclass(frozen=True)
+class Executable:
+    """What ``/proc/<pid>/exe`` points to: the file's name, and whether it is a system
+    binary (owned by root, in a root-owned directory that no one else may write), which
+    an ordinary user can neither create nor rename."""
+
+    name: str
+    system: bool
+
+
+def executable(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> Executable | None:
+    """The executable ``pid`` runs (``None``: gone, or not ours to look at)."""
+    link = proc_root / str(pid) / "exe"
+    try:
+        path = os.readlink(link)
+        binary = os.stat(link)  # the running file itself, even if renamed since
+        directory = os.stat(os.path.dirname(path.removesuffix(" (deleted)")) or "/")
+    except OSError:
+        return None
+    system = binary.st_uid == 0 and directory.st_uid == 0 and not directory.st_mode & 0o022
+    return Executable(os.path.basename(path.removesuffix(" (deleted)")), system)

@@ -8,6 +8,12 @@ command line takes it from another process. Times are epoch seconds.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import os
+import pwd
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -165,3 +171,111 @@ def history_report(
             for t in history.tracks(pid)
         ],
     )
+
+
+# -- who serves the history ------------------------------------------------------------
+
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp{,6}
+AGENT_SERVICE_USER = "gpuwatch"  # User= of deploy/systemd/gpuwatch-agent.service
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One listening TCP socket on this host: its owner's uid and socket inode."""
+
+    uid: int
+    inode: int
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """``0100007F`` -> 127.0.0.1: /proc/net/tcp{,6} print each 32-bit word in host
+    (little-endian) order."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(words)
+
+
+def listeners(port: int, addresses: set[str], proc_root: Path = Path("/proc")) -> list[Listener]:
+    """The sockets listening on ``port`` that a connection to one of ``addresses``
+    could reach: bound to one of them or to the wildcard address."""
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc_root / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _LISTEN:
+                continue
+            hex_address, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) != port:
+                continue
+            address = _address(hex_address)
+            mapped = getattr(address, "ipv4_mapped", None)
+            if address.is_unspecified or str(address) in addresses or str(mapped) in addresses:
+                found.append(Listener(uid=int(fields[7]), inode=int(fields[9])))
+    return found
+
+
+def trusted_uids() -> set[int]:
+    """Who may serve the history: root, and the agent's service user when it exists
+    (systemd's DynamicUser= resolves it while the unit runs)."""
+    uids = {0}
+    with contextlib.suppress(KeyError):  # no such user: root alone
+        uids.add(pwd.getpwnam(AGENT_SERVICE_USER).pw_uid)
+    return uids
+
+
+def verify_agent(url: str, proc_root: Path = Path("/proc")) -> list[Listener]:
+    """The listeners on this host behind ``url``, all owned by a trusted uid.
+
+    Anyone can listen on a free local port and serve a made-up history, and hostname
+    and boot id are public, so the history is used only when the socket serving it
+    belongs to root or the agent's service user, which an unprivileged user cannot
+    fake. Raises :class:`~gpuwatch.agent.reaper.errors.ReapRefused` when a listener
+    belongs to anyone else. An empty list: nothing listens there on this host (the
+    caller must not use an answer from such a URL).
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    from gpuwatch.agent.reaper.errors import ReapRefused
+
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as err:
+        raise ReapRefused(f"--agent {url}: not a URL ({err})") from None
+    if not host:
+        raise ReapRefused(f"--agent {url}: not a URL with a host")
+    try:
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=6)}
+    except OSError:
+        return []
+    found = listeners(port, addresses, proc_root)
+    trusted = trusted_uids()
+    for listener in found:
+        if listener.uid not in trusted:
+            raise ReapRefused(
+                f"the history at {url} is served by uid {listener.uid}, not by root or the "
+                f"{AGENT_SERVICE_USER} service user: it cannot be trusted; refusing"
+            )
+    return found
+
+
+def socket_pids(inodes: set[int], proc_root: Path = Path("/proc")) -> set[int]:
+    """PIDs holding one of these socket inodes open (those this caller may look at)."""
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    pids = set()
+    for entry in proc_root.iterdir() if inodes else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                if os.readlink(fd) in targets:
+                    pids.add(int(entry.name))
+                    break
+        except OSError:
+            continue
+    return pids

@@ -1,0 +1,122 @@
+"""``gpuwatch reap`` safety fixes from the reaper audit (/tmp/audit/reap.md), end to end:
+a child process, real victims, fake GPUs, a history served over HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from reaper.rig import HistoryServer, Hold
+from reaper.test_reap_cli import _reap, _setup
+
+
+@pytest.fixture
+def agent() -> Iterator[HistoryServer]:
+    server = HistoryServer()
+    yield server
+    server.close()
+
+
+def _by_pid(done: subprocess.CompletedProcess[str]) -> dict[int, tuple[str, str]]:
+    return {c["pid"]: (c["decision"], c["reason"]) for c in json.loads(done.stdout)["candidates"]}
+
+
+def test_activity_in_the_commands_own_poll_vetoes(rig, victims, agent, tmp_path: Path) -> None:
+    # Finding 1: the history says idle for 3h, but the process is busy now (60 % SM).
+    # Before: chosen by the plan, then confirmed "idle" by a re-read milliseconds later
+    # that found no new sample, and terminated.
+    victim = victims()
+    scenario = _setup(rig, agent, [Hold(victim.pid)])
+    scenario.write_text(scenario.read_text().replace("sm_percent = 0", "sm_percent = 60"))
+    done = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", "--json")
+    assert done.returncode == 20, done.stderr
+    assert _by_pid(done) == {victim.pid: ("spare", "active")}
+    assert victim.alive()
+
+
+def test_a_history_that_stopped_updating_is_not_current(rig, victims, agent, tmp_path) -> None:
+    # Finding 6: polls stopped 590 s ago (inside max_gap); before, still "idle for 3h10m".
+    victim = victims()
+    scenario = _setup(rig, agent, [Hold(victim.pid)])
+    body = json.loads(agent.body)
+    for track in body["tracks"]:
+        track["last_seen"] -= 590
+        for run in track["runs"]:
+            run["start"] -= 590
+            run["end"] -= 590
+    agent.body = json.dumps(body).encode()
+    done = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", "--json")
+    assert done.returncode == 20, done.stderr
+    assert _by_pid(done) == {victim.pid: ("spare", "unknown")}
+    assert victim.alive()
+
+
+def test_idle_has_a_floor(rig, victims, agent, tmp_path: Path) -> None:
+    # Finding 7: `--idle 1ms` reaped after two polls. The served history polls every 60 s.
+    victim = victims()
+    scenario = _setup(rig, agent, [Hold(victim.pid)])
+    for short in ("1ms", "4m"):
+        done = _reap(tmp_path, agent, scenario, "--idle", short, "--yes", "--json")
+        assert done.returncode == 3, done.stderr
+        assert "--idle" in done.stderr and "at least 5 of the agent's poll intervals" in done.stderr
+    assert victim.alive()
+    ok = _reap(tmp_path, agent, scenario, "--idle", "5m", "--dry-run", "--json")
+    assert ok.returncode == 0, ok.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_history_served_by_another_user_is_refused(rig, victims, agent, tmp_path) -> None:
+    # Finding 4: any local user could serve a made-up history ("idle for 3h").
+    victim = victims()
+    scenario = _setup(rig, agent, [Hold(victim.pid)])
+    served = Path(tempfile.mkdtemp())
+    served.chmod(0o755)
+    (served / "reaper").mkdir(mode=0o755)
+    (served / "reaper" / "history").write_bytes(agent.body)
+    port = _free_port()
+    spoof = subprocess.Popen(
+        [
+            "setpriv",
+            "--reuid=4343",
+            "--regid=4343",
+            "--clear-groups",
+            "--",
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(served),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        agent.url = f"http://127.0.0.1:{port}"
+        done = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", "--json")
+    finally:
+        spoof.kill()
+        spoof.wait(10)
+    assert done.returncode == 22, done.stderr
+    assert "served by uid 4343" in done.stderr and "cannot be trusted" in done.stderr
+    assert victim.alive()
