@@ -13,9 +13,14 @@ from gpuwatch.settings import AgentSettings
 
 
 def build_sampler(
-    settings: AgentSettings, state: AgentState, torch_reports: TorchReports | None = None
+    settings: AgentSettings,
+    state: AgentState,
+    torch_reports: TorchReports | None = None,
+    *,
+    one_shot: bool = False,
 ) -> Sampler:
-    """Open NVML (real or fake) and wire a sampler. Raises NvmlUnavailable/ScenarioError."""
+    """Open NVML (real or fake) and wire a sampler (``one_shot``: for a single poll).
+    Raises NvmlUnavailable/ScenarioError."""
     session = connect(settings.fake_gpus, errors=state.nvml_errors)
     procinfo = ProcInfo(
         settings.proc_root,
@@ -29,6 +34,7 @@ def build_sampler(
         torch_reports=torch_reports,
         pid_namespace_isolated=procinfo.pid_namespace_isolated,
         fake=settings.fake_gpus is not None,
+        confirm_gone=not one_shot,
     )
 
 

@@ -235,6 +235,22 @@ class ProcInfo:
             owner=identity.owner,
         )
 
+    def uptime(self) -> float | None:
+        """Seconds since boot (``<proc_root>/uptime``), or None if unreadable."""
+        first = (_read_text(self._root / "uptime") or "").split(" ", 1)[0]
+        try:
+            return float(first)
+        except ValueError:
+            return None
+
+    def seconds_since_boot(self, start_time: float | None) -> float | None:
+        """A process's start time (epoch seconds, as :meth:`describe` gives it) as seconds
+        since boot, the clock :meth:`uptime` reads: a step of the wall clock moves
+        neither."""
+        if start_time is None or self._boot_time is None:
+            return None
+        return start_time - self._boot_time
+
     def expire_dead(self) -> int:
         """Forget cached processes that exited or whose PID was reused; returns how many.
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuwatch.agent.procinfo import ProcInfo
+from gpuwatch.agent.procinfo import ProcessFacts, ProcInfo
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.nvml.bounded import BoundedReader, DeviceTimeout
 from gpuwatch.nvml.gpm import GpmActivity
@@ -48,7 +48,11 @@ class Sampler:
         fake: bool = False,
         clock: Callable[[], float] = time.time,
         first_sequence: int | None = None,
+        confirm_gone: bool = True,
     ) -> None:
+        """``confirm_gone``: report a PID gone from ``/proc`` as dead only at the second
+        poll in a row (see :meth:`_owner`); a one-shot read (``gpuwatch status``) has
+        no second poll and reports what it sees."""
         self._session = session
         self._reader = BoundedReader(session, timeout=timeout_seconds)
         self._procinfo = procinfo
@@ -61,12 +65,24 @@ class Sampler:
         # within the same boot continues above every sequence it sent before (polls are
         # seconds apart) and the server never mistakes a new snapshot for a retry.
         self._sequence = int(clock() * 1000) if first_sequence is None else first_sequence
+        # (GPU index, PID) -> seconds since boot when NVML first listed it, while it stays
+        # listed poll after poll; and those found gone in /proc at the previous poll.
+        self._listed_since: dict[tuple[int, int], float | None] = {}
+        self._gone_before: set[tuple[int, int]] = set()
+        self._gone_now: set[tuple[int, int]] = set()
+        self._listed_now: set[tuple[int, int]] = set()
+        self._uptime: float | None = None
+        self._confirm_gone = confirm_gone
 
     def poll(self) -> HostSnapshot:
         started = time.perf_counter()
         collected_at = self._clock()
         count = self._session.device_count()
+        self._uptime = self._procinfo.uptime()
         gpus = [self._gpu(reading) for reading in self._reader.read_all(count)]
+        self._gone_before, self._gone_now = self._gone_now, set()
+        self._listed_since = {k: v for k, v in self._listed_since.items() if k in self._listed_now}
+        self._listed_now = set()
         self._sequence += 1
         return HostSnapshot(
             agent_id=self._identity.agent_id,
@@ -132,7 +148,7 @@ class Sampler:
         )
 
     def _process(self, reading: DeviceReading, usage: ProcessUsage) -> GpuProcess:
-        facts = self._procinfo.describe(usage.pid)
+        facts = self._owner(reading.index, self._procinfo.describe(usage.pid))
         sm: float | None = None
         if reading.process_sm is not None:
             sm = reading.process_sm.get(usage.pid, 0.0)
@@ -149,6 +165,42 @@ class Sampler:
             torch=torch,
             **facts.to_gpu_process_fields(),
         )
+
+    def _owner(self, index: int, facts: ProcessFacts) -> ProcessFacts:
+        """What ``/proc`` says of the PID NVML listed, checked against NVML's past lists.
+
+        * A process that started after NVML first listed its PID on this GPU (seconds
+          since boot, so clock steps do not matter) cannot own that context: the owner
+          died and the kernel gave its PID to another process, which is then not blamed
+          (nor idle, nor reaped); the context is reported as a dead PID's.
+        * A PID gone from ``/proc`` is reported dead only at the second poll in a row:
+          a process that exits between NVML's list and the ``/proc`` read, or whose
+          context the driver is still tearing down, would otherwise open a dead-PID
+          event for every normal exit. At the first, it is reported as not visible
+          (unknown), which no detector judges.
+        """
+        key = (index, facts.pid)
+        self._listed_now.add(key)
+        listed = self._listed_since.setdefault(key, self._uptime)
+        started = self._procinfo.seconds_since_boot(facts.start_time)
+        reused = (
+            listed is not None
+            and started is not None
+            and started > listed + PID_REUSE_TOLERANCE_SECONDS
+        )
+        if facts.alive and reused:
+            facts = ProcessFacts(pid=facts.pid, alive=False)
+        if facts.alive or not facts.visible:
+            return facts
+        self._gone_now.add(key)
+        if key in self._gone_before or not self._confirm_gone:
+            return facts
+        return ProcessFacts(pid=facts.pid, alive=True, visible=False)
+
+
+# /proc's start time and boot time are whole clock ticks and whole seconds: a process
+# that started before NVML listed its context may still seem to start up to this later.
+PID_REUSE_TOLERANCE_SECONDS = 2.0
 
 
 def _profiling(activity: GpmActivity | None) -> Profiling | None:

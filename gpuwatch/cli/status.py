@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         from gpuwatch.settings import AgentSettings, load
 
         settings = load(AgentSettings, fake_gpus=fake_gpus)
-        snapshot = build_sampler(settings, AgentState()).poll()
+        snapshot = build_sampler(settings, AgentState(), one_shot=True).poll()
         if as_json:
             typer.echo(snapshot.model_dump_json(indent=2))
         else:

@@ -6,15 +6,34 @@ from gpuwatch.detectors._format import format_bytes
 from gpuwatch.detectors.types import Finding
 from gpuwatch.snapshot import Gpu, GpuProcess
 
+# Another holder counts as sharing the GPU from this share of its memory: a compute
+# process that small (a monitoring probe, a CUDA context left idle) competes for little,
+# and a graphics client (a display server, a compositor, a desktop app) below the larger
+# share is the workstation's own desktop, not a second job.
+OTHER_COMPUTE_RATIO = 0.01
+OTHER_GRAPHICS_RATIO = 0.10
+
+
+def _competes(other: GpuProcess, total: int) -> bool:
+    """Whether ``other`` holds enough of the GPU to compete for it. Unknown memory (a
+    process whose use NVML would not report) counts for a compute process only."""
+    graphics = other.kind == "graphics"
+    if other.used_bytes is None:
+        return not graphics
+    return other.used_bytes >= (OTHER_GRAPHICS_RATIO if graphics else OTHER_COMPUTE_RATIO) * total
+
 
 def detect_share(process: GpuProcess, gpu: Gpu, *, share_ratio: float) -> Finding | None:
     """Return a ``runaway``/``share`` finding if ``process`` holds more than ``share_ratio``
     (0..1) of ``gpu.memory_total_bytes`` on a shared GPU.
 
-    Shared means at least two processes on the GPU (which is also the case whenever
-    two distinct users are on it). A process alone on its GPU is using what it was
-    given, so it is never runaway by share. MIG parents are skipped: each process is
-    confined to its instance, so a share of the whole board means nothing.
+    Shared means at least one other process on the GPU that holds memory worth
+    competing for (:data:`OTHER_COMPUTE_RATIO` of the GPU for a compute process, or an
+    unknown amount; :data:`OTHER_GRAPHICS_RATIO` for a graphics client): a
+    workstation's display server, or a process holding nothing, beside one training
+    job does not make the job a runaway. A process alone on its GPU is using
+    what it was given, so it is never runaway by share. MIG parents are skipped: each
+    process is confined to its instance, so a share of the whole board means nothing.
 
     Evidence: ``share_ratio`` (held / total), ``threshold_ratio``, ``gpu_total_bytes``,
     ``processes`` on the GPU and ``users`` (sorted names of the known users).
@@ -27,9 +46,10 @@ def detect_share(process: GpuProcess, gpu: Gpu, *, share_ratio: float) -> Findin
     # nearly all of them hold less than the threshold.
     if share <= share_ratio:
         return None
-    pids = {p.pid for p in gpu.processes} | {process.pid}
-    if len(pids) < 2:
+    others = {p.pid for p in gpu.processes if p.pid != process.pid and _competes(p, total)}
+    if not others:
         return None
+    pids = others | {process.pid}
     users = sorted({p.owner.user for p in (*gpu.processes, process) if p.owner.user is not None})
     return Finding(
         kind="runaway",

@@ -163,3 +163,19 @@ def test_unattributed_below_the_minimum_is_ignored() -> None:
 )
 def test_unattributed_is_masked_where_it_is_not_a_leak_signal(facts: dict[str, object]) -> None:
     assert detect_unattributed(board(3 * GIB, **facts), min_bytes=1 * GIB) is None
+
+
+def test_a_desktop_or_an_empty_context_beside_one_job_is_not_sharing() -> None:
+    # A workstation: one job at 93% of a 24 GiB card, beside Xorg (a graphics client at
+    # a few hundred MiB, or of unknown size) or a compute process holding nothing.
+    hog = proc(1, int(22.3 * GIB))
+    for other in (
+        GpuProcess(pid=2, kind="graphics", used_bytes=300 * 2**20),
+        GpuProcess(pid=2, kind="graphics", used_bytes=None),
+        proc(2, 0),
+        proc(2, 100 * 2**20),
+    ):
+        assert detect_share(hog, gpu(hog, other, total=24 * GIB), share_ratio=0.9) is None
+    # A second job of any size worth naming, or of unknown size, shares it.
+    for other in (proc(2, 1 * GIB), proc(2, None)):
+        assert detect_share(hog, gpu(hog, other, total=24 * GIB), share_ratio=0.9) is not None
