@@ -97,6 +97,10 @@ EXIT_CODES: dict[int, str] = {
     20: "`gpuwatch reap`: nothing to do, no process qualifies (0: every chosen process was stopped, or a dry run chose some)",
     21: "`gpuwatch reap`: partial, some chosen processes were not stopped (not permitted, identity changed, unkillable, active again)",
     22: "`gpuwatch reap`: refused before any signal (host PIDs not visible, not confirmed, audit log unwritable, --pid target not eligible)",
+    126: "`gpuwatch fake-nvml exec`: the command was found but cannot be run (as a shell answers)",
+    127: "`gpuwatch fake-nvml exec`: the command was not found",
+    130: "interrupted (Ctrl-C, SIGINT)",
+    141: "standard output was closed before everything was written (a reader such as `head -1` went away), as a shell reports SIGPIPE",
 }
 
 # Verdicts rather than failures: `gpuwatch fit` prints its report, then exits with these

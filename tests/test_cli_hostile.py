@@ -252,3 +252,29 @@ def test_token_create_refuses_host_names_that_could_read_as_another(
     result = run(env, "token", "create", name, "--database-url", database)
     said = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.stderr).split())  # the usage box
     assert result.returncode == 2 and "control or format characters" in said, said
+
+
+def test_a_reader_that_goes_away_is_exit_141_and_silent(env: dict[str, str]) -> None:
+    # `gpuwatch --help | head -1`, with the reader gone before the first write (a pipe
+    # whose read end is closed), so every write fails whatever its timing.
+    for args in (["--help"], ["fake-nvml", "list"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            result = subprocess.run(
+                [*GPUWATCH, *args], env=env, cwd=env["HOME"], stdout=write_end,
+                stderr=subprocess.PIPE, timeout=60, check=False,
+            )  # fmt: skip
+        finally:
+            os.close(write_end)
+        assert result.returncode == 141, (args, result.stderr)
+        assert result.stderr == b""
+
+
+def test_a_command_fake_nvml_exec_cannot_run_is_126_and_one_missing_127(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    not_runnable = run(env, "fake-nvml", "exec", "workstation", "--", str(tmp_path))
+    assert one_line_error(not_runnable, 126).startswith("gpuwatch: error: cannot run")
+    missing = run(env, "fake-nvml", "exec", "workstation", "--", "no-such-command-here")
+    assert one_line_error(missing, 127).startswith("gpuwatch: error: cannot run")

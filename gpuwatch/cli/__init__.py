@@ -8,6 +8,7 @@ Exit codes are listed in :data:`gpuwatch.errors.EXIT_CODES` and docs/exit-codes.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning gpuwatch errors into one line and an exit code."""
     args = sys.argv[1:] if argv is None else argv
     _reopen_closed_standard_streams()
+    stdout_was_null = _is_devnull(1)
     try:
         if not _serve_agent_without_typer(args):
             _register_for(args)
@@ -153,8 +155,43 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:
+        _stdout_closed()
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            _unexpected(err)
+        # Output (or a file) could not be written: the machine's fault, not a bug.
+        print(f"gpuwatch: error: cannot write: {err.strerror}", file=sys.stderr)
+        sys.exit(1)
+    except SystemExit as exit_:
+        # Click and rich answer a closed stdout (EPIPE) with exit 1, the code of a bug:
+        # click marks that case by wrapping sys.stdout, rich by pointing it at /dev/null.
+        if exit_.code == 1 and (
+            type(sys.stdout).__name__ == "PacifyFlushWrapper"
+            or (_is_devnull(1) and not stdout_was_null)
+        ):
+            _stdout_closed()
+        raise
     except Exception as err:  # the last resort: see _unexpected
         _unexpected(err)
+
+
+def _is_devnull(fd: int) -> bool:
+    try:
+        here, null = os.fstat(fd), os.stat(os.devnull)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (null.st_dev, null.st_ino)
+
+
+def _stdout_closed() -> None:
+    """The reader of stdout went away (``| head -1``): nothing to say, and nowhere to say
+    it. Exit as a shell reports a process killed by SIGPIPE (128 + 13), and point stdout
+    at /dev/null so the interpreter's final flush does not complain."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    sys.exit(141)
 
 
 def _unexpected(err: Exception) -> None:

@@ -6,7 +6,7 @@
 ``exec``   run any pynvml-based program (gpustat, nvitop, your own) on the fake GPUs
 
 Scenario files are described in docs/scenarios.md. Exit codes: 3 for a bad scenario
-file or runtime dir; ``exec`` exits with the program's own code (127: not found).
+file or runtime dir; ``exec`` exits with the program's own code (127: not found, 126: not runnable).
 """
 
 from __future__ import annotations
@@ -138,6 +138,7 @@ def register(app: typer.Typer) -> None:
             os.execvpe(command[0], command, env)
         except OSError as err:
             typer.echo(f"gpuwatch: error: cannot run {command[0]}: {err.strerror}", err=True)
-            raise typer.Exit(127) from None
+            # As a shell answers: 127 not found, 126 found but not runnable.
+            raise typer.Exit(127 if isinstance(err, FileNotFoundError) else 126) from None
 
     app.add_typer(group, name="fake-nvml")
