@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 import re
 
+# The largest byte figure any GPU reading may carry (1 PiB): snapshots refuse more, and
+# a scenario says so at once rather than when its first snapshot is built.
+MAX_BYTES = 2**50
+
 # Binary and decimal units, as nvidia-smi (MiB) and vendors' spec sheets (GB) use them.
 # Spelled exactly: "Gb" (gigabits) or "gib" are more likely mistakes than intentions.
 _SIZE_UNITS = {

@@ -109,8 +109,12 @@ def test_the_server_serves_the_wire_paths_with_the_wire_models() -> None:
 @pytest.mark.parametrize(
     ("module", "allowed"),
     [
-        # Loaded in every process that speaks the contract: nothing beyond pydantic.
-        ("gpuwatch.wire", {"gpuwatch", "gpuwatch.snapshot", "gpuwatch.wire"}),
+        # Loaded in every process that speaks the contract: nothing beyond pydantic, and
+        # the leaf of units whose bounds the scenario files share.
+        (
+            "gpuwatch.wire",
+            {"gpuwatch", "gpuwatch.quantities", "gpuwatch.snapshot", "gpuwatch.wire"},
+        ),
         # Loaded inside training processes: nothing of the server or the agent.
         ("gpuwatch.torch", None),
     ],

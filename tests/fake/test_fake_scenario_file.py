@@ -162,6 +162,12 @@ def test_uuid_is_stable_across_edits_of_the_file(write_scenario: Callable[..., P
             "test-1.toml: gpu[0].memory_total: unknown size unit in '80Gb'",
         ),
         ("[[gpu]]\nname = 'x'\n", "test-1.toml: gpu[0].memory_total: is required"),
+        # More than a snapshot can carry, or nothing: said here, not when polled.
+        (
+            '[[gpu]]\nmemory_total = "99999999999999TiB"\n',
+            "test-1.toml: gpu[0].memory_total: must be more than 0 and at most 1 PiB",
+        ),
+        ('[[gpu]]\nmemory_total = "0B"\n', "gpu[0].memory_total: must be more than 0"),
         (GPU + "memroy = 1\n", "test-1.toml: gpu[0].memroy: unknown key"),
         (GPU + "[[process]]\ngpu = 1\nghost = 5\n", "test-1.toml: process[0].gpu: no GPU 1"),
         (GPU + "[[process]]\ngpu = 0\n", "test-1.toml: process[0]: needs exactly one of spawn"),

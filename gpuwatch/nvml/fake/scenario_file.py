@@ -34,7 +34,7 @@ from gpuwatch.nvml.fake.scenario import (
 from gpuwatch.nvml.fake.scenario_health import read_health
 from gpuwatch.nvml.fake.scenario_values import Table
 from gpuwatch.nvml.fake.timeline import Constant
-from gpuwatch.quantities import parse_bytes, parse_seconds
+from gpuwatch.quantities import MAX_BYTES, parse_bytes, parse_seconds
 
 # Same ceilings as gpuwatch.snapshot (not imported: it needs pydantic, and the fake runs
 # inside third-party programs, so scenario reading sticks to the standard library).
@@ -153,6 +153,9 @@ class _ScenarioReader:
 
     def _gpu(self, table: Table, index: int, scenario_name: str) -> GpuSpec:
         total = table.require("memory_total", parse_bytes)
+        if not 0 < total <= MAX_BYTES:
+            # What a snapshot can carry (gpuwatch.snapshot); bigger would fail there, late.
+            raise table.error("memory_total", "must be more than 0 and at most 1 PiB")
         reserved = table.get("reserved", parse_bytes, min(total // 160, 512 * 2**20))
         if reserved >= total:
             raise table.error("reserved", "must be less than memory_total")
