@@ -36,6 +36,8 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
+from gpuwatch.quantities import MAX_BYTES  # 1 PiB: no single GPU figure is larger
+
 SCHEMA_VERSION = 1
 
 # Bounds chosen well above any real host (8-16 GPUs, a few hundred processes) but low
@@ -43,7 +45,6 @@ SCHEMA_VERSION = 1
 MAX_GPUS = 64
 MAX_PROCESSES_PER_GPU = 1024
 MAX_MIG_INSTANCES = 7
-MAX_BYTES = 2**50  # 1 PiB: no single GPU figure is larger
 MAX_PID = 2**22  # Linux pid_max ceiling
 # The server stores these in signed 64-bit (BIGINT) columns; a Linux uid is a uint32.
 MAX_SEQUENCE = 2**63 - 1
@@ -282,6 +283,19 @@ class Gpu(_Strict):
     mig_instances: Annotated[list[MigInstance], Field(max_length=MAX_MIG_INSTANCES)] = Field(
         default_factory=list
     )
+
+    @model_validator(mode="after")
+    def _each_process_once(self) -> Gpu:
+        # One process listed twice on one GPU (same pid, start time and kind) is one
+        # stored lifetime with two contradicting readings, and its memory would be
+        # counted once: refused, as a GPU listed twice is. The agent keys NVML's rows by
+        # (pid, kind), so it never sends this. A pid under two kinds (a compute and a
+        # graphics context) is allowed: NVML reports the same memory for both, counted
+        # once, as the agent's own unattributed figure does.
+        keys = {(p.pid, p.start_time, p.kind) for p in self.processes}
+        if len(keys) < len(self.processes):
+            raise ValueError("a process (pid, start time and kind) appears twice on one GPU")
+        return self
 
 
 class HostSnapshot(_Strict):

@@ -71,6 +71,36 @@ class Endpoint:
         return cls(url=base + path, shown=base)
 
 
+def bearer_headers(token: str | None) -> dict[str, str]:
+    """The ``Authorization`` header for ``token``, which is stripped of surrounding
+    whitespace first: a token read from a file, an environment variable or a Kubernetes
+    secret usually ends in a newline, and HTTP clients refuse such a header with an
+    error that quotes it (the token, in a log). Raises :class:`ConfigError`, never
+    showing the token, when what is left cannot be a header value (gpuwatch tokens are
+    printable ASCII without spaces); none for an empty token."""
+    token = (token or "").strip()
+    if not token:
+        return {}
+    if any(not "!" <= char <= "~" for char in token):
+        raise ConfigError(
+            "the token has characters a gpuwatch token never has"
+            " (spaces, control characters, or not ASCII)"
+        )
+    return {"Authorization": f"Bearer {token}"}
+
+
+def without_secrets(message: str, headers: dict[str, str]) -> str:
+    """``message`` with the value of any ``Authorization`` header, or its token, cut
+    out: for errors whose text may quote the request (defence in depth)."""
+    for name, value in headers.items():
+        if name.lower() != "authorization":
+            continue
+        for secret in (value, *value.split()[1:]):
+            if secret:
+                message = message.replace(secret, "<redacted>")
+    return message
+
+
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: object, **kwargs: object) -> None:
         return None  # the 3xx is raised as HTTPError, and answered as it is
@@ -118,12 +148,13 @@ class Poster:
                 except (OSError, http.client.HTTPException):
                     content = b""  # the status and headers are the answer
                 return Reply(err.code, err.headers, content)
+        # The reason may quote a header the client refused: never the token.
         except urllib.error.URLError as err:
-            raise Unreachable(_reason(err.reason)) from err
+            raise Unreachable(without_secrets(_reason(err.reason), headers)) from None
         except (OSError, http.client.HTTPException, ValueError) as err:
             # OSError: a timeout or reset while reading; HTTPException: not HTTP;
-            # ValueError: a proxy setting urllib cannot use.
-            raise Unreachable(_reason(err)) from err
+            # ValueError: a proxy setting urllib cannot use, or a header value it refuses.
+            raise Unreachable(without_secrets(_reason(err), headers)) from None
 
     def close(self) -> None:
         self._opener = None

@@ -16,7 +16,7 @@ import threading
 import time
 
 from gpuwatch.agent.collectors.agent import PushStats
-from gpuwatch.agent.http_post import Endpoint, Poster, Unreachable
+from gpuwatch.agent.http_post import Endpoint, Poster, Unreachable, bearer_headers
 from gpuwatch.agent.reporter import HTTP_TIMEOUT_SECONDS, Reporter
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
@@ -36,8 +36,8 @@ class ServerSink:
         self._events_url = Endpoint.parse(settings.server_url, EVENTS_PATH).url
         token = settings.token.get_secret_value() if settings.token else None
         self._headers = {"Content-Type": "application/json"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+        # Stripped, and refused at startup (exit 3) if it cannot be a header value.
+        self._headers.update(bearer_headers(token))
 
     def offer(self, snapshot: HostSnapshot) -> None:
         self.reporter.offer(snapshot)

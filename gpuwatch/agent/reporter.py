@@ -52,7 +52,7 @@ from datetime import UTC
 from pydantic import ValidationError
 
 from gpuwatch.agent.collectors.agent import PushStats
-from gpuwatch.agent.http_post import Endpoint, Poster, Reply, Unreachable
+from gpuwatch.agent.http_post import Endpoint, Poster, Reply, Unreachable, bearer_headers
 from gpuwatch.agent.spool import Spool, SpooledSnapshot
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
@@ -174,8 +174,8 @@ class Reporter:
         self._url, self._shown_url = endpoint.url, endpoint.shown
         token = settings.token.get_secret_value() if settings.token else None
         self._headers = {"Content-Type": "application/json", PARTIAL_HEADER: PARTIAL_DEFERRED}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+        # Stripped, and refused at startup (exit 3) if it cannot be a header value.
+        self._headers.update(bearer_headers(token))
         self._interval = settings.push_interval_seconds
         self._clock, self._rand, self._wall_clock = clock, rand, wall_clock
         self._spool = Spool(

@@ -22,6 +22,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
+from gpuwatch.agent.http_post import bearer_headers, without_secrets
 from gpuwatch.errors import AuthError, ConfigError, NotFound, RemoteError
 from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceIn, SilenceOut, TestResult
 from gpuwatch.server.events.schemas import EventOut, EventPage, IdleHolderOut
@@ -45,7 +46,11 @@ class _ApiClient:
         timeout_seconds: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Stripped (a token read from a file or the environment often ends in a newline,
+        # which httpx refuses with an error quoting the header), and refused up front,
+        # without showing it, when it cannot be a header value.
+        headers = bearer_headers(token)
+        self._headers = headers  # for scrubbing error messages
         self._base_url = base_url.rstrip("/")
         try:
             self._http = httpx.Client(
@@ -92,9 +97,11 @@ class _ApiClient:
         try:
             response = self._http.request(method, path, params=params, json=body)
         except httpx.HTTPError as err:
+            # httpx's message may quote a header it refused: never show the token.
             raise RemoteError(
-                f"cannot reach the gpuwatch server at {self._base_url}: {err}"
-            ) from err
+                f"cannot reach the gpuwatch server at {self._base_url}: "
+                + without_secrets(str(err), self._headers)
+            ) from None
         code = response.status_code
         if code in (401, 403):
             raise AuthError(

@@ -187,8 +187,9 @@ async def require_pushing_agent(
 def verify_token_digest(context: ServerContext, digest: str) -> AgentIdentity | None:
     """Check a token digest in a short read session of its own (so bad tokens never
     take SQLite's write lock); remember it in ``context.tokens`` when it is valid and
-    forget it when it is not."""
-    with context.database.reader() as session:
+    forget it when it is not. Its connection is of ingest's share, which API reads
+    cannot exhaust (database/core.py, READ_CONNECTIONS)."""
+    with context.database.reader(for_ingest=True) as session:
         identity = identity_of_digest(session=session, digest=digest)
     if identity is None:
         context.tokens.discard(digest)

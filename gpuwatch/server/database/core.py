@@ -96,6 +96,11 @@ class WaitTimeout(DatabaseError):
     outage, the caller had no more time to give."""
 
 
+class SlotTimeout(WaitTimeout):
+    """No pooled connection of the session's kind came within its wait (see
+    :data:`READ_CONNECTIONS`): the database is busy, not down (answered 503)."""
+
+
 class WriteTurns:
     """SQLite admits one writer at a time; this process's writers take turns here first.
 
@@ -171,6 +176,48 @@ class WriteTurns:
 # wrappers share it: the app's and a test's, say.
 _TURNS: weakref.WeakKeyDictionary[Engine, WriteTurns] = weakref.WeakKeyDictionary()
 
+# The connection pool is split between readers and writers, so that reads can never
+# hold ingest past its time budget. Without the split, 100 concurrent heavy reads took
+# every pooled connection and a push waited the pool's 30 s checkout timeout (not its
+# 5 s budget) for one. Read sessions may hold at most READ_CONNECTIONS at once, write
+# sessions at most WRITE_CONNECTIONS; together they are the pool's capacity
+# (create_database: POOL_SIZE kept, the rest overflow), so a session that has its slot
+# always finds a connection, and every wait is here, where it is bounded: a read waits
+# at most READ_WAIT_SECONDS for a slot (then DatabaseError: answered 503 with
+# Retry-After), a writer at most its own ``wait_seconds`` (the push's deadline).
+POOL_SIZE = 5
+READ_CONNECTIONS = 10
+WRITE_CONNECTIONS = 5
+READ_WAIT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class ConnectionSlots:
+    """The read and write slots of one engine (its pool), shared by its wrappers."""
+
+    reads: threading.BoundedSemaphore
+    writes: threading.BoundedSemaphore
+
+    @classmethod
+    def new(cls) -> ConnectionSlots:
+        return cls(
+            threading.BoundedSemaphore(READ_CONNECTIONS),
+            threading.BoundedSemaphore(WRITE_CONNECTIONS),
+        )
+
+
+_SLOTS: weakref.WeakKeyDictionary[Engine, ConnectionSlots] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def _slot(semaphore: threading.BoundedSemaphore, wait_seconds: float, what: str) -> Iterator[None]:
+    if not semaphore.acquire(timeout=max(0.0, wait_seconds)):
+        raise SlotTimeout(f"database busy: no {what} connection free within {wait_seconds:.3g} s")
+    try:
+        yield
+    finally:
+        semaphore.release()
+
 
 @dataclass(frozen=True)
 class Database:
@@ -184,9 +231,10 @@ class Database:
     """
 
     engine: Engine
-    reader: sessionmaker[Session]
+    _readers: sessionmaker[Session]
     _writers: sessionmaker[Session]
     _turns: WriteTurns | None
+    _slots: ConnectionSlots
 
     @classmethod
     def from_engine(cls, engine: Engine, *, write_wait_seconds: float = 5.0) -> Database:
@@ -199,12 +247,25 @@ class Database:
             turns = _TURNS.setdefault(engine, WriteTurns(write_wait_seconds))
         return cls(
             engine=engine,
-            reader=sessionmaker(bind=engine, expire_on_commit=False),
+            _readers=sessionmaker(bind=engine, expire_on_commit=False),
             _writers=sessionmaker(
                 bind=engine.execution_options(**{_WRITE_OPTION: True}), expire_on_commit=False
             ),
             _turns=turns,
+            _slots=_SLOTS.setdefault(engine, ConnectionSlots.new()),
         )
+
+    @contextmanager
+    def reader(self, *, for_ingest: bool = False) -> Iterator[Session]:
+        """A read session, once one of the read slots is free (at most
+        :data:`READ_WAIT_SECONDS`; then :class:`SlotTimeout`, a 503).
+
+        ``for_ingest``: a read a push needs before its write (its token check) takes a
+        slot of the writers' share instead, so reads cannot hold it up either.
+        """
+        slots, what = (self._slots.writes, "write") if for_ingest else (self._slots.reads, "read")
+        with _slot(slots, READ_WAIT_SECONDS, what), self._readers() as session:
+            yield session
 
     @property
     def write_turns(self) -> WriteTurns | None:
@@ -217,27 +278,46 @@ class Database:
         return self.engine.dialect.name
 
     @contextmanager
-    def writer(self, *, wait_seconds: float | None = None) -> Iterator[Session]:
+    def writer(
+        self, *, wait_seconds: float | None = None, slot_seconds: float | None = None
+    ) -> Iterator[Session]:
         """A write session, closed (rolled back unless committed) on the way out,
         before the next writer of this process gets its turn.
 
         ``wait_seconds`` bounds how long it may wait for others: for its turn on SQLite
-        (:class:`WaitTimeout`), for any row lock in its transaction on Postgres
-        (``lock_timeout``; the error answers :func:`is_wait_timeout`).
+        (:class:`WaitTimeout`), for a pooled connection (:class:`SlotTimeout`), for any
+        row lock in its transaction on Postgres (``lock_timeout``; the error answers
+        :func:`is_wait_timeout`). ``slot_seconds``, when given, bounds the wait for the
+        connection alone (the ingest writer's deadline, where it sets no lock timeout).
         """
         turn = nullcontext() if self._turns is None else self._turns.turn(wait_seconds)
-        with turn, self._writers() as session:
-            if wait_seconds is not None and self._turns is None:
-                # At least 1 ms: a lock_timeout of 0 means no limit at all.
-                limit = f"{max(1, math.ceil(wait_seconds * 1000))}ms"
-                session.execute(select(func.set_config("lock_timeout", limit, True)))
-            yield session
+        # The turn first: on SQLite a writer holds a connection only during its turn.
+        # Its slot (a pooled connection sure to be free) within the same wait, so a
+        # push never waits on the pool past its deadline.
+        slot_wait = self._turns.timeout_seconds if self._turns else READ_WAIT_SECONDS
+        for bound in (wait_seconds, slot_seconds):
+            if bound is not None:
+                slot_wait = min(slot_wait, bound)
+        began = time.monotonic()
+        with turn:
+            slot_wait -= time.monotonic() - began
+            with _slot(self._slots.writes, slot_wait, "write"), self._writers() as session:
+                if wait_seconds is not None and self._turns is None:
+                    # At least 1 ms: a lock_timeout of 0 means no limit at all.
+                    limit = f"{max(1, math.ceil(wait_seconds * 1000))}ms"
+                    session.execute(select(func.set_config("lock_timeout", limit, True)))
+                yield session
 
     @contextmanager
     def begin_write(self) -> Iterator[Connection]:
         """A connection in a write transaction (``BEGIN IMMEDIATE`` on SQLite),
         committed on success."""
-        with self._turn(), self.engine.execution_options(**{_WRITE_OPTION: True}).begin() as conn:
+        slot = _slot(self._slots.writes, READ_WAIT_SECONDS, "write")
+        with (
+            self._turn(),
+            slot,
+            self.engine.execution_options(**{_WRITE_OPTION: True}).begin() as conn,
+        ):
             yield conn
 
     def _turn(self) -> AbstractContextManager[None]:
@@ -259,17 +339,26 @@ def create_database(url: str, *, sqlite_busy_timeout_seconds: float = 5.0) -> Da
         if backend == "sqlite":
             if parsed.database in (None, "", ":memory:"):
                 raise DatabaseError("an in-memory SQLite database cannot be shared; give a file")
-            engine = create_engine(parsed, connect_args={"timeout": sqlite_busy_timeout_seconds})
+            engine = create_engine(
+                parsed, connect_args={"timeout": sqlite_busy_timeout_seconds}, **_POOL
+            )
         else:
             connect_args: dict[str, Any] = {}
             if backend == "postgresql" and parsed.get_driver_name() == "psycopg":
                 # Fail fast when Postgres is down, so ingest can answer 503 promptly.
                 connect_args["connect_timeout"] = 5
-            engine = create_engine(parsed, connect_args=connect_args)
+            engine = create_engine(parsed, connect_args=connect_args, **_POOL)
             _ping_when_idle(engine)
     except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
         raise DatabaseError(f"unusable database URL {_safe(url)}: {err}") from err
     return Database.from_engine(engine, write_wait_seconds=sqlite_busy_timeout_seconds)
+
+
+# Room for every read and write slot (see READ_CONNECTIONS), so none waits in the pool.
+_POOL: dict[str, Any] = {
+    "pool_size": POOL_SIZE,
+    "max_overflow": READ_CONNECTIONS + WRITE_CONNECTIONS - POOL_SIZE,
+}
 
 
 def database_for(settings: ServerSettings) -> Database:

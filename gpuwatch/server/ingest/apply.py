@@ -238,7 +238,10 @@ def _open_new_lifetimes(
     if not new:
         return
     # Same pid and start time is the same process: reopen its lifetime (a poll that
-    # missed it). Without a start time only a recent close is trusted to be the same.
+    # missed it, or a new boot id listing it again), never insert a second row of the
+    # identity (the table's unique key; that refused the whole batch). This includes
+    # lifetimes ended earlier in this same request, which only the state knows about.
+    # Without a start time only a recent close is trusted to be the same.
     reopen_after = at - 2 * max(
         settings.sample_interval_seconds, settings.agent_push_interval_seconds
     )
@@ -248,8 +251,7 @@ def _open_new_lifetimes(
             continue
         if lifetime.start_time is None and (lifetime.ended_at or 0.0) < reopen_after:
             continue
-        lifetime.ended_at = None
-        state.open[identity] = lifetime
+        state.reopen(lifetime)
         del new[identity]
     state.add_lifetimes(
         [_new_lifetime(gpu_id, process, at=at) for (gpu_id, _, _), process in new.items()]
@@ -384,9 +386,7 @@ def _end(state: HostState, lifetime: LifetimeRow, *, at: float) -> None:
         lifetime.bucket_start_at = None
         lifetime.bucket_min_bytes = lifetime.bucket_max_bytes = None
         lifetime.bucket_max_sm_ratio = None
-    lifetime.ended_at = at
-    state.open.pop(lifetime.identity, None)
-    state.touch(lifetime)
+    state.end(lifetime, at=at)
     findings.clear_lifetime(state.events, lifetime, at=at)
 
 

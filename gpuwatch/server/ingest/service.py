@@ -24,6 +24,7 @@ progress, however late it got its turn.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,15 +133,29 @@ def ingest_snapshots(
         else:
             results.append("duplicate")
     ordered = sorted(to_apply)
+    stepped = 0
     for done, (at, _, index) in enumerate(ordered):
         if done and out_of_time is not None and out_of_time():
             _defer(session, host_id, request.snapshots, results, [i for _, _, i in ordered[done:]])
             break
         newest = state.host.last_seen_at
         if newest is not None and at <= newest:
-            results[index] = "late"
-            continue
+            snapshot = request.snapshots[index]
+            if not _after_last_applied(state, snapshot):
+                results[index] = "late"
+                continue
+            # The agent's clock stepped back (NTP, a VM restore): see _stepped_time.
+            at = _stepped_time(newest, now)
+            stepped += 1
         apply_snapshot(state, request.snapshots[index], settings=settings, at=at)
+    if stepped:
+        log.warning(
+            "host %s: %d snapshot(s) newer than the last applied (same boot, higher"
+            " sequence) but not by their time: the agent's clock stepped back; applied"
+            " at the server's receive time",
+            state.host.hostname,
+            stepped,
+        )
     late = results.count("late")
     if late:
         log.info("host %s: %d late snapshot(s) recorded without replay", state.host.hostname, late)
@@ -152,6 +167,29 @@ def ingest_snapshots(
     state.events.clear(SILENT_KEY, at=now)
     state.flush()
     return IngestResult(results=results, opened=state.events.opened, kept=state.kept())
+
+
+def _after_last_applied(state: HostState, snapshot: HostSnapshot) -> bool:
+    """True when ``snapshot`` is newer than the host's last applied one by definition:
+    the same agent and boot, a higher sequence. Sequences only grow within an agent's
+    boot, whatever its clock does, so this holds when its clock stepped back; a retry
+    or a spool replay has the same or a lower sequence."""
+    host = state.host
+    return (
+        host.last_sequence is not None
+        and snapshot.agent_id == host.agent_id
+        and snapshot.boot_id == host.boot_id
+        and snapshot.sequence > host.last_sequence
+    )
+
+
+def _stepped_time(newest: float, now: float) -> float:
+    """The effective time of a snapshot from a clock that stepped back: the server's
+    receive time, which keeps following true time through the step, so durations
+    (idle, leaks, silence) keep growing; or, when the host's state is already at that
+    time (several such snapshots in one request), the least time after it, so the
+    host's state never moves backwards."""
+    return now if now > newest else math.nextafter(newest, math.inf)
 
 
 def _defer(

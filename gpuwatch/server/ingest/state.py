@@ -158,6 +158,12 @@ class HostState:
         self.host = host
         self.gpus = {gpu.uuid: gpu for gpu in gpus}
         self.open = {lt.identity: lt for lt in lifetimes}
+        # Lifetimes this request ended. Their end is written only by :meth:`flush`, so
+        # until then the database still has them open and only this map knows them
+        # closed: a process that comes back later in the same request (a missed poll,
+        # a new boot id) must reopen this row, not insert a second one of the same
+        # identity (the table's unique key).
+        self.closed: dict[Identity, LifetimeRow] = {}
         # What each lifetime's rarely changing columns hold in the database now: flush
         # writes those columns only for the lifetimes whose values moved.
         self._stored_cold = {lt.id: _LIFETIME_COLD(lt) for lt in lifetimes}
@@ -243,18 +249,37 @@ class HostState:
         self.gpus[gpu.uuid] = gpu
         return gpu
 
+    def end(self, lifetime: LifetimeRow, *, at: float) -> None:
+        """Mark an open lifetime ended at ``at`` (written by :meth:`flush`)."""
+        lifetime.ended_at = at
+        self.open.pop(lifetime.identity, None)
+        self.closed[lifetime.identity] = lifetime
+        self.touch(lifetime)
+
+    def reopen(self, lifetime: LifetimeRow) -> None:
+        """Make a closed lifetime (from :meth:`closed_matches`) open again."""
+        lifetime.ended_at = None
+        self.closed.pop(lifetime.identity, None)
+        self.open[lifetime.identity] = lifetime
+        self.touch(lifetime)
+
     def closed_matches(self, identities: Iterable[Identity]) -> list[LifetimeRow]:
-        """Closed lifetimes of this host with one of these PIDs on one of these GPUs."""
+        """Closed lifetimes of this host with one of these PIDs on one of these GPUs:
+        those this request ended (in memory, the truth until :meth:`flush`), then the
+        database's, less any row this request already holds (its copy is newer)."""
         wanted = list(identities)
         if not wanted:
             return []
+        here = [self.closed[identity] for identity in wanted if identity in self.closed]
         query = _select(LifetimeRow, _LIFETIMES).where(
             _LIFETIMES.c.host_id == self.host.id,
             _LIFETIMES.c.ended_at.is_not(None),
             _LIFETIMES.c.gpu_id.in_({gpu_id for gpu_id, _, _ in wanted}),
             _LIFETIMES.c.pid.in_({pid for _, pid, _ in wanted}),
         )
-        return [LifetimeRow(*row) for row in self.connection.execute(query).all()]
+        held = {lt.id for lt in self.closed.values()} | {lt.id for lt in self.open.values()}
+        stored = [LifetimeRow(*row) for row in self.connection.execute(query).all()]
+        return here + [lt for lt in stored if lt.id not in held]
 
     def add_lifetimes(self, values: Sequence[dict[str, Any]]) -> list[LifetimeRow]:
         """Insert new lifetimes in one statement, returning them with their ids."""

@@ -346,7 +346,12 @@ class IngestWriter:
         try:
             database = self.context.database
             hosts = {push.credential.identity.host_id for push in ready}
-            with database.writer(wait_seconds=self._wait_limit(ready)) as session:
+            # Never waits for a pooled connection past the earliest budget (reads have
+            # slots of their own, database/core.py), even where no lock timeout is set.
+            budget_left = min(push.deadline.left() for push in ready)
+            with database.writer(
+                wait_seconds=self._wait_limit(budget_left), slot_seconds=budget_left
+            ) as session:
                 if database.dialect == "postgresql" and len(hosts) > 1:
                     lock_hosts(session, hosts)
                 for n, push in enumerate(ready):
@@ -398,9 +403,10 @@ class IngestWriter:
             return outcomes, carried
         return [(push, self._answer(push, result)) for push, result in done], carried
 
-    def _wait_limit(self, ready: Sequence[Push]) -> float | None:
+    def _wait_limit(self, wait: float) -> float | None:
         """How long the batch may wait for its write turn (SQLite) or its hosts' locks
-        (Postgres): until the earliest budget among its pushes runs out.
+        (Postgres): until the earliest budget among its pushes runs out (``wait``, the
+        seconds it has left).
 
         On Postgres the limit costs a statement per batch (``lock_timeout``), about 6%
         of a single-snapshot push's CPU (bench/writer.py), so it is set only once the
@@ -408,7 +414,6 @@ class IngestWriter:
         its whole budget left, and the agent waits twice that; only another batch or a
         job holds a host's lock, each for at most a budget.
         """
-        wait = min(push.deadline.left() for push in ready)
         if self.context.database.dialect != "postgresql":
             return wait
         budget = self.context.settings.ingest_time_budget_seconds
