@@ -282,13 +282,19 @@ def parse_duration(text: str) -> float:
 
 
 def parse_until(text: str) -> float:
-    """Epoch seconds, or an ISO 8601 time (local when it names no zone)."""
+    """Epoch seconds, or an ISO 8601 time (local when it names no zone), at most a year
+    from now (as --for; the server refuses later ends too, by its own clock)."""
+    from gpuwatch.server.alerts.schemas import MAX_SILENCE_SECONDS
+
     try:
-        return epoch_or_iso(text)
+        until = epoch_or_iso(text)
     except ValueError:
         raise ConfigError(
             f"--until {text!r}: use epoch seconds or a time such as 2026-12-01T18:00"
         ) from None
+    if until > time.time() + MAX_SILENCE_SECONDS:
+        raise ConfigError(f"--until {text!r}: a silence may end at most a year (365 days) from now")
+    return until
 
 
 # What a person typed, for each field of the API's SilenceIn.
@@ -355,7 +361,12 @@ def _size(value: float) -> str:
 def _local(epoch: float | None) -> str:
     if epoch is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    except (OverflowError, OSError, ValueError):
+        # A silence an older server stored "until 1e30": one odd cell, not a listing
+        # that fails for everyone.
+        return "out of range"
 
 
 def register(app: typer.Typer) -> None:

@@ -263,7 +263,7 @@ def test_a_silence_the_server_refuses_is_one_line_and_exit_3(live: Live) -> None
         live, "silence", "add", "--match", "gpu=0", "--until", str(T0 - 60), "--comment", "x"
     )
 
-    assert "the server refused the silence: a silence must end after it starts" in (
+    assert "the server refused the silence: ends_at: a silence must end after it starts" in (
         one_line_error(result, 3)
     )
     assert ok(gw(live, "silence", "list", "--expired", "--json")) == []

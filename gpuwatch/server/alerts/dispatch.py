@@ -15,11 +15,11 @@ Times are epoch seconds.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuwatch.server.alerts import regex
 from gpuwatch.server.alerts.config import ANNOUNCEMENTS, AlertSettings, Route
 from gpuwatch.server.alerts.lifecycle import AlertState
 from gpuwatch.server.notifications.model import Notification, NotifiedAlert
@@ -36,7 +36,10 @@ class Matcher:
     def matches(self, labels: dict[str, str]) -> bool:
         actual = labels.get(self.name, "")
         if self.regex:
-            return re.fullmatch(self.value, actual) is not None
+            # Checked and compiled once; a stored pattern that could stall the server
+            # (created before patterns were checked) matches nothing, so mutes nothing.
+            pattern = regex.compiled(self.value)
+            return pattern is not None and pattern.fullmatch(actual) is not None
         return actual == self.value
 
 

@@ -53,6 +53,9 @@ BACKOFF_CAP_SECONDS = 60.0
 # Sent and given-up notifications are kept this long (the log the API shows).
 NOTIFICATION_RETENTION_SECONDS = 7 * 86400.0
 MAX_ATTEMPTS_PER_RUN = 200
+# The share of a run a receiver gets when it has no timeout_seconds of its own (the
+# receivers' default timeout).
+DEFAULT_TIMEOUT_SECONDS = 10.0
 # The group key of test notifications in the log (no alert group has it), before a
 # unique suffix.
 TEST_GROUP_KEY = "{test}"
@@ -159,29 +162,80 @@ class AlertEngine:
     ) -> list[tuple[str, str]]:
         """Attempt every pending notification whose time has come; return (receiver,
         outcome) per attempt. Each is claimed for ``lease_seconds`` first (longer than an
-        attempt can take, which settings check), so no one else tries it meanwhile."""
+        attempt can take, which settings check), so no one else tries it meanwhile.
+
+        Receiver by receiver, and each only for about its ``timeout_seconds`` per run:
+        no new attempt starts once a receiver has used that much, and what it did not
+        reach is handed back for the next run. So a slow receiver (each attempt bounded
+        by its timeout) delays the others, and the next evaluation, by at most about
+        twice its timeout, whatever its backlog; one that answers promptly is not held."""
+        outcomes: list[tuple[str, str]] = []
+        configured = sorted(self.receivers)
+        for name in [*configured, None]:  # None: receivers no longer configured
+            claimed = self._claim(database, now, lease_seconds, name, configured)
+            budget = _timeout_of(self.receivers.get(name) if name is not None else None)
+            started = time.monotonic()
+            for index, (row_id, receiver, body, attempts, deadline, _) in enumerate(claimed):
+                if index and time.monotonic() - started >= budget:
+                    self._release(database, claimed[index:])
+                    break
+                attempt = self._attempt(receiver, body)
+                outcome = self._record(database, row_id, attempt, attempts + 1, deadline)
+                outcomes.append((receiver, outcome))
+                if self._on_outcome is not None:
+                    self._on_outcome(receiver, outcome)
+        return outcomes
+
+    def _claim(
+        self,
+        database: Database,
+        now: float,
+        lease_seconds: float,
+        name: str | None,
+        configured: list[str],
+    ) -> list[tuple[int, str, dict[str, object], int, float, float]]:
+        """Lease the due notifications of receiver ``name`` (None: of every receiver
+        not in ``configured``); (id, receiver, body, attempts, deadline, due) of each."""
+        mine = (
+            NotificationRow.receiver == name
+            if name is not None
+            else NotificationRow.receiver.not_in(configured)
+        )
         with database.writer() as session, session.begin():
             due = session.scalars(
                 select(NotificationRow)
-                .where(NotificationRow.status == "pending", NotificationRow.next_attempt_at <= now)
+                .where(
+                    NotificationRow.status == "pending",
+                    NotificationRow.next_attempt_at <= now,
+                    mine,
+                )
                 .order_by(NotificationRow.id)
                 .limit(MAX_ATTEMPTS_PER_RUN)
                 .with_for_update(skip_locked=True)
             ).all()
             claimed = [
-                (row.id, row.receiver, row.body, row.attempts, row.deadline_at) for row in due
+                (row.id, row.receiver, row.body, row.attempts, row.deadline_at, row.next_attempt_at)
+                for row in due
             ]
             for row in due:
                 row.attempts += 1
                 row.next_attempt_at = now + lease_seconds
-        outcomes = []
-        for row_id, name, body, attempts, deadline in claimed:
-            attempt = self._attempt(name, body)
-            outcome = self._record(database, row_id, attempt, attempts + 1, deadline)
-            outcomes.append((name, outcome))
-            if self._on_outcome is not None:
-                self._on_outcome(name, outcome)
-        return outcomes
+        return claimed
+
+    def _release(
+        self,
+        database: Database,
+        rows: list[tuple[int, str, dict[str, object], int, float, float]],
+    ) -> None:
+        """Hand back claimed notifications not attempted: as they were before the claim."""
+        with database.writer() as session, session.begin():
+            session.execute(
+                update(NotificationRow),
+                [
+                    {"id": row_id, "attempts": attempts, "next_attempt_at": due_at}
+                    for row_id, _, _, attempts, _, due_at in rows
+                ],
+            )
 
     def test_receiver(self, *, database: Database, name: str) -> Attempt:
         """Send a sample notification to receiver ``name`` once (``alerts test-receiver``),
@@ -254,6 +308,12 @@ class AlertEngine:
                 update(NotificationRow).where(NotificationRow.id == row_id).values(values)
             )
         return outcome
+
+
+def _timeout_of(receiver: Receiver | None) -> float:
+    """A receiver's ``timeout_seconds`` (its configuration's), or the default."""
+    config = getattr(receiver, "config", None)
+    return float(getattr(config, "timeout_seconds", DEFAULT_TIMEOUT_SECONDS))
 
 
 def _holders_above(config: AlertSettings) -> float:

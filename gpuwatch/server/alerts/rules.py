@@ -244,7 +244,10 @@ def _reaped(facts: Facts, settings: AlertSettings, name: str, now: float) -> Ite
     rule = settings.rules.process_reaped
     for event in facts.reaped:
         stage = str(event.evidence.get("stage", "stopped"))
-        if stage not in rule.stages or now - event.started_at >= rule.announce_for_seconds:
+        age = now - event.started_at
+        # A negative age is an event dated ahead of this clock (stored before events were
+        # bounded, or a skewed agent): it would never age out, so it is not announced.
+        if stage not in rule.stages or not 0 <= age < rule.announce_for_seconds:
             continue
         yield Candidate(
             rule=name,

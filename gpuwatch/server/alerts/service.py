@@ -11,7 +11,7 @@ from gpuwatch.server.alerts.models import AlertRow, NotificationRow, SilenceRow
 from gpuwatch.server.alerts.schemas import (
     AlertOut,
     CulpritOut,
-    MatcherIn,
+    MatcherOut,
     ReceiverOut,
     SilenceIn,
     SilenceOut,
@@ -63,12 +63,8 @@ def list_alerts(
 
 
 def create_silence(*, session: Session, silence: SilenceIn, now: float) -> SilenceOut:
-    starts = silence.starts_at if silence.starts_at is not None else now
-    ends = (
-        silence.ends_at if silence.ends_at is not None else starts + (silence.duration_seconds or 0)
-    )
-    if ends <= starts:
-        raise ValueError("a silence must end after it starts")
+    """Store ``silence``; :class:`SilenceRefused` when its span is out of bounds."""
+    starts, ends = silence.span(now)
     row = SilenceRow(
         matchers=[m.model_dump() for m in silence.matchers],
         starts_at=starts,
@@ -155,13 +151,25 @@ def _active_silences(session: Session, now: float) -> list[dispatch.Silence]:
     ]
 
 
+# The latest time shown (year 2242, the snapshots' Epoch maximum). Silences stored
+# before their end was bounded can end at 1e308 or infinity, which JSON cannot carry
+# (answered null, refused by clients) and no calendar can print (the /alerts page was a
+# 500): they are shown as ending then.
+SHOWN_UNTIL = float(2**33)
+
+
+def _shown(t: float) -> float:
+    return t if 0 <= t <= SHOWN_UNTIL else SHOWN_UNTIL if t > 0 else 0.0
+
+
 def _silence_out(row: SilenceRow, now: float) -> SilenceOut:
     state = "pending" if now < row.starts_at else "active" if now < row.ends_at else "expired"
     return SilenceOut(
         id=row.id,
-        matchers=[MatcherIn(**m) for m in row.matchers],
-        starts_at=row.starts_at,
-        ends_at=row.ends_at,
+        # As stored: matchers refused today must still list, so they can be expired.
+        matchers=[MatcherOut(**m) for m in row.matchers],
+        starts_at=_shown(row.starts_at),
+        ends_at=_shown(row.ends_at),
         created_by=row.created_by,
         comment=row.comment,
         created_at=row.created_at,

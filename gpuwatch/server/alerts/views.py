@@ -3,9 +3,12 @@ changes the admin token (when set; else the read token)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuwatch.server.alerts import service
 from gpuwatch.server.alerts.schemas import (
@@ -13,6 +16,7 @@ from gpuwatch.server.alerts.schemas import (
     ReceiverOut,
     SilenceIn,
     SilenceOut,
+    SilenceRefused,
     TestResult,
 )
 from gpuwatch.server.deps import (
@@ -58,13 +62,38 @@ def list_silences(
     return service.list_silences(session=session, now=context.clock(), include_expired=expired)
 
 
+class SilenceRoute(AdminFirstRoute):
+    """:class:`AdminFirstRoute` (the admin token before the body), answering a body that
+    cannot be parsed at all 422 ``json_invalid``, as api.md promises and the ingest
+    routes do. FastAPI answers 422 only for a JSONDecodeError; invalid UTF-8, or nesting
+    deeper than the parser's recursion, was its own 400, the one 400 of the API."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except StarletteHTTPException as err:  # FastAPI raises Starlette's own
+                if err.status_code != status.HTTP_400_BAD_REQUEST:
+                    raise
+                raise RequestValidationError(
+                    [{"type": "json_invalid", "loc": ("body",), "msg": "the body is not JSON"}]
+                ) from err
+
+        return handle
+
+
 def create_silence(body: SilenceIn, session: WriteSession, context: Context) -> SilenceOut:
     """Mute alerts matching every matcher until it ends. Silences are stored, so they
     survive restarts and hold on every replica."""
     try:
         created = service.create_silence(session=session, silence=body, now=context.clock())
-    except ValueError as err:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(err)) from err
+    except SilenceRefused as err:
+        # The shape of every other 422 (api.md): a list of problems, not a string.
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("body", err.field), "msg": str(err)}]
+        ) from err
     session.commit()
     return created
 
@@ -77,7 +106,7 @@ router.add_api_route(
     response_model=SilenceOut,
     status_code=status.HTTP_201_CREATED,
     dependencies=[Admin],
-    route_class_override=AdminFirstRoute,
+    route_class_override=SilenceRoute,
 )
 
 

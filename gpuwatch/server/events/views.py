@@ -47,6 +47,7 @@ from gpuwatch.server.ingest.body import (
     refusal,
     require_json,
 )
+from gpuwatch.server.ingest.service import MAX_FUTURE_SKEW_SECONDS
 from gpuwatch.server.pagination import MAX_LIMIT, Cursor
 from gpuwatch.snapshot import NO_NUL
 from gpuwatch.wire import EVENTS_PATH, MAX_EVENT_BODY, ReportedEvent, ReportedEventResult
@@ -183,6 +184,15 @@ def _record(
         for error in errors:
             error["loc"] = ("body", *error["loc"])
         raise RequestValidationError(errors) from err
+    # The snapshots' rule: an event dated far ahead would stay "recent" (a firing
+    # process_reaped alert that never ages out) and head every newest-first list.
+    if body.occurred_at > context.clock() + MAX_FUTURE_SKEW_SECONDS:
+        raise refusal(
+            "clock_skew",
+            ("body", "occurred_at"),
+            f"the event occurred more than {MAX_FUTURE_SKEW_SECONDS:.0f} s in the future;"
+            " fix the agent's clock",
+        )
     with context.database.writer() as session:
         confirm_push(session, context, credential)
         try:
@@ -213,7 +223,10 @@ router.add_api_route(
         403: {"description": "Unknown or revoked token, or a token of another host."},
         413: {"description": "Body larger than MAX_EVENT_BODY (1 MiB), or too costly to parse."},
         415: {"description": "Content-Type is not application/json."},
-        422: {"description": "Not a valid event, or one the database cannot store."},
+        422: {
+            "description": "Not a valid event, one dated more than 10 min ahead of the"
+            " server's clock (clock_skew), or one the database cannot store."
+        },
         429: {
             "description": "This host's event rate limit, or two of its requests already"
             " being read; retry after Retry-After seconds."

@@ -27,7 +27,12 @@ def when(t: float | None) -> str:
     """``"2027-01-15 08:00:00Z"``; None -> ``"–"``."""
     if t is None:
         return "–"
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):
+        # inf, NaN or past the platform's calendar (a stored 1e308): one odd cell,
+        # not a page that answers 500.
+        return "out of range"
 
 
 def duration(seconds: float | None) -> str:

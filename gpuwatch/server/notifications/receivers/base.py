@@ -32,6 +32,7 @@ from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
+import httpcore
 import httpx
 
 from gpuwatch import __version__
@@ -163,6 +164,50 @@ class Reply:
     body: bytes
 
 
+class _Deadline:
+    """One attempt's deadline, enforced on the connection's own reads and writes.
+
+    httpx's ``timeout`` bounds each read, not the attempt: an endpoint that answers 200
+    and then sends a byte a second kept one attempt going for hours, and with it the
+    alert job (evaluation and every other receiver). Through httpcore's ``trace``
+    extension the network stream of each new connection is seen as it is opened, and
+    its ``read`` and ``write`` are given at most the time left; past the deadline they
+    raise httpcore's own timeouts, which httpx reports as usual. The requests say
+    ``Connection: close``, so every attempt opens (and so bounds) its own connection.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+        self.armed = True
+
+    def left(self, timeout: float | None, expired: type[Exception]) -> float | None:
+        """``timeout`` cut to the time left; raises ``expired`` once none is left."""
+        if not self.armed:  # the attempt is over; the connection only closes
+            return timeout
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise expired("the attempt's deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+    def trace(self, event: str, info: dict[str, object]) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            self._bound(info["return_value"])
+
+    def _bound(self, stream: object) -> None:
+        read, write = getattr(stream, "read", None), getattr(stream, "write", None)
+        if read is None or write is None:
+            return
+
+        def bounded_read(max_bytes: int, timeout: float | None = None) -> bytes:
+            return read(max_bytes, self.left(timeout, httpcore.ReadTimeout))  # type: ignore[no-any-return]
+
+        def bounded_write(buffer: bytes, timeout: float | None = None) -> None:
+            write(buffer, self.left(timeout, httpcore.WriteTimeout))
+
+        stream.read = bounded_read  # type: ignore[attr-defined]
+        stream.write = bounded_write  # type: ignore[attr-defined]
+
+
 def post(
     client: httpx.Client,
     url: str,
@@ -172,11 +217,20 @@ def post(
     timeout: float,
     label: str,
 ) -> Reply | Attempt:
-    """POST once; a transport failure comes back as an :class:`Attempt` instead of raising.
+    """POST once, within ``timeout`` seconds from start to end (connect, send, the
+    answer); a transport failure comes back as an :class:`Attempt` instead of raising.
 
     The detail names the failure's kind, not httpx's message (which can quote the URL).
     """
-    request = client.build_request("POST", url, content=content, headers=headers, timeout=timeout)
+    deadline = _Deadline(timeout)
+    request = client.build_request(
+        "POST",
+        url,
+        content=content,
+        headers={**headers, "connection": "close"},
+        timeout=timeout,
+        extensions={"trace": deadline.trace},
+    )
     try:
         response = client.send(request, stream=True, follow_redirects=False)
         try:
@@ -185,7 +239,10 @@ def post(
                 body += chunk
                 if len(body) >= MAX_BODY_BYTES:
                     break
+                # Also when the transport is not a network one (no stream to bound).
+                deadline.left(None, httpx.ReadTimeout)
         finally:
+            deadline.armed = False
             response.close()
     except httpx.TimeoutException as err:
         return Attempt("retry", f"{label}: timed out ({type(err).__name__}, {timeout:g}s)")
@@ -194,6 +251,8 @@ def post(
     except httpx.HTTPError as err:
         # InvalidURL, UnsupportedProtocol, LocalProtocolError...: nothing a retry fixes.
         return Attempt("broken", f"{label}: request failed ({type(err).__name__})")
+    finally:
+        deadline.armed = False
     return Reply(response.status_code, response.headers, body[:MAX_BODY_BYTES])
 
 

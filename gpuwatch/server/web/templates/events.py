@@ -16,6 +16,9 @@ from gpuwatch.server.web.charts import Mark, event_timeline
 from gpuwatch.server.web.format import duration, path, size, when
 from gpuwatch.server.web.templates.layout import Chrome, kind_badge, page, table
 
+# The latest time a filter takes: the snapshots' Epoch maximum (year 2242).
+MAX_EPOCH = float(2**33)
+
 
 class EventFilters(NamedTuple):
     """The filters as the form shows them (strings, "" when unset) and as parsed."""
@@ -122,10 +125,19 @@ def events_table(chrome: Chrome, events: Sequence[EventOut], *, with_host: bool)
 
 def parse_utc(value: str) -> float | None:
     """``"2027-01-15T08:00"`` (a datetime-local value, read as UTC) or epoch seconds ->
-    epoch seconds; None when empty. ValueError when it is neither."""
+    epoch seconds; None when empty. ValueError when it is neither, or out of range."""
     value = value.strip()
     if not value:
         return None
+    seconds = _seconds(value)
+    # float() takes "inf", "nan" and 1e308, which no calendar can print (the page was a
+    # 500): only the range the API's Epoch takes, 0 to 2**33 (year 2242).
+    if not 0 <= seconds <= MAX_EPOCH:
+        raise ValueError(f"out of range: {value!r} (from 1970 to the year 2242)")
+    return seconds
+
+
+def _seconds(value: str) -> float:
     try:
         return float(value)
     except ValueError:
