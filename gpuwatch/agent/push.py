@@ -16,8 +16,9 @@ import threading
 import time
 
 from gpuwatch.agent.collectors.agent import PushStats
-from gpuwatch.agent.http_post import Endpoint, Poster, Unreachable, bearer_headers
+from gpuwatch.agent.http_post import Endpoint, Poster, Unreachable
 from gpuwatch.agent.reporter import HTTP_TIMEOUT_SECONDS, Reporter
+from gpuwatch.bearer import bearer_headers
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import EVENTS_PATH, ReportedEvent

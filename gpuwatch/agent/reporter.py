@@ -52,8 +52,9 @@ from datetime import UTC
 from pydantic import ValidationError
 
 from gpuwatch.agent.collectors.agent import PushStats
-from gpuwatch.agent.http_post import Endpoint, Poster, Reply, Unreachable, bearer_headers
+from gpuwatch.agent.http_post import Endpoint, Poster, Reply, Unreachable
 from gpuwatch.agent.spool import Spool, SpooledSnapshot
+from gpuwatch.bearer import bearer_headers
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import (

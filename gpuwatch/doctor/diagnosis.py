@@ -268,7 +268,10 @@ def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
         )
     if requested is not None:
         what = f"one allocation of {format_size(requested)}"
-        if tensor is not None and fig.requested is None:
+        if facts.category == "xla_tpu_memory_space_exhausted":
+            # XLA's "Used X of Y hbm" at compile time: the program's whole footprint.
+            what = f"the compiled program needs {format_size(requested)} in all"
+        elif tensor is not None and fig.requested is None:
             what = f"one tensor {facts.tensor_shape} {facts.dtype} = {format_size(tensor)}"
         if capacity and requested > capacity:
             what += f", larger than the whole {format_size(capacity)}: no setting fits it, the shape must shrink"
@@ -318,6 +321,8 @@ _ACTIVATION_COMMANDS: dict[str, list[str]] = {
 def _activation_commands(facts: OomFacts) -> list[str]:
     if facts.kind == "tgi":  # the only one whose commands carry the message's figure
         return remedies.tgi_warmup(facts.prefill_tokens, facts.kv_cache_tokens)
+    if facts.kind == "xla" and facts.device_type == "tpu":  # no GPU preallocation there
+        return remedies.UNKNOWN_COMMANDS_BY_CATEGORY["xla_tpu_memory_space_exhausted"]
     return _ACTIVATION_COMMANDS.get(facts.kind, remedies.REDUCE_ACTIVATIONS)
 
 

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from gpuwatch.agent.http_post import bearer_headers, without_secrets
+from gpuwatch.bearer import bearer_headers, without_secrets
 from gpuwatch.errors import AuthError, ConfigError, NotFound, RemoteError
 from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceIn, SilenceOut, TestResult
 from gpuwatch.server.events.schemas import EventOut, EventPage, IdleHolderOut

@@ -13,9 +13,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from gpuwatch.agent.http_post import Poster, Unreachable, without_secrets
+from gpuwatch.agent.http_post import Poster, Unreachable
 from gpuwatch.agent.push import ServerSink
 from gpuwatch.agent.reporter import Reporter
+from gpuwatch.bearer import without_secrets
 from gpuwatch.errors import ConfigError, RemoteError
 from gpuwatch.server.client import AlertsClient, HistoryClient
 from gpuwatch.settings import AgentSettings

@@ -47,6 +47,7 @@ def problem(response: Any) -> dict[str, Any]:
     [
         (CATASTROPHIC, "alternation inside a repeat"),
         (r"(a+)+b", "repeat inside a repeat"),
+        (r"(a?){30}a{30}", "repeat inside a repeat"),
         (r"\w*\w*\w*\w*X", "at most 3 repeats"),
         (r"(a)\1", "backreferences"),
         (r"(?=a)\w+", "lookarounds"),

@@ -58,9 +58,10 @@ def _walk(items: Any, *, inside_repeat: bool) -> int:
     """The repeats in ``items`` (a parsed pattern or part of one); raises for refused syntax."""
     count = 0
     for op, av in items:
-        if op in _REPEATS and av[1] <= 1:
-            # ``x?`` runs its body at most once: (foo|bar)? and (x+)? stay cheap.
-            count += 1 + _walk(av[2], inside_repeat=inside_repeat)
+        if op in _REPEATS and av[1] <= 1 and not inside_repeat:
+            # ``x?`` runs its body at most once: (foo|bar)? and (x+)? stay cheap. Not
+            # inside a repeat: (a?){30}a{30} is exponential.
+            count += 1 + _walk(av[2], inside_repeat=False)
         elif op in _REPEATS:
             if inside_repeat:
                 raise UnsafePattern(

@@ -56,7 +56,10 @@ class ReceiverConfig(BaseModel):
     )
     send_resolved: bool = Field(True, description="Also notify when alerts resolve.")
     timeout_seconds: float = Field(
-        10.0, gt=0, le=60, description="Bound on each phase (connect, send, read) of one attempt."
+        10.0,
+        gt=0,
+        le=60,
+        description="Bound on the whole of one attempt (connect, send, read), however slowly the receiver answers.",
     )
 
     @model_validator(mode="after")
