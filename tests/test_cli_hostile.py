@@ -278,3 +278,19 @@ def test_a_command_fake_nvml_exec_cannot_run_is_126_and_one_missing_127(
     assert one_line_error(not_runnable, 126).startswith("gpuwatch: error: cannot run")
     missing = run(env, "fake-nvml", "exec", "workstation", "--", "no-such-command-here")
     assert one_line_error(missing, 127).startswith("gpuwatch: error: cannot run")
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["fit", "--params", "8B", "--context", "0"], "--context"),
+        (["fit", "--params", "8B", "--batch", "1e3"], "--batch"),
+        (["history", "events", "--nosuch"], "--nosuch"),
+        (["nosuchcommand"], "nosuchcommand"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(
+    env: dict[str, str], args: list[str], names: str
+) -> None:
+    line = one_line_error(run(env, *args), 2)
+    assert names in line and "-h)" in line

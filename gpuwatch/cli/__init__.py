@@ -148,11 +148,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not _serve_agent_without_typer(args):
             _register_for(args)
-            # standalone mode: the CLI framework reports usage errors itself (exit 2).
-            _app()(args=argv)
+            # Not standalone: a usage error comes back here, to be one line (exit 2)
+            # rather than the framework's boxed message.
+            code = _app()(args=argv, standalone_mode=False)
+            sys.exit(code if isinstance(code, int) else 0)
     except GpuwatchError as err:
         print(f"gpuwatch: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:
@@ -172,8 +175,31 @@ def main(argv: list[str] | None = None) -> None:
         ):
             _stdout_closed()
         raise
-    except Exception as err:  # the last resort: see _unexpected
+    except Exception as err:  # a usage error, or the last resort: see _unexpected
+        _usage(err)
         _unexpected(err)
+
+
+def _usage(err: Exception) -> None:
+    """Exit for the CLI framework's own errors: a usage error as one line (exit 2), the
+    help where nothing was given, 130 for Ctrl-C at a prompt. Typer's own copy of click
+    is looked up, not imported: ``gpuwatch agent`` runs without it."""
+    click = sys.modules.get("typer._click")
+    if click is None:
+        return
+    if isinstance(err, click.exceptions.NoArgsIsHelpError):
+        err.show()  # the help text itself, as asked for by giving nothing
+        sys.exit(err.exit_code)
+    if isinstance(err, click.ClickException):
+        message = " ".join(err.format_message().split())
+        context = getattr(err, "ctx", None)
+        if context is not None:
+            message += f" (see: {context.command_path} -h)"
+        print(f"gpuwatch: error: {message}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    abort = getattr(sys.modules.get("typer.exceptions"), "Abort", None)
+    if abort is not None and isinstance(err, abort):
+        sys.exit(130)
 
 
 def _is_devnull(fd: int) -> bool:
