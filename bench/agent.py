@@ -183,7 +183,7 @@ def _import_floor_rss() -> int:
 
 
 def bench_scrape_and_memory(runtime_dir: Path) -> dict[str, Any]:
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "GPUWATCH_CONFIG": "/nonexistent"}
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir), "GPUWATCH_CONFIG": "/dev/null"}
     port = _free_port()
     agent = subprocess.Popen(
         [sys.executable, "-m", "gpuwatch", "agent", "--fake-gpus", SCENARIO,

@@ -878,7 +878,7 @@ def profiled_server(target: Target, logs: Path, env: dict[str, str], out: Path) 
     a running process is refused on this machine), raw stacks written to ``out``."""
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     full_env = {
-        **os.environ, "PYTHONPATH": str(ROOT), "GPUWATCH_CONFIG": "/nonexistent",
+        **os.environ, "PYTHONPATH": str(ROOT), "GPUWATCH_CONFIG": "/dev/null",
         "GPUWATCH_SERVER_DATABASE_URL": target.url, "GPUWATCH_SERVER_DATA_DIR": str(logs),
         "GPUWATCH_SERVER_SCHEDULER": "false", **env,
     }  # fmt: skip
@@ -1209,7 +1209,7 @@ def bench_agent_rss(tmp: Path, plan: Plan, scenario: str = "h100x8") -> dict[str
 
     from bench.agent import _free_port, _wait_http
 
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp), "GPUWATCH_CONFIG": "/nonexistent"}
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp), "GPUWATCH_CONFIG": "/dev/null"}
     port = _free_port()
     no_nvml = subprocess.run(
         [sys.executable, "-m", "gpuwatch", "agent", "--listen", f"127.0.0.1:{_free_port()}"],

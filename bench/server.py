@@ -363,7 +363,7 @@ def postgres_unavailable() -> str | None:
 def make_tokens_with(code: Path, target: Target, hostnames: Sequence[str]) -> dict[str, str]:
     """A token per host made by ``gpuwatch token create`` of the tree at ``code``, so
     the rows fit that code's schema (one process per host: only for a comparison)."""
-    env = {**os.environ, "PYTHONPATH": str(code), "GPUWATCH_CONFIG": "/nonexistent"}
+    env = {**os.environ, "PYTHONPATH": str(code), "GPUWATCH_CONFIG": "/dev/null"}
     tokens = {}
     for name in hostnames:
         done = subprocess.run(
@@ -400,7 +400,7 @@ def running_server(
     env = {
         **os.environ,
         "PYTHONPATH": str(code),
-        "GPUWATCH_CONFIG": "/nonexistent",
+        "GPUWATCH_CONFIG": "/dev/null",
         "GPUWATCH_SERVER_DATABASE_URL": target.url,
         "GPUWATCH_SERVER_DATA_DIR": str(logs),
         "GPUWATCH_SERVER_SCHEDULER": "false",

@@ -89,7 +89,9 @@ def configuration_markdown() -> str:
         "command-line options, environment variables, the TOML file named by "
         "`GPUWATCH_CONFIG` (default `/etc/gpuwatch/gpuwatch.toml`), then the defaults "
         "below. Environment variable names are the prefix plus the setting name in "
-        "upper case.\n"
+        "upper case. A missing file at the default path means no file; a file "
+        "`GPUWATCH_CONFIG` names must exist (`GPUWATCH_CONFIG=/dev/null` for none). "
+        "The file holds only the tables below: a key outside them is refused.\n"
     )
     for cls, prefix in ((AgentSettings, "GPUWATCH_AGENT_"), (ServerSettings, "GPUWATCH_SERVER_")):
         out.append(f"\n## `[{cls.section}]`\n\n{(cls.__doc__ or '').strip()}\n\n")

@@ -95,15 +95,21 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
+# The config file's tables: every process reads one file, whichever it needs.
+CONFIG_SECTIONS = ("agent", "server")
+
+
 def _toml_section(kind: type[_Base]) -> dict[str, Any]:
     """The ``[section]`` of the config file for ``kind``; empty when there is no file."""
-    path = Path(os.environ.get("GPUWATCH_CONFIG") or DEFAULT_CONFIG_FILE)
+    named = os.environ.get("GPUWATCH_CONFIG")
+    path = Path(named or DEFAULT_CONFIG_FILE)
     problem = file_problem(path)
-    # No file is no settings (the default path on a host configured by environment,
-    # and GPUWATCH_CONFIG=/nonexistent, which tests and bench use to mean "none");
-    # /dev/null, a device, reads as empty. A directory or a name the system refuses
-    # was meant as a config file: skipping it would drop every setting silently.
-    if problem in ("does not exist", "is not a regular file"):
+    # No file at the default path is no settings (a host configured by environment);
+    # /dev/null, a device, reads as empty (GPUWATCH_CONFIG=/dev/null: tests and bench
+    # use it to mean "none"). A file named on purpose that is missing, a directory, or a
+    # name the system refuses was meant as a config file: skipping it would drop every
+    # setting silently.
+    if problem == "is not a regular file" or (problem == "does not exist" and not named):
         return {}
     if problem is not None:
         raise ConfigError(f"cannot read config file {path}: {problem}")
@@ -111,6 +117,13 @@ def _toml_section(kind: type[_Base]) -> dict[str, Any]:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config file {path}: {err}") from err
+    unknown = sorted(set(doc) - set(CONFIG_SECTIONS))
+    if unknown:
+        # A setting outside its table ("listen = ..." above [agent]) would be ignored.
+        raise ConfigError(
+            f"{path}: unknown top-level key {unknown[0]!r}: settings go in "
+            + " or ".join(f"[{name}]" for name in CONFIG_SECTIONS)
+        )
     section = doc.get(kind.section, {})
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: [{kind.section}] must be a table")

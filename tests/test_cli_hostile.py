@@ -22,7 +22,7 @@ GPUWATCH = [sys.executable, "-m", "gpuwatch"]
 def env(tmp_path: Path) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     return environ | {
-        "GPUWATCH_CONFIG": "/nonexistent",
+        "GPUWATCH_CONFIG": "/dev/null",
         "HOME": str(tmp_path),
         "XDG_DATA_HOME": str(tmp_path / "data"),
         "XDG_RUNTIME_DIR": str(tmp_path),

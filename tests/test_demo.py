@@ -50,7 +50,7 @@ def _state_pids(path: Path) -> list[int]:
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
-    environment |= {"XDG_RUNTIME_DIR": str(tmp_path), "GPUWATCH_CONFIG": "/nonexistent"}
+    environment |= {"XDG_RUNTIME_DIR": str(tmp_path), "GPUWATCH_CONFIG": "/dev/null"}
     yield environment
     subprocess.run(
         [sys.executable, "-m", "gpuwatch", "fake-nvml", "stop", "--all"],

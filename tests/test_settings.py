@@ -109,3 +109,23 @@ def test_parse_host_port(text: str, expected: tuple[str, int]) -> None:
 def test_parse_host_port_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_host_port(text)
+
+
+def test_a_config_file_named_by_the_environment_must_exist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUWATCH_CONFIG", str(tmp_path / "typo.toml"))
+    with pytest.raises(ConfigError, match=r"typo\.toml.*does not exist"):
+        load(AgentSettings)
+    monkeypatch.setenv("GPUWATCH_CONFIG", "/dev/null")  # none, on purpose
+    assert load(AgentSettings).listen == AgentSettings().listen
+
+
+def test_a_setting_outside_its_table_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "gpuwatch.toml"
+    path.write_text('listen = "0.0.0.0:9500"\n[agent]\npoll_interval_seconds = 10\n')
+    monkeypatch.setenv("GPUWATCH_CONFIG", str(path))
+    with pytest.raises(ConfigError, match=r"unknown top-level key 'listen'.*\[agent\]"):
+        load(AgentSettings)

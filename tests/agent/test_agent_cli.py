@@ -52,7 +52,7 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     environ = {
         **os.environ,
         "XDG_RUNTIME_DIR": str(tmp_path / "run"),
-        "GPUWATCH_CONFIG": "/nonexistent",
+        "GPUWATCH_CONFIG": "/dev/null",
     }
     (tmp_path / "run").mkdir()
     yield environ

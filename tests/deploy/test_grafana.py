@@ -347,7 +347,7 @@ class _Stack:
         self.env = {
             **os.environ,
             "XDG_RUNTIME_DIR": str(tmp / "run"),
-            "GPUWATCH_CONFIG": "/nonexistent",
+            "GPUWATCH_CONFIG": "/dev/null",
             "GPUWATCH_SERVER_DATA_DIR": str(tmp / "data"),
             "GPUWATCH_AGENT_PUSH_INTERVAL_SECONDS": "0.5",
         }

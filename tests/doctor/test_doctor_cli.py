@@ -379,7 +379,7 @@ def test_explain_without_input_at_a_terminal_prints_a_hint_and_exits_2(tmp_path:
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, "GPUWATCH_CONFIG": str(tmp_path / "none.toml")},
+            env={**os.environ, "GPUWATCH_CONFIG": "/dev/null"},
         )
     finally:
         os.close(follower)

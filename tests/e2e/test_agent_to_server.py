@@ -72,7 +72,7 @@ class Stack:
         self.env = {
             **os.environ,
             "XDG_RUNTIME_DIR": str(tmp / "run"),
-            "GPUWATCH_CONFIG": "/nonexistent",
+            "GPUWATCH_CONFIG": "/dev/null",
             "GPUWATCH_AGENT_SPOOL_DIR": str(tmp / "spool"),
             "GPUWATCH_AGENT_PUSH_INTERVAL_SECONDS": "0.3",
             "GPUWATCH_SERVER_DATA_DIR": str(tmp / "data"),

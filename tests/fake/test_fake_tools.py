@@ -52,7 +52,7 @@ def _run(runtime_dir: Path, scenario: str, *command: str) -> subprocess.Complete
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "GPUWATCH_CONFIG": "/nonexistent"}
+    return {**os.environ, "GPUWATCH_CONFIG": "/dev/null"}
 
 
 def _free_port() -> int:

@@ -57,7 +57,7 @@ class ServerProcess:
         self.log_path = tmp / f"{name}.log"
         env = {key: value for key, value in os.environ.items() if not key.startswith("GPUWATCH_")}
         env |= {
-            "GPUWATCH_CONFIG": str(config) if config is not None else "/nonexistent",
+            "GPUWATCH_CONFIG": str(config) if config is not None else "/dev/null",
             "GPUWATCH_SERVER_DATA_DIR": str(tmp / "data"),
         }
         with self.log_path.open("w") as log:

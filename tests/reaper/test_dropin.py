@@ -42,7 +42,7 @@ def test_the_audit_log_setting_is_json_the_agent_reads(monkeypatch: pytest.Monke
     (value,) = _directives(DROPIN.read_text(encoding="utf-8"))["Environment"]
     name, _, json_value = value.strip("'").partition("=")
     monkeypatch.setenv(name, json_value)
-    monkeypatch.setenv("GPUWATCH_CONFIG", "/nonexistent.toml")
+    monkeypatch.setenv("GPUWATCH_CONFIG", "/dev/null")
     settings = load(AgentSettings)
     assert settings.reap.audit_log == Path("/var/lib/gpuwatch/reap-audit.jsonl")
     assert settings.reap.enabled is False  # the drop-in grants; the config file enables

@@ -32,7 +32,7 @@ def agent() -> Iterator[HistoryServer]:
 def _env(tmp_path: Path, config: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     env["XDG_RUNTIME_DIR"] = str(tmp_path / "cli-runtime")
-    env["GPUWATCH_CONFIG"] = str(config or tmp_path / "none.toml")
+    env["GPUWATCH_CONFIG"] = str(config or "/dev/null")
     env["HOME"] = str(tmp_path)
     return env
 

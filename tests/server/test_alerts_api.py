@@ -208,7 +208,7 @@ def gw(live: Live, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "gpuwatch", "alerts", *args, "--server", live.url],
         env={
             **os.environ,
-            "GPUWATCH_CONFIG": "/nonexistent",
+            "GPUWATCH_CONFIG": "/dev/null",
             "GPUWATCH_SERVER_READ_TOKEN": READ,
             "GPUWATCH_SERVER_ADMIN_TOKEN": ADMIN,
         },

@@ -83,7 +83,7 @@ def gw(live: Live, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         [*GPUWATCH, "alerts", *args, *server],
         env={
             **os.environ,
-            "GPUWATCH_CONFIG": "/nonexistent",
+            "GPUWATCH_CONFIG": "/dev/null",
             "GPUWATCH_SERVER_READ_TOKEN": READ,
             "GPUWATCH_SERVER_ADMIN_TOKEN": ADMIN,
             **env,
@@ -305,7 +305,7 @@ def test_tokens_and_an_unreachable_server_are_one_line_and_exit_5(live: Live) ->
     flag_wins = gw(live, "list", "--token", READ, GPUWATCH_SERVER_READ_TOKEN="nope")
     unreachable = subprocess.run(
         [*GPUWATCH, "alerts", "list", "--server", "http://127.0.0.1:1"],
-        env={**os.environ, "GPUWATCH_CONFIG": "/nonexistent"},
+        env={**os.environ, "GPUWATCH_CONFIG": "/dev/null"},
         capture_output=True,
         text=True,
         timeout=60,

@@ -23,7 +23,7 @@ GPUWATCH = [sys.executable, "-m", "gpuwatch"]
 def env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
-        "GPUWATCH_CONFIG": "/nonexistent",
+        "GPUWATCH_CONFIG": "/dev/null",
         "GPUWATCH_SERVER_DATABASE_URL": f"sqlite:///{tmp_path / 'cli.db'}",
         "GPUWATCH_SERVER_SCHEDULER": "false",
     }

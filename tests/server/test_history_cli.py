@@ -51,7 +51,7 @@ def database_url(sqlite_url: str) -> str:
 
 
 def run(live: Live, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GPUWATCH_CONFIG": "/nonexistent"}
+    env = {**os.environ, "GPUWATCH_CONFIG": "/dev/null"}
     return subprocess.run(
         [*GPUWATCH, "history", *args, "--server", live.url],
         env=env,
@@ -89,7 +89,7 @@ def test_history_commands(live: Live) -> None:
 def test_unreachable_server_is_one_line_and_exit_5(live: Live) -> None:
     result = subprocess.run(
         [*GPUWATCH, "history", "top-idle", "--server", "http://127.0.0.1:1"],
-        env={**os.environ, "GPUWATCH_CONFIG": "/nonexistent"},
+        env={**os.environ, "GPUWATCH_CONFIG": "/dev/null"},
         capture_output=True,
         text=True,
         timeout=60,

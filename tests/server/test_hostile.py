@@ -829,7 +829,7 @@ def _gpuwatch_server(
     database.dispose()
     env = {
         **os.environ,
-        "GPUWATCH_CONFIG": str(tmp_path / "absent.toml"),
+        "GPUWATCH_CONFIG": "/dev/null",
         "GPUWATCH_SERVER_DATA_DIR": str(tmp_path),
         "GPUWATCH_SERVER_SCHEDULER": "false",
         **settings,

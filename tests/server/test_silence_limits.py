@@ -173,7 +173,7 @@ def test_silences_stored_out_of_range_still_list_on_the_api_page_and_command_lin
 
     cli = subprocess.run(
         [sys.executable, "-m", "gpuwatch", "alerts", "silence", "list", "--server", live.url],
-        env={**os.environ, "GPUWATCH_CONFIG": "/nonexistent"},
+        env={**os.environ, "GPUWATCH_CONFIG": "/dev/null"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -186,7 +186,7 @@ def test_until_past_a_year_is_one_line_and_exit_3_on_the_command_line(live: Live
     for until in ("1e30", "1e12", str(time.time() + MAX_SILENCE_SECONDS + 3600)):
         cli = subprocess.run(
             [*ADD, "--until", until, "--comment", "x", "--server", live.url],
-            env={**os.environ, "GPUWATCH_CONFIG": "/nonexistent"},
+            env={**os.environ, "GPUWATCH_CONFIG": "/dev/null"},
             capture_output=True,
             text=True,
             timeout=60,
