@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuwatch.cli.server import CONFIG_HELP, DATABASE_URL_HELP
+from gpuwatch.errors import DatabaseError
 
 if TYPE_CHECKING:
     from gpuwatch.server.database import Database
@@ -64,6 +65,9 @@ def current(
         typer.echo(f"{revision} (head)")
     else:
         typer.echo(f"{revision} (head is {head}; run `gpuwatch db upgrade`)")
+    if revision != head:
+        # Not migrated (exit 7), so `gpuwatch db current || gpuwatch db upgrade` works.
+        raise typer.Exit(DatabaseError.exit_code)
 
 
 def register(app: typer.Typer) -> None:

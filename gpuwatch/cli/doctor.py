@@ -131,6 +131,8 @@ def _is_message(argument: str) -> bool:
 def _read_input(source: str | None) -> str:
     from gpuwatch.errors import ConfigError
 
+    if source == "":
+        raise ConfigError("nothing to explain: give a file, a message (or --text), or - for stdin")
     if source not in (None, "-") and _is_message(source):
         return source[:MAX_INPUT_BYTES]
     try:

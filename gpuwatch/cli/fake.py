@@ -77,7 +77,9 @@ def register(app: typer.Typer) -> None:
         from gpuwatch.nvml.fake.runtime_state import prepare_runtime_dir
         from gpuwatch.nvml.fake.scenario_file import load_scenario
 
-        if (scenario is None) == (not every):
+        if scenario is None and not every:
+            raise typer.BadParameter("give a SCENARIO, or --all for every scenario")
+        if scenario is not None and every:
             raise typer.BadParameter("give a SCENARIO or --all, not both")
         directory = prepare_runtime_dir(runtime_dir)
         if every:

@@ -241,6 +241,13 @@ class _Session:
 
         snapshot = self.observer.poll()
         self.hostname = snapshot.hostname
+        missing = sorted(set(gpus) - {gpu.index for gpu in snapshot.gpus})
+        if missing:
+            # A typo would otherwise answer "nothing to reap", as if the GPU were clean.
+            from gpuwatch.errors import ConfigError
+
+            known = ", ".join(str(gpu.index) for gpu in snapshot.gpus) or "none"
+            raise ConfigError(f"--gpu {missing[0]}: no such GPU on this host (GPUs: {known})")
         history = self._history(snapshot.hostname, snapshot.boot_id, pid)
         r = self.reap
         if history is not None:

@@ -323,7 +323,10 @@ def _activation_commands(facts: OomFacts) -> list[str]:
         return remedies.tgi_warmup(facts.prefill_tokens, facts.kv_cache_tokens)
     if facts.kind == "xla" and facts.device_type == "tpu":  # no GPU preallocation there
         return remedies.UNKNOWN_COMMANDS_BY_CATEGORY["xla_tpu_memory_space_exhausted"]
-    return _ACTIVATION_COMMANDS.get(facts.kind, remedies.REDUCE_ACTIVATIONS)
+    commands = _ACTIVATION_COMMANDS.get(facts.kind, remedies.REDUCE_ACTIVATIONS)
+    if facts.device_type == "mps":  # autocast names the device the tensors are on
+        commands = [c.replace('device_type="cuda"', 'device_type="mps"') for c in commands]
+    return commands
 
 
 _TENSOR_ITEM_BYTES = {

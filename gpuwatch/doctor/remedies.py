@@ -584,7 +584,12 @@ def reap_commands(live: LiveGpu, *, min_bytes: int, skip_pid: int | None = None)
         if process.pid == skip_pid or (process.used_bytes or 0) < min_bytes:
             continue
         commands.append(f"# {describe(process)}")
-        commands.append(f"gpuwatch reap --pid {process.pid}   # or: kill {process.pid}")
+        if process.sm_ratio:
+            # gpuwatch reap stops only idle processes; this one is working.
+            who = process.user or "its owner"
+            commands.append(f"# busy now: ask {who} (if it is yours: kill {process.pid})")
+        else:
+            commands.append(f"gpuwatch reap --pid {process.pid}   # or: kill {process.pid}")
     return commands
 
 

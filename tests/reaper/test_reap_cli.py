@@ -339,3 +339,14 @@ def test_with_a_running_agents_own_history(victims, tmp_path: Path) -> None:
     }
     assert [(r["pid"], r["outcome"]) for r in out["results"]] == [(idle.pid, "terminated")]
     assert busy.alive()
+
+
+def test_a_gpu_that_does_not_exist_is_an_error_not_nothing_to_do(
+    rig, victims, agent, tmp_path: Path
+) -> None:
+    idle = victims()
+    scenario = _setup(rig, agent, [Hold(idle.pid)])
+    typo = _reap(tmp_path, agent, scenario, "--idle", "2h", "--dry-run", "--gpu", "99")
+    assert typo.returncode == 3, typo.stderr
+    assert typo.stderr.startswith("gpuwatch: error: --gpu 99: no such GPU")
+    assert idle.alive()
