@@ -146,7 +146,9 @@ def create_app(
 
 
 def _document_raw_bodies(app: FastAPI) -> None:
-    """Add the schemas of bodies that views validate themselves (see ingest/views.py)."""
+    """Add what FastAPI cannot see to the schema: the bodies views validate themselves
+    (see ingest/views.py), the 401 and 403 of routes behind the read or admin token,
+    /healthz's 503 and /metrics' text."""
     default_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -155,10 +157,31 @@ def _document_raw_bodies(app: FastAPI) -> None:
             schema.setdefault("components", {}).setdefault("schemas", {}).update(
                 ingest_openapi_schemas()
             )
+            _document_token_answers(schema)
+            paths = schema["paths"]
+            paths["/healthz"]["get"]["responses"]["503"] = {
+                "description": "The database does not answer; retry later."
+            }
+            paths["/metrics"]["get"]["responses"]["200"]["content"] = {CONTENT_TYPE_LATEST: {}}
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+_TOKEN_ANSWERS = {
+    "401": {"description": "No bearer token, where the server sets one for this route."},
+    "403": {"description": "A bearer token that is not the one this route needs."},
+}
+
+
+def _document_token_answers(schema: dict[str, Any]) -> None:
+    """401 and 403 on every operation that takes a bearer token (its ``security``)."""
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            if isinstance(operation, dict) and operation.get("security"):
+                for code, answer in _TOKEN_ANSWERS.items():
+                    operation["responses"].setdefault(code, answer)
 
 
 def _operations_router(context: ServerContext) -> APIRouter:

@@ -59,6 +59,15 @@ class TestMetrics:
         assert metrics[("gpuwatch_server_write_turn_wait_seconds_total", ())] < 1
         assert metrics[("gpuwatch_server_write_turn_held_seconds_total", ())] > 0  # the pushes
 
+    def test_openapi_lists_the_answers_a_token_or_the_database_can_give(self, live: Live) -> None:
+        spec = live.client.get("/openapi.json").json()
+        for path in ("/api/v1/hosts", "/api/v1/fleet", "/api/v1/processes", "/metrics"):
+            assert {"401", "403"} <= set(spec["paths"][path]["get"]["responses"]), path
+        assert {"401", "403"} <= set(spec["paths"]["/api/v1/silences"]["post"]["responses"])
+        assert "503" in spec["paths"]["/healthz"]["get"]["responses"]
+        metrics = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+        assert list(metrics) == [live.client.get("/metrics").headers["content-type"]]
+
     def test_openapi_documents_every_route_with_a_summary(self, live: Live) -> None:
         spec = live.client.get("/openapi.json").json()
 
