@@ -71,6 +71,8 @@ _MEMORY_V2_ABSENT = frozenset({NVML_ERROR_FUNCTION_NOT_FOUND, 2, 3, 25})
 # the fake GPUs do the same). A read sooner than this after the previous one usually
 # finds no new sample, and that silence says nothing about activity.
 PROCESS_SAMPLE_PERIOD_SECONDS = 1.0
+# A newest sample stamped this far past the wall clock means the clock stepped back.
+CLOCK_STEP_SECONDS = 5.0
 
 
 def error_name(code: int) -> str:
@@ -478,6 +480,13 @@ class NvmlSession(HealthReads, GpmReads):
         """
         since = self._util_ts.get(index, 0)
         age = time.time() - since / 1_000_000
+        if age < -CLOCK_STEP_SECONDS:
+            # The wall clock stepped back past the newest sample seen (NTP, a VM
+            # restore): the driver stamps new samples with the new time, so asking for
+            # those after the old stamp would find none for as long as the step, and
+            # every process would read idle. Ask for everything the driver still holds
+            # instead (older activity may count once: busy, never falsely idle).
+            since = 0
         quick = since > 0 and 0 <= age < PROCESS_SAMPLE_PERIOD_SECONDS
         busy: dict[int, float] = dict(self._util_last.get(index, {})) if quick else {}
         try:

@@ -103,3 +103,14 @@ def test_an_all_zero_sample_is_idle(fake_gpus) -> None:
 
         function._call = zero
         assert _sm(session) == {os.getpid(): 0.0}
+
+
+def test_after_the_clock_steps_back_a_busy_process_is_still_busy(fake_gpus) -> None:
+    # The newest sample this session saw was stamped an hour ahead of the wall clock as
+    # it reads now: the clock stepped back (NTP, a VM restore). Asking only for samples
+    # after that stamp would find none for an hour, and every process would read idle.
+    fake_gpus(BUSY)
+    with NvmlSession.open() as session:
+        _sm(session)
+        session._util_ts[0] = int((time.time() + 3600) * 1_000_000)
+        assert _sm(session) == {os.getpid(): pytest.approx(0.4)}
