@@ -56,6 +56,14 @@ SERVER_INGEST_SNAPSHOTS = MetricSpec(
     " (not stored: the request's time budget ran out; the agent sends it again).",
     ("result",),
 )
+SERVER_CLOCK_STEPPED_SNAPSHOTS = MetricSpec(
+    "gpuwatch_server_clock_stepped_snapshots",
+    "counter",
+    "Snapshots applied at the server's receive time because their agent's clock had"
+    " stepped back (same boot, a higher sequence, an earlier time): fix that host's time"
+    " sync.",
+    (),
+)
 SERVER_EVENTS_OPENED = MetricSpec(
     "gpuwatch_server_events_opened", "counter", "Events this process opened, by kind.", ("kind",)
 )
@@ -128,6 +136,7 @@ METRICS = (
     SERVER_SCRAPE_DURATION_SECONDS,
     SERVER_INGEST_REQUESTS,
     SERVER_INGEST_SNAPSHOTS,
+    SERVER_CLOCK_STEPPED_SNAPSHOTS,
     SERVER_EVENTS_OPENED,
     SERVER_JOB_RUNS,
     SERVER_NOTIFICATIONS,
@@ -184,6 +193,7 @@ class ServerStats:
         self.ingest_requests: Counter[str] = Counter()
         self.ingest_snapshots: Counter[str] = Counter()
         self.events_opened: Counter[str] = Counter()
+        self.clock_stepped: Counter[None] = Counter()
         self.job_runs: Counter[tuple[str, str]] = Counter()
         self.notifications: Counter[tuple[str, str]] = Counter()
         self._jobs: dict[str, None] = {}
@@ -211,6 +221,7 @@ class ServerStats:
                 "ingest_requests": _with_zeros(INGEST_RESULTS, self.ingest_requests),
                 "ingest_snapshots": _with_zeros(SNAPSHOT_RESULTS, self.ingest_snapshots),
                 "events_opened": _with_zeros(EVENT_KINDS, self.events_opened),
+                "clock_stepped": _with_zeros([None], self.clock_stepped),
                 "job_runs": _with_zeros(
                     [(job, result) for job in sorted(jobs) for result in JOB_RESULTS],
                     self.job_runs,
@@ -294,6 +305,8 @@ class FleetCollector(Collector):
         snapshots = SERVER_INGEST_SNAPSHOTS.counter()
         for result, n in counts["ingest_snapshots"].items():
             snapshots.add_metric([result], n)
+        stepped = SERVER_CLOCK_STEPPED_SNAPSHOTS.counter()
+        stepped.add_metric([], counts["clock_stepped"][None])
         opened = SERVER_EVENTS_OPENED.counter()
         for kind, n in counts["events_opened"].items():
             opened.add_metric([kind], n)
@@ -303,7 +316,7 @@ class FleetCollector(Collector):
         notifications = SERVER_NOTIFICATIONS.counter()
         for (receiver, outcome), n in counts["notifications"].items():
             notifications.add_metric([receiver, outcome], n)
-        yield from (requests, snapshots, opened, jobs, notifications)
+        yield from (requests, snapshots, stepped, opened, jobs, notifications)
         turns = self.database.write_turns
         if turns is not None:
             waited = SERVER_WRITE_TURN_WAIT_SECONDS.counter()

@@ -56,6 +56,9 @@ def test_snapshots_after_a_backward_clock_step_are_applied(
     processes = state["gpus"][0]["processes"]  # type: ignore[index]
     assert [p["current_bytes"] for p in processes] == [7 * GIB]
     assert "clock stepped back" in caplog.text
+    # Counted, so an operator can alert on a host whose time sync is broken.
+    scrape = live.client.get("/metrics").text
+    assert "gpuwatch_server_clock_stepped_snapshots_total 4.0" in scrape
 
 
 def test_a_process_gone_after_the_step_ends_its_lifetime(live: Live) -> None:

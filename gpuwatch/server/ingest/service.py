@@ -70,6 +70,8 @@ class IngestResult:
 
     results: list[ItemResult]
     opened: Counter[str] = field(default_factory=Counter)
+    # Snapshots applied at the server's receive time: their agent's clock stepped back.
+    clock_stepped: int = 0
     # The host's state as this request wrote it: for the cache, once committed.
     kept: KeptState | None = None
 
@@ -166,7 +168,9 @@ def ingest_snapshots(
         state.host.spool_dropped_total = request.spool_dropped_total
     state.events.clear(SILENT_KEY, at=now)
     state.flush()
-    return IngestResult(results=results, opened=state.events.opened, kept=state.kept())
+    return IngestResult(
+        results=results, opened=state.events.opened, kept=state.kept(), clock_stepped=stepped
+    )
 
 
 def _after_last_applied(state: HostState, snapshot: HostSnapshot) -> bool:

@@ -472,6 +472,7 @@ class IngestWriter:
         stats.count(stats.ingest_snapshots, "accepted", result.accepted)
         stats.count(stats.ingest_snapshots, "duplicate", result.duplicate)
         stats.count(stats.ingest_snapshots, "deferred", result.deferred)
+        stats.count(stats.clock_stepped, None, result.clock_stepped)
         for kind, n in result.opened.items():
             stats.count(stats.events_opened, kind, n)
         if result.deferred:
