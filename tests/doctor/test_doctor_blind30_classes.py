@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
+from doctor.class_tables import class_tests
 from gpuwatch.doctor.explain import explain
 from gpuwatch.doctor.parse import parse_oom
-from gpuwatch.errors import NotRecognized
 
 MIB = 1024**2
 
@@ -216,13 +214,6 @@ POSITIVE: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), POSITIVE, ids=lambda value: str(value)[:50])
-def test_each_class_is_recognised_with_its_figures(text: str, expected: dict[str, Any]) -> None:
-    facts = parse_oom(text)
-    for field, want in expected.items():
-        assert getattr(facts, field) == want, f"{field}: {getattr(facts, field)!r}"
-
-
 NEGATIVE = [
     # NVENC's other statuses, and "out of memory (10)" from another encoder.
     "[h264_nvenc @ 0x5601aa5b40c0] OpenEncodeSessionEx failed: unsupported device (2): (no details)",
@@ -265,10 +256,9 @@ NEGATIVE = [
 ]
 
 
-@pytest.mark.parametrize("text", NEGATIVE, ids=lambda value: value[:50])
-def test_near_misses_are_not_recognised(text: str) -> None:
-    with pytest.raises(NotRecognized):
-        parse_oom(text)
+test_each_class_is_recognised_with_its_figures, test_near_misses_are_not_recognised = class_tests(
+    POSITIVE, NEGATIVE
+)
 
 
 def test_nvenc_advice_counts_the_sessions_before_freeing_video_memory() -> None:

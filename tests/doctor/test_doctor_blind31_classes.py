@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
+from doctor.class_tables import class_tests
 from gpuwatch.doctor.explain import explain
 from gpuwatch.doctor.parse import parse_oom
-from gpuwatch.errors import NotRecognized
 
 KIB = 1024
 MIB = 1024**2
@@ -219,13 +217,6 @@ POSITIVE: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), POSITIVE, ids=lambda value: str(value)[:50])
-def test_each_class_is_recognised_with_its_figures(text: str, expected: dict[str, Any]) -> None:
-    facts = parse_oom(text)
-    for field, want in expected.items():
-        assert getattr(facts, field) == want, f"{field}: {getattr(facts, field)!r}"
-
-
 NEGATIVE = [
     # DataLoader workers dying of something other than memory.
     "RuntimeError: DataLoader worker (pid 2211) is killed by signal: Segmentation fault.",
@@ -255,10 +246,9 @@ NEGATIVE = [
 ]
 
 
-@pytest.mark.parametrize("text", NEGATIVE, ids=lambda value: value[:50])
-def test_near_misses_are_not_recognised(text: str) -> None:
-    with pytest.raises(NotRecognized):
-        parse_oom(text)
+test_each_class_is_recognised_with_its_figures, test_near_misses_are_not_recognised = class_tests(
+    POSITIVE, NEGATIVE
+)
 
 
 def test_gpu_out_of_memory_stays_the_gpus_beside_the_new_anchor_words() -> None:

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
+from doctor.class_tables import class_tests
 from gpuwatch.doctor.explain import explain
-from gpuwatch.doctor.parse import parse_oom
-from gpuwatch.errors import NotRecognized
 
 POSITIVE: list[tuple[str, dict[str, Any]]] = [
     (
@@ -67,13 +64,6 @@ POSITIVE: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), POSITIVE, ids=lambda value: str(value)[:50])
-def test_each_class_is_recognised_with_its_figures(text: str, expected: dict[str, Any]) -> None:
-    facts = parse_oom(text)
-    for field, want in expected.items():
-        assert getattr(facts, field) == want, f"{field}: {getattr(facts, field)!r}"
-
-
 NEGATIVE = [
     # The JVM's other errors: threads, not memory; a stack, not the heap.
     "java.lang.OutOfMemoryError: unable to create native thread: possibly out of memory or "
@@ -88,10 +78,9 @@ NEGATIVE = [
 ]
 
 
-@pytest.mark.parametrize("text", NEGATIVE, ids=lambda value: value[:50])
-def test_near_misses_are_not_recognised(text: str) -> None:
-    with pytest.raises(NotRecognized):
-        parse_oom(text)
+test_each_class_is_recognised_with_its_figures, test_near_misses_are_not_recognised = class_tests(
+    POSITIVE, NEGATIVE
+)
 
 
 def test_jvm_heap_advice_raises_the_heap_not_system_ram() -> None:

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
+from doctor.class_tables import class_tests
 from gpuwatch.doctor.explain import explain
 from gpuwatch.doctor.parse import parse_oom
-from gpuwatch.errors import NotRecognized
 
 POSITIVE: list[tuple[str, dict[str, Any]]] = [
     # OpenCV's CUDA modules: cv::Exception -217 with the runtime's text.
@@ -208,13 +206,6 @@ POSITIVE: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), POSITIVE, ids=lambda value: str(value)[:50])
-def test_each_class_is_recognised_with_its_figures(text: str, expected: dict[str, Any]) -> None:
-    facts = parse_oom(text)
-    for field, want in expected.items():
-        assert getattr(facts, field) == want, f"{field}: {getattr(facts, field)!r}"
-
-
 NEGATIVE = [
     # Out of resources that are not memory.
     "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 98304",
@@ -246,10 +237,9 @@ NEGATIVE = [
 ]
 
 
-@pytest.mark.parametrize("text", NEGATIVE, ids=lambda value: value[:50])
-def test_near_misses_are_not_recognised(text: str) -> None:
-    with pytest.raises(NotRecognized):
-        parse_oom(text)
+test_each_class_is_recognised_with_its_figures, test_near_misses_are_not_recognised = class_tests(
+    POSITIVE, NEGATIVE
+)
 
 
 def test_opencv_host_memory_after_the_device_one_is_a_second_message() -> None:
