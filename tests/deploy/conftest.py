@@ -88,6 +88,18 @@ def metric_catalogue() -> frozenset[str]:
 
 
 @pytest.fixture(scope="session")
+def metric_labels() -> dict[str, frozenset[str]]:
+    """Every metric the agent or the server can expose -> its own label names (as the
+    code declares them; Prometheus adds ``job`` and ``instance``)."""
+    labels: dict[str, frozenset[str]] = {}
+    for module_name in _COLLECTOR_MODULES:
+        module = importlib.import_module(f"gpuwatch.agent.collectors.{module_name}")
+        labels.update((spec.exposed_name, frozenset(spec.labels)) for spec in module.METRICS)
+    labels.update((spec.exposed_name, frozenset(spec.labels)) for spec in SERVER_METRICS)
+    return labels
+
+
+@pytest.fixture(scope="session")
 def recorded_names(all_rules: list[dict[str, Any]]) -> frozenset[str]:
     return frozenset(rule["record"] for rule in all_rules if "record" in rule)
 
