@@ -62,6 +62,44 @@ class SnapshotSink(Protocol):
     def stop(self) -> None: ...
 
 
+class BusiestSincePush:
+    """The busiest activity (``sm_ratio``) each process showed at any poll since the last
+    pushed snapshot, carried into the next pushed one.
+
+    The agent polls more often than it pushes (5 s and 15 s by default), and each poll
+    reads the activity since the poll before: without this, a request served during a
+    poll that is not pushed would never reach the server, and a process answering one
+    short request every few minutes could be called idle, which needs every poll of an
+    hour observed at zero. Memory is not carried: the polls pushed still bound it.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, int, float | None], float] = {}
+
+    def note(self, snapshot: HostSnapshot) -> None:
+        for gpu in snapshot.gpus:
+            for p in gpu.processes:
+                if p.sm_ratio is not None:
+                    key = (gpu.index, p.pid, p.start_time)
+                    self._seen[key] = max(self._seen.get(key, 0.0), p.sm_ratio)
+
+    def carried_into(self, snapshot: HostSnapshot) -> HostSnapshot:
+        """``snapshot`` with each process's busiest activity since the last push (its
+        own reading when none was busier; an unknown one stays unknown unless some
+        poll saw activity); starts the next period."""
+        seen, self._seen = self._seen, {}
+        gpus = []
+        for gpu in snapshot.gpus:
+            processes = []
+            for p in gpu.processes:
+                busiest = seen.get((gpu.index, p.pid, p.start_time))
+                if busiest is not None and busiest > (p.sm_ratio or 0.0):
+                    p = p.model_copy(update={"sm_ratio": busiest})
+                processes.append(p)
+            gpus.append(gpu.model_copy(update={"processes": processes}))
+        return snapshot.model_copy(update={"gpus": gpus})
+
+
 class Agent:
     """Owns the poll loop and the exporter; everything it needs is passed in.
 
@@ -99,6 +137,8 @@ class Agent:
             tolerance_seconds=settings.poll_interval_seconds / 2,
         )
         self._failing = False
+        # The busiest activity each process showed since the last pushed snapshot.
+        self._busiest = BusiestSincePush()
         # The reaper's history (and its policy, when on) sees every poll.
         self.reaper = reaper or ReaperHooks.build(
             settings, report=sink.send_event if sink else None, clock=clock
@@ -162,10 +202,11 @@ class Agent:
             self._failing = False
         self.state.record_poll(snapshot)
         self.reaper.after_poll(snapshot)
+        self._busiest.note(snapshot)
         # Judged by when the poll was due, not when it ended: a poll's duration must
         # not decide whether its snapshot is pushed.
         if self._sink is not None and self._pushes.due(scheduled):
-            self._sink.offer(snapshot)
+            self._sink.offer(self._busiest.carried_into(snapshot))
             self._pushes.offered(scheduled)
         return snapshot
 

@@ -22,7 +22,7 @@ from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.errors import NvmlUnavailable
 from gpuwatch.settings import AgentSettings, load
-from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 EPOCH = 1_700_000_000.0
 T0 = 1000.0  # where the fake monotonic clock starts
@@ -196,3 +196,45 @@ def test_push_schedule_meets_deadlines_despite_float_sums() -> None:
             offered.append(t)
         t += 0.1
     assert len(offered) == 10
+
+
+class BusyAtSampler(TimedSampler):
+    """One GPU and one process, busy (SM 60 %) only at the polls numbered in ``busy``."""
+
+    def __init__(self, clock: FakeClock, busy: set[int]) -> None:
+        super().__init__(clock, lambda: 0.0)
+        self.busy = busy
+
+    def poll(self) -> HostSnapshot:
+        snapshot = super().poll()
+        sm = 0.6 if len(self.started) in self.busy else 0.0
+        gpu = Gpu(index=0, uuid="GPU-0", processes=[GpuProcess(pid=42, sm_ratio=sm)])
+        return snapshot.model_copy(update={"gpus": [gpu]})
+
+
+def test_activity_at_a_poll_that_is_not_pushed_reaches_the_next_push(tmp_path: Path) -> None:
+    # Polls every 5 s, pushes every 15 s: only every third poll is pushed. A request
+    # served during poll 2 (or 6) must still reach the server, or an inference server
+    # answering one short request every few minutes could be called idle.
+    clock = FakeClock(T0)
+    sampler = BusyAtSampler(clock, busy={2, 6})
+    sink = RecordingSink()
+    settings = load(
+        AgentSettings,
+        listen="127.0.0.1:0",
+        poll_interval_seconds=5.0,
+        push_interval_seconds=15.0,
+        spool_dir=tmp_path / "spool",
+    )
+
+    def wait(timeout: float) -> bool:
+        clock.advance(timeout)
+        return clock.now >= T0 + 60
+
+    Agent(
+        settings, sampler=sampler, state=AgentState(), torch_reports=TorchReports(), sink=sink,
+        clock=lambda: EPOCH + clock.now, monotonic=clock, wait=wait,
+    ).run()  # fmt: skip
+    pushed = [(s.sequence, s.gpus[0].processes[0].sm_ratio) for s in sink.offered]
+    assert [n for n, _ in pushed][:4] == [1, 4, 7, 10]
+    assert [sm for _, sm in pushed][:4] == [0.0, 0.6, 0.6, 0.0]
