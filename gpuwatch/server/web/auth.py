@@ -77,6 +77,12 @@ async def require_page_reader(request: Request, context: Context) -> None:
     )
 
 
+def signed_in(request: Request, context: ServerContext) -> bool:
+    """The request carries the read token's cookie (the login form's)."""
+    cookie = request.cookies.get(COOKIE)
+    return cookie is not None and _matches(cookie, context)
+
+
 def local_path(request: Request) -> str:
     query = request.url.query
     return request.url.path + (f"?{query}" if query else "")

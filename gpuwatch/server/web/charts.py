@@ -126,11 +126,23 @@ def memory_chart(
         _x_axis(frame, frame.top + frame.height + lane + 4),
     ]
     base = [0] * columns
+    # y of a value, inlined (frame.y per point was most of a host page's time).
+    bottom, scale = frame.top + frame.height, frame.height / (frame.ymax or 1.0)
     for layer in history.layers:
         top = [b + v for b, v in zip(base, layer.values, strict=True)]
-        upper = " L".join(f"{x},{frame.y(v):.1f}" for x, v in zip(xs, top, strict=True))
+        # Only the columns where the layer has thickness, and one either side, where it
+        # meets the layer beneath: a short job's band is a few points, not every column.
+        held = [k for k, v in enumerate(layer.values) if v]
+        if not held:
+            continue
+        first, last = max(0, held[0] - 1), min(columns, held[-1] + 2)
+        upper = " L".join(
+            f"{x},{bottom - v * scale:.1f}"
+            for x, v in zip(xs[first:last], top[first:last], strict=True)
+        )
         lower = " L".join(
-            f"{x},{frame.y(v):.1f}" for x, v in zip(reversed(xs), reversed(base), strict=True)
+            f"{x},{bottom - v * scale:.1f}"
+            for x, v in zip(reversed(xs[first:last]), reversed(base[first:last]), strict=True)
         )
         colour = OTHER_COLOUR if layer.lifetime_id is None else user_colour(layer.user)
         parts.append(

@@ -41,6 +41,10 @@ EVENTS_PER_PAGE = 200
 # Events marked on a host's or a GPU's charts at most (newest first).
 CHART_EVENTS = 500
 HOST_CHART_COLUMNS = 180
+# The longest hostname or user an agent can send (gpuwatch.snapshot.ShortStr), and the
+# GPU indexes the pages take (as the API's).
+MAX_TEXT = 256
+MAX_GPU_INDEX = 1024
 GPU_CHART_COLUMNS = 360
 
 pages = APIRouter(include_in_schema=False, dependencies=[Depends(auth.require_page_reader)])
@@ -61,8 +65,32 @@ def _chrome(request: Request, session: ReadSession, context: ServerContext, now:
 
 
 def _range(value: str | None) -> tuple[str, float]:
+    """A detail page's range: an unknown value (whatever it holds) is the default."""
     key = value if value in RANGES else DEFAULT_RANGE
     return key, RANGES[key][0]
+
+
+def _bad_name(value: str) -> bool:
+    """A hostname no agent can have sent (past 256 characters): not found, unread."""
+    return len(value) > MAX_TEXT
+
+
+def _gpu_index(value: str) -> int | None:
+    """A GPU index from a URL: an ASCII whole number below 1024, else None."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 4:
+        return None
+    index = int(value)
+    return index if index < MAX_GPU_INDEX else None
+
+
+def _text_filter(name: str, value: str, errors: list[str]) -> str:
+    """A free-text filter of the events page; one longer than anything an agent can
+    send is ignored and reported."""
+    value = value.strip()
+    if len(value) > MAX_TEXT:
+        errors.append(f"Ignored a filter: the {name} is longer than {MAX_TEXT} characters.")
+        return ""
+    return value
 
 
 @pages.get("/", response_class=HTMLResponse)
@@ -72,18 +100,71 @@ def fleet(request: Request, session: ReadSession, context: Context) -> HTMLRespo
     return html(fleet_page(_chrome(request, session, context, now), data))
 
 
-@pages.get("/hosts/{hostname}", response_class=HTMLResponse)
+# A hostname may hold "/" (agents send any text): the links percent-encode it, and the
+# routes take it as a path; the GPU page's route comes first, so ".../gpus/N" is a GPU.
+@pages.get("/hosts/{hostname:path}/gpus/{index}", response_class=HTMLResponse)
+def gpu(
+    request: Request,
+    session: ReadSession,
+    context: Context,
+    hostname: str = Path(pattern=NO_NUL),
+    index: str = Path(pattern=NO_NUL),
+    range: str | None = Query(None, pattern=NO_NUL),
+) -> HTMLResponse:
+    now = context.clock()
+    chrome = _chrome(request, session, context, now)
+    gpu_index = _gpu_index(index)
+    detail = (
+        None
+        if _bad_name(hostname) or gpu_index is None
+        else host_service.get_host(
+            session=session, hostname=hostname, settings=context.settings, now=now
+        )
+    )
+    found = None if detail is None else next((g for g in detail.gpus if g.index == gpu_index), None)
+    refs = (
+        []
+        if found is None
+        else [
+            ref
+            for ref in service.host_gpus(session=session, hostname=hostname)
+            if ref.gpu_index == gpu_index
+        ]
+    )
+    if detail is None or found is None or not refs:
+        return html(not_found(chrome, f"No GPU {index!r} on a host named {hostname!r}."), 404)
+    key, seconds = _range(range)
+    ref = next((r for r in refs if r.uuid == found.uuid), refs[0])
+    history = service.histories(
+        session=session,
+        gpus=[ref],
+        until=now,
+        seconds=seconds,
+        interval=context.settings.sample_interval_seconds,
+        columns=GPU_CHART_COLUMNS,
+    )[ref.id]
+    events = event_service.list_events(
+        session=session, hostname=hostname, since=now - seconds, until=now, limit=CHART_EVENTS
+    ).items
+    return html(gpu_page(chrome, detail, found, history, events, range_key=key))
+
+
+@pages.get("/hosts/{hostname:path}", response_class=HTMLResponse)
 def host(
     request: Request,
     session: ReadSession,
     context: Context,
-    hostname: str = Path(max_length=256, pattern=NO_NUL),
-    range: str | None = Query(None, max_length=8, pattern=NO_NUL),
+    hostname: str = Path(pattern=NO_NUL),
+    range: str | None = Query(None, pattern=NO_NUL),
 ) -> HTMLResponse:
     now = context.clock()
     chrome = _chrome(request, session, context, now)
-    detail = host_service.get_host(
-        session=session, hostname=hostname, settings=context.settings, now=now
+    detail = (
+        None
+        if _bad_name(hostname)
+        else host_service.get_host(
+            session=session, hostname=hostname, settings=context.settings, now=now
+        )
     )
     if detail is None:
         return html(not_found(chrome, f"No host named {hostname!r}."), 404)
@@ -104,77 +185,66 @@ def host(
     return html(host_page(chrome, detail, charts, events, range_key=key))
 
 
-@pages.get("/hosts/{hostname}/gpus/{index}", response_class=HTMLResponse)
-def gpu(
-    request: Request,
-    session: ReadSession,
-    context: Context,
-    hostname: str = Path(max_length=256, pattern=NO_NUL),
-    index: int = Path(ge=0, lt=1024),
-    range: str | None = Query(None, max_length=8, pattern=NO_NUL),
-) -> HTMLResponse:
-    now = context.clock()
-    chrome = _chrome(request, session, context, now)
-    detail = host_service.get_host(
-        session=session, hostname=hostname, settings=context.settings, now=now
-    )
-    found = None if detail is None else next((g for g in detail.gpus if g.index == index), None)
-    refs = [
-        ref
-        for ref in service.host_gpus(session=session, hostname=hostname)
-        if ref.gpu_index == index
-    ]
-    if detail is None or found is None or not refs:
-        return html(not_found(chrome, f"No GPU {index} on a host named {hostname!r}."), 404)
-    key, seconds = _range(range)
-    ref = next((r for r in refs if r.uuid == found.uuid), refs[0])
-    history = service.histories(
-        session=session,
-        gpus=[ref],
-        until=now,
-        seconds=seconds,
-        interval=context.settings.sample_interval_seconds,
-        columns=GPU_CHART_COLUMNS,
-    )[ref.id]
-    events = event_service.list_events(
-        session=session, hostname=hostname, since=now - seconds, until=now, limit=CHART_EVENTS
-    ).items
-    return html(gpu_page(chrome, detail, found, history, events, range_key=key))
-
-
 @pages.get("/events", response_class=HTMLResponse)
 def events(
     request: Request,
     session: ReadSession,
     context: Context,
-    host: str = Query("", max_length=256, pattern=NO_NUL),
-    gpu: str = Query("", max_length=8, pattern=NO_NUL),
-    user: str = Query("", max_length=256, pattern=NO_NUL),
-    kind: str = Query("", max_length=32, pattern=NO_NUL),
-    state: str = Query("", max_length=8, pattern=NO_NUL),
-    since: str = Query("", max_length=32, pattern=NO_NUL),
-    until: str = Query("", max_length=32, pattern=NO_NUL),
-    cursor: str | None = Query(None, max_length=200, pattern=NO_NUL),
+    host: str = Query("", pattern=NO_NUL),
+    gpu: str = Query("", pattern=NO_NUL),
+    user: str = Query("", pattern=NO_NUL),
+    kind: str = Query("", pattern=NO_NUL),
+    state: str = Query("", pattern=NO_NUL),
+    since: str = Query("", pattern=NO_NUL),
+    until: str = Query("", pattern=NO_NUL),
+    cursor: str | None = Query(None, pattern=NO_NUL),
 ) -> HTMLResponse:
-    """Every filter is optional and arrives as the form sent it (empty when unset); a
-    filter that does not parse is reported on the page, not as a 422."""
+    """Every filter is optional and arrives as the form sent it (empty when unset). A
+    filter that does not parse, or could not match (past 256 characters), is ignored
+    and reported on the page, the rest still apply; only a NUL, which no filter can
+    hold (Postgres refuses it), is a 422, as on every page and API parameter."""
     now = context.clock()
-    filters = EventFilters(host.strip(), gpu.strip(), user.strip(), kind, state, since, until)
-    error = None
-    try:
-        gpu_index = int(filters.gpu) if filters.gpu else None
-        start, end = parse_utc(since), parse_utc(until)
-        page_cursor = None if cursor is None else Cursor.decode(cursor)
-    except (ValueError, InvalidCursor) as err:
-        error, gpu_index, start, end, page_cursor = (
-            f"Ignored a filter: {err}",
-            None,
-            None,
-            None,
-            None,
-        )
+    errors: list[str] = []
+    host = _text_filter("host", host, errors)
+    user = _text_filter("user", user, errors)
+    gpu = gpu.strip()
+    gpu_index = None
+    if gpu:
+        gpu_index = _gpu_index(gpu)
+        if gpu_index is None:
+            errors.append(f"Ignored a filter: GPU {gpu[:16]!r} is not a GPU index (0 to 1023).")
+            gpu = ""
     if kind and kind not in EVENT_KINDS:
-        error, kind = f"Unknown kind {kind!r}.", ""
+        errors.append(f"Ignored a filter: unknown kind {kind[:32]!r}.")
+        kind = ""
+    if state not in ("", "open", "ended"):
+        errors.append(f"Ignored a filter: state {state[:16]!r} (open or ended).")
+        state = ""
+    times: list[float | None] = []
+    for name, value in (("from", since), ("to", until)):
+        try:
+            if len(value) > 64:
+                raise ValueError(f"not a time: {value[:16]!r}… (use YYYY-MM-DDTHH:MM, UTC)")
+            times.append(parse_utc(value))
+        except ValueError as err:
+            errors.append(f"Ignored a filter: {err} ({name}).")
+            times.append(None)
+    start, end = times
+    if start is not None and end is not None and start > end:
+        errors.append("Ignored a filter: the time range ends before it starts.")
+        start = end = None
+    since = since if start is not None else ""
+    until = until if end is not None else ""
+    page_cursor = None
+    if cursor is not None:
+        try:
+            if len(cursor) > 200:
+                raise InvalidCursor("invalid cursor")
+            page_cursor = Cursor.decode(cursor)
+        except (ValueError, InvalidCursor):
+            errors.append("Ignored a filter: invalid cursor (a page link this page did not make).")
+    filters = EventFilters(host, gpu, user, kind, state, since, until)
+    error = " ".join(errors) or None
     found = event_service.list_events(
         session=session,
         hostname=filters.host or None,
@@ -233,6 +303,8 @@ def login_form(
     root = request.scope.get("root_path", "")
     if not auth.token_required(context):
         return RedirectResponse(f"{root}/", status_code=status.HTTP_303_SEE_OTHER)
+    if auth.signed_in(request, context):  # already signed in: on to the page asked for
+        return RedirectResponse(auth.safe_next(next), status_code=status.HTTP_303_SEE_OTHER)
     return html(login_page(root, next_path=auth.safe_next(next), message=None))
 
 

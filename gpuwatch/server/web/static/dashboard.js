@@ -133,16 +133,21 @@
   function tileTitle(tile) {
     var v = tile.getAttribute("data-v").split(" ");
     var href = tile.getAttribute("href");
+    // A silent host's figures are its last report's, not current: said so.
+    var host = tile.closest(".host");
+    var silent = host !== null && host.classList.contains("silent");
     var lines = ["GPU " + href.slice(href.lastIndexOf("/") + 1) + ": " + (v[0] === "-" ?
-      "no current reading" : gib(v[1]) + " of " + gib(v[2]) + " GiB (" + v[0] + "%)")];
+      "no current reading" + (silent ? " (host silent)" : "") :
+      gib(v[1]) + " of " + gib(v[2]) + " GiB (" + v[0] + "%)")];
     var holder = v[0] === "-" ? v.slice(1) : v.slice(3);
+    var known = silent ? "at the last report: " : "";
     if (tile.classList.contains("l")) {
       lines.push("fallen off the bus");
     } else if (holder[1] === "0") {
-      lines.push("no processes");
+      lines.push(known + "no processes");
     } else {
-      lines.push("largest: " + holder.slice(3).join(" ") + " " + gib(holder[0]) + " GiB · " +
-        holder[1] + " processes, " + holder[2] + " users");
+      lines.push(known + "largest: " + holder.slice(3).join(" ") + " " + gib(holder[0]) +
+        " GiB · " + holder[1] + " processes, " + holder[2] + " users");
     }
     var flags = [];
     for (var css in TILE_FLAGS) {

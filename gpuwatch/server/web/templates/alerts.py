@@ -10,7 +10,7 @@ from html import escape as e
 
 from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceOut
 from gpuwatch.server.web.format import ago, path, size, when
-from gpuwatch.server.web.templates.layout import Chrome, page, table
+from gpuwatch.server.web.templates.layout import Chrome, page, table, text
 
 
 def alerts_page(
@@ -37,7 +37,7 @@ def _alerts(chrome: Chrome, alerts: Sequence[AlertOut], *, empty: str) -> str:
     for alert in alerts:
         where = _where(chrome, alert.labels)
         culprits = "<br>".join(
-            f"pid {c.pid} {e(c.user or '?')} {size(c.memory_bytes)}"
+            f"pid {c.pid} {text(c.user or '?')} {size(c.memory_bytes)}"
             + (f" <code>{e((c.command or '')[:80])}</code>" if c.command else "")
             for c in alert.culprits
         )
@@ -74,8 +74,8 @@ def _where(chrome: Chrome, labels: dict[str, str]) -> str:
     gpu = labels.get("gpu")
     if gpu is not None and gpu.isdigit():
         href = path(chrome.root, "hosts", host, "gpus", gpu)
-        return f'<a href="{href}">{e(host)} GPU {e(gpu)}</a>'
-    return f'<a href="{path(chrome.root, "hosts", host)}">{e(host)}</a>'
+        return f'<a href="{href}">{text(host)} GPU {e(gpu)}</a>'
+    return f'<a href="{path(chrome.root, "hosts", host)}">{text(host)}</a>'
 
 
 def _silences(silences: Sequence[SilenceOut]) -> str:

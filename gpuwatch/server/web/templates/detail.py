@@ -14,7 +14,7 @@ from gpuwatch.server.web.charts import Mark, memory_chart, user_colour
 from gpuwatch.server.web.format import ago, duration, path, ratio, size, when
 from gpuwatch.server.web.service import History
 from gpuwatch.server.web.templates.events import events_table
-from gpuwatch.server.web.templates.layout import Chrome, page, ranges, table
+from gpuwatch.server.web.templates.layout import Chrome, page, ranges, table, text
 
 COMMAND_CHARS = 120
 
@@ -47,16 +47,18 @@ def host_page(
         href = path(chrome.root, "hosts", host.hostname, "gpus", gpu.index)
         cards.append(
             f'<section class="card gpu"><h2><a href="{href}">GPU {gpu.index}</a> '
-            f"<small>{e(gpu.name or '')}</small></h2>{_gpu_line(gpu)}{chart}</section>"
+            f"<small>{e(gpu.name or '')}</small></h2>{_gpu_line(chrome, host, gpu)}{chart}"
+            "</section>"
         )
     processes = [p for gpu in host.gpus for p in gpu.processes]
+    stale = {gpu.uuid: _stale(host, gpu) for gpu in host.gpus}
     body = (
-        f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / {e(host.hostname)}</nav>'
-        f"<h1>{e(host.hostname)}{_silent(host.silent)}</h1>{_host_line(chrome, host)}"
-        f"{ranges(chrome, base, range_key)}"
+        f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / {text(host.hostname)}'
+        f"</nav><h1>{text(host.hostname)}{_silent(host.silent)}</h1>"
+        f"{_host_line(chrome, host)}{ranges(chrome, base, range_key)}"
         f'<div class="cards">{"".join(cards) or _no_gpus()}</div>'
-        "<h2>Processes holding memory now</h2>"
-        f"{process_table(chrome, processes, with_gpu=True)}"
+        f"<h2>{_processes_heading(chrome, host)}</h2>"
+        f"{process_table(chrome, processes, with_gpu=True, stale=stale)}"
         f"<h2>Events in the range</h2>{events_table(chrome, events, with_host=False)}"
     )
     return page(chrome, title=host.hostname, active="", body=body)
@@ -82,17 +84,18 @@ def gpu_page(
         now=chrome.now,
     )
     gpu_events = [ev for ev in events if ev.gpu_index in (gpu.index, None)]
+    stale = {gpu.uuid: _stale(host, gpu)}
     body = (
         f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / '
-        f'<a href="{host_href}">{e(host.hostname)}</a> / GPU {gpu.index}</nav>'
-        f"<h1>{e(host.hostname)} · GPU {gpu.index} <small>{e(gpu.name or '')}</small>"
-        f"{_silent(host.silent)}</h1>{_gpu_line(gpu)}"
+        f'<a href="{host_href}">{text(host.hostname)}</a> / GPU {gpu.index}</nav>'
+        f"<h1>{text(host.hostname)} · GPU {gpu.index} <small>{e(gpu.name or '')}</small>"
+        f"{_silent(host.silent)}</h1>{_gpu_line(chrome, host, gpu)}"
         f'<p class="meta">UUID <code>{e(gpu.uuid)}</code> · last reading '
         f"{ago(gpu.last_seen_at, chrome.now)}</p>"
         f'{ranges(chrome, base, range_key)}<section class="card wide">{chart}'
         f"{_legend(history)}</section>"
-        "<h2>Processes holding memory now</h2>"
-        f"{process_table(chrome, gpu.processes, with_gpu=False)}"
+        f"<h2>{_processes_heading(chrome, host)}</h2>"
+        f"{process_table(chrome, gpu.processes, with_gpu=False, stale=stale)}"
         f"<h2>Events in the range</h2>{events_table(chrome, gpu_events, with_host=False)}"
     )
     return page(chrome, title=f"{host.hostname} GPU {gpu.index}", active="", body=body)
@@ -107,19 +110,42 @@ def _marks(events: Sequence[EventOut], gpu_index: int) -> list[Mark]:
     ]
 
 
-def _gpu_line(gpu: GpuOut) -> str:
-    state = ""
+def _stale(host: HostDetail, gpu: GpuOut) -> str | None:
+    """Why ``gpu`` has no current reading (its figures are its last known ones), or
+    None when it has one."""
     if gpu.lost:
-        state = ' <span class="badge silent">lost</span>'
+        return "GPU lost"
+    if host.silent:
+        return "host silent"
+    return None
+
+
+def _processes_heading(chrome: Chrome, host: HostDetail) -> str:
+    if host.silent:
+        return f"Processes at the last report ({ago(host.last_received_at, chrome.now)})"
+    return "Processes holding memory now"
+
+
+def _gpu_line(chrome: Chrome, host: HostDetail, gpu: GpuOut) -> str:
+    """The GPU's memory now; for a lost GPU or a silent host, said to be no current
+    reading, with the last known figures named as such (the API keeps them)."""
+    stale = _stale(host, gpu)
+    state = ""
+    if stale is not None:
+        state = f'<span class="badge silent">no current reading: {stale}</span> last known: '
     elif gpu.read_error:
-        state = f' <span class="badge silent">read error: {e(gpu.read_error)}</span>'
+        state = f'<span class="badge silent">read error: {e(gpu.read_error)}</span> '
     users = sorted({p.user or "?" for p in gpu.processes})
     utilisation = "–" if gpu.utilization_ratio is None else f"{gpu.utilization_ratio:.0%}"
+    holders = (
+        f"{len(gpu.processes)} processes{': ' + ', '.join(text(u) for u in users) if users else ''}"
+    )
     return (
-        f'<p class="meta"><b>{size(gpu.memory_used_bytes)}</b> of '
-        f"{size(gpu.memory_total_bytes)} used ({ratio(gpu.memory_used_bytes, gpu.memory_total_bytes)})"
+        f'<p class="meta{" stale" if stale else ""}">{state}<b>{size(gpu.memory_used_bytes)}</b>'
+        f" of {size(gpu.memory_total_bytes)} used"
+        f" ({ratio(gpu.memory_used_bytes, gpu.memory_total_bytes)})"
         f" · unattributed {size(gpu.unattributed_bytes)} · utilisation {utilisation}"
-        f" · {len(gpu.processes)} processes{': ' + e(', '.join(users)) if users else ''}{state}</p>"
+        f" · {holders}</p>"
     )
 
 
@@ -159,7 +185,7 @@ def _legend(history: History) -> str:
             [
                 swatch,
                 str(layer.pid),
-                e(layer.user or "?"),
+                text(layer.user or "?"),
                 size(layer.peak_bytes),
                 _command(layer.command),
             ]
@@ -172,10 +198,25 @@ def _legend(history: History) -> str:
     )
 
 
-def process_table(chrome: Chrome, processes: Sequence[ProcessOut], *, with_gpu: bool) -> str:
+def process_table(
+    chrome: Chrome,
+    processes: Sequence[ProcessOut],
+    *,
+    with_gpu: bool,
+    stale: dict[str, str | None] | None = None,
+) -> str:
+    """``stale``: GPU UUID -> why its processes' figures are not current (see
+    :func:`_stale`); those rows say so and how long ago they were seen, and hold
+    "for" until then, not until now."""
     rows = []
     for p in processes:
         flags = []
+        why = (stale or {}).get(p.gpu_uuid)
+        if why is not None:
+            flags.append(
+                f'<span class="kind stale">{why}: seen {ago(p.last_seen_at, chrome.now)}</span>'
+            )
+        held_until = chrome.now if why is None else p.last_seen_at
         if p.orphaned:
             flags.append('<span class="kind orphaned">orphaned</span>')
         if p.idle_seconds:
@@ -183,14 +224,14 @@ def process_table(chrome: Chrome, processes: Sequence[ProcessOut], *, with_gpu: 
         job = p.slurm_job_id or p.pod_uid or p.container_id
         row = [
             str(p.pid),
-            e(p.user or "?"),
+            text(p.user or "?"),
             size(p.current_bytes),
             size(p.peak_bytes),
             "–" if p.sm_ratio is None else f"{p.sm_ratio:.0%}",
-            f'<span title="{when(p.first_seen_at)}">{duration(chrome.now - p.first_seen_at)}</span>',
+            f'<span title="{when(p.first_seen_at)}">{duration(held_until - p.first_seen_at)}</span>',
             " ".join(flags),
             _command(p.command),
-            e(job or ""),
+            text(job or ""),
         ]
         if with_gpu:
             href = path(chrome.root, "hosts", p.hostname, "gpus", p.gpu_index)

@@ -14,7 +14,7 @@ from gpuwatch.server.events.models import EVENT_KINDS
 from gpuwatch.server.events.schemas import EventOut
 from gpuwatch.server.web.charts import Mark, event_timeline
 from gpuwatch.server.web.format import duration, path, size, when
-from gpuwatch.server.web.templates.layout import Chrome, kind_badge, page, table
+from gpuwatch.server.web.templates.layout import Chrome, kind_badge, page, table, text
 
 # The latest time a filter takes: the snapshots' Epoch maximum (year 2242).
 MAX_EPOCH = float(2**33)
@@ -109,13 +109,13 @@ def events_table(chrome: Chrome, events: Sequence[EventOut], *, with_host: bool)
             kind_badge(ev.kind),
             gpu,
             "" if ev.pid is None else str(ev.pid),
-            e(ev.user or ""),
+            text(ev.user or ""),
             size(ev.held_bytes) if ev.held_bytes is not None else "",
             e(ev.summary),
         ]
         if with_host:
             href = path(chrome.root, "hosts", ev.hostname)
-            row.insert(3, f'<a href="{href}">{e(ev.hostname)}</a>')
+            row.insert(3, f'<a href="{href}">{text(ev.hostname)}</a>')
         rows.append(row)
     headers = ["Started", "Lasted", "Kind", "GPU", "PID", "User", "Held", "Summary"]
     if with_host:

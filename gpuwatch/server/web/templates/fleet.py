@@ -51,7 +51,10 @@ def fleet_page(chrome: Chrome, fleet: Fleet) -> str:
 
 
 def _summary(chrome: Chrome, fleet: Fleet) -> str:
-    counts = [(f"{name} full", fleet.fullness[name], css) for name, css in _BUCKET_CLASSES]
+    counts = [
+        (name if name == UNKNOWN_BUCKET else f"{name} full", fleet.fullness[name], css)
+        for name, css in _BUCKET_CLASSES
+    ]
     legend = "".join(
         f'<span class="key"><i class="sw {css}"></i>{e(label)} <b>{count:,}</b></span>'
         for label, count, css in counts
@@ -103,8 +106,8 @@ def _host(host: FleetHost, root_hosts: str) -> str:
     else:
         tiles, data = "", f' data-t="{e(host.tiles)}"'
     return (
-        f'<section class="{css}" data-h="{name}"{data}><h2><a href="{href}">{name}</a>{badge}'
-        f'</h2><div class="tiles">{tiles}</div></section>'
+        f'<section class="{css}" data-h="{name}"{data}><h2><a href="{href}"><bdi>{name}</bdi>'
+        f'</a>{badge}</h2><div class="tiles">{tiles}</div></section>'
     )
 
 

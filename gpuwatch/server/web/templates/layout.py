@@ -90,6 +90,12 @@ def ranges(chrome: Chrome, base: str, current: str) -> str:
     return f'<nav class="ranges" aria-label="time range">{"".join(links)}</nav>'
 
 
+def text(value: str) -> str:
+    """Text an agent or a user sent, escaped and isolated (``<bdi>``): right-to-left
+    text or a stray direction override in it cannot reorder what follows it."""
+    return f"<bdi>{e(value)}</bdi>"
+
+
 def kind_badge(kind: str) -> str:
     return f'<span class="kind {e(kind)}">{e(kind.replace("_", " "))}</span>'
 
