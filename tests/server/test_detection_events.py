@@ -84,6 +84,23 @@ def test_unattributed_memory_needs_two_consecutive_snapshots(live: Live) -> None
     assert (event["reason"], event["started_at"]) == ("unattributed", T0 + 4 * 15)
 
 
+def test_a_poll_whose_unattributed_figure_is_unknown_leaves_the_event_as_it_is(
+    live: Live,
+) -> None:
+    # A leaked context for an hour; the agent's two reads of the process list differ at
+    # one poll in twelve (figure unknown). The event lasts, so its 30 min alert can fire.
+    token = live.token("host-1")
+    dirty = gpu(0, [process(1)], extra_bytes=10 * GIB)
+    unknown = gpu(0, [process(1)], extra_bytes=10 * GIB, unattributed_bytes=None)
+    push_all(live, token, [snapshot(n, [unknown if n % 12 == 5 else dirty]) for n in range(240)])
+    (event,) = events(live)
+    assert event["reason"] == "unattributed" and event["ended_at"] is None
+    # Masked (a lost GPU) or gone, it closes as before.
+    push_all(live, token, [snapshot(240, [gpu(0, [process(1)])])])
+    (event,) = events(live)
+    assert event["ended_at"] == T0 + 240 * 15
+
+
 def test_the_outbox_holds_one_row_per_event_change_also_when_a_batch_is_retried(
     live: Live,
 ) -> None:
@@ -216,3 +233,16 @@ def test_a_filling_gpu_opens_filling_up_naming_the_growing_process(live: Live) -
     (leak,) = events(live, kind="runaway")
     assert (leak["reason"], leak["pid"]) == ("leak", 31)
     assert ("opened", "filling_up") in [(c, k) for _, c, k, _ in outbox(live)]
+
+
+def test_idle_ends_when_its_gpu_falls_off_the_bus(live: Live) -> None:
+    # Idle for over an hour, then the GPU is lost: "no activity for an hour" can no
+    # longer be observed, and the fleet must not count its bytes as idle.
+    token = live.token("host-1")
+    idle = gpu(0, [process(9, used_gib=10, sm=0.0)])
+    push_all(live, token, [snapshot(n, [idle]) for n in range(300)])
+    assert [e["kind"] for e in events(live, open="true")] == ["idle"]
+    lost = gpu(0, lost=True, memory_used_bytes=None, memory_free_bytes=None)
+    push_all(live, token, [snapshot(300, [lost])])
+    assert [e["kind"] for e in events(live, open="true")] == ["gpu_lost"]
+    assert live.client.get("/api/v1/fleet").json()["idle_bytes"] == 0

@@ -86,6 +86,13 @@ def apply_snapshot(
     on_gpu: dict[int, list[LifetimeRow]] = {}
     for (gpu_id, _, _), lifetime in state.open.items():
         on_gpu.setdefault(gpu_id, []).append(lifetime)
+    for gpu in snapshot.gpus:
+        if gpu.lost:
+            # Fallen off the bus: nothing on it can be observed until it is back, so
+            # verdicts that need current evidence (idle, a leak) end, as filling_up does;
+            # the lifetimes stay open. (One poll's read error is only a gap: the idle
+            # run bridges it, and ending the verdict there would split its event.)
+            findings.suspend_trends(state.events, on_gpu.get(gpu_rows[gpu.uuid].id, []), at=at)
     trend_due: list[TrendDue] = []
     for gpu in reconciled:
         gpu_row = gpu_rows[gpu.uuid]

@@ -141,6 +141,17 @@ def check_trend(
     _reconcile(book, "idle", idle, gpu_row, lifetime, at)
 
 
+def suspend_trends(book: EventBook, lifetimes: Sequence[LifetimeRow], *, at: float) -> None:
+    """End the idle and leak verdicts of ``lifetimes``, on a GPU that is lost: "no
+    activity for an hour" and "still growing" need observations it cannot give, and
+    fleet totals would keep counting their bytes."""
+    for lifetime in lifetimes:
+        book.clear(lifetime_key("idle", lifetime), at=at)
+        runaway = lifetime_key("runaway", lifetime)
+        if book.open_reason(runaway) == "leak":
+            book.clear(runaway, at=at)
+
+
 def _leak_since(settings: ServerSettings, at: float) -> float:
     return at - settings.leak_min_duration_seconds - 2 * settings.sample_interval_seconds
 
@@ -169,6 +180,21 @@ def _leak_possible(
     return newest.used_bytes is None or floor is None or newest.used_bytes > floor
 
 
+def _unattributed_unknown_this_poll(gpu: Gpu) -> bool:
+    """The agent could not give this poll's figure (its two process lists differed, or a
+    process's memory was withheld), on a GPU where the figure is a signal at all: not
+    masked (see ``detect_unattributed``). A leaked context stays leaked meanwhile, and
+    closing its event at every such poll kept it from ever lasting to its alert."""
+    return (
+        gpu.unattributed_bytes is None
+        and gpu.processes_visible
+        and not gpu.coherent_memory
+        and not gpu.mig_instances
+        and not gpu.lost
+        and gpu.read_error is None
+    )
+
+
 def check_gpu(
     book: EventBook, *, gpu: Gpu, gpu_row: GpuRow, settings: ServerSettings, at: float
 ) -> None:
@@ -180,7 +206,9 @@ def check_gpu(
     """
     finding = detect_unattributed(gpu, min_bytes=settings.unattributed_min_bytes)
     key = gpu_key("unattributed", gpu_row)
-    if finding is None:
+    if finding is None and _unattributed_unknown_this_poll(gpu):
+        pass  # one inconsistent read says nothing either way: the event stands as it is
+    elif finding is None:
         gpu_row.unattributed_since = None
         book.clear(key, at=at)
     elif gpu_row.unattributed_since is None or gpu_row.unattributed_since >= at:
