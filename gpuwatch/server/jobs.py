@@ -69,12 +69,16 @@ def _delete_in_batches(database: Database, table: Table, condition: ColumnElemen
             return total
 
 
-def detect_silent_agents(*, database: Database, settings: ServerSettings, now: float) -> int:
+def detect_silent_agents(
+    *, database: Database, settings: ServerSettings, now: float, up_since: float | None = None
+) -> int:
     """Open an ``agent_silent`` event per host that stopped pushing; return how many.
 
     Silent: no snapshot received for ``agent_silent_intervals`` push intervals
-    (server clock). Hosts that never reported are left alone: a token was made, no
-    agent runs yet. Open events of hosts that report again are closed (ingest
+    (server clock), counted from when this server started (``up_since``) at the
+    earliest: while the server itself was down or restarting, agents spool and push
+    nothing, and that is not their silence. Hosts that never reported are left alone:
+    a token was made, no agent runs yet. Open events of hosts that report again are closed (ingest
     closes them too; this catches an event opened while a push was in flight). Events
     go through each host's :class:`EventBook`, the one path that writes events and
     their outbox rows.
@@ -87,6 +91,10 @@ def detect_silent_agents(*, database: Database, settings: ServerSettings, now: f
     """
     threshold = silence_threshold_seconds(settings)
     silent_before = now - threshold
+    if up_since is not None and up_since > silent_before:
+        # Up for less than the threshold: nobody can be judged yet, and events already
+        # open stay as they are (ingest closes those of hosts that report).
+        return 0
     with database.reader() as session:
         silent = set(session.scalars(select(Host.id).where(Host.last_received_at < silent_before)))
         open_seen: dict[int, float] = {

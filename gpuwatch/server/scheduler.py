@@ -12,6 +12,7 @@ and counted, never propagated into the scheduler thread.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -44,12 +45,20 @@ class JobSpec:
     interval_seconds: float
 
 
-def job_specs(settings: ServerSettings, engine: AlertEngine | None = None) -> list[JobSpec]:
-    """The jobs and how often each runs (``alerts`` when an alert engine is given)."""
+def job_specs(
+    settings: ServerSettings, engine: AlertEngine | None = None, *, up_since: float | None = None
+) -> list[JobSpec]:
+    """The jobs and how often each runs (``alerts`` when an alert engine is given);
+    ``up_since``: when this server started (epoch s), before which no host's silence
+    can be judged."""
     every_push = settings.agent_push_interval_seconds
     specs = [
         JobSpec("retention", jobs.purge_expired, 3600.0),
-        JobSpec("agent_silent", jobs.detect_silent_agents, every_push),
+        JobSpec(
+            "agent_silent",
+            functools.partial(jobs.detect_silent_agents, up_since=up_since),
+            every_push,
+        ),
         JobSpec("stale_lifetimes", jobs.close_stale_lifetimes, max(60.0, every_push)),
     ]
     if engine is not None:
@@ -124,7 +133,7 @@ def start_scheduler(
         # once per missed tick, and never overlaps itself.
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
     )
-    specs = job_specs(settings, engine)
+    specs = job_specs(settings, engine, up_since=clock())
     stats.expect_jobs(spec.name for spec in specs)
     for spec in specs:
         scheduler.add_job(

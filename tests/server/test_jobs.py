@@ -245,4 +245,24 @@ def test_the_app_runs_the_jobs_on_its_scheduler(
         deadline = time.monotonic() + 10
         while count(database, Event, Event.kind == "agent_silent") == 0:
             assert time.monotonic() < deadline, "the scheduler never ran agent_silent"
+            clock.now += 1  # the server judges silence only once up for the threshold
             time.sleep(0.05)
+
+
+def test_no_host_is_silent_until_the_server_has_been_up_for_the_threshold(
+    database: Database, settings: ServerSettings
+) -> None:
+    # The server was down for an hour (agents spooled); it starts again at T0 + 3600.
+    # Its first runs must not call every host silent for the server's own outage.
+    ingest(database, settings, snapshot(0, [gpu(0)]))
+    threshold = settings.agent_silent_intervals * settings.agent_push_interval_seconds
+    up = T0 + 3600
+    for now in (up, up + threshold / 2, up + threshold - 1):
+        assert detect_silent_agents(database=database, settings=settings, now=now, up_since=up) == 0
+    # Up long enough, and still nothing from the host: now it is silent.
+    assert (
+        detect_silent_agents(
+            database=database, settings=settings, now=up + threshold + 1, up_since=up
+        )
+        == 1
+    )
