@@ -172,14 +172,20 @@ def _silent_condition(host: Host, *, threshold: float, now: float) -> Condition:
     )
 
 
-def close_stale_lifetimes(*, database: Database, settings: ServerSettings, now: float) -> int:
+def close_stale_lifetimes(
+    *, database: Database, settings: ServerSettings, now: float, up_since: float | None = None
+) -> int:
     """End the open lifetimes of silent hosts at their last observation; return how many.
 
     Nobody can see those processes any more, so "open" would be a claim without
     evidence; their events end with them. A process with a known start time that
     reappears when the agent returns reopens its lifetime. One transaction per host.
+    Silence is judged as :func:`detect_silent_agents` judges it: not before this server
+    (``up_since``) has been up for the threshold.
     """
     threshold = silence_threshold_seconds(settings)
+    if up_since is not None and up_since > now - threshold:
+        return 0  # the hosts' silence may be this server's own outage
     with database.reader() as session:
         host_ids = session.scalars(
             select(Host.id)

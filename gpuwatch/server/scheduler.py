@@ -59,7 +59,11 @@ def job_specs(
             functools.partial(jobs.detect_silent_agents, up_since=up_since),
             every_push,
         ),
-        JobSpec("stale_lifetimes", jobs.close_stale_lifetimes, max(60.0, every_push)),
+        JobSpec(
+            "stale_lifetimes",
+            functools.partial(jobs.close_stale_lifetimes, up_since=up_since),
+            max(60.0, every_push),
+        ),
     ]
     if engine is not None:
         specs.append(JobSpec("alerts", engine.run, settings.alerts.evaluation_interval_seconds))

@@ -266,3 +266,18 @@ def test_no_host_is_silent_until_the_server_has_been_up_for_the_threshold(
         )
         == 1
     )
+
+
+def test_lifetimes_are_not_ended_until_the_server_has_been_up_for_the_threshold(
+    database: Database, settings: ServerSettings
+) -> None:
+    ingest(database, settings, snapshot(0, [gpu(0, [process(7)])]))
+    threshold = settings.agent_silent_intervals * settings.agent_push_interval_seconds
+    up = T0 + 3600  # back after an hour down: the host's silence is the server's own
+    assert close_stale_lifetimes(database=database, settings=settings, now=up, up_since=up) == 0
+    assert (
+        close_stale_lifetimes(
+            database=database, settings=settings, now=up + threshold + 1, up_since=up
+        )
+        == 1
+    )
