@@ -118,19 +118,36 @@ def _culprits(
     growth: Growth, processes: Mapping[int, Sequence[Sample]], *, now: float
 ) -> list[tuple[int, float, int]]:
     """``(pid, slope, growth)`` of the processes whose floor rose from the GPU's reference
-    span to its current one, largest growth first."""
+    span to its current one, largest growth first.
+
+    A process that was not there in the reference span held nothing then, but what
+    processes gone since held is set against the newcomers' holdings, largest first: a
+    server restarted under a new PID is not a 20 GiB grower beside the process that
+    really leaks."""
     current_from = growth.window_end - growth.current_seconds
     grown: list[tuple[int, float, int]] = []
+    newcomers: list[tuple[int, float, int]] = []
+    departed = 0
     for pid, samples in processes.items():
         pts = [p for p in points(samples, now=now) if p[0] >= growth.window_start]
         current = [f for t, f, _ in pts if t >= current_from]
-        if not current:
-            continue  # gone by now: it cannot be making the GPU fuller
         reference = [f for t, f, _ in pts if t <= growth.reference_end]
-        # Not there during the reference span: it held nothing then.
-        gained = min(current) - (min(reference) if reference else 0)
+        if not current or pts[-1][0] < growth.window_end:
+            # Gone by now: it cannot be making the GPU fuller, and what it held in the
+            # reference span is free again.
+            departed += min(reference) if reference else 0
+            continue
+        if not reference:
+            newcomers.append((pid, floor_slope(pts), min(current)))
+            continue
+        gained = min(current) - min(reference)
         if gained > 0:
             grown.append((pid, floor_slope(pts), gained))
+    for pid, slope, held in sorted(newcomers, key=lambda c: (-c[2], c[0])):
+        replaced = min(held, departed)
+        departed -= replaced
+        if held - replaced > 0:
+            grown.append((pid, slope, held - replaced))
     grown.sort(key=lambda c: (-c[2], c[0]))
     return grown
 

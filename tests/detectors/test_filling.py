@@ -110,7 +110,7 @@ def test_unknown_free_memory_falls_back_to_the_total_and_unknown_both_is_no_verd
     assert filling(gpu, free=None, total=None) is None
 
 
-def test_a_newcomer_counts_its_whole_holding_and_shrinking_or_gone_processes_none() -> None:
+def test_a_newcomer_counts_what_it_holds_beyond_what_left_and_shrinking_or_gone_none() -> None:
     grower = buckets(40, lambda e: 4 * GIB + 0.5 * GIB * e / MINUTE)
     newcomer = [s for s in buckets(40, lambda e: 6 * GIB) if s.t >= T0 + 25 * MINUTE]
     shrinking = buckets(40, lambda e: 30 * GIB - 0.1 * GIB * e / MINUTE)
@@ -122,7 +122,20 @@ def test_a_newcomer_counts_its_whole_holding_and_shrinking_or_gone_processes_non
     assert finding is not None
     culprits = {c["pid"]: c for c in finding.evidence["culprits"]}  # type: ignore[attr-defined]
     assert set(culprits) == {1, 2}
-    assert culprits[2]["growth_bytes"] == 6 * GIB
+    # 6 GiB, less the 1 GiB the gone process held in the reference span.
+    assert culprits[2]["growth_bytes"] == 5 * GIB
+
+
+def test_a_process_restarted_under_a_new_pid_is_not_the_grower() -> None:
+    # A 20 GiB server restarts under a new PID at minute 30, while another process leaks
+    # 0.5 GiB a minute: the leaker is the culprit, not the restart.
+    leaker = buckets(40, lambda e: 4 * GIB + 0.5 * GIB * e / MINUTE)
+    old = [s for s in buckets(40, lambda e: 20 * GIB) if s.t < T0 + 30 * MINUTE]
+    new = [s for s in buckets(40, lambda e: 20 * GIB) if s.t >= T0 + 30 * MINUTE]
+    gpu = buckets(40, lambda e: 24 * GIB + 0.5 * GIB * e / MINUTE)
+    finding = filling(gpu, {1: leaker, 2: old, 3: new})
+    assert finding is not None
+    assert [c["pid"] for c in finding.evidence["culprits"]] == [1]  # type: ignore[attr-defined]
 
 
 def test_a_warm_up_that_levelled_off_stops_filling_up_within_a_third_of_the_window() -> None:
