@@ -172,6 +172,13 @@ def _silent_condition(host: Host, *, threshold: float, now: float) -> Condition:
     )
 
 
+# How long a host must have been silent before its lifetimes end (at least the silence
+# threshold): an agent spools through a network blip and replays every poll, and ending
+# its lifetimes meanwhile split each open event in two (the replay opened new ones),
+# restarting the clocks of the alerts that wait on them.
+STALE_LIFETIME_SECONDS = 300.0
+
+
 def close_stale_lifetimes(
     *, database: Database, settings: ServerSettings, now: float, up_since: float | None = None
 ) -> int:
@@ -180,10 +187,10 @@ def close_stale_lifetimes(
     Nobody can see those processes any more, so "open" would be a claim without
     evidence; their events end with them. A process with a known start time that
     reappears when the agent returns reopens its lifetime. One transaction per host.
-    Silence is judged as :func:`detect_silent_agents` judges it: not before this server
-    (``up_since``) has been up for the threshold.
+    Silent for :data:`STALE_LIFETIME_SECONDS` at least, and not judged before this
+    server (``up_since``) has been up for that long.
     """
-    threshold = silence_threshold_seconds(settings)
+    threshold = max(silence_threshold_seconds(settings), STALE_LIFETIME_SECONDS)
     if up_since is not None and up_since > now - threshold:
         return 0  # the hosts' silence may be this server's own outage
     with database.reader() as session:

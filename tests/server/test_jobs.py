@@ -15,7 +15,12 @@ from gpuwatch.server.database.migrate import upgrade
 from gpuwatch.server.events.models import Event
 from gpuwatch.server.hosts.models import GpuSample
 from gpuwatch.server.ingest.service import ingest_snapshots
-from gpuwatch.server.jobs import close_stale_lifetimes, detect_silent_agents, purge_expired
+from gpuwatch.server.jobs import (
+    STALE_LIFETIME_SECONDS,
+    close_stale_lifetimes,
+    detect_silent_agents,
+    purge_expired,
+)
 from gpuwatch.server.metrics import ServerStats
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
 from gpuwatch.server.scheduler import JobSpec, job_specs, run_job
@@ -272,12 +277,21 @@ def test_lifetimes_are_not_ended_until_the_server_has_been_up_for_the_threshold(
     database: Database, settings: ServerSettings
 ) -> None:
     ingest(database, settings, snapshot(0, [gpu(0, [process(7)])]))
-    threshold = settings.agent_silent_intervals * settings.agent_push_interval_seconds
     up = T0 + 3600  # back after an hour down: the host's silence is the server's own
     assert close_stale_lifetimes(database=database, settings=settings, now=up, up_since=up) == 0
     assert (
         close_stale_lifetimes(
-            database=database, settings=settings, now=up + threshold + 1, up_since=up
+            database=database, settings=settings, now=up + STALE_LIFETIME_SECONDS + 1, up_since=up
         )
         == 1
     )
+
+
+def test_a_network_blip_shorter_than_five_minutes_keeps_the_lifetimes(
+    database: Database, settings: ServerSettings
+) -> None:
+    # The agent spools through 150 s without the server and replays every poll: the
+    # host's lifetimes (and their events) must still be open when it does.
+    ingest(database, settings, snapshot(0, [gpu(0, [process(7)])]))
+    assert close_stale_lifetimes(database=database, settings=settings, now=T0 + 150) == 0
+    assert close_stale_lifetimes(database=database, settings=settings, now=T0 + 301) == 1
