@@ -62,7 +62,8 @@ def parse_when(value: str, *, now: datetime) -> float:
     if text == "now":
         return now.timestamp()
     if match := _DURATION.match(text):
-        return now.timestamp() - float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        # Further back than 1970 is "everything": the server's times start there.
+        return max(0.0, now.timestamp() - float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
     if match := _CLOCK.match(text):
         hour, minute, second = (int(g or 0) for g in match.groups())
         try:

@@ -35,6 +35,11 @@ def test_time_expressions(text: str, expected: datetime) -> None:
     assert parse_when(text, now=NOW) == expected.timestamp()
 
 
+def test_a_duration_further_back_than_1970_means_everything() -> None:
+    # Not a negative time the server would refuse ("since: greater than or equal to 0").
+    assert parse_when("99999999999d", now=NOW) == 0.0
+
+
 def test_epoch_seconds_pass_through() -> None:
     assert parse_when("1800000000.5", now=NOW) == 1800000000.5
 
