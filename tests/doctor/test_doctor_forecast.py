@@ -40,6 +40,13 @@ FORECASTS = {
     "the chance of CUDA out of memory errors",
     "zero-count": "Training finished: 0 CUDA out of memory errors, 3 epochs.",
     "no-oom": "Peak GPU memory: 78.5 GiB of 80 GiB, no out of memory.",
+    # A page or a change about the error (blind-33's near misses, in other words).
+    "can-cause": "Preallocating the pool can sometimes cause out-of-memory (OOM) errors.",
+    "defined": "A CUDA out of memory error occurs when the model and its activations need "
+    "more memory than the GPU has free.",
+    "mitigate-title": "Mitigate the CUDA OutOfMemory error after long translation jobs",
+    "hints-title": "Add hints on CUDA out of memory errors to the trainer's log",
+    "how-to-title": "Docs: how to fix CUDA out of memory when fine-tuning",
     # Built in code, not printed by a failure.
     "passed-to-a-call": "This returns false: `is_oom(RuntimeError('CUDA error: out of memory'))`",
     "the-string-code-looks-for": "The helper only checks for the string `CUDA out of memory.`",
@@ -104,6 +111,12 @@ FAILURES = {
         "2 CUDA out of memory errors in the last hour: RuntimeError: CUDA error: out of memory",
         "driver",
     ),
+    # A person telling of one they met, in the words of a definition.
+    "occurs-when-i": (
+        "RuntimeError: CUDA out of memory occurs when I run the second epoch",
+        "pytorch_allocator",
+    ),
+    "how-to-question": ("How to fix CUDA out of memory?", "pytorch_allocator"),
     # A person telling of a failure they keep meeting.
     "will-throw-narrative": (
         "Every run will throw torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "

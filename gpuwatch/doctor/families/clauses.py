@@ -32,6 +32,8 @@ _FORECAST = re.compile(
     r"\b(?:may|might|can|could|should)\s+(?!not\b)(?:\w+\s+){0,2}?"
     r"(?:produce|display|show|throw|raise|return|report|fail\s+with)\b"
     r"|\b(?:will|would)\s+(?!not\b)(?:\w+\s+){0,2}?(?:return|produce|report)\b"
+    # What a setting "can sometimes cause" (documentation), not "what can lead to this".
+    r"|\b(?:may|might|can|could)\s+(?!not\b)(?:\w+\s+){0,2}?cause\b"
     # Advice told to the reader: "otherwise you will see a CUDA Out Of Memory (OOM) Error".
     r"|\byou\s+(?:will|would|may|might|can|could)\s+(?:\w+\s+){0,2}?"
     r"(?:see|get|hit|encounter|run\s+into|face)\b"
@@ -44,9 +46,22 @@ _FORECAST = re.compile(
 # line's start at the latest) and the failure.
 _SUPPOSED = re.compile(
     r"\b(?:if|in\s+case|unless|whether|avoid|prevent|reduce\s+the\s+(?:chance|risk|"
-    r"likelihood)\s+of)\b",
+    r"likelihood)\s+of"
+    # ... or named as what a change or a page is about: "Mitigate CUDA OutOfMemory error",
+    # "More hints on what to do with CUDA Out of memory errors" (a question keeps it).
+    r"|mitigate|handling|hints?\s+(?:on|for)|tips?\s+(?:on|for)"
+    r"|what\s+to\s+do\s+(?:with|about)|how\s+to\s+(?:fix|solve|avoid|resolve|handle))\b",
     re.IGNORECASE,
 )
+# A failure defined rather than met, right after its words in its sentence: "CUDA out of
+# memory occurs when your GPU doesn't have enough memory ..." (a how-to page); not "...
+# occurs when I run it", a person telling of one they met.
+_DEFINED_AFTER = re.compile(
+    r"[^.!?\n]{0,60}?\b(?:occurs?|happens?|arises?|is\s+(?:raised|thrown))\s+(?:when|if|because)"
+    r"\s+(?:your|the|a|an|there|it|you)\b",
+    re.IGNORECASE,
+)
+DEFINED_LOOKAHEAD_CHARS = 160
 # A failure counted as none right before its words ("0 CUDA out of memory errors", "no out
 # of memory", "without OOM").
 _NONE_BEFORE = re.compile(
@@ -86,13 +101,15 @@ class Found(NamedTuple):
 def forecast(text: str, start: int) -> bool:
     """Whether the sentence of ``text`` that leads to ``start`` (a failure a family or
     the fallback found) only forecasts it (``_FORECAST``) or supposes it
-    (``_SUPPOSED``), counts none of it (``_NONE_BEFORE``), or code only builds it
-    (``_IN_CODE``)."""
+    (``_SUPPOSED``), counts none of it (``_NONE_BEFORE``), defines it
+    (``_DEFINED_AFTER``), or code only builds it (``_IN_CODE``)."""
     begin = max(0, start - FORECAST_LOOKBACK_CHARS)
     ends = _SENTENCE_END.finditer(text, begin, start)
     sentence = max((end.end() for end in ends), default=begin)
     told = text[sentence:start]
     if _IN_CODE.search(told) or _NONE_BEFORE.search(told[-NONE_LOOKBACK_CHARS:]):
+        return True
+    if _DEFINED_AFTER.match(text, start, start + DEFINED_LOOKAHEAD_CHARS):
         return True
     if _FORECAST.search(told) is None and _SUPPOSED.search(told) is None:
         return False
