@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from support.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 DAEMONSET = ROOT / "deploy" / "kubernetes" / "agent.yaml"
@@ -92,15 +92,7 @@ class Stack:
         )
 
     def close(self) -> None:
-        for proc in self.processes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.processes:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_processes(self.processes)
         subprocess.run(
             [*GPUWATCH, "fake-nvml", "stop", "--all"], env=self.env, capture_output=True, timeout=60
         )

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from support.processes import stop_processes
 
 from gpuwatch.agent.collectors import dcgm
 
@@ -384,14 +384,7 @@ class _Stack:
         raise AssertionError(f"no {banner!r} in {log.name}:\n{log.read_text(errors='replace')}")
 
     def close(self) -> None:
-        for proc in self.processes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.processes:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.processes)
         subprocess.run(
             [*GPUWATCH, "fake-nvml", "stop", "--all"], env=self.env, capture_output=True, timeout=60
         )
