@@ -307,6 +307,7 @@ _ACTIVATION_COMMANDS: dict[str, list[str]] = {
         "export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX preallocates 75% of the GPU",
         "reduce the batch, or shard it (jax.sharding) across devices",
     ],
+    "mps": remedies.reduce_activations("mps"),  # PyTorch on Apple silicon
     "tensorflow": [
         "tf.config.experimental.set_memory_growth(gpu, True)   # TF grabs the whole GPU otherwise",
         "reduce the batch size",
@@ -323,10 +324,7 @@ def _activation_commands(facts: OomFacts) -> list[str]:
         return remedies.tgi_warmup(facts.prefill_tokens, facts.kv_cache_tokens)
     if facts.kind == "xla" and facts.device_type == "tpu":  # no GPU preallocation there
         return remedies.UNKNOWN_COMMANDS_BY_CATEGORY["xla_tpu_memory_space_exhausted"]
-    commands = _ACTIVATION_COMMANDS.get(facts.kind, remedies.REDUCE_ACTIVATIONS)
-    if facts.device_type == "mps":  # autocast names the device the tensors are on
-        commands = [c.replace('device_type="cuda"', 'device_type="mps"') for c in commands]
-    return commands
+    return _ACTIVATION_COMMANDS.get(facts.kind, remedies.REDUCE_ACTIVATIONS)
 
 
 _TENSOR_ITEM_BYTES = {

@@ -66,14 +66,20 @@ def fragmentation(alloc_conf_var: str | None, *, legacy: bool) -> list[str]:
     ]
 
 
-REDUCE_ACTIVATIONS = [
-    "halve the batch and keep the effective batch: loss = loss / accum_steps; "
-    "optimizer.step() every accum_steps batches",
-    "cap sequence length (tokenizer max_length / truncation): attention activations grow with it",
-    'train in bf16: with torch.autocast(device_type="cuda", dtype=torch.bfloat16): ...',
-    "model.gradient_checkpointing_enable()   # or torch.utils.checkpoint(block, x, use_reentrant=False)",
-    "for evaluation: model.eval(); with torch.inference_mode(): ...",
-]
+def reduce_activations(device: str = "cuda") -> list[str]:
+    """What makes a PyTorch working set smaller; ``device``: the torch device type the
+    tensors are on, which autocast names."""
+    return [
+        "halve the batch and keep the effective batch: loss = loss / accum_steps; "
+        "optimizer.step() every accum_steps batches",
+        "cap sequence length (tokenizer max_length / truncation): attention activations grow with it",
+        f'train in bf16: with torch.autocast(device_type="{device}", dtype=torch.bfloat16): ...',
+        "model.gradient_checkpointing_enable()   # or torch.utils.checkpoint(block, x, use_reentrant=False)",
+        "for evaluation: model.eval(); with torch.inference_mode(): ...",
+    ]
+
+
+REDUCE_ACTIVATIONS = reduce_activations()
 
 HELD_ACROSS_STEPS = [
     "total_loss += loss.item()   # not `+= loss`: that keeps every step's graph alive",

@@ -206,11 +206,11 @@ def check_gpu(
     """
     finding = detect_unattributed(gpu, min_bytes=settings.unattributed_min_bytes)
     key = gpu_key("unattributed", gpu_row)
-    if finding is None and _unattributed_unknown_this_poll(gpu):
-        pass  # one inconsistent read says nothing either way: the event stands as it is
-    elif finding is None:
-        gpu_row.unattributed_since = None
-        book.clear(key, at=at)
+    if finding is None:
+        # One inconsistent read says nothing either way: the event stands as it is.
+        if not _unattributed_unknown_this_poll(gpu):
+            gpu_row.unattributed_since = None
+            book.clear(key, at=at)
     elif gpu_row.unattributed_since is None or gpu_row.unattributed_since >= at:
         gpu_row.unattributed_since = at
     else:
