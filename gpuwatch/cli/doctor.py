@@ -160,12 +160,13 @@ def fit(
     mode: str = typer.Option("inference", "--mode", help="inference, full, lora or qlora."),
     context: int = typer.Option(4096, "--context", min=1, help="Tokens per sequence."),
     batch: int = typer.Option(1, "--batch", min=1, help="Sequences per step."),
-    gpu: str = typer.Option(
-        "local",
+    gpu: list[str] = typer.Option(
+        ["local"],
         "--gpu",
         help=(
-            "H100-80GB, A100-40GB, RTX4090, a size, or local. In a size GB means GiB, "
-            "as cards are sold: 24GB = 24GiB = an RTX 4090."
+            "H100-80GB, A100-40GB, RTX4090, a size, or local; repeat it (or separate with "
+            "commas) to compare cards. In a size GB means GiB, as cards are sold: "
+            "24GB = 24GiB = an RTX 4090."
         ),
     ),
     agent: str = typer.Option(
@@ -175,7 +176,8 @@ def fit(
 ) -> None:
     """Will this model fit on this GPU? Weights, KV cache, gradients, optimizer, activations.
 
-    Exits 0 when it fits, 10 when it does not, 11 when it cannot tell without --config.
+    Exits 0 when it fits on at least one GPU asked about (tightly or not), 10 when it fits
+    on none, 11 when it cannot tell without --config.
     """
     from gpuwatch.doctor.fit_report import run_fit
     from gpuwatch.errors import EXIT_CANNOT_TELL, EXIT_DOES_NOT_FIT

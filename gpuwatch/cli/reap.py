@@ -128,7 +128,9 @@ def reap(
     console = Console(stderr=as_json, highlight=False)
     if not console.is_terminal:
         console.width = 160  # a log or a pipe: room for commands and reasons
-    session = _Session(settings, reap_settings, console=console, agent_url=agent, force=force)
+    session = _Session(
+        settings, reap_settings, console=console, agent_url=agent, force=force, dry_run=dry_run
+    )
     try:
         plan = session.plan(
             pid=pid,
@@ -195,6 +197,7 @@ class _Session:
         console: Console,
         agent_url: str | None,
         force: bool,
+        dry_run: bool,
     ) -> None:
         import secrets
         import time
@@ -208,6 +211,7 @@ class _Session:
         self.reap = reap
         self.console = console
         self.force = force
+        self.dry_run = dry_run
         self.agent_url = agent_url or _agent_url(settings.listen)
         self.now = time.time
         self.sampler = build_sampler(settings, AgentState())
@@ -440,17 +444,25 @@ class _Session:
             raise ReapRefused("declined; nothing was signalled")
 
     def _event_notes(self) -> list[str]:
+        from gpuwatch.agent.reaper.audit import DryRunAudit
+
+        notes = []
+        audit = self.executor.audit_log
+        if isinstance(audit, DryRunAudit) and audit.error is not None:
+            notes.append(f"this dry run is not in the audit log: {audit.error.reason}")
         if self.poster is None:
-            return [
+            notes.append(
                 "no server and agent token configured: the reaped events are only in the audit log"
-            ]
-        return [f"the server did not record an event ({f})" for f in self.poster.failures]
+            )
+        else:
+            notes += [f"the server did not record an event ({f})" for f in self.poster.failures]
+        return notes
 
 
 def _build_executor(session: _Session) -> Executor:
     import pwd
 
-    from gpuwatch.agent.reaper.audit import AuditLog
+    from gpuwatch.agent.reaper.audit import AuditLog, DryRunAudit
     from gpuwatch.agent.reaper.events import Actor, EventPoster
     from gpuwatch.agent.reaper.execute import Executor
     from gpuwatch.agent.reaper.killer import Killer
@@ -473,7 +485,7 @@ def _build_executor(session: _Session) -> Executor:
             grace_seconds=r.grace_seconds,
             unkillable_seconds=r.unkillable_seconds,
         ),
-        audit=AuditLog(r.audit_log),
+        audit=(DryRunAudit if session.dry_run else AuditLog)(r.audit_log),
         observer=session.observer,
         protections=session.protections,
         caller_uid=session.caller_uid,

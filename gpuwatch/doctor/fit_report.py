@@ -1,8 +1,8 @@
 """``gpuwatch fit`` end to end: options in, a breakdown and verdict per GPU out.
 
 :attr:`FitReport.verdict` is the answer a script wants (docs/doctor.md): ``fits`` when
-the model fits (or fits, tight) on at least one of the GPUs asked about,
-``does_not_fit`` when it fits on none, ``unknown`` when it fits on none for sure and on
+the model fits with room on at least one of the GPUs asked about, ``tight`` when it
+fits only tightly (on the best of them), ``does_not_fit`` when it fits on none, ``unknown`` when it fits on none for sure and on
 some only for some model shapes. The CLI maps it to an exit code.
 """
 
@@ -25,7 +25,6 @@ from gpuwatch.doctor.fit import (
     component_name,
     deciding_part,
     estimate,
-    fits,
     kv_bytes_per_token,
     options,
     validate,
@@ -58,11 +57,13 @@ class FitReport:
 
     @property
     def verdict(self) -> Verdict:
-        """``fits`` if it fits on any GPU; ``unknown`` if it may; else ``does_not_fit``."""
-        results = [gpu.verdict for gpu in self.gpus]
-        if any(fits(r) for r in results):
-            return "fits"
-        return "unknown" if "unknown" in results else "does_not_fit"
+        """The best GPU's verdict: ``fits``, then ``tight``, then ``unknown`` (it may fit
+        on one), else ``does_not_fit``."""
+        results = {gpu.verdict for gpu in self.gpus}
+        for best in ("fits", "tight", "unknown"):
+            if best in results:
+                return cast(Verdict, best)
+        return "does_not_fit"
 
     @property
     def unknown_because(self) -> str | None:
@@ -194,7 +195,7 @@ def run_fit(
     mode: str,
     context: int,
     batch: int,
-    gpu: str,
+    gpu: list[str],
     agent: str,
 ) -> FitReport:
     """Build the report; raises ``ConfigError`` for bad option values or no local GPUs."""
@@ -215,9 +216,18 @@ def _architecture(params: str | None, config: Path | None) -> Architecture:
     return Architecture(params=parse_param_count(params), name=f"{params} model")
 
 
-def _targets(gpu: str, agent: str) -> list[GpuTarget]:
-    if gpu.lower() != "local":
-        return [catalogue_target(gpu)]
+def _targets(gpus: list[str], agent: str) -> list[GpuTarget]:
+    """Every GPU asked about, in order: each ``--gpu`` value, commas splitting a value."""
+    names = [name.strip() for value in gpus for name in value.split(",")]
+    if not names or "" in names:
+        raise ConfigError("--gpu: empty GPU name; use a size like 24GiB, 'local' or a card name")
+    targets: list[GpuTarget] = []
+    for name in dict.fromkeys(names):  # the same card twice is asked about once
+        targets += _local_targets(agent) if name.lower() == "local" else [catalogue_target(name)]
+    return targets
+
+
+def _local_targets(agent: str) -> list[GpuTarget]:
     snapshot = fetch_local_snapshot(agent)
     if snapshot is None:
         raise ConfigError(f"--gpu local: no gpuwatch agent answered at {agent}; name a GPU instead")

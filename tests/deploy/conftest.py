@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.promql import GROUPING, STRING
 
 from gpuwatch.server.metrics import METRICS as SERVER_METRICS
 
@@ -29,11 +30,9 @@ _PROMQL_KEYWORDS = frozenset(
     {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
     | {"and", "or", "unless", "atan2", "inf", "nan"}
 )
-# Quoted strings (label values, template text) never name a metric.
-_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
+_STRING = re.compile(STRING)
 _MATCHERS = re.compile(r"\{[^{}]*\}")
 _RANGES = re.compile(r"\[[^\[\]]*\]")
-_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 # An identifier not followed by "(" (that would be a function). The lookarounds keep
 # "m" in "5m" or "e9" in "1e9" from counting, and stop backtracking into "rat(e".
 _IDENTIFIER = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()")
@@ -45,7 +44,7 @@ def _metric_names(expr: str) -> set[str]:
     text = _STRING.sub('""', expr)
     text = _MATCHERS.sub("", text)
     text = _RANGES.sub("", text)
-    text = _GROUPING.sub("", text)
+    text = GROUPING.sub("", text)
     return {m for m in _IDENTIFIER.findall(text) if m.lower() not in _PROMQL_KEYWORDS}
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.promql import GROUPING, STRING
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
@@ -34,10 +35,8 @@ TARGET_LABELS = frozenset({"job", "instance"})
 # Prometheus's own series. ALERTS carries each alert's labels: anything goes.
 OWN_SERIES: dict[str, frozenset[str] | None] = {"up": TARGET_LABELS, "ALERTS": None}
 
-_STRING = r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`'
 _SELECTOR = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)\s*\{([^{}]*)\}")
-_MATCHER = re.compile(rf"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)\s*(?:{_STRING})")
-_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)")
+_MATCHER = re.compile(rf"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)\s*(?:{STRING})")
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.*),\s*(?P<label>\w+)\s*\)$")
 _LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 # `{{ range $i, $p := printf `query` ... | query }}` ... `$p.Labels.pid`
@@ -85,7 +84,7 @@ def _problems(expr: str, known: Labels, metric_names: Names) -> Iterator[str]:
     allowed_any = _union(known, metric_names(expr))
     if allowed_any is None:
         return
-    for clause in _GROUPING.findall(expr):
+    for clause in GROUPING.findall(expr):
         for label in (part.strip() for part in clause.split(",")):
             if label and label not in allowed_any:
                 yield f"grouping by {label!r}: no metric of the query has it"

@@ -115,6 +115,26 @@ def test_fit_json_breakdown_matches_published_figures(capsys: pytest.CaptureFixt
     assert result["gpus"][0]["verdict"] == "fits"
 
 
+def test_fit_json_verdict_is_the_best_gpus_and_says_tight(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 19 GiB leaves 10-15 % headroom (tight), 18 GiB too little, 24 GiB enough.
+    def verdicts(*gpus: str) -> tuple[int, str, list[str]]:
+        code, out, _ = run(
+            ["fit", "--config", str(LLAMA), *(a for g in gpus for a in ("--gpu", g)), "--json"],
+            capsys,
+        )
+        result = json.loads(out)
+        return code, result["verdict"], [g["verdict"] for g in result["gpus"]]
+
+    assert verdicts("19GiB") == (0, "tight", ["tight"])  # tight still fits, for scripts
+    assert verdicts("18GiB") == (10, "does_not_fit", ["does_not_fit"])
+    assert verdicts("18GiB", "19GiB") == (0, "tight", ["does_not_fit", "tight"])
+    assert verdicts("19GiB,24GiB", "18GiB") == (0, "fits", ["tight", "fits", "does_not_fit"])
+    code, _, err = run(["fit", "--config", str(LLAMA), "--gpu", "19GiB,", "--json"], capsys)
+    assert code == 3 and "empty GPU name" in err
+
+
 def test_fit_human_output_names_what_makes_it_fit(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["fit", "--params", "70B", "--gpu", "RTX4090"], capsys)
     assert code == 10  # does not fit: a verdict scripts can branch on

@@ -358,7 +358,7 @@ def _fit(
         mode="inference",
         context=context,
         batch=batch,
-        gpu=gpu,
+        gpu=[gpu],
         agent="",
     )
 
@@ -386,7 +386,7 @@ def test_bigger_gpu_is_strictly_bigger_and_fits_the_top_of_the_range(
         mode="qlora",
         context=context,
         batch=1,
-        gpu=gpu,
+        gpu=[gpu],
         agent="",
     )
     fit = report.gpus[0]
@@ -406,7 +406,7 @@ def test_no_bigger_gpu_when_the_largest_card_is_the_target() -> None:
         mode="inference",
         context=4096,
         batch=1,
-        gpu="B200",
+        gpu=["B200"],
         agent="",
     )
     assert report.gpus[0].bigger_gpu is None

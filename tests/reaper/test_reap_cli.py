@@ -117,6 +117,28 @@ def test_dry_run_lists_the_same_decisions_and_sends_nothing(
     )
 
 
+def test_an_unwritable_audit_log_stops_a_real_run_but_not_a_dry_one(
+    rig, victims, agent, tmp_path: Path
+) -> None:
+    idle = victims()
+    scenario = _setup(rig, agent, [Hold(idle.pid)])
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    unwritable = ("--audit-log", str(blocker / "audit.jsonl"))
+    dry = _reap(tmp_path, agent, scenario, "--idle", "2h", "--dry-run", "--json", *unwritable)
+    assert dry.returncode == 0, dry.stderr
+    out = json.loads(dry.stdout)
+    assert [r["outcome"] for r in out["results"]] == ["dry_run"]
+    assert any(
+        n.startswith("this dry run is not in the audit log: cannot write") for n in out["notes"]
+    )
+    real = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", *unwritable)
+    assert real.returncode == 22, real.stderr
+    assert "cannot write the reaper's audit log" in real.stderr
+    assert "Traceback" not in real.stderr
+    assert idle.alive()
+
+
 def test_nothing_to_do_and_not_a_terminal(rig, victims, agent, tmp_path: Path) -> None:
     idle = victims()
     scenario = _setup(rig, agent, [Hold(idle.pid)], seconds=30 * 60)

@@ -54,9 +54,10 @@ class AuditLog:
             if created:
                 _fsync_dir(self.path.parent)
         except OSError as err:
+            reason = f"cannot write the reaper's audit log {self.path}: {err.strerror or err}"
             raise AuditError(
-                f"cannot write the reaper's audit log {self.path}: {err.strerror or err}; "
-                "nothing was signalled (set [agent.reap] audit_log or pass --audit-log)"
+                f"{reason}; nothing was signalled (set [agent.reap] audit_log or pass --audit-log)",
+                reason=reason,
             ) from err
 
     def read(self) -> list[dict[str, Any]]:
@@ -66,6 +67,25 @@ class AuditLog:
         except FileNotFoundError:
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class DryRunAudit(AuditLog):
+    """A dry run's audit log: written when it can be, skipped when it cannot.
+
+    A dry run signals nothing, so an unwritable log loses no record of an action, and
+    a user without write access to the shared log (a student on a shared box) can still
+    see what a real run would do. The first failure is kept in :attr:`error` for a note.
+    """
+
+    error: AuditError | None = None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self.error is not None:
+            return
+        try:
+            super().write(row)
+        except AuditError as err:
+            self.error = err
 
 
 def _fsync_dir(directory: Path) -> None:

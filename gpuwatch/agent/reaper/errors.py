@@ -27,3 +27,7 @@ class ReapRefused(GpuwatchError):
 
 class AuditError(ReapRefused):
     """The audit log cannot be written; nothing is signalled without it."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # what failed, without the consequence

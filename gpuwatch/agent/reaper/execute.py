@@ -125,6 +125,10 @@ class Executor:
 
     # -- audit -------------------------------------------------------------------------
 
+    @property
+    def audit_log(self) -> AuditLog:
+        return self._audit
+
     def audit(self, event: str, *, dry_run: bool, hostname: str, **fields: Any) -> None:
         """Append one row (raises :class:`~gpuwatch.agent.reaper.errors.AuditError`)."""
         self._audit.write(
