@@ -109,20 +109,44 @@ def list_(database_url: str | None = _URL, config: Path | None = _CONFIG) -> Non
 @token.command("revoke")
 def revoke(
     host: str = typer.Argument(..., callback=_hostname, help="Host whose tokens to revoke."),
+    retire: bool = typer.Option(
+        False,
+        "--retire",
+        help=(
+            "Also retire the host (decommissioned): end its open events and process "
+            "lifetimes, stop judging it silent, leave it out of the fleet views. Its "
+            "history stays; a new token brings it back."
+        ),
+    ),
     database_url: str | None = _URL,
     config: Path | None = _CONFIG,
 ) -> None:
     """Revoke every active token of HOST; its agent is refused (403) from now on."""
     from gpuwatch.server.auth import service
     from gpuwatch.server.database import translated_errors
+    from gpuwatch.server.hosts.retire import retire_host
 
     with (
         _migrated(database_url, config) as database,
         translated_errors("cannot revoke tokens"),
         database.writer() as session,
     ):
-        revoked = service.revoke_tokens(session=session, hostname=host, now=time.time())
+        now = time.time()
+        if retire:
+            retired = retire_host(session=session, dialect=database.dialect, hostname=host, now=now)
+            if retired is None:
+                raise NotFound(f"no host named {host}")
+            revoked = retired.tokens
+        else:
+            revoked = service.revoke_tokens(session=session, hostname=host, now=now)
         session.commit()
+    if retire:
+        typer.echo(
+            f"revoked {revoked} token(s) of {host} and retired it: ended "
+            f"{retired.lifetimes} process lifetime(s) and {retired.events} open event(s); "
+            "its history stays"
+        )
+        return
     if revoked == 0:
         # An expected outcome a script may test for, not an unexpected failure (exit 1).
         raise NotFound(f"host {host} has no active token")

@@ -96,7 +96,13 @@ def detect_silent_agents(
         # open stay as they are (ingest closes those of hosts that report).
         return 0
     with database.reader() as session:
-        silent = set(session.scalars(select(Host.id).where(Host.last_received_at < silent_before)))
+        silent = set(
+            session.scalars(
+                select(Host.id).where(
+                    Host.last_received_at < silent_before, Host.retired_at.is_(None)
+                )
+            )
+        )
         open_seen: dict[int, float] = {
             host_id: seen
             for host_id, seen in session.execute(
@@ -128,7 +134,11 @@ def _mark_silent(database: Database, host_ids: list[int], *, threshold: float, n
         # the host row first; the WHERE is re-checked once the lock is granted.
         silent = session.scalars(
             select(Host)
-            .where(Host.id.in_(host_ids), Host.last_received_at < now - threshold)
+            .where(
+                Host.id.in_(host_ids),
+                Host.last_received_at < now - threshold,
+                Host.retired_at.is_(None),
+            )
             .order_by(Host.id)
             .with_for_update()
         ).all()

@@ -350,7 +350,7 @@ class FleetCollector(Collector):
                         (Host.last_received_at < silent_before, 1),
                         else_=0,
                     ),
-                )
+                ).where(Host.retired_at.is_(None))
             ).all()
         # Every kind and every host is present, at 0 when nothing is open or held: a
         # series that vanishes when its last event closes looks stale, not cleared.

@@ -99,6 +99,58 @@ def test_unreachable_database_is_one_line_and_exit_7(env: dict[str, str]) -> Non
     assert result.stderr.startswith("gpuwatch: error: ") and result.stderr.count("\n") == 1
 
 
+def test_a_retired_host_ends_its_events_leaves_the_fleet_and_comes_back_with_a_token(
+    env: dict[str, str], server: str
+) -> None:
+    from gpuwatch.server.database import create_database
+    from gpuwatch.server.jobs import detect_silent_agents
+    from gpuwatch.settings import ServerSettings
+
+    token = gw(env, "token", "create", "gpu-old").stdout.strip().splitlines()[-1]
+    orphan = process(41, orphaned=True)
+    push = body(snapshot(0, [gpu(0, [orphan])], hostname="gpu-old", at=time.time()))
+    headers = {"Authorization": f"Bearer {token}"}
+    assert httpx.post(f"{server}/api/v1/snapshots", json=push, headers=headers).status_code == 200
+    opened = httpx.get(f"{server}/api/v1/events", params={"host": "gpu-old", "open": True})
+    assert [e["kind"] for e in opened.json()["items"]] == ["orphaned"]
+    assert 'gpuwatch_fleet_agent_silent{host="gpu-old"} 0.0' in httpx.get(f"{server}/metrics").text
+
+    retired = gw(env, "token", "revoke", "gpu-old", "--retire")
+
+    assert retired.stdout.strip() == (
+        "revoked 1 token(s) of gpu-old and retired it: ended 1 process lifetime(s) and "
+        "1 open event(s); its history stays"
+    )
+    assert httpx.post(f"{server}/api/v1/snapshots", json=push, headers=headers).status_code == 403
+    events = httpx.get(f"{server}/api/v1/events", params={"host": "gpu-old"}).json()["items"]
+    assert [(e["kind"], e["ended_at"] is not None) for e in events] == [("orphaned", True)]
+    (host,) = httpx.get(f"{server}/api/v1/hosts").json()
+    assert host["retired_at"] is not None and host["silent"] is False
+    fleet = httpx.get(f"{server}/api/v1/fleet").json()
+    assert fleet["hosts"] == 0 and fleet["gpus"] == 0 and fleet["silent_hosts"] == []
+    assert "gpu-old" not in httpx.get(f"{server}/metrics").text
+    assert "gpu-old" not in httpx.get(f"{server}/").text  # the fleet page
+    # Silent for a day: a retired host is not judged.
+    url = env["GPUWATCH_SERVER_DATABASE_URL"]
+    database, settings = create_database(url), ServerSettings(database_url=url)
+
+    def silent_after_a_day() -> int:
+        return detect_silent_agents(database=database, settings=settings, now=time.time() + 86400)
+
+    assert silent_after_a_day() == 0
+    missing = gw(env, "token", "revoke", "no-such-host", "--retire", check=False)
+    assert missing.returncode == 8 and missing.stderr.count("\n") == 1
+
+    gw(env, "token", "create", "gpu-old")  # back in service
+    (host,) = httpx.get(f"{server}/api/v1/hosts").json()
+    assert host["retired_at"] is None and host["silent"] is False
+    assert httpx.get(f"{server}/api/v1/fleet").json()["hosts"] == 1
+    try:
+        assert silent_after_a_day() == 1  # watched again
+    finally:
+        database.dispose()
+
+
 def test_token_lifecycle_against_a_running_server(env: dict[str, str], server: str) -> None:
     """create -> push -> list -> revoke -> 403; then a second server on the same port."""
     created = gw(env, "token", "create", "host-1")

@@ -60,6 +60,7 @@ def create_token(*, session: Session, hostname: str, now: float) -> str:
     The caller shows it once; only its hash is stored.
     """
     host = host_service.get_or_create_host(session=session, hostname=hostname, now=now)
+    host.retired_at = None  # a retired host given a token is back (hosts/retire.py)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     session.add(AgentToken(host_id=host.id, token_sha256=hash_token(token), created_at=now))
     session.flush()

@@ -24,7 +24,8 @@ HELD_KINDS = ("orphaned", "idle")  # the events whose held memory the summary su
 def gpus_by_fullness(*, session: Session, settings: ServerSettings, now: float) -> dict[str, int]:
     """GPU count per used/total bucket, every bucket present (one grouped query).
 
-    GPUs of silent hosts count as unknown: their last reading is stale.
+    GPUs of silent hosts count as unknown: their last reading is stale. Retired hosts
+    (hosts/retire.py) are not in the fleet.
     """
     reporting = func.coalesce(Host.last_received_at, 0.0) >= now - silence_threshold_seconds(
         settings
@@ -42,7 +43,10 @@ def gpus_by_fullness(*, session: Session, settings: ServerSettings, now: float) 
         else_=FULL_BUCKET,
     )
     counts = session.execute(
-        select(bucket, func.count(Gpu.id)).join(Host, Host.id == Gpu.host_id).group_by(bucket)
+        select(bucket, func.count(Gpu.id))
+        .join(Host, Host.id == Gpu.host_id)
+        .where(Host.retired_at.is_(None))
+        .group_by(bucket)
     ).all()
     fullness = {name: 0 for name, _ in FULLNESS_BUCKETS} | {FULL_BUCKET: 0, UNKNOWN_BUCKET: 0}
     fullness.update({name: count for name, count in counts})
@@ -80,11 +84,12 @@ def fleet_summary(
     silent = session.scalars(
         select(Host.hostname)
         .where(Host.last_received_at.is_(None) | (Host.last_received_at < silent_before))
+        .where(Host.retired_at.is_(None))
         .order_by(Host.hostname)
     ).all()
     return FleetOut(
         generated_at=now,
-        hosts=session.scalar(select(func.count(Host.id))) or 0,
+        hosts=session.scalar(select(func.count(Host.id)).where(Host.retired_at.is_(None))) or 0,
         gpus=sum(fullness.values()),
         gpus_by_fullness=fullness,
         orphaned_bytes=held["orphaned"],

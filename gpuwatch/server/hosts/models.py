@@ -60,6 +60,9 @@ class Host(Base):
     # The host's GPUs as the fleet page draws them (JSON, hosts/tiles.py), kept by
     # ingest on every write of its GPUs' state; None until its GPUs were first written.
     tiles: Mapped[str | None] = mapped_column(Text)
+    # Set by ``gpuwatch token revoke --retire`` (hosts/retire.py): a decommissioned host,
+    # not judged silent and not in the fleet's views; a new token brings it back.
+    retired_at: Mapped[float | None] = mapped_column(Double)
 
 
 class Gpu(Base):

@@ -21,6 +21,9 @@ class HostOut(BaseModel):
     last_received_at: float | None = Field(description="Server time its last snapshot arrived.")
     silent: bool = Field(description="No snapshot for agent_silent_intervals push intervals.")
     spool_dropped_total: int = Field(description="Snapshots its agent's spool had to drop.")
+    retired_at: float | None = Field(
+        None, description="When it was retired (gpuwatch token revoke --retire); null if not."
+    )
 
 
 class GpuOut(BaseModel):

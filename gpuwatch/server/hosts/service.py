@@ -82,7 +82,9 @@ def _host_out(host: Host, gpu_count: int, *, now: float, threshold: float) -> Ho
         gpu_count=gpu_count,
         last_seen_at=host.last_seen_at,
         last_received_at=received,
-        # A host that never reported (token created, agent not yet running) is silent.
-        silent=received is None or now - received > threshold,
+        # A host that never reported (token created, agent not yet running) is silent;
+        # a retired one is not watched (hosts/retire.py).
+        silent=host.retired_at is None and (received is None or now - received > threshold),
         spool_dropped_total=host.spool_dropped_total,
+        retired_at=host.retired_at,
     )

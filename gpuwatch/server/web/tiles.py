@@ -83,7 +83,11 @@ def fleet_tiles(*, session: Session, settings: ServerSettings, now: float) -> Fl
 
 
 # Built once, and compiled once per dialect (:func:`_fetch`).
-_HOSTS = select(Host.hostname, Host.last_received_at, Host.tiles).order_by(Host.hostname)
+_HOSTS = (
+    select(Host.hostname, Host.last_received_at, Host.tiles)
+    .where(Host.retired_at.is_(None))
+    .order_by(Host.hostname)
+)
 _FLAGGED = (
     select(Gpu.open_flags, func.count())
     .where(Gpu.open_flags != literal_column("0"))
