@@ -132,6 +132,7 @@ def revoke(
         database.writer() as session,
     ):
         now = time.time()
+        retired = None
         if retire:
             retired = retire_host(session=session, dialect=database.dialect, hostname=host, now=now)
             if retired is None:
@@ -140,7 +141,7 @@ def revoke(
         else:
             revoked = service.revoke_tokens(session=session, hostname=host, now=now)
         session.commit()
-    if retire:
+    if retired is not None:
         typer.echo(
             f"revoked {revoked} token(s) of {host} and retired it: ended "
             f"{retired.lifetimes} process lifetime(s) and {retired.events} open event(s); "
