@@ -63,10 +63,20 @@ class Families:
         """Add one sample; ``None`` (not available) adds nothing rather than a 0."""
         if value is None:
             return
+        if len(labels) != len(spec.labels):
+            # The client library zips names with values: a short list would drop labels
+            # silently, and the reference would no longer describe the exposition.
+            raise ValueError(f"{spec.name}: {len(labels)} label values for {spec.labels}")
         family = self._families[spec.name][1]
         family.add_metric(list(labels), value)  # type: ignore[arg-type]
 
     def add_info(self, spec: MetricSpec, labels: Sequence[str], info: dict[str, str]) -> None:
+        """An info sample: ``labels`` are values of the spec's first labels, ``info``
+        names the rest, in the spec's order (the reference lists them all)."""
+        if spec.labels != (*spec.labels[: len(labels)], *info):
+            raise ValueError(
+                f"{spec.name}: labels {tuple(info)} after {len(labels)} of {spec.labels}"
+            )
         family = self._families[spec.name][1]
         family.add_metric(list(labels), info)  # type: ignore[arg-type]
 

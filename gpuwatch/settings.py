@@ -43,7 +43,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpuwatch.agent.reaper.settings import ReapSettings
+from gpuwatch.agent.reaper.settings import MIN_IDLE_POLLS, ReapSettings
 from gpuwatch.errors import ConfigError
 from gpuwatch.files import file_problem
 
@@ -295,6 +295,19 @@ class AgentSettings(_Base):
             self.snapshot_token and self.snapshot_token.get_secret_value()
         ):
             raise ValueError("snapshot_access = token needs snapshot_token")
+        return self
+
+    @model_validator(mode="after")
+    def _policy_idle_spans_polls(self) -> AgentSettings:
+        # The policy judges idleness from this agent's own polls: the same floor as
+        # ``gpuwatch reap --idle``, so the policy cannot stop a process on two samples.
+        floor = MIN_IDLE_POLLS * self.poll_interval_seconds
+        if self.reap.enabled and self.reap.idle_seconds < floor:
+            raise ValueError(
+                f"[agent.reap] idle ({self.reap.idle_seconds:g}s) must span at least "
+                f"{MIN_IDLE_POLLS} poll intervals ({floor:g}s at poll_interval_seconds = "
+                f"{self.poll_interval_seconds:g})"
+            )
         return self
 
 

@@ -93,6 +93,29 @@ def test_broken_config_file_from_the_cli_is_exit_3(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1 and "poll_interval_seconds" in result.stderr
 
 
+def test_the_reap_policy_cannot_judge_idleness_on_fewer_than_five_polls(tmp_path: Path) -> None:
+    short = tmp_path / "short.toml"
+    short.write_text(
+        '[agent]\npoll_interval_seconds = 5\nlisten = "127.0.0.1:0"\n\n'
+        '[agent.reap]\nenabled = true\nidle = "1s"\naudit_log = "/dev/null"\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "agent", "--fake-gpus", "workstation"],
+        env={"GPUWATCH_CONFIG": str(short), "PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(tmp_path)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "must span at least 5 poll intervals (25s at poll_interval_seconds = 5)" in result.stderr
+    # 25 s is enough; and with the policy off the window is only gpuwatch reap's default.
+    for enabled, idle in (("true", "25s"), ("false", "1s")):
+        text = f"[agent]\npoll_interval_seconds = 5\n[agent.reap]\nenabled = {enabled}\nidle = '{idle}'\n"
+        short.write_text(text)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("GPUWATCH_CONFIG", str(short))
+            assert load(AgentSettings).reap.idle_seconds in (25.0, 1.0)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -546,13 +546,9 @@ class _SamplerObserver:
             return None
 
 
-# ``--idle`` must span at least this many of the agent's poll intervals: a shorter
-# window is a handful of samples (``--idle 1ms`` once reaped after two polls).
-MIN_IDLE_POLLS = 5
-
-
 def _check_idle_floor(idle_seconds: float, poll_interval_seconds: float) -> None:
     from gpuwatch.agent.reaper.evidence import format_duration
+    from gpuwatch.agent.reaper.settings import MIN_IDLE_POLLS
     from gpuwatch.errors import ConfigError
 
     floor = MIN_IDLE_POLLS * poll_interval_seconds

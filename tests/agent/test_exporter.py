@@ -538,3 +538,18 @@ def test_the_reapers_history_follows_the_snapshots_access_rule() -> None:
         assert (far.status_code, near.status_code) == (403, 200)
     finally:
         exp.stop()
+
+
+def test_a_sample_must_carry_exactly_the_labels_its_spec_declares() -> None:
+    # The reference (docs/metrics.md) is generated from the specs: a collector that
+    # adds or drops a label would make it wrong without this check.
+    from gpuwatch.agent.collectors.agent import BUILD, POLLS
+    from gpuwatch.metricspec import Families
+
+    families = Families([BUILD, POLLS])
+    build = {"version": "1", "python_version": "3", "driver_version": "", "nvml_version": ""}
+    families.add_info(BUILD, (), build)
+    with pytest.raises(ValueError, match="gpuwatch_agent_build"):
+        families.add_info(BUILD, (), {"version": "1"})
+    with pytest.raises(ValueError, match="gpuwatch_agent_polls"):
+        families.add(POLLS, (), 1.0)

@@ -30,7 +30,12 @@ BATCH_RESULTS = (
 )  # fmt: skip
 DROP_REASONS = ("spool_full", "corrupt", "rejected", "too_large", "write_failed")
 
-BUILD = MetricSpec("gpuwatch_agent_build", "info", "Build information of the running agent.", ())
+BUILD = MetricSpec(
+    "gpuwatch_agent_build",
+    "info",
+    "Build information of the running agent, and the NVIDIA driver and NVML it reads.",
+    ("version", "python_version", "driver_version", "nvml_version"),
+)
 POLLS = MetricSpec(
     "gpuwatch_agent_polls",
     "counter",

@@ -54,6 +54,12 @@ def default_audit_log() -> Path:
     return Path(base) / "gpuwatch" / "reap-audit.jsonl"
 
 
+# An idle window must span at least this many of the agent's poll intervals, for
+# ``gpuwatch reap --idle`` and for the policy alike: a shorter one is a handful of
+# samples (``--idle 1ms`` once reaped after two polls).
+MIN_IDLE_POLLS = 5
+
+
 class ReapSettings(BaseModel):
     """``[agent.reap]``: what counts as idle, how processes are stopped, who is protected,
     and the agent's automatic policy (``enabled``, off by default)."""
