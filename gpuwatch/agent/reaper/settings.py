@@ -118,7 +118,7 @@ class ReapSettings(BaseModel):
         7200.0,
         alias="idle",
         gt=0,
-        description="No GPU activity for this long makes a process idle (the policy's window; `gpuwatch reap --idle` gives its own).",
+        description="No GPU activity for this long makes a process idle (the policy's window; `gpuwatch reap --idle` gives its own). At least 5 of the agent's poll intervals.",
     )
     min_memory_bytes: Bytes = Field(
         256 * 2**20,
