@@ -105,6 +105,9 @@ class LiveGpu(BaseModel):
     memory_free_bytes: int | None = None
     collected_at: float
     processes: list[LiveProcess] = Field(default_factory=list)
+    # False when nothing ties the message to this GPU (it printed no card size to
+    # check): the view is shown, but no command to kill what is on it.
+    confirmed: bool = True
 
 
 def live_gpu(
@@ -164,7 +167,15 @@ def match_live_gpu(
             "NVIDIA GPUs: live context not attached",
         )
     if total_bytes is None:
-        return LiveMatch(live_gpu(snapshot, index, now=clock))
+        gpu = live_gpu(snapshot, index, now=clock)
+        if gpu is None:
+            return LiveMatch(None)
+        return LiveMatch(
+            gpu.model_copy(update={"confirmed": False}),
+            f"the message gives no card size, so nothing confirms it is about this host's "
+            f"GPU {gpu.index} (it may come from another machine, and CUDA_VISIBLE_DEVICES "
+            "renumbers GPUs from 0): check before stopping anything",
+        )
     usable = [g for g in snapshot.gpus if not g.lost and g.memory_total_bytes]
     named = snapshot.gpu(index) if index is not None else (usable[0] if len(usable) == 1 else None)
     if (

@@ -593,9 +593,13 @@ def reap_commands(live: LiveGpu, *, min_bytes: int, skip_pid: int | None = None)
         if process.sm_ratio:
             # gpuwatch reap stops only idle processes; this one is working.
             who = process.user or "its owner"
-            commands.append(f"# busy now: ask {who} (if it is yours: kill {process.pid})")
-        else:
+            mine = f" (if it is yours: kill {process.pid})" if live.confirmed else ""
+            commands.append(f"# busy now: ask {who}{mine}")
+        elif live.confirmed:
             commands.append(f"gpuwatch reap --pid {process.pid}   # or: kill {process.pid}")
+        else:
+            # Unconfirmed GPU: only the reaper, which checks idleness itself, not a kill.
+            commands.append(f"gpuwatch reap --pid {process.pid}")
     return commands
 
 

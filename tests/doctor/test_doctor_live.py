@@ -74,6 +74,13 @@ def test_driver_error_uses_the_live_view_as_evidence(agent: FakeAgent) -> None:
     explanation = explain("RuntimeError: CUDA error: out of memory", snapshot=snapshot)
     assert [d.fix for d in explanation.diagnoses] == ["other_processes", "unknown"]
     assert "live view" in explanation.diagnoses[0].evidence
+    # No card size in the message: nothing ties it to this GPU, so the view is shown
+    # with a note, and only the reaper (which checks idleness itself) is offered.
+    assert explanation.live is not None and explanation.live.confirmed is False
+    assert explanation.live_note is not None and "gives no card size" in explanation.live_note
+    commands = explanation.diagnoses[0].commands
+    assert "gpuwatch reap --pid 4242" in commands
+    assert not any("kill" in c for c in commands)
 
 
 def _with_gpus(*totals_gib: int):
