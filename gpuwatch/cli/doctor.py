@@ -166,7 +166,7 @@ def fit(
         help=(
             "H100-80GB, A100-40GB, RTX4090, a size, or local; repeat it (or separate with "
             "commas) to compare cards. In a size GB means GiB, as cards are sold: "
-            "24GB = 24GiB = an RTX 4090."
+            "24GB = 24GiB."
         ),
     ),
     agent: str = typer.Option(

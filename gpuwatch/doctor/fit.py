@@ -15,8 +15,9 @@ The formulas and their sources are in docs/doctor.md. In short, in bytes:
   parameter (fp32 adapter weights, gradients, two Adam moments).
 * activations, training: 34 x seq x batch x hidden bytes per layer at 16-bit with
   fused (flash) attention, Korthikanti et al. 2022; 2 x seq x batch x hidden per
-  layer plus one layer's full set with gradient checkpointing; plus 6 bytes per
-  logit (bf16 logits and their fp32 copy for the loss). Inference: one layer's
+  layer plus one layer's full set with gradient checkpointing, all doubled in fp32;
+  plus per logit the logits at the training dtype and one fp32 tensor for the loss
+  (6 bytes at 16-bit, 8 in fp32). Inference: one layer's
   working set during prefill, (4h + 2i) x seq x batch x 2 bytes, plus the last
   token's fp32 logits.
 * overhead: 1 GiB for the CUDA context, cuBLAS/cuDNN workspaces and allocator slack.
@@ -30,7 +31,8 @@ With only a parameter count (``--params 8B``) nothing is left out: the shape com
 (:func:`~gpuwatch.doctor.architecture.shape_variants`: hidden/layers 80-160, 1-8 query
 heads per KV head, 32k-256k vocabulary). The breakdown then carries that range
 (``low_total``/``high_total``) and names the estimated parts; a verdict that differs
-across the range is ``unknown``, with the part that decides it named.
+across the range is ``unknown``, with the part that decides it named, and a change is
+offered as making it fit only when the whole range fits after it (:func:`options`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,10 @@ FOUR_BIT = ("int4", "nf4")
 ADAM_BYTES_PER_TRAINABLE = 16
 TRAINING_ACTIVATION_BYTES = 34  # per layer per token per hidden unit, 16-bit (Korthikanti)
 CHECKPOINT_BYTES = 2  # the layer input kept per layer with checkpointing
-LOGIT_BYTES_TRAINING = 6  # bf16 logits + fp32 copy for the loss
+# Per logit when training: the logits at the training dtype (2 or 4 bytes) plus the
+# fp32 tensor the loss works in (the upcast copy at 16-bit, log-softmax's output in
+# fp32, where ``.float()`` copies nothing): 6 bytes at 16-bit, 8 in fp32.
+LOSS_BYTES_PER_LOGIT = 4
 OVERHEAD_BYTES = 1 * GIB
 FITS_HEADROOM = 0.15  # leave 15 %: the longest batch peaks above the first steps
 TIGHT_HEADROOM = 0.10
@@ -93,7 +98,8 @@ class Breakdown:
 
     When the shape was estimated, ``estimated`` names the parts that depend on it and
     ``low_total``/``high_total`` bound :attr:`total` over typical shapes; ``spread``
-    holds each estimated part's (low, high).
+    holds each estimated part's (low, high). ``kv_per_token`` is the KV cache's bytes
+    per token (for the typical shape when estimated; ``None`` without a shape).
     """
 
     weights: int
@@ -107,12 +113,24 @@ class Breakdown:
     low_total: int | None = None
     high_total: int | None = None
     spread: dict[str, tuple[int, int]] = field(default_factory=dict)
+    kv_per_token: int | None = None
 
     @property
     def total(self) -> int:
         """Sum of the parts (every part is known or estimated; none is left out)."""
         parts = (self.weights, self.kv_cache, self.gradients, self.optimizer, self.activations)
         return sum(p for p in parts if p is not None) + self.overhead
+
+    @property
+    def worst_total(self) -> int:
+        """The total at the top of the range (:attr:`total` when nothing is estimated)."""
+        return max(self.total, self.high_total or 0)
+
+    def worst_part(self, name: str) -> int:
+        """A part at the top of its range (0 for a part that is ``None``)."""
+        if name in self.spread:
+            return self.spread[name][1]
+        return self.part(name) or 0
 
     def part(self, name: str) -> int | None:
         value: int | None = getattr(self, name)
@@ -222,7 +240,9 @@ def _estimate_shaped(workload: Workload) -> Breakdown:
     kv_cache = None
     if mode == "inference" and per_token is not None:
         kv_cache = per_token * workload.context * workload.batch
-    return Breakdown(weights, kv_cache, gradients, optimizer, _activations(workload))
+    return Breakdown(
+        weights, kv_cache, gradients, optimizer, _activations(workload), kv_per_token=per_token
+    )
 
 
 def _activations(workload: Workload) -> int | None:
@@ -241,7 +261,8 @@ def _activations(workload: Workload) -> int | None:
         stored = CHECKPOINT_BYTES * tokens * hidden * scale * layers + full_layer
     else:
         stored = full_layer * layers
-    return stored + tokens * vocab * LOGIT_BYTES_TRAINING
+    per_logit = (4 if workload.dtype == "fp32" else 2) + LOSS_BYTES_PER_LOGIT
+    return stored + tokens * vocab * per_logit
 
 
 def verdict(needed: int, capacity: int) -> Verdict:
@@ -272,6 +293,12 @@ def breakdown_verdict(breakdown: Breakdown, capacity: int) -> Verdict:
     return central if fits(low) == fits(high) else "unknown"
 
 
+def range_fits(breakdown: Breakdown, capacity: int) -> bool:
+    """``fits`` (with 15 % headroom) at every shape the range covers, not just the
+    central one: what a change must achieve to be offered as making it fit."""
+    return verdict(breakdown.worst_total, capacity) == "fits"
+
+
 def deciding_part(breakdown: Breakdown) -> str | None:
     """The estimated part whose range is widest (what an ``unknown`` verdict hinges on)."""
     if not breakdown.spread:
@@ -283,24 +310,35 @@ def deciding_part(breakdown: Breakdown) -> str | None:
 
 @dataclass(frozen=True)
 class Option:
-    """One change and what the workload needs after it."""
+    """One change and what the workload needs after it (``high_bytes``: the top of the
+    range when the shape is estimated, else ``None``)."""
 
     change: str
     total_bytes: int
     fits: bool
+    high_bytes: int | None = None
+
+
+def _option(change: str, breakdown: Breakdown) -> Option:
+    high = breakdown.high_total
+    return Option(change, breakdown.total, True, None if high is None else breakdown.worst_total)
 
 
 def options(workload: Workload, capacity: int) -> list[Option]:
-    """Changes that make ``workload`` fit on ``capacity`` bytes (with 15 % headroom)."""
+    """Changes that make ``workload`` fit on ``capacity`` bytes (with 15 % headroom).
+
+    With an estimated shape a change counts only when the whole range fits after it
+    (:func:`range_fits`): one that still "cannot tell" does not make it fit.
+    """
     found: list[Option] = []
 
     def consider(change: str, changed: Workload) -> None:
         try:
-            total = estimate(validate(changed)).total
+            breakdown = estimate(validate(changed))
         except ConfigError:
             return
-        if verdict(total, capacity) == "fits":
-            found.append(Option(change, total, True))
+        if range_fits(breakdown, capacity):
+            found.append(_option(change, breakdown))
 
     if workload.mode == "inference":
         for dtype in ("int8", "nf4"):
@@ -356,21 +394,24 @@ def _combined(workload: Workload, capacity: int) -> Option | None:
     applied = []
     for name, changed in steps:
         applied.append(name)
-        total = estimate(changed).total
-        if verdict(total, capacity) == "fits":
-            return Option(" + ".join(applied), total, True)
+        breakdown = estimate(changed)
+        if range_fits(breakdown, capacity):
+            return _option(" + ".join(applied), breakdown)
     return None
 
 
 def max_context(workload: Workload, capacity: int) -> int | None:
-    """The longest context (a multiple of 256) that fits with headroom, or ``None``."""
+    """The longest context (a multiple of 256) that fits with headroom, or ``None``.
+
+    With an estimated shape, the longest that fits the top of the range.
+    """
     step = 256
-    if verdict(estimate(replace(workload, context=step)).total, capacity) != "fits":
+    if not range_fits(estimate(replace(workload, context=step)), capacity):
         return None
     low, high = 1, max(1, workload.context // step)
     while low < high:  # memory grows with context, so bisect on multiples of 256
         mid = (low + high + 1) // 2
-        if verdict(estimate(replace(workload, context=mid * step)).total, capacity) == "fits":
+        if range_fits(estimate(replace(workload, context=mid * step)), capacity):
             low = mid
         else:
             high = mid - 1
@@ -378,19 +419,28 @@ def max_context(workload: Workload, capacity: int) -> int | None:
 
 
 def _offload(workload: Workload, capacity: int) -> Option | None:
-    """Keep on the GPU what fits with headroom; the rest of the weights go to CPU RAM."""
+    """Keep on the GPU what fits with headroom; the rest of the weights go to CPU RAM.
+
+    The rest (KV cache, activations, ...) is budgeted at the top of its range, so the
+    GPU's share holds whatever the model's shape turns out to be.
+    """
     breakdown = estimate(workload)
     budget = int((1 - FITS_HEADROOM) * capacity)
-    non_weights = breakdown.total - breakdown.weights
+    non_weights = breakdown.overhead + sum(
+        breakdown.worst_part(name) for name in COMPONENTS if name != "weights"
+    )
     on_gpu = budget - non_weights
-    if on_gpu <= 0 or on_gpu >= breakdown.weights:
+    weights = breakdown.worst_part("weights")
+    if on_gpu <= 0 or on_gpu >= weights:
         return None
     gib = on_gpu // GIB
     if gib < 1:
         return None
-    off = breakdown.weights - gib * GIB
+    off = weights - gib * GIB
+    amount = f"up to {off / GIB:.1f}" if "weights" in breakdown.spread else f"{off / GIB:.1f}"
     change = (
-        f"offload {off / GIB:.1f} GiB of weights to CPU RAM "
+        f"offload {amount} GiB of weights to CPU RAM "
         f'(device_map="auto", max_memory={{0: "{gib}GiB", "cpu": ...}}); several times slower'
     )
-    return Option(change, budget, True)
+    # The GPU's share is capped at the budget, whatever the shape: that is the top too.
+    return Option(change, budget, True, None if breakdown.high_total is None else budget)

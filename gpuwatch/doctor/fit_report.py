@@ -25,7 +25,6 @@ from gpuwatch.doctor.fit import (
     component_name,
     deciding_part,
     estimate,
-    kv_bytes_per_token,
     options,
     validate,
 )
@@ -88,9 +87,10 @@ class FitReport:
             "mode": self.workload.mode,
             "context": self.workload.context,
             "batch": self.workload.batch,
-            "kv_cache_bytes_per_token": kv_bytes_per_token(arch, self.workload.dtype),
+            "kv_cache_bytes_per_token": self.breakdown.kv_per_token,
             "breakdown": self.breakdown.as_dict(),
             "estimated": self.breakdown.estimated,
+            "spread": {part: list(ends) for part, ends in self.breakdown.spread.items()},
             "notes": self.breakdown.notes,
             "gpus": [
                 {
@@ -101,7 +101,12 @@ class FitReport:
                     "headroom_ratio": round(g.headroom_ratio, 4),
                     "fits_free_now": g.fits_free_now,
                     "options": [
-                        {"change": o.change, "total_bytes": o.total_bytes} for o in g.options
+                        {
+                            "change": o.change,
+                            "total_bytes": o.total_bytes,
+                            "total_high_bytes": o.high_bytes,
+                        }
+                        for o in g.options
                     ],
                     "bigger_gpu": g.bigger_gpu,
                 }
@@ -136,22 +141,33 @@ class FitReport:
         for gpu in self.gpus:
             lines.append("")
             lines.append(_verdict_line(gpu, b))
-            lines.extend(
-                f"  makes it fit: {o.change} -> {format_size(o.total_bytes)}" for o in gpu.options
-            )
+            lines.extend(f"  makes it fit: {_option_text(o)}" for o in gpu.options)
             if gpu.verdict == "fits":
                 continue
             if gpu.bigger_gpu:
                 lines.append(f"  makes it fit: a bigger GPU ({gpu.bigger_gpu})")
             elif not gpu.options:
-                lines.append(
-                    "  no single GPU or setting here fits it: shard across GPUs (FSDP, ZeRO-3)"
-                )
+                lines.append(f"  no single GPU or setting here fits it: {_sharding(w)}")
         if self.unknown_because:
             lines.append("")
             lines.append(f"cannot tell: {self.unknown_because}")
         lines.extend(f"note: {note}" for note in b.notes)
         return "\n".join(lines) + "\n"
+
+
+def _option_text(option: Option) -> str:
+    text = f"{option.change} -> {format_size(option.total_bytes)}"
+    if option.high_bytes is not None and option.high_bytes != option.total_bytes:
+        text += f" (up to {format_size(option.high_bytes)} over typical shapes)"
+    return text
+
+
+def _sharding(workload: Workload) -> str:
+    """Split the model over several GPUs: tensor parallelism to serve it, sharded data
+    parallelism (weights, gradients and optimizer state) to train it."""
+    if workload.mode == "inference":
+        return "split it across GPUs with tensor parallelism (e.g. vLLM --tensor-parallel-size)"
+    return "shard across GPUs (FSDP, ZeRO-3)"
 
 
 def _row(label: str, value: int | None, spread: tuple[int, int] | None) -> str:
@@ -209,6 +225,9 @@ def run_fit(
 
 
 def _architecture(params: str | None, config: Path | None) -> Architecture:
+    if params is not None and config is not None:
+        # Either would be silently dropped: the count and the config may disagree.
+        raise ConfigError("give one of --params or --config")
     if config is not None:
         return load_hf_config(config)
     if params is None:
@@ -247,15 +266,20 @@ def _fit_on(workload: Workload, breakdown: Breakdown, target: GpuTarget) -> GpuF
         headroom_ratio=1 - total / target.total_bytes,
         fits_free_now=free_now,
         options=[] if result == "fits" else options(workload, target.total_bytes),
-        bigger_gpu=None if result == "fits" else _bigger_gpu(breakdown, target),
+        bigger_gpu=None if result == "fits" else _bigger_gpu(workload, breakdown, target),
     )
 
 
-def _bigger_gpu(breakdown: Breakdown, target: GpuTarget) -> str | None:
-    """A catalogue card larger than ``target`` that fits even the top of the range.
+def _bigger_gpu(workload: Workload, breakdown: Breakdown, target: GpuTarget) -> str | None:
+    """A catalogue card larger than ``target`` that fits even the top of the range, and
+    computes in the workload's dtype (no V100 or T4 for bf16).
 
     For an estimated shape the central total may fit a card the high end does not; a
     suggestion that can still be "cannot tell" does not make it fit.
     """
-    needed = max(breakdown.total, breakdown.high_total or 0)
-    return smallest_fitting(needed, headroom=FITS_HEADROOM, larger_than=target.total_bytes)
+    return smallest_fitting(
+        breakdown.worst_total,
+        headroom=FITS_HEADROOM,
+        larger_than=target.total_bytes,
+        dtype=workload.dtype,
+    )

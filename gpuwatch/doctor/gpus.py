@@ -1,11 +1,14 @@
 """GPU memory sizes for ``gpuwatch fit --gpu``: a catalogue, a plain size, or this host.
 
-Catalogue sizes are the nominal memory (an "80GB" H100 has 80 GiB of HBM). The usable
-total a driver reports is a little lower (an H100 80GB shows 81,559 MiB = 79.6 GiB in
-``nvidia-smi``), which the 10-15 % headroom the verdict asks for covers.
+Catalogue sizes are what the driver reports as the total (``nvidia-smi``'s
+``memory.total``), in MiB, where that is known: ECC and reserved memory take a few
+per cent off the nominal size on some cards (an "80GB" H100 shows 81,559 MiB = 79.6
+GiB, a 16 GB T4 15,360 MiB = 15 GiB, an L40S 46,068 MiB = 45.0 GiB), and that would
+otherwise eat most of the 10-15 % "tight" band. The cards marked nominal below are
+their sold size (GiB x 1024) until a driver total is confirmed for them.
 
-A size's GB means GiB, as GPU memory is sold: an RTX 4090's "24 GB" is 24 GiB (24,564
-MiB in ``nvidia-smi``), so ``--gpu 24GB`` is that card, not 22.4 GiB. (Scenario files,
+A size's GB means GiB, as GPU memory is sold: an RTX 4090's "24 GB" is 24 GiB (its
+driver reports 24,564 MiB, 12 MiB less), so ``--gpu 24GB`` is that card, not 22.4 GiB. (Scenario files,
 :mod:`gpuwatch.quantities`, read GB as 10**9 bytes, as a vendor's decimal spec sheet.)
 """
 
@@ -14,28 +17,31 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES, GIB, size_to_bytes
+from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES, MIB, size_to_bytes
 from gpuwatch.errors import ConfigError
-from gpuwatch.snapshot import HostSnapshot
+from gpuwatch.snapshot import HostSnapshot, MigInstance
 
-CATALOGUE_GIB: dict[str, int] = {
-    "T4": 16,
-    "V100-16GB": 16,
-    "RTX4080": 16,
-    "A10G": 24,
-    "L4": 24,
-    "RTX3090": 24,
-    "RTX4090": 24,
-    "V100-32GB": 32,
-    "RTX5090": 32,
-    "A100-40GB": 40,
-    "L40S": 48,
-    "A6000": 48,
-    "A100-80GB": 80,
-    "H100-80GB": 80,
-    "H200": 141,
-    "B200": 180,
+# MiB: the driver's total (nvidia-smi memory.total) where noted, else the nominal size.
+CATALOGUE_MIB: dict[str, int] = {
+    "T4": 15_360,  # driver total (ECC on)
+    "V100-16GB": 16 * 1024,  # nominal
+    "RTX4080": 16 * 1024,  # nominal
+    "A10G": 23_028,  # driver total
+    "L4": 23_034,  # driver total
+    "RTX3090": 24 * 1024,  # nominal
+    "RTX4090": 24_564,  # driver total
+    "V100-32GB": 32 * 1024,  # nominal
+    "RTX5090": 32 * 1024,  # nominal
+    "A100-40GB": 40_960,  # driver total (= 40 GiB)
+    "L40S": 46_068,  # driver total
+    "A6000": 48 * 1024,  # nominal
+    "A100-80GB": 81_920,  # driver total (= 80 GiB)
+    "H100-80GB": 81_559,  # driver total
+    "H200": 143_771,  # driver total
+    "B200": 180 * 1024,  # nominal
 }
+# Cards without bf16 arithmetic (before Ampere): no use as "a bigger GPU" for bf16.
+NO_BF16 = frozenset({"T4", "V100-16GB", "V100-32GB"})
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ def _canonical(name: str) -> str:
     return re.sub(r"[^A-Z0-9]", "", name.upper())
 
 
-_BY_CANONICAL = {_canonical(name): name for name in CATALOGUE_GIB}
+_BY_CANONICAL = {_canonical(name): name for name in CATALOGUE_MIB}
 # "24GiB", "24 GB", "24gb", "0.5T": binary multiples whatever the spelling (module doc).
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTPE](?:iB|B)?)\s*", re.IGNORECASE)
 
@@ -63,10 +69,10 @@ def catalogue_target(name: str) -> GpuTarget:
     """
     known = _BY_CANONICAL.get(_canonical(name))
     if known is not None:
-        return GpuTarget(known, CATALOGUE_GIB[known] * GIB)
+        return GpuTarget(known, CATALOGUE_MIB[known] * MIB)
     match = _SIZE.fullmatch(name)
     if match is None:
-        choices = ", ".join(CATALOGUE_GIB)
+        choices = ", ".join(CATALOGUE_MIB)
         raise ConfigError(
             f"--gpu: unknown GPU {name!r}; use a size like 24GiB (GB means GiB), 'local', "
             f"or one of {choices}"
@@ -80,25 +86,52 @@ def catalogue_target(name: str) -> GpuTarget:
 
 
 def local_targets(snapshot: HostSnapshot) -> list[GpuTarget]:
-    """This host's GPUs as the agent sees them (lost GPUs and unknown sizes skipped)."""
-    return [
-        GpuTarget(
-            f"GPU {gpu.index} ({gpu.name or 'unknown'})",
-            gpu.memory_total_bytes,
-            gpu.memory_free_bytes,
-        )
-        for gpu in snapshot.gpus
-        if not gpu.lost and gpu.memory_total_bytes
-    ]
+    """This host's GPUs as the agent sees them (lost GPUs and unknown sizes skipped).
+
+    A GPU split into MIG instances is one target per instance, with the instance's
+    memory: a process gets one instance, never the whole card.
+    """
+    targets: list[GpuTarget] = []
+    for gpu in snapshot.gpus:
+        if gpu.lost:
+            continue
+        if gpu.mig_instances:
+            targets += [
+                _mig_target(gpu.index, mig) for mig in gpu.mig_instances if mig.memory_total_bytes
+            ]
+        elif gpu.memory_total_bytes:
+            name = f"GPU {gpu.index} ({gpu.name or 'unknown'})"
+            targets.append(GpuTarget(name, gpu.memory_total_bytes, gpu.memory_free_bytes))
+    return targets
 
 
-def smallest_fitting(needed_bytes: int, *, headroom: float, larger_than: int = 0) -> str | None:
+def _mig_target(gpu_index: int, mig: MigInstance) -> GpuTarget:
+    """``GPU 0 MIG 1g.10gb (instance 7)``: the profile, and NVML's GPU instance id (the
+    MIG device index when the id is unknown)."""
+    profile = mig.profile or mig.name or "instance"
+    which = (
+        f"instance {mig.gpu_instance_id}"
+        if mig.gpu_instance_id is not None
+        else f"MIG device {mig.index}"
+    )
+    total = mig.memory_total_bytes or 0
+    used = mig.memory_used_bytes
+    free = None if used is None else max(0, total - used)
+    return GpuTarget(f"GPU {gpu_index} MIG {profile} ({which})", total, free)
+
+
+def smallest_fitting(
+    needed_bytes: int, *, headroom: float, larger_than: int = 0, dtype: str | None = None
+) -> str | None:
     """The smallest catalogue GPU that holds ``needed_bytes`` with ``headroom`` to spare.
 
     Only cards with more than ``larger_than`` bytes count: "a bigger GPU" that is the
-    card asked about, or one of the same size, is no advice.
+    card asked about, or one of the same size, is no advice; nor is one that cannot
+    compute in ``dtype`` (bf16 on a V100 or T4).
     """
-    for name, gib in sorted(CATALOGUE_GIB.items(), key=lambda item: item[1]):
-        if gib * GIB > larger_than and needed_bytes <= (1 - headroom) * gib * GIB:
+    for name, mib in sorted(CATALOGUE_MIB.items(), key=lambda item: item[1]):
+        if dtype == "bf16" and name in NO_BF16:
+            continue
+        if mib * MIB > larger_than and needed_bytes <= (1 - headroom) * mib * MIB:
             return name
     return None

@@ -189,6 +189,7 @@ def test_fit_fits_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
         ["fit", "--params", "eight", "--gpu", "RTX4090"],
         ["fit", "--params", "8B", "--mode", "full", "--dtype", "int4", "--gpu", "RTX4090"],
         ["fit", "--gpu", "RTX4090"],
+        ["fit", "--params", "8B", "--config", str(LLAMA), "--gpu", "RTX4090"],
     ],
 )
 def test_fit_bad_options_exit_3(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
