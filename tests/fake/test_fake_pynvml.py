@@ -256,6 +256,43 @@ def test_process_utilization_samples_follow_last_seen_timestamp(
         pynvml.nvmlDeviceGetProcessUtilization(handle(1), 0)
 
 
+def test_video_engines_show_per_process_and_per_gpu(
+    write_scenario: Callable[..., Path], runtime_dir: Path, clock: Callable[[], float]
+) -> None:
+    # A transcoder: NVENC busy, SMs idle. NVML lists its sample (smUtil 0, encUtil 35)
+    # and the GPU's encoder utilisation; the decoder is a second process's.
+    path = write_scenario(
+        """
+        [[gpu]]
+        memory_total = "24GiB"
+        [[process]]
+        gpu = 0
+        ghost = 777001
+        memory = "1GiB"
+        encoder_percent = 35
+        [[process]]
+        gpu = 0
+        ghost = 777002
+        memory = "1GiB"
+        decoder_percent = { steps = [["0s", 0], ["1m", 50]] }
+        """
+    )
+    installed = fake.install(path, runtime_dir=runtime_dir, clock=clock)
+    clock.now = installed.state.epoch + 90  # type: ignore[attr-defined]
+    pynvml.nvmlInit()
+    try:
+        gpu = handle(0)
+        samples = pynvml.nvmlDeviceGetProcessUtilization(gpu, 0)
+        assert sorted((s.pid, s.smUtil, s.encUtil, s.decUtil) for s in samples) == [
+            (777001, 0, 35, 0),
+            (777002, 0, 0, 50),
+        ]
+        assert pynvml.nvmlDeviceGetEncoderUtilization(gpu)[0] == 35
+        assert pynvml.nvmlDeviceGetDecoderUtilization(gpu)[0] == 50
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def test_gpu_lost_fails_every_call_on_that_gpu_from_its_time(
     host: fake.FakeHost, clock: Callable[[], float], nvml: None
 ) -> None:

@@ -83,12 +83,15 @@ def victims_fixture() -> Iterator[Callable[..., Victim]]:
 
 @dataclass
 class Hold:
-    """One fake GPU context: ``pid`` holds ``memory`` on ``gpu`` at ``sm`` (a timeline)."""
+    """One fake GPU context: ``pid`` holds ``memory`` on ``gpu`` at ``sm`` (a timeline),
+    with its video ``encoder`` and ``decoder`` busy as given."""
 
     pid: int
     gpu: int = 0
     memory: str = "8GiB"
     sm: str = "0"
+    encoder: str = "0"
+    decoder: str = "0"
 
 
 def scenario_text(holds: list[Hold], *, gpus: int = 2, memory_total: str = "16GiB") -> str:
@@ -97,6 +100,7 @@ def scenario_text(holds: list[Hold], *, gpus: int = 2, memory_total: str = "16Gi
     for h in holds:
         parts.append(
             f'[[process]]\ngpu = {h.gpu}\nattach = {h.pid}\nmemory = "{h.memory}"\nsm_percent = {h.sm}\n'
+            f"encoder_percent = {h.encoder}\ndecoder_percent = {h.decoder}\n"
         )
     return "\n".join(parts)
 

@@ -49,6 +49,29 @@ def test_idle_process_is_chosen_and_stopped_and_its_memory_freed(
     assert busy.alive()
 
 
+def test_video_work_alone_is_activity(rig, clock, victims) -> None:
+    # A transcoder keeps NVENC/NVDEC busy and the SMs at 0: it is working, not idle.
+    encoding, decoding, idle = victims(), victims(), victims()
+    rig.install(
+        [
+            Hold(encoding.pid, encoder="35"),
+            Hold(decoding.pid, gpu=1, decoder='{ steps = [["0s", 20], ["90m", 0]] }'),
+            Hold(idle.pid, gpu=1),
+        ]
+    )
+    sampler = rig.sampler()
+    hist = history()
+    snapshot = drive(sampler, hist, clock, 2 * HOUR)
+    verdicts = {
+        d.candidate.pid: (d.verdict, d.reason) for d in plan_over(snapshot, hist, clock()).decisions
+    }
+    assert verdicts == {
+        encoding.pid: ("spare", "active"),
+        decoding.pid: ("spare", "idle_too_short"),  # decoded until minute 90
+        idle.pid: ("reap", "idle"),
+    }
+
+
 def test_gaps_in_history_make_a_process_not_idle(rig, clock, victims) -> None:
     idle = victims()
     rig.install([Hold(idle.pid)])

@@ -5,7 +5,7 @@ Units are NVML's: bytes, percent, milliwatts, degrees Celsius, MHz.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pynvml as nv
 
@@ -170,13 +170,29 @@ class DeviceCalls(CallsBase):
         )
         return _OK
 
-    @nvml_symbol("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization")
-    def device_get_codec_utilization(
+    @nvml_symbol("nvmlDeviceGetEncoderUtilization")
+    def device_get_encoder_utilization(
         self, device: DeviceRef, t: float, utilization: Any, period: Any
+    ) -> int:
+        return self._codec(device, t, "encoder", utilization, period)
+
+    @nvml_symbol("nvmlDeviceGetDecoderUtilization")
+    def device_get_decoder_utilization(
+        self, device: DeviceRef, t: float, utilization: Any, period: Any
+    ) -> int:
+        return self._codec(device, t, "decoder", utilization, period)
+
+    def _codec(
+        self,
+        device: DeviceRef,
+        t: float,
+        engine: Literal["encoder", "decoder"],
+        utilization: Any,
+        period: Any,
     ) -> int:
         if utilization is None or period is None:
             return _BAD
-        cargs.store(utilization, 0)
+        cargs.store(utilization, self.host.codec_percent(device.index, t, engine))
         cargs.store(period, 167_000)  # microseconds, the driver's usual sampling period
         return _OK
 

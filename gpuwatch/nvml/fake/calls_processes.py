@@ -89,7 +89,8 @@ class ProcessCalls(CallsBase):
     def device_get_process_utilization(
         self, device: DeviceRef, t: float, samples: Any, count: Any, last_seen_us: Any
     ) -> int:
-        """Samples newer than ``last_seen_us`` (wall-clock µs) for processes busy on the SMs.
+        """Samples newer than ``last_seen_us`` (wall-clock µs) for processes busy on the
+        SMs, the video encoder or the decoder.
 
         NOT_FOUND when there is no such sample (nothing ran since, or the caller has
         already seen the newest); NOT_SUPPORTED in MIG mode, as on real drivers.
@@ -97,7 +98,11 @@ class ProcessCalls(CallsBase):
         if device.mig is not None or device.gpu.mig:
             return nv.NVML_ERROR_NOT_SUPPORTED
         newest = self.host.latest_sample_us()
-        busy = [p for p in self.host.processes(device.index, t) if p.sm_percent > 0]
+        busy = [
+            p
+            for p in self.host.processes(device.index, t)
+            if max(p.sm_percent, p.encoder_percent, p.decoder_percent) > 0
+        ]
         if int(cargs.value(last_seen_us)) >= newest or not busy:
             if count is not None:
                 cargs.store(count, 0)
@@ -110,8 +115,8 @@ class ProcessCalls(CallsBase):
                 timeStamp=newest,
                 smUtil=process.sm_percent,
                 memUtil=process.memory_busy_percent,
-                encUtil=0,
-                decUtil=0,
+                encUtil=process.encoder_percent,
+                decUtil=process.decoder_percent,
             )
 
         return _sized_copy(busy, samples, count, write)

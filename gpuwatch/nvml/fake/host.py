@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gpuwatch.nvml.fake.procfs import ProcessIdentity, is_alive
 from gpuwatch.nvml.fake.runtime_state import RuntimeState
@@ -53,6 +54,8 @@ class ProcessReading:
     used_bytes: int | None
     sm_percent: int
     memory_busy_percent: int
+    encoder_percent: int
+    decoder_percent: int
     mig: int | None
     gpu_instance_id: int
     compute_instance_id: int
@@ -130,6 +133,8 @@ class FakeHost:
             used_bytes=None if process.memory_not_available else int(process.memory.at(local)),
             sm_percent=sm,
             memory_busy_percent=round(busy.at(local)) if busy else round(sm * 0.4),
+            encoder_percent=round(process.encoder_percent.at(local)),
+            decoder_percent=round(process.decoder_percent.at(local)),
             mig=process.mig,
             gpu_instance_id=mig.gpu_instance_id if mig else NO_MIG_INSTANCE,
             compute_instance_id=mig.compute_instance_id if mig else NO_MIG_INSTANCE,
@@ -212,6 +217,13 @@ class FakeHost:
         if timeline is not None:
             return timeline.integral(t)
         return self._scheduled_percent_seconds(gpu, t, mig, lambda p, u: p.sm_percent.integral(u))
+
+    def codec_percent(self, gpu: int, t: float, engine: Literal["encoder", "decoder"]) -> int:
+        """The video encoder's or decoder's busy share: its processes' (at most 100)."""
+        readings = self.processes(gpu, t)
+        if engine == "encoder":
+            return min(100, sum(p.encoder_percent for p in readings))
+        return min(100, sum(p.decoder_percent for p in readings))
 
     def tensor_percent(self, gpu: int, t: float, *, mig: int | None = None) -> float:
         """Tensor-pipe activity at ``t``: its processes' ``tensor_percent`` (at most 100)."""

@@ -144,6 +144,10 @@ class ProcessSpec:
     # Share of time its tensor pipes are busy (GPM's ANY_TENSOR_UTIL); like the hardware's,
     # meant to be at most sm_percent, but not checked.
     tensor_percent: Timeline
+    # Share of time it keeps the video encoder / decoder busy (NVENC/NVDEC): work that
+    # shows in no SM figure, so a transcoder with sm_percent 0 is still busy.
+    encoder_percent: Timeline
+    decoder_percent: Timeline
     start: float  # scenario seconds until the context appears
     exit: float | None  # scenario seconds at which it ends (the stand-in exits too)
     memory_not_available: bool  # report usedGpuMemory as NVML_VALUE_NOT_AVAILABLE

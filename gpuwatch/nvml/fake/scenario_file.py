@@ -265,6 +265,8 @@ class _ScenarioReader:
         sm_percent = table.get("sm_percent", values.PERCENT, Constant(0))
         memory_busy = table.get("memory_busy_percent", values.PERCENT, None)
         tensor = table.get("tensor_percent", values.PERCENT, Constant(0))
+        encoder = table.get("encoder_percent", values.PERCENT, Constant(0))
+        decoder = table.get("decoder_percent", values.PERCENT, Constant(0))
         not_available = table.get("memory_not_available", values.boolean, False)
         table.done()
         return [
@@ -279,6 +281,8 @@ class _ScenarioReader:
                 sm_percent=sm_percent,
                 memory_busy_percent=memory_busy,
                 tensor_percent=tensor,
+                encoder_percent=encoder,
+                decoder_percent=decoder,
                 start=start,
                 exit=exit_at,
                 memory_not_available=not_available,
