@@ -16,14 +16,21 @@ if TYPE_CHECKING:
 db = typer.Typer(name="db", help="Server database schema (migrations).", no_args_is_help=True)
 
 
-def open_database(database_url: str | None, config: Path | None) -> Database:
-    """The configured server database (``--database-url`` over env over config file)."""
+def open_database(
+    database_url: str | None, config: Path | None, *, create: bool = False
+) -> Database:
+    """The configured server database (``--database-url`` over env over config file).
+
+    Only ``create`` (``db upgrade``) makes a SQLite file that is not there; every other
+    command is refused with "no database at PATH" (exit 7), so a mistyped path does not
+    leave an empty database behind.
+    """
     from gpuwatch.cli.agent import use_config_file
     from gpuwatch.server.database import database_for
     from gpuwatch.settings import ServerSettings, load
 
     use_config_file(config)
-    return database_for(load(ServerSettings, database_url=database_url))
+    return database_for(load(ServerSettings, database_url=database_url), create=create)
 
 
 @db.command("upgrade")
@@ -36,7 +43,7 @@ def upgrade(
     """Apply every pending migration (what `gpuwatch server` does on start)."""
     from gpuwatch.server.database.migrate import current_revision, upgrade
 
-    database = open_database(database_url, config)
+    database = open_database(database_url, config, create=True)
     try:
         upgrade(database)
         typer.echo(f"database at revision {current_revision(database)} (head)")
@@ -52,11 +59,21 @@ def current(
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Print the database's schema revision and whether it is this version's head."""
+    from gpuwatch.server.database.core import NoDatabase
     from gpuwatch.server.database.migrate import current_revision, head_revision
 
-    database = open_database(database_url, config)
+    head = head_revision()
     try:
-        revision, head = current_revision(database), head_revision()
+        database = open_database(database_url, config)
+    except NoDatabase as err:
+        # Not migrated either (exit 7), but never created here: a mistyped path stays so.
+        typer.echo(
+            f"none (empty database: no database at {err.path}; head is {head}; "
+            "run `gpuwatch db upgrade` to create it)"
+        )
+        raise typer.Exit(DatabaseError.exit_code) from None
+    try:
+        revision = current_revision(database)
     finally:
         database.dispose()
     if revision is None:

@@ -160,7 +160,7 @@ def _document_raw_bodies(app: FastAPI) -> None:
             _document_token_answers(schema)
             paths = schema["paths"]
             paths["/healthz"]["get"]["responses"]["503"] = {
-                "description": "The database does not answer; retry later."
+                "description": "The database does not answer, or cannot be written; retry later."
             }
             paths["/metrics"]["get"]["responses"]["200"]["content"] = {CONTENT_TYPE_LATEST: {}}
             app.openapi_schema = schema
@@ -195,13 +195,22 @@ def _operations_router(context: ServerContext) -> APIRouter:
 
     @router.get("/healthz", summary="Liveness and database reachability")
     def healthz(ctx: Context) -> JSONResponse:
-        """200 when the database answers, 503 otherwise."""
+        """200 when the database answers and takes writes, 503 otherwise.
+
+        A database that can be read but not written (a read-only file or mount, a full
+        disk) answers reads: after a write failed so, this answers 503 until a write
+        that changes nothing succeeds (:meth:`Database.write_failure`, tried here).
+        """
         try:
             with ctx.database.reader() as session:
                 session.execute(text("SELECT 1"))
         except SQLAlchemyError as err:
             log.warning("healthz: database unavailable: %s", describe(err))
             return _unavailable()
+        failure = ctx.database.write_failure()
+        if failure is not None:
+            log.warning("healthz: database cannot be written: %s", failure)
+            return _unavailable("database cannot be written, retry later")
         return JSONResponse({"status": "ok", "database": ctx.database.dialect})
 
     @router.get(
@@ -217,9 +226,9 @@ def _operations_router(context: ServerContext) -> APIRouter:
     return router
 
 
-def _unavailable() -> JSONResponse:
+def _unavailable(detail: str = "database unavailable, retry later") -> JSONResponse:
     return JSONResponse(
-        {"detail": "database unavailable, retry later"},
+        {"detail": detail},
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
         headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
     )

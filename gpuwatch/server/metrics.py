@@ -5,7 +5,8 @@ Fleet families (``gpuwatch_fleet_*``) are built at scrape time by bounded querie
 registry the app owns. Server families (``gpuwatch_server_*``) are counters of this
 process (one replica's view; Prometheus sums them across replicas). A database outage
 does not fail the scrape: ``gpuwatch_server_database_up`` drops to 0 and the fleet
-families are absent rather than stale.
+families are absent rather than stale. A database that can be read but not written
+(after a write failed so) is down too, though its fleet families are still exported.
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ from gpuwatch.settings import ServerSettings
 log = logging.getLogger(__name__)
 
 SERVER_DATABASE_UP = MetricSpec(
-    "gpuwatch_server_database_up", "gauge", "1 when the last scrape could read the database.", ()
+    "gpuwatch_server_database_up",
+    "gauge",
+    "1 when the last scrape could read the database and it takes writes (0 from a write"
+    " that failed for want of a writable database, read-only or full, until one succeeds;"
+    " the scrape tries one then).",
+    (),
 )
 SERVER_SCRAPE_DURATION_SECONDS = MetricSpec(
     "gpuwatch_server_scrape_duration_seconds", "gauge", "Time this scrape took to build.", ()
@@ -290,7 +296,11 @@ class FleetCollector(Collector):
             log.warning("metrics: cannot read the database: %s", describe(err))
             up.add_metric([], 0)
         else:
-            up.add_metric([], 1)
+            # Readable is not up when it cannot be written: every push would get 503.
+            failure = self.database.write_failure()
+            if failure is not None:
+                log.warning("metrics: the database cannot be written: %s", failure)
+            up.add_metric([], 0 if failure is not None else 1)
             yield from fleet
         yield up
         duration = SERVER_SCRAPE_DURATION_SECONDS.gauge()

@@ -174,3 +174,91 @@ def test_token_lifecycle_against_a_running_server(env: dict[str, str], server: s
     port = server.rsplit(":", 1)[1]
     busy = gw(env, "server", "--listen", f"127.0.0.1:{port}", check=False)
     assert busy.returncode == 3 and "cannot listen on 127.0.0.1" in busy.stderr
+
+
+def one_line_exit_7(result: subprocess.CompletedProcess[str]) -> str:
+    """The command failed as a database problem: exit 7, one line, no "(a bug)"."""
+    assert result.returncode == 7, result.stderr
+    assert result.stderr.startswith("gpuwatch: error: ") and result.stderr.count("\n") == 1
+    assert "(a bug)" not in result.stderr and "Traceback" not in result.stderr
+    return result.stderr
+
+
+def test_a_revision_from_a_newer_gpuwatch_says_upgrade_gpuwatch(env: dict[str, str]) -> None:
+    import sqlite3
+
+    gw(env, "db", "upgrade")
+    path = env["GPUWATCH_SERVER_DATABASE_URL"].removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
+    conn.close()
+
+    commands = (["db", "current"], ["db", "upgrade"], ["token", "list"])
+    for command in (*commands, ["server", "--listen", "127.0.0.1:0"]):
+        message = one_line_exit_7(gw(env, *command, check=False))
+        assert "revision ffffffffffff, which this gpuwatch does not know" in message, command
+        assert "upgrade gpuwatch" in message and "db upgrade" not in message, command
+
+
+def test_a_read_only_database_is_refused_by_upgrade_and_server(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    gw(env, "db", "upgrade")
+    # SQLite opens a file it may not write read-only (a read-only mount, file mode or
+    # `chattr +i`): reads work, every write fails. mode=ro does the same as any user.
+    read_only = {
+        **env,
+        "GPUWATCH_SERVER_DATABASE_URL": f"sqlite:///file:{tmp_path / 'cli.db'}?mode=ro&uri=true",
+    }
+
+    upgraded = gw(read_only, "db", "upgrade", check=False)
+    served = subprocess.run(
+        [*GPUWATCH, "server", "--listen", "127.0.0.1:0"],
+        env=read_only,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+    assert "cannot be written" in one_line_exit_7(upgraded)
+    assert "cannot be written" in one_line_exit_7(served)
+    assert "listening" not in served.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://postgres:S3CRETpw@127.0.0.1:notaport/test",
+        "postgresql+psycopg://postgres:S3CRETpw@[::1/test",
+    ],
+)
+def test_a_bad_port_in_the_url_is_unusable_with_its_password_masked(
+    env: dict[str, str], url: str
+) -> None:
+    for command in (["db", "current"], ["db", "upgrade"], ["token", "list"]):
+        result = gw(env, *command, "--database-url", url, check=False)
+
+        message = one_line_exit_7(result)
+        assert "unusable database URL postgresql+psycopg://postgres:***@" in message
+        assert "S3CRETpw" not in message
+
+
+def test_read_only_commands_never_create_the_database(env: dict[str, str], tmp_path: Path) -> None:
+    typo = tmp_path / "typo.db"
+    in_no_dir = tmp_path / "no-such-dir" / "typo.db"
+
+    for path in (typo, in_no_dir):
+        url = f"sqlite:///{path}"
+        current = gw(env, "db", "current", "--database-url", url, check=False)
+        listed = gw(env, "token", "list", "--database-url", url, check=False)
+
+        assert current.returncode == 7
+        assert f"no database at {path}" in current.stdout
+        assert f"no database at {path}" in one_line_exit_7(listed)
+        assert not path.exists()
+
+    # An upgrade creates a new database (a new install), in a directory that exists.
+    missing_dir = gw(env, "db", "upgrade", "--database-url", f"sqlite:///{in_no_dir}", check=False)
+    assert f"no directory {in_no_dir.parent}" in one_line_exit_7(missing_dir)
+    gw(env, "db", "upgrade", "--database-url", f"sqlite:///{typo}")
+    assert gw(env, "token", "list", "--database-url", f"sqlite:///{typo}").returncode == 0

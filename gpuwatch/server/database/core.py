@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import re
 import threading
 import time
 import weakref
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import (
     BigInteger,
@@ -99,6 +102,44 @@ class WaitTimeout(DatabaseError):
 class SlotTimeout(WaitTimeout):
     """No pooled connection of the session's kind came within its wait (see
     :data:`READ_CONNECTIONS`): the database is busy, not down (answered 503)."""
+
+
+class NoDatabase(DatabaseError):
+    """A command that only uses an existing database found no SQLite file at its path
+    (it is never created there: a mistyped path must not leave an empty database)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"no database at {path} (`gpuwatch db upgrade` or `gpuwatch server` creates one)"
+        )
+        self.path = path
+
+
+class WriteHealth:
+    """Whether this process's writes are failing because the database cannot be
+    written (read-only, disk full, I/O errors: :func:`is_unwritable`).
+
+    Reads keep working then, so a read alone (/healthz, the scrape) would call such a
+    database healthy while every push is refused. A failed write sets the failure; only
+    a write that succeeds clears it (:meth:`Database.write_failure` tries one).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failure: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last failed write failed, while no write has succeeded since."""
+        return self._failure
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            self._failure = reason
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._failure = None
 
 
 class WriteTurns:
@@ -207,6 +248,7 @@ class ConnectionSlots:
 
 
 _SLOTS: weakref.WeakKeyDictionary[Engine, ConnectionSlots] = weakref.WeakKeyDictionary()
+_WRITE_HEALTH: weakref.WeakKeyDictionary[Engine, WriteHealth] = weakref.WeakKeyDictionary()
 
 
 @contextmanager
@@ -235,6 +277,7 @@ class Database:
     _writers: sessionmaker[Session]
     _turns: WriteTurns | None
     _slots: ConnectionSlots
+    _write_health: WriteHealth
 
     @classmethod
     def from_engine(cls, engine: Engine, *, write_wait_seconds: float = 5.0) -> Database:
@@ -253,6 +296,7 @@ class Database:
             ),
             _turns=turns,
             _slots=_SLOTS.setdefault(engine, ConnectionSlots.new()),
+            _write_health=_WRITE_HEALTH.setdefault(engine, WriteHealth()),
         )
 
     @contextmanager
@@ -276,6 +320,46 @@ class Database:
     def dialect(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return self.engine.dialect.name
+
+    @property
+    def location(self) -> str:
+        """Where the database is, for messages: the SQLite file, or the URL without its
+        password."""
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite" and url.database:
+            return url.database if _is_uri(url.query) else os.path.abspath(url.database)
+        return url.render_as_string(hide_password=True)
+
+    def write_failure(self, *, wait_seconds: float = 1.0) -> str | None:
+        """None while the database takes writes; else why it does not.
+
+        Only after a write of this process failed for want of a writable database
+        (:class:`WriteHealth`): then it tries a write that changes nothing
+        (:func:`probe_write`, waiting at most ``wait_seconds`` for its turn), and the
+        failure stands until one succeeds. Otherwise it costs nothing.
+        """
+        if self._write_health.failure is None:
+            return None
+        try:
+            with self.writer(wait_seconds=wait_seconds) as session:
+                probe_write(session.connection())
+                session.commit()
+        except WaitTimeout:
+            pass  # busy, not read-only: the failure stands until a write gets through
+        except (exc.SQLAlchemyError, DatabaseError):
+            pass  # writer() recorded it if it was unwritable
+        else:
+            self._write_health.succeeded()
+        return self._write_health.failure
+
+    @contextmanager
+    def _watching_writes(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException as err:
+            if is_unwritable(err):
+                self._write_health.failed(describe(err))
+            raise
 
     @contextmanager
     def writer(
@@ -301,7 +385,11 @@ class Database:
         began = time.monotonic()
         with turn:
             slot_wait -= time.monotonic() - began
-            with _slot(self._slots.writes, slot_wait, "write"), self._writers() as session:
+            with (
+                _slot(self._slots.writes, slot_wait, "write"),
+                self._watching_writes(),
+                self._writers() as session,
+            ):
                 if wait_seconds is not None and self._turns is None:
                     # At least 1 ms: a lock_timeout of 0 means no limit at all.
                     limit = f"{max(1, math.ceil(wait_seconds * 1000))}ms"
@@ -316,6 +404,7 @@ class Database:
         with (
             self._turn(),
             slot,
+            self._watching_writes(),
             self.engine.execution_options(**{_WRITE_OPTION: True}).begin() as conn,
         ):
             yield conn
@@ -327,11 +416,16 @@ class Database:
         self.engine.dispose()
 
 
-def create_database(url: str, *, sqlite_busy_timeout_seconds: float = 5.0) -> Database:
+def create_database(
+    url: str, *, sqlite_busy_timeout_seconds: float = 5.0, create: bool = True
+) -> Database:
     """Build the engine and session factories for ``url``; connects lazily.
 
     Raises :class:`DatabaseError` for a URL SQLAlchemy cannot use (unknown driver,
-    malformed URL) and for SQLite in memory, which a multi-connection server cannot share.
+    malformed URL, a port that is not a number) and for SQLite in memory, which a
+    multi-connection server cannot share. A SQLite file is created on first connection
+    when ``create`` (its directory must exist); without it, a missing file is
+    :class:`NoDatabase`, and connections never create one.
     """
     try:
         parsed = make_url(url)
@@ -342,6 +436,8 @@ def create_database(url: str, *, sqlite_busy_timeout_seconds: float = 5.0) -> Da
             engine = create_engine(
                 parsed, connect_args={"timeout": sqlite_busy_timeout_seconds}, **_POOL
             )
+            if not _is_uri(parsed.query):
+                _check_sqlite_file(engine, os.path.abspath(parsed.database), create=create)
         else:
             connect_args: dict[str, Any] = {}
             if backend == "postgresql" and parsed.get_driver_name() == "psycopg":
@@ -349,9 +445,37 @@ def create_database(url: str, *, sqlite_busy_timeout_seconds: float = 5.0) -> Da
                 connect_args["connect_timeout"] = 5
             engine = create_engine(parsed, connect_args=connect_args, **_POOL)
             _ping_when_idle(engine)
-    except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as err:
+    except (exc.ArgumentError, exc.NoSuchModuleError, ImportError, ValueError) as err:
+        # ValueError: a port that is not a number (``host:notaport``, ``[::1``), or a
+        # query argument of the wrong type.
         raise DatabaseError(f"unusable database URL {_safe(url)}: {err}") from err
     return Database.from_engine(engine, write_wait_seconds=sqlite_busy_timeout_seconds)
+
+
+def _is_uri(query: Any) -> bool:
+    value = query.get("uri", "")
+    values = value if isinstance(value, tuple) else (value,)
+    return any(str(v).lower() in ("true", "1", "yes", "on") for v in values)
+
+
+def _check_sqlite_file(engine: Engine, path: str, *, create: bool) -> None:
+    """A clear error naming the path where SQLite would only say "unable to open
+    database file"; and, without ``create``, connections that never create the file
+    (``mode=rw``), so a mistyped path does not leave an empty database behind."""
+    if create:
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            raise DatabaseError(f"cannot create the database {path}: no directory {directory}")
+        return
+    if not os.path.exists(path):
+        raise NoDatabase(path)
+    uri = f"file:{quote(path, safe='/')}?mode=rw"
+
+    def connect(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        cargs[:1] = [uri]
+        cparams["uri"] = True
+
+    event.listen(engine, "do_connect", connect)
 
 
 # Room for every read and write slot (see READ_CONNECTIONS), so none waits in the pool.
@@ -361,14 +485,15 @@ _POOL: dict[str, Any] = {
 }
 
 
-def database_for(settings: ServerSettings) -> Database:
-    """:func:`create_database` for the configured URL, creating the default data dir."""
-    if settings.database_url is None:
+def database_for(settings: ServerSettings, *, create: bool = True) -> Database:
+    """:func:`create_database` for the configured URL, creating the default data dir
+    when ``create`` (commands that only use an existing database pass False)."""
+    if settings.database_url is None and create:
         try:
             settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as err:
             raise DatabaseError(f"cannot create data directory {settings.data_dir}: {err}") from err
-    return create_database(settings.resolved_database_url())
+    return create_database(settings.resolved_database_url(), create=create)
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -446,14 +571,40 @@ def is_unavailable(err: BaseException) -> bool:
     """True when ``err`` means "the database cannot serve now": retrying later may work.
 
     Covers refused or dropped connections, a locked SQLite file past its busy timeout,
-    a full disk, an unopenable file and an exhausted connection pool. Programming
-    errors and constraint violations are not outages.
+    a full disk, an unopenable file, an exhausted connection pool and a database that
+    cannot be written (:func:`is_unwritable`: a Postgres standby says so with an
+    ``InternalError``). Programming errors and constraint violations are not outages.
     """
-    if isinstance(err, DatabaseError):
+    if isinstance(err, DatabaseError) or is_unwritable(err):
         return True
     if isinstance(err, exc.DBAPIError) and err.connection_invalidated:
         return True
     return isinstance(err, exc.OperationalError | exc.InterfaceError | exc.TimeoutError)
+
+
+# SQLite primary result codes (the low byte of the extended code) that mean the file
+# cannot be written: READONLY (a read-only file, directory or mount), IOERR, FULL
+# (disk full), CANTOPEN, PERM. Postgres SQLSTATEs: a read-only transaction (a standby),
+# disk full, and any I/O error (class 58).
+_SQLITE_UNWRITABLE = frozenset({3, 8, 10, 13, 14})
+_PG_UNWRITABLE = ("25006", "53100", "58")
+
+
+def is_unwritable(err: BaseException) -> bool:
+    """True when ``err`` says the database cannot be written (as opposed to busy, or
+    unreachable: those fail reads too)."""
+    original = getattr(err, "orig", None)
+    code = getattr(original, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in _SQLITE_UNWRITABLE
+    sqlstate = getattr(original, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith(_PG_UNWRITABLE)
+
+
+def probe_write(conn: Connection) -> None:
+    """A real write that changes nothing, so a database that can be read but not
+    written fails here (SQLite opens a read-only file without complaint)."""
+    conn.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
 
 
 @contextmanager
@@ -479,7 +630,9 @@ def advisory_lock_key(name: str) -> int:
 
 
 def _safe(url: str) -> str:
+    """``url`` with its password masked, also when SQLAlchemy cannot parse it."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except exc.ArgumentError:
-        return "(unparseable)"
+    except (exc.ArgumentError, ValueError):
+        # Everything between the user's colon and the last "@" may be the password.
+        return re.sub(r"^([^:/]*://[^:/@]*):.*@", r"\1:***@", url, flags=re.DOTALL)

@@ -5,6 +5,11 @@
 transaction-scoped advisory lock, so replicas starting together migrate one at a time
 (the second finds the schema at head and does nothing).
 
+A database at a revision this package does not ship (a newer gpuwatch wrote it) is
+refused with that advice, never "run `gpuwatch db upgrade`"; and the upgrade always
+writes (a no-op update of ``alembic_version``), so a database that can be read but not
+written fails it rather than a server that then refuses every push.
+
 Developers create a revision from a checkout with::
 
     python -m gpuwatch.server.database.migrate revision "add foo" [DATABASE_URL]
@@ -18,13 +23,18 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from alembic.script.revision import RevisionError
+from alembic.util.exc import CommandError
+from sqlalchemy import Connection, exc, text
 
 from gpuwatch.errors import DatabaseError
 from gpuwatch.server.database.core import (
     Database,
     advisory_lock_key,
     create_database,
+    describe,
+    is_unwritable,
+    probe_write,
     translated_errors,
 )
 
@@ -48,13 +58,44 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+def is_known(revision: str) -> bool:
+    """Whether ``revision`` is one this package ships."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except (CommandError, RevisionError):
+        return False
+
+
+class UnknownRevision(DatabaseError):
+    """The database is at a revision this gpuwatch does not ship: a newer one wrote it.
+    Upgrading the database cannot help; upgrading gpuwatch does."""
+
+    def __init__(self, revision: str) -> None:
+        super().__init__(
+            f"the database is at revision {revision}, which this gpuwatch does not know "
+            "(written by a newer version?); upgrade gpuwatch"
+        )
+        self.revision = revision
+
+
+def _revision_of(conn: Connection) -> str | None:
+    revision = MigrationContext.configure(conn).get_current_revision()
+    if revision is not None and not is_known(revision):
+        raise UnknownRevision(revision)
+    return revision
+
+
 def current_revision(db: Database) -> str | None:
     """The revision the database is at; None for an empty database.
 
-    Raises :class:`~gpuwatch.errors.DatabaseError` when it cannot be reached.
+    Raises :class:`~gpuwatch.errors.DatabaseError` when it cannot be reached, and
+    :class:`UnknownRevision` when it is at a revision this package does not ship.
     """
-    with translated_errors("cannot read the schema revision"), db.engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    with (
+        translated_errors(f"cannot read the schema revision of {db.location}"),
+        db.engine.connect() as conn,
+    ):
+        return _revision_of(conn)
 
 
 def require_head(db: Database) -> None:
@@ -69,17 +110,33 @@ def require_head(db: Database) -> None:
 
 def upgrade(db: Database, revision: str = "head") -> None:
     """Apply migrations up to ``revision`` in one transaction (DDL is transactional on
-    both SQLite and Postgres, so a failed upgrade leaves the schema as it was).
+    both SQLite and Postgres, so a failed upgrade leaves the schema as it was), and
+    write to the database in it even when nothing is pending.
 
-    Raises :class:`~gpuwatch.errors.DatabaseError` when the database is unreachable or
-    a migration fails.
+    Raises :class:`~gpuwatch.errors.DatabaseError` when the database is unreachable,
+    cannot be written, is at a revision this package does not ship
+    (:class:`UnknownRevision`), or a migration fails.
     """
-    with translated_errors("cannot migrate the database"), db.begin_write() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(
-                text("SELECT pg_advisory_xact_lock(:key)"), {"key": advisory_lock_key("migrate")}
-            )
-        command.upgrade(alembic_config(conn), revision)
+    try:
+        with db.begin_write() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"),
+                    {"key": advisory_lock_key("migrate")},
+                )
+            _revision_of(conn)
+            command.upgrade(alembic_config(conn), revision)
+            # SQLite opens a file it cannot write read-only without complaint, and at
+            # head the upgrade writes nothing: this write is what finds that out.
+            probe_write(conn)
+    except exc.SQLAlchemyError as err:
+        if is_unwritable(err):
+            raise DatabaseError(
+                f"the database {db.location} cannot be written: {describe(err)}"
+            ) from err
+        raise DatabaseError(f"cannot migrate the database {db.location}: {describe(err)}") from err
+    except (CommandError, RevisionError) as err:
+        raise DatabaseError(f"cannot migrate the database {db.location}: {describe(err)}") from err
 
 
 def make_revision(db: Database, message: str) -> None:
