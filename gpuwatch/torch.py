@@ -14,11 +14,15 @@ What it does:
 
 1. A daemon thread posts PyTorch's own allocator view every ``interval_seconds`` to
    ``POST {agent_url}/torch`` (a :class:`gpuwatch.wire.TorchReport`): allocated,
-   reserved, reserved-but-unallocated and the peak since the previous report
-   (``reset_peak_memory_stats`` after each read), for every device on which this
-   process's allocator holds memory. NVML cannot see this split; the agent attaches it
-   to the process in its snapshot. The training loop never waits on it, and an absent
-   agent costs one refused connection per interval.
+   reserved, reserved-but-unallocated and the peak allocated, for every device on which
+   this process's allocator holds memory. The peak is PyTorch's own counter, read and
+   left alone: resetting it would break the training code's own
+   ``max_memory_allocated()`` and its frameworks' memory trackers
+   (``install(reset_peak_each_report=True)`` opts in to per-report peaks). NVML cannot
+   see this split; the agent attaches it to the process in its snapshot. The training
+   loop never waits on it, and an absent agent costs one refused connection per
+   interval. Each report names its GPU by UUID: PyTorch's device ordinal is not NVML's
+   index (``CUDA_VISIBLE_DEVICES``, CUDA's fastest-first order).
 2. On ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``) or an older
    ``RuntimeError("CUDA out of memory...")``, through ``sys.excepthook`` (chained to
    the previous hook) or :func:`guard`, it prints the ``gpuwatch explain`` diagnosis to
@@ -30,10 +34,16 @@ The agent URL is ``agent_url``, else the environment variable ``GPUWATCH_AGENT_U
 else ``http://127.0.0.1:9402``. This is the one place outside gpuwatch.settings that
 reads the environment: it runs inside the user's training process, where no gpuwatch
 settings exist, and an environment variable is how a cluster points every job at a
-non-default agent without editing training scripts.
+non-default agent without editing training scripts. (It also reads CUDA's own
+``CUDA_VISIBLE_DEVICES``, to name a device when PyTorch cannot tell its UUID.)
 
-``torch`` is imported lazily (first use), and nothing in the base package imports
-this module. The allocator source is injectable (:class:`AllocatorStats`) so it can
+Nothing here may break the training process: a missing or CPU-only torch, an invalid
+agent URL or a failing allocator read is logged and skipped, and the OOM handler never
+replaces the user's exception with its own.
+
+``torch`` is imported lazily (at :func:`install`, or first use), and nothing in the
+base package imports this module. The allocator source is injectable
+(:class:`AllocatorStats`), and so is the device identity (``identify``), so both can
 be tested without a GPU.
 """
 
@@ -41,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -56,6 +67,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpuwatch.doctor import DEFAULT_AGENT_URL
 from gpuwatch.doctor.explain import Explanation, explain_facts
+from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.live import fetch_local_snapshot
 from gpuwatch.doctor.parse import parse_oom
 from gpuwatch.doctor.report import render
@@ -63,6 +75,7 @@ from gpuwatch.doctor.units import format_size
 from gpuwatch.errors import NotRecognized
 from gpuwatch.wire import (
     INCIDENTS_OOM_PATH,
+    MAX_DEVICE_UUID_CHARS,
     MAX_OOM_MESSAGE_CHARS,
     TORCH_PATH,
     OomIncident,
@@ -72,9 +85,11 @@ from gpuwatch.wire import (
 __all__ = [
     "AllocatorSample",
     "AllocatorStats",
+    "DeviceRef",
     "OomGuard",
     "Reporter",
     "TorchCudaStats",
+    "cuda_device_ref",
     "guard",
     "install",
     "is_oom",
@@ -85,6 +100,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 AGENT_URL_ENV = "GPUWATCH_AGENT_URL"
+VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 REPORT_TIMEOUT_SECONDS = 0.5
 INCIDENT_TIMEOUT_SECONDS = 2.0
 HISTORY_LENGTH = 360  # an hour of reports at the default 10 s
@@ -99,6 +115,17 @@ class AllocatorSample:
     allocated_bytes: int  # torch.cuda.memory_allocated: live tensors
     reserved_bytes: int  # torch.cuda.memory_reserved: the whole cache
     peak_allocated_bytes: int  # torch.cuda.max_memory_allocated since the last reset
+    # torch.cuda.max_memory_reserved since the last reset: what the card lost at most.
+    # None from a source that cannot tell.
+    peak_reserved_bytes: int | None = None
+
+    @property
+    def peak_held_bytes(self) -> int:
+        """The most the card lost to this allocator: the reserved peak (the cache is
+        memory no other process can have), else the best lower bound."""
+        if self.peak_reserved_bytes is not None:
+            return self.peak_reserved_bytes
+        return max(self.reserved_bytes, self.peak_allocated_bytes)
 
     @property
     def reserved_unallocated_bytes(self) -> int:
@@ -144,6 +171,7 @@ class TorchCudaStats:
             allocated_bytes=torch.cuda.memory_allocated(device),
             reserved_bytes=torch.cuda.memory_reserved(device),
             peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
+            peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
         )
 
     def reset_peak(self, device: int) -> None:
@@ -157,6 +185,93 @@ class TorchCudaStats:
         if not torch.cuda.is_available():
             return None
         return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """How the agent is told which GPU a CUDA device ordinal is.
+
+    ``uuid`` (NVML's form, ``GPU-...``) names it for sure; ``index`` is the best guess
+    at NVML's index, for an agent that predates UUIDs: the ``CUDA_VISIBLE_DEVICES``
+    entry when that is a number, else the ordinal itself.
+    """
+
+    index: int
+    uuid: str | None = None
+
+
+def cuda_device_ref(ordinal: int) -> DeviceRef:
+    """The GPU behind PyTorch's device ``ordinal``; never raises, never initialises CUDA."""
+    entry = _visible_entry(ordinal)
+    uuid = _torch_uuid(ordinal)
+    if uuid is None and entry is not None and entry.upper().startswith(("GPU-", "MIG-")):
+        uuid = _clean_uuid(entry)
+    index = int(entry) if entry is not None and entry.isdigit() else ordinal
+    return DeviceRef(index=index, uuid=uuid)
+
+
+def _visible_entry(ordinal: int) -> str | None:
+    """``CUDA_VISIBLE_DEVICES``'s entry for ``ordinal`` (a number or a UUID), if set."""
+    value = os.environ.get(VISIBLE_DEVICES_ENV)
+    if not value:
+        return None
+    entries = [e.strip() for e in value.split(",")]
+    return entries[ordinal] if 0 <= ordinal < len(entries) and entries[ordinal] else None
+
+
+def _torch_uuid(ordinal: int) -> str | None:
+    """PyTorch's UUID of ``ordinal`` (``get_device_properties().uuid``, PyTorch >= 2.0).
+
+    Asked only once the training code has initialised CUDA: the reporter must not
+    create a CUDA context itself.
+    """
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        uuid = getattr(torch.cuda.get_device_properties(ordinal), "uuid", None)
+    except Exception as err:  # an old torch, a lost device: the index has to do
+        log.debug("no UUID for CUDA device %s: %s", ordinal, err)
+        return None
+    return None if uuid is None else _clean_uuid(str(uuid))
+
+
+_UUID_TEXT = re.compile(r"[!-~]+")  # what the agent's wire model accepts
+
+
+def _clean_uuid(text: str) -> str | None:
+    """``text`` in NVML's form (PyTorch may print it without ``GPU-``), or ``None`` if
+    the agent would refuse it (and with it the whole report)."""
+    uuid = text.strip()
+    if not uuid.upper().startswith(("GPU-", "MIG-")):
+        uuid = "GPU-" + uuid
+    if len(uuid) > MAX_DEVICE_UUID_CHARS or not _UUID_TEXT.fullmatch(uuid):
+        return None
+    return uuid
+
+
+# OOM families on memory no NVML GPU holds: the agent must not pin them on a GPU.
+_NOT_CUDA_KINDS = frozenset({"host", "mps", "metal", "hip", "xpu", "vulkan", "directml"})
+_CUDA_DEVICE_TYPES = frozenset({"cuda", "gpu"})  # "gpu": TensorFlow/XLA's name for it
+
+
+def on_cuda_device(facts: OomFacts) -> bool:
+    """True unless the message says the memory was not a CUDA device's (host RAM,
+    MPS, XPU, ROCm ...). A message that names no device type may be CUDA's."""
+    if facts.kind in _NOT_CUDA_KINDS:
+        return False
+    return facts.device_type is None or facts.device_type in _CUDA_DEVICE_TYPES
+
+
+def agent_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot reach an agent (``None``: it may)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as err:
+        return str(err)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return "not an http(s) URL with a host"
+    return None
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -186,7 +301,14 @@ def is_oom(exc: BaseException) -> bool:
 
 
 class Reporter:
-    """Posts allocator figures on a daemon thread and handles OOMs for this process."""
+    """Posts allocator figures on a daemon thread and handles OOMs for this process.
+
+    ``reset_peak_each_report``: reset PyTorch's peak counters after each report, so
+    each report's peak covers its interval only; off by default, because the counters
+    are the process's own (``torch.cuda.max_memory_allocated()``, frameworks' memory
+    trackers) and a reset every interval silently breaks them. ``identify`` tells which
+    GPU a device ordinal is (:func:`cuda_device_ref`; a test seam).
+    """
 
     def __init__(
         self,
@@ -197,13 +319,20 @@ class Reporter:
         stats: AllocatorStats | None = None,
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
+        reset_peak_each_report: bool = False,
+        identify: Callable[[int], DeviceRef] | None = None,
     ) -> None:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be positive")
         self.agent_url = agent_url.rstrip("/")
+        # Checked once here: httpx raises InvalidURL (not an HTTPError) at every post.
+        self.url_problem = agent_url_problem(self.agent_url)
         self.interval_seconds = interval_seconds
         self.device = device
         self.stats: AllocatorStats = stats if stats is not None else TorchCudaStats()
+        self.reset_peak_each_report = reset_peak_each_report
+        self._identify = identify if identify is not None else cuda_device_ref
+        self._refs: dict[int, DeviceRef] = {}
         self._transport = transport
         self._clock = clock
         self._stop = threading.Event()
@@ -212,9 +341,14 @@ class Reporter:
         self._epoch_peak: dict[int, int] = {}
         self._lock = threading.Lock()
         self._warned_unreachable = False
+        self._warned_stats = False
+        # Set when the agent refused ``device_uuid`` (it predates it): sent no more.
+        self._agent_lacks_uuid = False
 
     def start(self) -> None:
-        """Start the reporting thread (idempotent)."""
+        """Start the reporting thread (idempotent; not with an unusable agent URL)."""
+        if self.url_problem is not None:
+            return
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
@@ -233,22 +367,22 @@ class Reporter:
     def _run(self) -> None:
         with httpx.Client(timeout=REPORT_TIMEOUT_SECONDS, transport=self._transport) as client:
             while not self._stop.wait(self.interval_seconds):
-                self.report_once(client)
+                try:
+                    self.report_once(client)
+                except Exception as err:  # a report must never end the reporting
+                    self._stats_failed(err)
 
     def _devices(self) -> list[int]:
         return [self.device] if self.device is not None else self.stats.devices()
 
     def report_once(self, client: httpx.Client | None = None) -> int:
         """Sample every device and post one report each; returns how many the agent took."""
-        posted = 0
         try:
-            samples = []
-            for device in self._devices():
-                samples.append(self.stats.sample(device))
-                self.stats.reset_peak(device)
-        except RuntimeError as err:  # CUDA torn down at interpreter exit, a lost GPU
-            log.debug("cannot read allocator stats: %s", err)
+            samples = self._samples()
+        except Exception as err:  # CUDA torn down at exit, a lost GPU, no torch at all
+            self._stats_failed(err)
             return 0
+        posted = 0
         own = client or httpx.Client(timeout=REPORT_TIMEOUT_SECONDS, transport=self._transport)
         try:
             for sample in samples:
@@ -261,12 +395,40 @@ class Reporter:
                 own.close()
         return posted
 
+    def _samples(self) -> list[AllocatorSample]:
+        samples = []
+        for device in self._devices():
+            samples.append(self.stats.sample(device))
+            if self.reset_peak_each_report:  # opted in: see the class docstring
+                self.stats.reset_peak(device)
+        return samples
+
+    def _stats_failed(self, err: Exception) -> None:
+        # Said once at INFO (the user may wonder why the agent shows no figures), then
+        # quietly: the thread goes on and reads again next interval.
+        level = logging.DEBUG if self._warned_stats else logging.INFO
+        log.log(level, "gpuwatch cannot read PyTorch's allocator figures: %r", err)
+        self._warned_stats = True
+
+    def device_ref(self, ordinal: int) -> DeviceRef:
+        """Which GPU PyTorch's device ``ordinal`` is, for the agent (cached once known)."""
+        ref = self._refs.get(ordinal)
+        if ref is None:
+            ref = self._identify(ordinal)
+            if ref.uuid is not None:  # before CUDA is initialised it may not be known yet
+                self._refs[ordinal] = ref
+        if self._agent_lacks_uuid:
+            return DeviceRef(index=ref.index)
+        return ref
+
     def _report(self, sample: AllocatorSample) -> TorchReport | None:
         """``sample`` as the agent's ``/torch`` body; ``None`` (logged) if out of bounds."""
+        ref = self.device_ref(sample.device_index)
         try:
             return TorchReport(
                 pid=os.getpid(),
-                device_index=sample.device_index,
+                device_index=ref.index,
+                device_uuid=ref.uuid,
                 allocated_bytes=sample.allocated_bytes,
                 reserved_bytes=sample.reserved_bytes,
                 reserved_unallocated_bytes=sample.reserved_unallocated_bytes,
@@ -283,48 +445,79 @@ class Reporter:
             self._history.setdefault(sample.device_index, deque(maxlen=HISTORY_LENGTH)).append(
                 sample.allocated_bytes
             )
-            peak = max(self._epoch_peak.get(sample.device_index, 0), sample.peak_allocated_bytes)
+            peak = max(self._epoch_peak.get(sample.device_index, 0), sample.peak_held_bytes)
             self._epoch_peak[sample.device_index] = peak
 
     def _post(self, client: httpx.Client, path: str, body: BaseModel, *, quiet: bool) -> int:
+        if self.url_problem is not None:
+            self._unreachable(path, self.url_problem, quiet=quiet)
+            return 0
         try:
-            client.post(
+            response = client.post(
                 self.agent_url + path,
-                content=body.model_dump_json().encode(),
+                # Unset optional fields are left out, so an agent that predates one
+                # (its bodies are strict) still takes the body.
+                content=body.model_dump_json(exclude_none=True).encode(),
                 headers={"Content-Type": "application/json"},
-            ).raise_for_status()
-        except httpx.HTTPError as err:
-            # No agent is normal (a laptop, a job on a host without one): say it once.
-            level = logging.DEBUG if quiet and self._warned_unreachable else logging.INFO
-            log.log(level, "gpuwatch agent at %s did not take %s: %s", self.agent_url, path, err)
-            self._warned_unreachable = True
+            )
+            if response.status_code == 422 and getattr(body, "device_uuid", None) is not None:
+                # An agent older than device_uuid: say it by index, as it understands.
+                self._agent_lacks_uuid = True
+                return self._post(
+                    client, path, body.model_copy(update={"device_uuid": None}), quiet=quiet
+                )
+            response.raise_for_status()
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as err:
+            self._unreachable(path, err, quiet=quiet)
             return 0
         return 1
 
-    def history(self, device: int) -> list[int]:
+    def _unreachable(self, path: str, err: object, *, quiet: bool) -> None:
+        # No agent is normal (a laptop, a job on a host without one): say it once.
+        level = logging.DEBUG if quiet and self._warned_unreachable else logging.INFO
+        log.log(level, "gpuwatch agent at %s did not take %s: %s", self.agent_url, path, err)
+        self._warned_unreachable = True
+
+    def history(self, device: int | None) -> list[int]:
         """Allocated bytes per report on ``device``, oldest first."""
         with self._lock:
-            return list(self._history.get(device, ()))
+            return list(self._history.get(device, ())) if device is not None else []
 
     def take_epoch_peak(self, device: int) -> int:
-        """Highest peak reported on ``device`` since the last call (and resets it)."""
+        """Highest reserved peak reported on ``device`` since the last call (and resets
+        it: this is gpuwatch's own record, not PyTorch's counter)."""
         with self._lock:
             return self._epoch_peak.pop(device, 0)
 
     def handle_oom(self, exc: BaseException, *, stream: Any = None) -> Explanation:
-        """Diagnose ``exc`` to stderr and post the incident; never raises."""
+        """Diagnose ``exc`` to stderr and post the incident; never raises.
+
+        It runs while the user's OutOfMemoryError propagates: an error of its own would
+        replace that exception, so any is logged and swallowed.
+        """
+        try:
+            return self._handle_oom(exc, stream)
+        except Exception as err:
+            log.warning("gpuwatch could not diagnose or report this out-of-memory error: %r", err)
+            return Explanation.not_recognized()
+
+    def _handle_oom(self, exc: BaseException, stream: Any) -> Explanation:
         if getattr(exc, "_gpuwatch_reported", False):
             return Explanation.not_recognized()
         message = str(exc)
         try:
-            facts = parse_oom(message)
+            facts: OomFacts | None = parse_oom(message)
         except NotRecognized:
-            explanation, device = Explanation.not_recognized(), None
+            facts = None
+        device = self._incident_device(facts)
+        if facts is None:
+            explanation = Explanation.not_recognized()
         else:
-            device = self._incident_device(facts.device_index)
-            snapshot = fetch_local_snapshot(
-                self.agent_url, timeout=REPORT_TIMEOUT_SECONDS, transport=self._transport
-            )
+            snapshot = None
+            if self.url_problem is None:
+                snapshot = fetch_local_snapshot(
+                    self.agent_url, timeout=REPORT_TIMEOUT_SECONDS, transport=self._transport
+                )
             growth = self.history(device) or None
             explanation = explain_facts(facts, snapshot=snapshot, growth=growth)
         out = stream if stream is not None else sys.stderr
@@ -334,36 +527,49 @@ class Reporter:
             file=out,
             end="",
         )
-        try:
-            incident: OomIncident | None = OomIncident(
-                pid=os.getpid(),
-                device_index=self._incident_device(device),
-                message=message[:MAX_OOM_MESSAGE_CHARS],
-                explanation=explanation.model_dump(mode="json"),
-                occurred_at=self._clock(),
-            )
-        except ValidationError as err:  # e.g. a device index past what the agent takes
-            log.info("gpuwatch cannot report this out-of-memory error to the agent: %s", err)
-            incident = None
-        if incident is not None:
-            with httpx.Client(
-                timeout=INCIDENT_TIMEOUT_SECONDS, transport=self._transport
-            ) as client:
-                self._post(client, INCIDENTS_OOM_PATH, incident, quiet=False)
+        self._post_incident(message, explanation, device)
         # Marks it so guard() and the excepthook do not report it twice; an exception
         # type with __slots__ refuses the attribute, and a second report is harmless.
         with suppress(AttributeError):
             exc._gpuwatch_reported = True  # type: ignore[attr-defined]
         return explanation
 
-    def _incident_device(self, device: int | None) -> int:
-        # The message's GPU, else the configured one, else the one this process uses.
-        if device is not None:
-            return device
+    def _post_incident(self, message: str, explanation: Explanation, device: int | None) -> None:
+        ref = None if device is None else self.device_ref(device)
+        try:
+            incident = OomIncident(
+                pid=os.getpid(),
+                device_index=None if ref is None else ref.index,
+                device_uuid=None if ref is None else ref.uuid,
+                message=message[:MAX_OOM_MESSAGE_CHARS],
+                explanation=explanation.model_dump(mode="json"),
+                occurred_at=self._clock(),
+            )
+        except ValidationError as err:  # e.g. a device index past what the agent takes
+            log.info("gpuwatch cannot report this out-of-memory error to the agent: %s", err)
+            return
+        with httpx.Client(timeout=INCIDENT_TIMEOUT_SECONDS, transport=self._transport) as client:
+            self._post(client, INCIDENTS_OOM_PATH, incident, quiet=False)
+
+    def _incident_device(self, facts: OomFacts | None) -> int | None:
+        """The CUDA device ordinal the OOM is about, ``None`` for none or unknown.
+
+        The message's device, else the configured one, else the one this process
+        uses; never a GPU for host memory or a non-CUDA device (the agent would count
+        it against a GPU that has nothing to do with it).
+        """
+        if facts is not None and not on_cuda_device(facts):
+            return None
+        if facts is not None and facts.device_index is not None:
+            return facts.device_index
         if self.device is not None:
             return self.device
-        devices = self.stats.devices()
-        return devices[0] if devices else 0
+        try:
+            devices = self.stats.devices()
+        except Exception as err:  # no torch, CUDA torn down
+            log.debug("cannot tell which CUDA device ran out of memory: %r", err)
+            return None
+        return devices[0] if devices else None
 
 
 _installed: Reporter | None = None
@@ -379,16 +585,28 @@ def install(
     device: int | None = None,
     stats: AllocatorStats | None = None,
     transport: httpx.BaseTransport | None = None,
-) -> Reporter:
+    reset_peak_each_report: bool = False,
+) -> Reporter | None:
     """Start reporting and hook uncaught OOMs; returns the (single) :class:`Reporter`.
 
     ``agent_url``: the local agent (default: ``$GPUWATCH_AGENT_URL``, else
     http://127.0.0.1:9402). ``interval_seconds``: seconds between reports.
     ``device``: report only this CUDA device (default: every device this process's
-    allocator holds memory on). ``stats``/``transport``: test seams. Calling it again
-    replaces the previous reporter.
+    allocator holds memory on). ``reset_peak_each_report``: reset PyTorch's peak
+    counters after each report (per-interval peaks), which breaks the training code's
+    own ``torch.cuda.max_memory_allocated()``; off by default. ``stats``/``transport``:
+    test seams. Calling it again replaces the previous reporter.
+
+    Without an importable torch with CUDA (and no ``stats`` of the caller's), it logs
+    one line and does nothing (``None``). With an agent URL that is not one, it logs
+    one line and only hooks OOMs: the diagnosis still goes to stderr.
     """
     global _installed, _previous_hook
+    if stats is None:
+        problem = _cuda_problem()
+        if problem is not None:
+            log.info("gpuwatch.torch not installed: %s", problem)
+            return None
     url = agent_url or os.environ.get(AGENT_URL_ENV) or DEFAULT_AGENT_URL
     if _installed is not None:
         _installed.stop()
@@ -398,12 +616,34 @@ def install(
         device=device,
         stats=stats,
         transport=transport,
+        reset_peak_each_report=reset_peak_each_report,
     )
+    if _installed.url_problem is not None:
+        log.warning(
+            "gpuwatch.torch: agent URL %r is unusable (%s); nothing is sent to the agent",
+            url,
+            _installed.url_problem,
+        )
     _installed.start()
     if _previous_hook is None:
         _previous_hook = sys.excepthook
         sys.excepthook = _excepthook
     return _installed
+
+
+def _cuda_problem() -> str | None:
+    """Why this process cannot report CUDA allocator figures (``None``: it can)."""
+    try:
+        import torch
+    except Exception as err:  # ImportError, or a broken install failing otherwise
+        return f"torch cannot be imported ({err!r})"
+    try:
+        available = torch.cuda.is_available()  # does not create a CUDA context
+    except Exception as err:
+        return f"torch cannot tell whether CUDA is available ({err!r})"
+    if not available:
+        return "this torch has no usable CUDA (a CPU-only build, or no GPU visible)"
+    return None
 
 
 def uninstall() -> None:
@@ -420,9 +660,19 @@ def uninstall() -> None:
 def _excepthook(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
-    if _installed is not None and is_oom(exc):
-        _installed.handle_oom(exc)
+    if _installed is not None:
+        _report_oom(exc, _installed)
     (_previous_hook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _report_oom(exc: BaseException, reporter: Reporter | None) -> None:
+    """Diagnose and report ``exc`` if it is an OOM; never raises (the caller is passing
+    the user's exception on, and an error here would replace it)."""
+    try:
+        if is_oom(exc):
+            (reporter or _offline_reporter()).handle_oom(exc)
+    except Exception as err:
+        log.warning("gpuwatch could not handle %s: %r", type(exc).__name__, err)
 
 
 class OomGuard(ContextDecorator):
@@ -440,9 +690,8 @@ class OomGuard(ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> Literal[False]:
-        if exc is not None and is_oom(exc):
-            reporter = self._reporter or _installed or _offline_reporter()
-            reporter.handle_oom(exc)
+        if exc is not None:
+            _report_oom(exc, self._reporter or _installed)
         return False  # never swallow: the caller's own handling still runs
 
 
@@ -459,35 +708,48 @@ def _offline_reporter() -> Reporter:
 
 
 def log_epoch_peak(
-    epoch: int, *, logger: logging.Logger | None = None, device: int | None = None
+    epoch: int,
+    *,
+    logger: logging.Logger | None = None,
+    device: int | None = None,
+    reset_peak: bool = False,
 ) -> int | None:
-    """Log the epoch's peak allocated memory and the headroom left on the card.
+    """Log the peak memory PyTorch's allocator reserved and the headroom left on the card.
 
-    Uses the installed reporter's peaks since the previous call (the reporter resets
-    PyTorch's peak counter at each report) together with the current
-    ``max_memory_allocated``; without a reporter, reads and resets PyTorch's counter.
-    Returns the peak in bytes, or ``None`` when no device has memory in use.
+    Reserved, not allocated: the allocator's cache is memory the card lost, whether or
+    not tensors fill it. The peak is PyTorch's counter (since the process started or
+    the training code last reset it) together with the installed reporter's peaks since
+    the previous call. PyTorch's counter is left alone unless ``reset_peak`` (then each
+    call logs that epoch's peak, and the training code's own ``max_memory_*()`` readings
+    restart with it). Returns the peak in bytes, or ``None`` when no device has memory
+    in use or the figures cannot be read (no torch, no CUDA: logged, never raised into
+    the training loop).
     """
     out = logger or log
     stats: AllocatorStats = _installed.stats if _installed is not None else TorchCudaStats()
-    devices = [device] if device is not None else stats.devices()
-    if not devices:
-        out.debug("epoch %s: no CUDA memory in use", epoch)
+    try:
+        devices = [device] if device is not None else stats.devices()
+        if not devices:
+            out.debug("epoch %s: no CUDA memory in use", epoch)
+            return None
+        index = devices[0]
+        peak = stats.sample(index).peak_held_bytes
+        if _installed is not None:
+            peak = max(peak, _installed.take_epoch_peak(index))
+        if reset_peak:
+            stats.reset_peak(index)
+        total = stats.total_memory(index)
+    except Exception as err:
+        out.info("epoch %s: cannot read PyTorch's allocator figures: %r", epoch, err)
         return None
-    index = devices[0]
-    peak = stats.sample(index).peak_allocated_bytes
-    if _installed is not None:
-        peak = max(peak, _installed.take_epoch_peak(index))
-    stats.reset_peak(index)
-    total = stats.total_memory(index)
     if not total:
-        out.info("epoch %s: peak allocated %s on device %s", epoch, format_size(peak), index)
+        out.info("epoch %s: peak reserved %s on device %s", epoch, format_size(peak), index)
         return peak
     headroom = 1 - peak / total
     level = logging.WARNING if headroom < LOW_HEADROOM else logging.INFO
     out.log(
         level,
-        "epoch %s: peak allocated %s of %s on device %s (%.0f%% headroom)",
+        "epoch %s: peak reserved %s of %s on device %s (%.0f%% headroom)",
         epoch,
         format_size(peak),
         format_size(total),

@@ -50,6 +50,7 @@ from gpuwatch.snapshot import (
 __all__ = [
     "EVENTS_PATH",
     "INCIDENTS_OOM_PATH",
+    "MAX_DEVICE_UUID_CHARS",
     "MAX_EVENT_BODY",
     "MAX_EVENT_SUMMARY_CHARS",
     "MAX_EVIDENCE_BYTES",
@@ -70,7 +71,9 @@ __all__ = [
     "ReportedEventResult",
     "ReportedKind",
     "TorchReport",
+    "gpu_uuid_key",
     "ingest_request_json",
+    "same_gpu_uuid",
 ]
 
 # --- paths ---------------------------------------------------------------------------
@@ -249,16 +252,44 @@ class ReportedEventResult(BaseModel):
 
 # --- gpuwatch.torch -> local agent ---------------------------------------------------------
 
+# A GPU's UUID as CUDA or NVML prints it ("GPU-8932f937-...", MIG's "MIG-..."; PyTorch's
+# str() may omit "GPU-"). Printable ASCII without spaces: no control character, and
+# never longer than NVML's own UUID buffer (96 bytes, NVML_DEVICE_UUID_V2_BUFFER_SIZE).
+MAX_DEVICE_UUID_CHARS = 96
+DeviceUuid = Annotated[
+    str, Field(min_length=1, max_length=MAX_DEVICE_UUID_CHARS, pattern=r"^[!-~]+$")
+]
+
+
+def gpu_uuid_key(uuid: str) -> str:
+    """``uuid`` in the form two UUIDs of one GPU share: lowercase, without ``GPU-``
+    (PyTorch's ``get_device_properties().uuid`` prints it without; NVML with)."""
+    lowered = uuid.strip().lower()
+    return lowered.removeprefix("gpu-")
+
+
+def same_gpu_uuid(a: str, b: str) -> bool:
+    """True when ``a`` and ``b`` name the same GPU (see :func:`gpu_uuid_key`)."""
+    return gpu_uuid_key(a) == gpu_uuid_key(b)
+
 
 class TorchReport(_Body):
-    """PyTorch's allocator on one device of one process (``torch.cuda.memory_stats``)."""
+    """PyTorch's allocator on one device of one process (``torch.cuda.memory_stats``).
+
+    ``device_uuid``, when given, names the GPU and wins over ``device_index``: PyTorch's
+    device ordinal is not NVML's index (``CUDA_VISIBLE_DEVICES``, CUDA's fastest-first
+    order). ``device_index`` stays for senders that cannot tell the UUID (older ones):
+    the reporter's best guess at NVML's index.
+    """
 
     pid: Annotated[int, Field(ge=1, le=MAX_PID), JSON_INTEGER]
     device_index: Annotated[int, Field(ge=0, lt=MAX_GPUS), JSON_INTEGER]
+    device_uuid: DeviceUuid | None = None
     allocated_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
     reserved_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
     reserved_unallocated_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
-    # The peak since the previous report (the reporter resets PyTorch's counter).
+    # PyTorch's max_memory_allocated: since the process started or its own last reset
+    # (since the previous report only where the reporter was told to reset it).
     peak_allocated_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), JSON_INTEGER]
     reported_at: Epoch
 
@@ -268,11 +299,15 @@ class OomIncident(_Body):
 
     ``explanation`` is ``gpuwatch.doctor.explain.Explanation`` as JSON (kept a plain
     object here, so this module needs nothing from the doctor). ``occurred_at`` is
-    ``None`` when the sender's clock is unknown; the agent then uses its own.
+    ``None`` when the sender's clock is unknown; the agent then uses its own. It is
+    the sender's word, kept on the incident; the agent's reaper policy goes by when the
+    agent received it. ``device_uuid`` and ``device_index`` as in :class:`TorchReport`;
+    neither is set for an OOM on no GPU the agent can see (host memory, MPS, XPU).
     """
 
     pid: Annotated[int, Field(ge=1, le=MAX_PID), JSON_INTEGER]
     device_index: Annotated[int, Field(ge=0, lt=MAX_GPUS), JSON_INTEGER] | None = None
+    device_uuid: DeviceUuid | None = None
     message: str = Field(max_length=MAX_OOM_MESSAGE_CHARS, pattern=NO_NUL)
     explanation: Explanation | None = None
     occurred_at: Epoch | None = None

@@ -37,6 +37,13 @@ class IncidentOrigin:
         uid = tcp_peer_uid(client, local, proc_root=proc_root)
         return cls(f"{client[0]}:{client[1]}", uid, _user_name(uid))
 
+    def speaks_for(self, uid: int | None) -> bool:
+        """True when the poster may report on a process owned by ``uid``: it is that
+        user, or root. An unknown poster or owner speaks for no one."""
+        if self.peer_uid is None or uid is None:
+            return False
+        return self.peer_uid in (0, uid)
+
     def evidence(self) -> dict[str, Any]:
         return {
             "reported_by": self.reported_by,

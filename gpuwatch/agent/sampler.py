@@ -154,7 +154,11 @@ class Sampler:
             sm = reading.process_sm.get(usage.pid, 0.0)
         torch = None
         if self._torch is not None and facts.alive:
-            torch = self._torch.get(usage.pid, reading.index, start_time=facts.start_time)
+            # By UUID where the report names one: PyTorch's device ordinal, which an
+            # older reporter sends as the index, is not NVML's index.
+            torch = self._torch.get(
+                usage.pid, reading.index, start_time=facts.start_time, uuids=_uuids(reading)
+            )
         return GpuProcess(
             pid=usage.pid,
             kind=usage.kind,
@@ -201,6 +205,12 @@ class Sampler:
 # /proc's start time and boot time are whole clock ticks and whole seconds: a process
 # that started before NVML listed its context may still seem to start up to this later.
 PID_REUSE_TOLERANCE_SECONDS = 2.0
+
+
+def _uuids(reading: DeviceReading) -> tuple[str, ...]:
+    """The GPU's UUID and its MIG instances' (a process in a MIG instance sees that
+    instance's UUID as its device's)."""
+    return (reading.uuid, *(m.uuid for m in reading.mig))
 
 
 def _profiling(activity: GpmActivity | None) -> Profiling | None:

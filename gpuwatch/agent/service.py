@@ -30,12 +30,13 @@ from gpuwatch.agent.exporter import Exporter
 from gpuwatch.agent.incident_origin import IncidentOrigin
 from gpuwatch.agent.port import PortPolicy
 from gpuwatch.agent.reaper.hooks import ReaperHooks
+from gpuwatch.agent.reaper.procfs import ProcReader
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.errors import GpuwatchError
 from gpuwatch.settings import AgentSettings, parse_host_port
 from gpuwatch.snapshot import HostSnapshot
-from gpuwatch.wire import MAX_EVENT_SUMMARY_CHARS, OomIncident, ReportedEvent
+from gpuwatch.wire import MAX_EVENT_SUMMARY_CHARS, OomIncident, ReportedEvent, same_gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,8 @@ class Agent:
             tolerance_seconds=settings.poll_interval_seconds / 2,
         )
         self._failing = False
+        # Reads /proc for the OOM incidents the reaper policy may count (made on first use).
+        self._procs: ProcReader | None = None
         # The busiest activity each process showed since the last pushed snapshot.
         self._busiest = BusiestSincePush()
         # The reaper's history (and its policy, when on) sees every poll.
@@ -237,31 +240,114 @@ class Agent:
         self._stop.set()
 
     def _on_oom(self, incident: OomIncident, origin: IncidentOrigin) -> None:
-        """An OOM incident from ``gpuwatch.torch``: attach who was on the GPU, forward it."""
+        """An OOM incident from ``gpuwatch.torch``: attach who was on the GPU, forward it,
+        and hand it to the reaper policy when it shows contention (:func:`not_contention`)."""
+        received_at = self._clock()
         latest = self.state.latest
-        log.warning(
-            "OOM incident reported by pid %s on GPU %s", incident.pid, incident.device_index
-        )
-        occurred_at = self._clock() if incident.occurred_at is None else incident.occurred_at
-        self.reaper.note_oom(incident.device_index, incident.pid, occurred_at)
+        gpu_index = incident_gpu(incident, latest)
+        log.warning("OOM incident reported by pid %s on GPU %s", incident.pid, gpu_index)
+        self._note_contention(incident, origin, latest, gpu_index, received_at)
         if self._sink is None:
             return
+        # The incident keeps the time its sender reported (information); only the
+        # policy must not trust it.
+        occurred_at = received_at if incident.occurred_at is None else incident.occurred_at
+        reported_uuid = (
+            {} if incident.device_uuid is None else {"device_uuid": incident.device_uuid}
+        )
         event = ReportedEvent(
             kind="oom",
             hostname=latest.hostname if latest else socket.gethostname(),
-            gpu_index=incident.device_index,
+            gpu_index=gpu_index,
             pid=incident.pid,
             summary=incident.message[:MAX_EVENT_SUMMARY_CHARS],
             evidence={
                 **origin.evidence(),
+                **reported_uuid,
                 "explanation": incident.explanation,
                 # Only the GPU of the incident: who else was on it is the point, and a
                 # whole large host would exceed the server's evidence quota.
-                "gpu": _gpu_json(latest, incident.device_index),
+                "gpu": _gpu_json(latest, gpu_index),
             },
             occurred_at=occurred_at,
         )
         self._sink.send_event(event)
+
+    def _note_contention(
+        self,
+        incident: OomIncident,
+        origin: IncidentOrigin,
+        snapshot: HostSnapshot | None,
+        gpu_index: int | None,
+        received_at: float,
+    ) -> None:
+        """Tell the policy (when on) that someone waits for memory on ``gpu_index``, if
+        the incident proves it. Any local user can post one, and a counted OOM makes
+        other users' idle processes on that GPU eligible to be stopped."""
+        if self.reaper.auto is None:
+            return
+        if self._procs is None:
+            self._procs = ProcReader(self._settings.proc_root)
+        why = not_contention(incident.pid, gpu_index, origin, snapshot, self._procs)
+        if why is not None:
+            log.info(
+                "OOM incident from pid %s not counted as contention by the reaper policy: %s",
+                incident.pid,
+                why,
+            )
+            return
+        # The agent's own receive time: a sender's clock could keep a GPU contended.
+        self.reaper.note_oom(gpu_index, incident.pid, received_at)
+
+
+def incident_gpu(incident: OomIncident, snapshot: HostSnapshot | None) -> int | None:
+    """NVML's index of the incident's GPU, ``None`` when unknown.
+
+    By UUID when the sender named one (its ``device_index`` is PyTorch's ordinal, or a
+    guess at NVML's index), matched against each GPU's UUID and its MIG instances'; a
+    UUID no GPU has is no GPU. Without a UUID (an older ``gpuwatch.torch``), the index.
+    """
+    if incident.device_uuid is None:
+        return incident.device_index
+    if snapshot is None:
+        return None
+    for gpu in snapshot.gpus:
+        uuids = (gpu.uuid, *(m.uuid for m in gpu.mig_instances))
+        if any(same_gpu_uuid(incident.device_uuid, u) for u in uuids):
+            return gpu.index
+    return None
+
+
+def not_contention(
+    pid: int,
+    gpu_index: int | None,
+    origin: IncidentOrigin,
+    snapshot: HostSnapshot | None,
+    procs: ProcReader,
+) -> str | None:
+    """Why an OOM of ``pid`` on ``gpu_index`` does not count as contention for the
+    reaper policy; ``None`` when it does.
+
+    It counts only when the GPU exists, ``pid`` holds a context on it in the latest
+    poll (a process that ran out of GPU memory has one), is still that same process
+    now, and the poster is its owner or root (the socket's uid, not the body's word).
+    """
+    if gpu_index is None:
+        return "it names no GPU this agent sees"
+    gpu = None if snapshot is None else snapshot.gpu(gpu_index)
+    if gpu is None:
+        return f"gpu{gpu_index} is not in the agent's latest poll"
+    listed = next((p for p in gpu.processes if p.pid == pid and p.alive and p.visible), None)
+    if listed is None:
+        return f"pid {pid} holds no context on gpu{gpu_index}"
+    now = procs.read(pid)
+    if now is None or now.exited:
+        return f"pid {pid} is not running"
+    if not now.matches(start_time=listed.start_time, uid=listed.owner.uid):
+        return f"pid {pid} is not the process NVML listed on gpu{gpu_index}"
+    if not origin.speaks_for(now.uid):
+        return f"the poster (uid {origin.peer_uid}) is neither root nor pid {pid}'s owner (uid {now.uid})"
+    return None
 
 
 def _gpu_json(snapshot: HostSnapshot | None, index: int | None) -> dict[str, Any] | None:

@@ -102,3 +102,20 @@ def test_the_server_sink_posts_the_event_model(tmp_path: Path) -> None:
     assert request.headers["content-type"] == "application/json"
     assert ReportedEvent.model_validate_json(request.body) == event
     assert json.loads(request.body)["kind"] == "oom"
+
+
+GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
+
+
+def test_an_incident_naming_its_gpu_by_uuid_lands_on_that_gpu(agent) -> None:
+    # PyTorch's device 0 under CUDA_VISIBLE_DEVICES=1: the ordinal says 0, the UUID
+    # (as torch prints it: no "GPU-") says NVML's GPU 1.
+    running, sink = agent
+    body = {"pid": 7, "message": "oom", "device_index": 0, "device_uuid": GPU1[4:]}
+    assert httpx.post(running.exporter.url + INCIDENTS_OOM_PATH, json=body).status_code == 202
+    unknown = {**body, "device_uuid": "GPU-not-on-this-host"}
+    assert httpx.post(running.exporter.url + INCIDENTS_OOM_PATH, json=unknown).status_code == 202
+    found, lost = sink.events
+    assert found.gpu_index == 1 and found.evidence["gpu"]["uuid"] == GPU1
+    assert found.evidence["device_uuid"] == GPU1[4:]
+    assert lost.gpu_index is None and lost.evidence["gpu"] is None

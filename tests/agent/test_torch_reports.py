@@ -47,3 +47,31 @@ def test_store_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_invalid_report_is_rejected() -> None:
     with pytest.raises(ValidationError):
         TorchReport.model_validate({"pid": 0, "device_index": 0})
+
+
+GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
+
+
+def test_a_report_with_a_uuid_is_found_by_that_uuid_not_by_its_index() -> None:
+    # PyTorch's device 0 under CUDA_VISIBLE_DEVICES=1 is NVML's GPU 1: the report says
+    # device_index 0 (the ordinal), and its UUID as torch prints it (no "GPU-", any case).
+    store = TorchReports(clock=lambda: 0.0)
+    store.record(_report(device=0).model_copy(update={"device_uuid": GPU1[4:].upper()}))
+    assert (
+        store.get(10, 0, start_time=None, uuids=("GPU-00000000-0000-0000-0000-000000000000",))
+        is None
+    )
+    found = store.get(10, 1, start_time=None, uuids=(GPU1,))
+    assert found is not None and found.allocated_bytes == 5
+
+
+def test_a_report_without_a_uuid_is_still_found_by_index() -> None:
+    store = TorchReports(clock=lambda: 0.0)
+    store.record(_report(device=1))  # an older gpuwatch.torch
+    assert store.get(10, 1, start_time=None, uuids=(GPU1,)) is not None
+
+
+@pytest.mark.parametrize("uuid", ["", "GPU-1\n", "GPU-1 2", "G" * 97, "GPU-\x00"])
+def test_a_device_uuid_is_bounded(uuid: str) -> None:
+    with pytest.raises(ValidationError):
+        TorchReport.model_validate({**_report().model_dump(), "device_uuid": uuid})

@@ -7,9 +7,11 @@ are the real ones.
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from types import TracebackType
@@ -82,7 +84,19 @@ def test_reports_allocator_figures_from_a_daemon_thread(agent: FakeAgent) -> Non
     assert first.device_index == 0
     assert first.allocated_bytes == 11 * GIB
     assert first.reserved_unallocated_bytes == GIB
-    assert stats.resets >= 2  # peak is "since the last report"
+    # PyTorch's peak counters are the process's own: never reset unless asked.
+    assert stats.resets == 0
+
+
+def test_per_report_peaks_are_opt_in(agent: FakeAgent) -> None:
+    stats = ScriptedStats()
+    reporter = gt.install(
+        agent_url=agent.url, interval_seconds=60, stats=stats, reset_peak_each_report=True
+    )
+    assert reporter is not None
+    reporter.report_once()
+    reporter.report_once()
+    assert stats.resets == 2
 
 
 def test_a_figure_the_wire_model_refuses_is_skipped_not_fatal(agent: FakeAgent) -> None:
@@ -195,10 +209,10 @@ def test_log_epoch_peak_uses_reported_peaks(
     reporter.report_once()  # peak 12.5 GiB
     with caplog.at_level(logging.INFO, logger="gpuwatch.torch"):
         peak = gt.log_epoch_peak(3)
-    assert peak == 13 * GIB + GIB // 2  # the current counter is higher still
-    assert (
-        "epoch 3: peak allocated 13.50 GiB of 24.00 GiB on device 0 (44% headroom)" in caplog.text
-    )
+    # Reserved (no reserved peak from this source: the current reserved, 14 GiB, is
+    # higher than every reported one).
+    assert peak == 14 * GIB
+    assert "epoch 3: peak reserved 14.00 GiB of 24.00 GiB on device 0 (42% headroom)" in caplog.text
 
 
 def test_base_package_never_imports_torch() -> None:
@@ -208,3 +222,218 @@ def test_base_package_never_imports_torch() -> None:
         "import gpuwatch.torch; assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --- the peak that matters, and PyTorch's counters left alone -----------------------------
+
+
+class CacheHeavyStats(ScriptedStats):
+    """10 GiB of tensors at most, but a 22.5 GiB cache: the card lost 22.5 GiB."""
+
+    def sample(self, device: int) -> AllocatorSample:
+        return AllocatorSample(
+            device, 8 * GIB, 22 * GIB, 10 * GIB, peak_reserved_bytes=22 * GIB + GIB // 2
+        )
+
+
+def test_log_epoch_peak_compares_the_reserved_peak_with_the_card(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stats = CacheHeavyStats()
+    gt.install(agent_url="http://127.0.0.1:9", interval_seconds=60, stats=stats)
+    with caplog.at_level(logging.INFO, logger="gpuwatch.torch"):
+        peak = gt.log_epoch_peak(1)
+    assert peak == 22 * GIB + GIB // 2
+    (record,) = [r for r in caplog.records if "epoch 1" in r.getMessage()]
+    assert record.levelno == logging.WARNING  # 6% headroom, not the 58% allocated suggests
+    assert "peak reserved 22.50 GiB of 24.00 GiB" in record.getMessage()
+    assert stats.resets == 0  # the training code's max_memory_*() still count from its start
+    gt.log_epoch_peak(2, reset_peak=True)
+    assert stats.resets == 1
+
+
+# --- which GPU: UUIDs, CUDA_VISIBLE_DEVICES ------------------------------------------------
+
+UUID_3 = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"
+
+
+def test_reports_name_the_gpu_by_uuid(agent: FakeAgent) -> None:
+    reporter = gt.Reporter(
+        agent_url=agent.url,
+        stats=ScriptedStats(),
+        identify=lambda ordinal: gt.DeviceRef(index=3, uuid=UUID_3),
+    )
+    assert reporter.report_once() == 1
+    report = TorchReport.model_validate(agent.posts[TORCH_PATH][0])
+    assert (report.device_index, report.device_uuid) == (3, UUID_3)
+
+
+def test_torch_uuid_without_the_gpu_prefix_is_sent_in_nvml_form(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=UUID_3[4:])
+    )
+    assert gt.cuda_device_ref(0) == gt.DeviceRef(index=0, uuid=UUID_3)
+
+
+def test_without_a_uuid_cuda_visible_devices_translates_the_ordinal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The CPU build cannot tell a UUID: CUDA_VISIBLE_DEVICES still says which GPU it is.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert gt.cuda_device_ref(0) == gt.DeviceRef(index=3, uuid=None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"5, {UUID_3}")
+    assert gt.cuda_device_ref(0) == gt.DeviceRef(index=5, uuid=None)
+    assert gt.cuda_device_ref(1) == gt.DeviceRef(index=1, uuid=UUID_3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gt.cuda_device_ref(0) == gt.DeviceRef(index=0, uuid=None)
+
+
+def test_an_oom_incident_under_cuda_visible_devices_names_the_visible_gpu(
+    agent: FakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    reporter = gt.Reporter(agent_url=agent.url, stats=ScriptedStats())
+    reporter.handle_oom(torch.OutOfMemoryError(NEW_OOM), stream=sys.stderr)  # "GPU 0"
+    incident = OomIncident.model_validate(agent.posts[INCIDENTS_OOM_PATH][0])
+    assert incident.device_index == 3
+
+
+def test_an_agent_that_predates_device_uuid_gets_the_index_alone() -> None:
+    import httpx
+
+    bodies: list[dict[str, object]] = []
+
+    def old_agent(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        return httpx.Response(422 if "device_uuid" in body else 204)
+
+    reporter = gt.Reporter(
+        agent_url="http://127.0.0.1:9",
+        stats=ScriptedStats(),
+        transport=httpx.MockTransport(old_agent),
+        identify=lambda ordinal: gt.DeviceRef(index=3, uuid=UUID_3),
+    )
+    assert reporter.report_once() == 1
+    assert reporter.report_once() == 1
+    assert ["device_uuid" in b for b in bodies] == [True, False, False]
+    assert all(b["device_index"] == 3 for b in bodies)
+
+
+# --- no device for memory no GPU holds -----------------------------------------------------
+
+HOST_OOM = (
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: not enough "
+    "memory: you tried to allocate 1000000000 bytes."
+)
+MPS_OOM = (
+    "MPS backend out of memory (MPS allocated: 1.00 GB, other allocations: 2.00 GB, max "
+    "allowed: 3.00 GB). Tried to allocate 256 MB on private pool."
+)
+XPU_OOM = "XPU out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB"
+
+
+@pytest.mark.parametrize("message", [HOST_OOM, MPS_OOM, XPU_OOM], ids=["host", "mps", "xpu"])
+def test_an_oom_outside_cuda_memory_names_no_gpu(agent: FakeAgent, message: str) -> None:
+    # This process holds CUDA memory on device 0 (ScriptedStats): that is still no reason
+    # to pin a host-RAM (or MPS, XPU) OOM on NVML's GPU 0.
+    reporter = gt.Reporter(agent_url=agent.url, stats=ScriptedStats())
+    reporter.handle_oom(RuntimeError(message), stream=sys.stderr)
+    incident = OomIncident.model_validate(agent.posts[INCIDENTS_OOM_PATH][0])
+    assert incident.device_index is None and incident.device_uuid is None
+
+
+def test_an_unrecognised_oom_in_a_process_without_cuda_memory_names_no_gpu(
+    agent: FakeAgent,
+) -> None:
+    reporter = gt.Reporter(agent_url=agent.url, stats=ScriptedStats(devices=[]))
+    reporter.handle_oom(torch.OutOfMemoryError("something new"), stream=sys.stderr)
+    incident = OomIncident.model_validate(agent.posts[INCIDENTS_OOM_PATH][0])
+    assert incident.device_index is None  # not a guessed 0
+
+
+# --- never break the training process -----------------------------------------------------
+
+
+def test_a_malformed_agent_url_never_replaces_the_users_oom(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("GPUWATCH_AGENT_URL", "http://[::1")
+    with caplog.at_level(logging.INFO, logger="gpuwatch.torch"):
+        reporter = gt.install(interval_seconds=0.01, stats=ScriptedStats())
+    assert reporter is not None and reporter.url_problem is not None
+    assert sum("unusable" in r.getMessage() for r in caplog.records) == 1
+    assert reporter.report_once() == 0  # no InvalidURL out of a report either
+    exc = torch.OutOfMemoryError(NEW_OOM)
+    with pytest.raises(torch.OutOfMemoryError) as raised, gt.guard():
+        raise exc
+    assert raised.value is exc
+    # Without install() too: the offline reporter reads the same URL.
+    gt.uninstall()
+    other = torch.OutOfMemoryError(NEW_OOM)
+    with pytest.raises(torch.OutOfMemoryError) as raised, gt.guard():
+        raise other
+    assert raised.value is other
+
+
+def test_handle_oom_never_raises(agent: FakeAgent) -> None:
+    class Broken(ScriptedStats):
+        def devices(self) -> list[int]:
+            raise AssertionError("Torch not compiled with CUDA enabled")
+
+    reporter = gt.Reporter(agent_url=agent.url, stats=Broken())
+    reporter._post = lambda *a, **k: 1 / 0  # type: ignore[method-assign]  # any failure inside
+    explanation = reporter.handle_oom(torch.OutOfMemoryError("odd"), stream=sys.stderr)
+    assert explanation.recognized is False
+
+
+def test_install_without_cuda_does_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    assert not torch.cuda.is_available()  # the CPU build in this venv
+    hook = sys.excepthook
+    with caplog.at_level(logging.INFO, logger="gpuwatch.torch"):
+        assert gt.install(interval_seconds=0.01) is None
+    assert sys.excepthook is hook
+    assert not [t for t in threading.enumerate() if t.name == "gpuwatch-torch-reporter"]
+    (record,) = [r for r in caplog.records if r.name == "gpuwatch.torch"]
+    assert "no usable CUDA" in record.getMessage()
+
+
+def test_install_without_torch_does_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
+    with caplog.at_level(logging.INFO, logger="gpuwatch.torch"):
+        assert gt.install(interval_seconds=0.01) is None
+    assert "torch cannot be imported" in caplog.text
+
+
+def test_a_failing_allocator_read_never_ends_the_reporter(
+    agent: FakeAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Flaky(ScriptedStats):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def devices(self) -> list[int]:
+            self.calls += 1
+            if self.calls <= 3:  # torch missing, CUDA not compiled in, ...
+                raise (ImportError, AssertionError, TypeError)[self.calls - 1]("no")
+            return [0]
+
+    with caplog.at_level(logging.DEBUG, logger="gpuwatch.torch"):
+        gt.install(agent_url=agent.url, interval_seconds=0.01, stats=Flaky())
+        assert wait_for(agent, TORCH_PATH)  # the thread lived on past three failures
+    failures = [r for r in caplog.records if "cannot read" in r.getMessage()]
+    assert len(failures) == 3 and [r.levelno for r in failures].count(logging.INFO) == 1
+
+
+def test_log_epoch_peak_without_torch_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert gt.log_epoch_peak(1) is None

@@ -79,7 +79,8 @@ def test_never_acts_on_an_uncontended_gpu(
     assert [r["event"] for r in AuditLog(tmp_path / "audit.jsonl").read()] == ["policy_started"]
 
     # Someone else runs out of memory on that GPU: now it is contended.
-    # (The agent hands each OOM incident it relays to the policy: Agent._on_oom.)
+    # (The agent hands the policy each OOM incident that proves it, Agent._on_oom:
+    # test_auto_oom_trust.py drives that part over HTTP.)
     agent.reaper.note_oom(0, 99999, rig.clock.now)
     sink.events.clear()
     run_polls(agent, rig, 12, until=lambda: not idle.alive())

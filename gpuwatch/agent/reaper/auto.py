@@ -9,7 +9,10 @@ stop:
 
 1. **Only on a contended GPU**: one at least ``contended_ratio`` full, or on which
    another process hit an out-of-memory error within ``oom_wait`` (someone is
-   waiting). Idle memory on a GPU nobody needs is left alone.
+   waiting). Idle memory on a GPU nobody needs is left alone. Any local user can post
+   an OOM incident, so the agent counts one only from its process's owner (or root),
+   for a live process NVML lists on that GPU, at the time the agent received it
+   (``service.not_contention``).
 2. **Warning first**: the owner and the alert channel are told (a ``reaped`` event
    with ``stage: warning``, an audit row and a log line) "pid 4242 (alice, jupyter
    kernel, 11.0 GiB on gpu1) will be stopped in 30m unless it becomes active".
@@ -111,7 +114,10 @@ class AutoReaper:
         self.warnings: dict[Key, PendingWarning] = {}
         self._acted: set[Key] = set()
         self._stops: deque[tuple[float, str]] = deque()
-        self._ooms: dict[int, list[tuple[float, int]]] = {}
+        # GPU index -> pid -> when the agent received that process's latest OOM there.
+        # Written from the agent's HTTP thread, read from the poll loop.
+        self._ooms: dict[int, dict[int, float]] = {}
+        self._ooms_lock = threading.Lock()
         self._next_check = 0.0
         self._worker: threading.Thread | None = None
         self._disabled = False
@@ -122,9 +128,20 @@ class AutoReaper:
         return self._worker is not None and self._worker.is_alive()
 
     def note_oom(self, gpu_index: int | None, pid: int, at: float) -> None:
-        """An out-of-memory error on ``gpu_index``: someone is waiting for memory there."""
-        if gpu_index is not None:
-            self._ooms.setdefault(gpu_index, []).append((at, pid))
+        """An out-of-memory error of ``pid`` on ``gpu_index``: someone is waiting for
+        memory there.
+
+        The caller has checked that it may count (the agent: ``service.not_contention``).
+        ``at`` is never later than this policy's clock, so no report can keep a GPU
+        contended for longer than ``oom_wait``; one entry per process and GPU, pruned
+        at every check (:meth:`_prune_ooms`), so the table stays bounded.
+        """
+        if gpu_index is None:
+            return
+        at = min(at, self._clock())
+        with self._ooms_lock:
+            seen = self._ooms.setdefault(gpu_index, {})
+            seen[pid] = max(at, seen.get(pid, at))
 
     def after_poll(self, snapshot: HostSnapshot) -> None:
         """Check now if a check is due (cheap otherwise). Never raises."""
@@ -142,6 +159,7 @@ class AutoReaper:
             log.exception("reaper policy check failed")
 
     def _check(self, snapshot: HostSnapshot, now: float) -> None:
+        self._prune_ooms(snapshot, now)
         plan = self._plan(snapshot, now)
         eligible: dict[Key, tuple[Decision, str]] = {}
         for decision in plan.chosen:
@@ -190,15 +208,30 @@ class AutoReaper:
             full = _fullness(gpu)
             if full is not None and full >= self.settings.contended_ratio:
                 return f"gpu{index} is {full:.0%} full"
-            recent = [
-                (t, pid)
-                for t, pid in self._ooms.get(index, [])
-                if t >= now - self.settings.oom_wait_seconds
-            ]
-            self._ooms[index] = recent
-            if any(pid != decision.candidate.pid for _, pid in recent):
+            with self._ooms_lock:
+                waiting = set(self._ooms.get(index, {}))  # pruned for ``now``: all recent
+            if waiting - {decision.candidate.pid}:
                 return f"another process ran out of memory on gpu{index}"
         return None
+
+    def _prune_ooms(self, snapshot: HostSnapshot, now: float) -> None:
+        """Keep only OOMs within ``oom_wait`` of ``now`` on GPUs the snapshot has.
+
+        Every GPU, not only those with a candidate: entries nothing reads would stay
+        forever. One noted "later" than a check interval after ``now`` (the clock
+        stepped back) is dropped too; within it, it may just have arrived during this
+        check.
+        """
+        oldest = now - self.settings.oom_wait_seconds
+        latest = now + self.settings.check_interval_seconds
+        gpus = {gpu.index for gpu in snapshot.gpus}
+        with self._ooms_lock:
+            for index in list(self._ooms):
+                recent = {pid: t for pid, t in self._ooms[index].items() if oldest <= t <= latest}
+                if recent and index in gpus:
+                    self._ooms[index] = recent
+                else:
+                    del self._ooms[index]
 
     def _warn(self, plan: Plan, decision: Decision, why: str, now: float) -> PendingWarning:
         wait = self.settings.warn_before_seconds
