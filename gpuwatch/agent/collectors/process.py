@@ -67,7 +67,7 @@ TORCH_FREE_CACHED = MetricSpec(
 TORCH_PEAK = MetricSpec(
     "gpuwatch_gpu_process_torch_peak_allocated_bytes",
     "gauge",
-    "Peak allocated since the previous report.",
+    "PyTorch's peak allocated (max_memory_allocated): since the process started or its own last reset.",
     _L,
     _TORCH,
 )
