@@ -195,6 +195,8 @@ class AlertsClient(_ApiClient):
     """
 
     token_kind = "token"
+    # test_receiver waits the longest receiver timeout and this much more.
+    test_margin_seconds = 15.0
 
     def __enter__(self) -> AlertsClient:
         return self
@@ -234,11 +236,24 @@ class AlertsClient(_ApiClient):
 
     def test_receiver(self, name: str) -> TestResult:
         """Have the server send a sample notification to receiver ``name`` once."""
-        data = self._request(
-            "POST",
-            f"/api/v1/receivers/{quote(name, safe='')}/test",
-            not_found=f"no receiver {name!r}",
+        from gpuwatch.server.notifications.config import MAX_TIMEOUT_SECONDS
+
+        # The server answers once the receiver has: wait longer than any receiver may
+        # take (its timeout_seconds, at most MAX_TIMEOUT_SECONDS), with a margin for
+        # Slack's spacing and the server's own work. A slow receiver is its outcome,
+        # not "cannot reach the gpuwatch server".
+        previous = self._http.timeout
+        self._http.timeout = httpx.Timeout(
+            MAX_TIMEOUT_SECONDS + self.test_margin_seconds, connect=previous.connect
         )
+        try:
+            data = self._request(
+                "POST",
+                f"/api/v1/receivers/{quote(name, safe='')}/test",
+                not_found=f"no receiver {name!r}",
+            )
+        finally:
+            self._http.timeout = previous
         return _parse(TypeAdapter(TestResult), data, self._base_url)
 
 

@@ -329,6 +329,10 @@ SECRET_KEY = "SECRETKEY456"
         ("[server.alerts]\nevaluation_intervall = '15s'\n", "alerts.evaluation_intervall"),
         ("[server.alerts]\ngroup_wait = '30 seconds'\n", "alerts.group_wait"),
         (
+            "[server.alerts]\nexternal_url = 'gpuwatch.example.internal'\n",
+            "external_url must be an absolute http:// or https:// URL",
+        ),
+        (
             "[server.alerts.rules.gpu_lost]\nfor = 'soon'\n",
             "alerts.rules.gpu_lost.for",
         ),

@@ -8,8 +8,9 @@ rule that silently never fires. Defaults and their reasons: docs/alerts.md.
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from gpuwatch.quantities import parse_bytes, parse_seconds
 
@@ -269,7 +270,8 @@ class AlertSettings(_Strict):
         description="Resolved alerts are kept this long (history, and their resolved notification).",
     )
     external_url: str | None = Field(
-        None, description="Where people reach this server; put in notifications as a link."
+        None,
+        description="Where people reach this server (an absolute http:// or https:// URL); put in notifications as a link.",
     )
     teams: dict[str, str] = Field(
         default_factory=dict,
@@ -283,6 +285,25 @@ class AlertSettings(_Strict):
         default_factory=lambda: Rules.model_validate({}),
         description="[server.alerts.rules.NAME]: override a shipped rule's settings.",
     )
+
+    @field_validator("external_url")
+    @classmethod
+    def _absolute_url(cls, value: str | None) -> str | None:
+        # Alertmanager refuses an alert whose generatorURL is not a URI (422), so a
+        # scheme-less value would fail every notification to it.
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.netloc
+            or any(c.isspace() for c in value)
+        ):
+            raise ValueError(
+                "external_url must be an absolute http:// or https:// URL, such as"
+                " https://gpuwatch.example.com/"
+            )
+        return value
 
     @model_validator(mode="after")
     def _group_by_known(self) -> AlertSettings:

@@ -22,6 +22,13 @@ What is promised, and why it holds:
   back off with jitter (honouring ``Retry-After``) until the delivery deadline, sends
   to one receiver are spaced by its ``min_interval_seconds`` (Slack: 1 s), and a
   permanent refusal marks the notification ``broken`` instead of retrying.
+  Alertmanager receivers get their due alerts in batched POSTs (:data:`BATCH_ALERTS`).
+* **The newest word on a group is sent last.** A notification carries its group's
+  whole state, so a newer one supersedes the older ones of its receiver and group
+  still pending (``superseded``, never sent): a retried ``firing`` can no longer
+  follow its ``resolved``.
+* **Nothing stale is sent.** A notification not attempted by its deadline is
+  ``failed`` without being sent.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sqlalchemy import Table, delete, insert, select, update
 from sqlalchemy.orm import Session
@@ -53,6 +61,10 @@ BACKOFF_CAP_SECONDS = 60.0
 # Sent and given-up notifications are kept this long (the log the API shows).
 NOTIFICATION_RETENTION_SECONDS = 7 * 86400.0
 MAX_ATTEMPTS_PER_RUN = 200
+# Receivers that take many notifications per request (Alertmanager): notifications
+# claimed per run, and alerts per POST (Prometheus sends Alertmanager batches of 256).
+MAX_BATCHED_PER_RUN = 20_000
+BATCH_ALERTS = 256
 # The share of a run a receiver gets when it has no timeout_seconds of its own (the
 # receivers' default timeout).
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -161,30 +173,53 @@ class AlertEngine:
         self, *, database: Database, now: float, lease_seconds: float
     ) -> list[tuple[str, str]]:
         """Attempt every pending notification whose time has come; return (receiver,
-        outcome) per attempt. Each is claimed for ``lease_seconds`` first (longer than an
-        attempt can take, which settings check), so no one else tries it meanwhile.
+        outcome) per notification. Each is claimed for ``lease_seconds`` first (longer
+        than an attempt can take, which settings check), so no one else tries it
+        meanwhile. One whose delivery deadline has passed is given up (``failed``)
+        without being sent: what it says is stale.
 
         Receiver by receiver, and each only for about its ``timeout_seconds`` per run:
         no new attempt starts once a receiver has used that much, and what it did not
         reach is handed back for the next run. So a slow receiver (each attempt bounded
         by its timeout) delays the others, and the next evaluation, by at most about
-        twice its timeout, whatever its backlog; one that answers promptly is not held."""
+        twice its timeout, whatever its backlog; one that answers promptly is not held.
+
+        A receiver that takes many notifications in one request (Alertmanager's
+        ``attempt_batch``) gets all of its due notifications in POSTs of at most
+        :data:`BATCH_ALERTS` alerts each, one attempt per POST."""
         outcomes: list[tuple[str, str]] = []
         configured = sorted(self.receivers)
         for name in [*configured, None]:  # None: receivers no longer configured
-            claimed = self._claim(database, now, lease_seconds, name, configured)
-            budget = _timeout_of(self.receivers.get(name) if name is not None else None)
+            receiver = self.receivers.get(name) if name is not None else None
+            batched = receiver is not None and hasattr(receiver, "attempt_batch")
+            limit = MAX_BATCHED_PER_RUN if batched else MAX_ATTEMPTS_PER_RUN
+            claimed, expired = self._claim(database, now, lease_seconds, name, configured, limit)
+            for row in expired:
+                self._outcome(outcomes, row.receiver, "failed")
+            units = _chunks(claimed) if batched else [[row] for row in claimed]
+            budget = _timeout_of(receiver)
             started = time.monotonic()
-            for index, (row_id, receiver, body, attempts, deadline, _) in enumerate(claimed):
+            for index, unit in enumerate(units):
                 if index and time.monotonic() - started >= budget:
-                    self._release(database, claimed[index:])
+                    self._release(database, [row for rest in units[index:] for row in rest])
                     break
-                attempt = self._attempt(receiver, body)
-                outcome = self._record(database, row_id, attempt, attempts + 1, deadline)
-                outcomes.append((receiver, outcome))
-                if self._on_outcome is not None:
-                    self._on_outcome(receiver, outcome)
+                stale = [row for row in unit if row.deadline < self._clock()]
+                if stale:  # its deadline passed while the run was busy with others
+                    self._expire(database, stale)
+                    for row in stale:
+                        self._outcome(outcomes, row.receiver, "failed")
+                    unit = [row for row in unit if row.deadline >= self._clock()]
+                    if not unit:
+                        continue
+                attempt = self._attempt(unit[0].receiver, [row.body for row in unit])
+                for row, outcome in zip(unit, self._record(database, unit, attempt), strict=True):
+                    self._outcome(outcomes, row.receiver, outcome)
         return outcomes
+
+    def _outcome(self, outcomes: list[tuple[str, str]], receiver: str, outcome: str) -> None:
+        outcomes.append((receiver, outcome))
+        if self._on_outcome is not None:
+            self._on_outcome(receiver, outcome)
 
     def _claim(
         self,
@@ -193,9 +228,11 @@ class AlertEngine:
         lease_seconds: float,
         name: str | None,
         configured: list[str],
-    ) -> list[tuple[int, str, dict[str, object], int, float, float]]:
+        limit: int = MAX_ATTEMPTS_PER_RUN,
+    ) -> tuple[list[Claimed], list[Claimed]]:
         """Lease the due notifications of receiver ``name`` (None: of every receiver
-        not in ``configured``); (id, receiver, body, attempts, deadline, due) of each."""
+        not in ``configured``), oldest first; those whose deadline has passed are
+        marked ``failed`` instead. (leased, expired)."""
         mine = (
             NotificationRow.receiver == name
             if name is not None
@@ -210,39 +247,69 @@ class AlertEngine:
                     mine,
                 )
                 .order_by(NotificationRow.id)
-                .limit(MAX_ATTEMPTS_PER_RUN)
+                .limit(limit)
                 .with_for_update(skip_locked=True)
             ).all()
-            claimed = [
-                (row.id, row.receiver, row.body, row.attempts, row.deadline_at, row.next_attempt_at)
-                for row in due
-            ]
+            claimed, expired = [], []
             for row in due:
-                row.attempts += 1
-                row.next_attempt_at = now + lease_seconds
-        return claimed
+                item = Claimed(
+                    row.id,
+                    row.receiver,
+                    row.body,
+                    row.attempts,
+                    row.deadline_at,
+                    row.next_attempt_at,
+                    row.last_error,
+                )
+                if row.deadline_at < now:
+                    row.status = "failed"
+                    row.last_error = _expired_error(row.last_error)
+                    expired.append(item)
+                else:
+                    row.attempts += 1
+                    row.next_attempt_at = now + lease_seconds
+                    claimed.append(item)
+        for item in expired:
+            log.warning("notification %d: its deadline passed before an attempt", item.id)
+        return claimed, expired
 
-    def _release(
-        self,
-        database: Database,
-        rows: list[tuple[int, str, dict[str, object], int, float, float]],
-    ) -> None:
+    def _release(self, database: Database, rows: list[Claimed]) -> None:
         """Hand back claimed notifications not attempted: as they were before the claim."""
+        if not rows:
+            return
+        with database.writer() as session, session.begin():
+            session.execute(
+                update(NotificationRow),
+                [{"id": r.id, "attempts": r.attempts, "next_attempt_at": r.due} for r in rows],
+            )
+
+    def _expire(self, database: Database, rows: list[Claimed]) -> None:
+        """Give up claimed notifications whose deadline passed before their attempt."""
         with database.writer() as session, session.begin():
             session.execute(
                 update(NotificationRow),
                 [
-                    {"id": row_id, "attempts": attempts, "next_attempt_at": due_at}
-                    for row_id, _, _, attempts, _, due_at in rows
+                    {
+                        "id": r.id,
+                        "attempts": r.attempts,
+                        "status": "failed",
+                        "last_error": _expired_error(r.last_error),
+                    }
+                    for r in rows
                 ],
             )
+        for row in rows:
+            log.warning("notification %d: its deadline passed before an attempt", row.id)
 
-    def test_receiver(self, *, database: Database, name: str) -> Attempt:
+    def test_receiver(
+        self, *, database: Database, name: str, external_url: str | None = None
+    ) -> Attempt:
         """Send a sample notification to receiver ``name`` once (``alerts test-receiver``),
-        and log it like any notification, so the receiver's state and counters show it."""
+        and log it like any notification, so the receiver's state and counters show it.
+        ``external_url`` is the server's, as real notifications carry it."""
         now = self._clock()
-        body = sample_notification(name, now).to_json()
-        attempt = self._attempt(name, body)
+        body = sample_notification(name, now, external_url=external_url).to_json()
+        attempt = self._attempt(name, [body])
         status = {"sent": "sent", "broken": "broken"}.get(attempt.outcome, "failed")
         with database.writer() as session, session.begin():
             session.add(
@@ -264,50 +331,110 @@ class AlertEngine:
             self._on_outcome(name, attempt.outcome)
         return attempt
 
-    def _attempt(self, name: str, body: dict[str, object]) -> Attempt:
+    def _attempt(self, name: str, bodies: list[dict[str, object]]) -> Attempt:
+        """One attempt of ``bodies`` (several only for a receiver with ``attempt_batch``),
+        spaced from the previous send to the same endpoint by ``min_interval_seconds``."""
         receiver = self.receivers.get(name)
         if receiver is None:
             return Attempt("broken", f"receiver {name!r} is no longer configured")
-        wait = self._last_sent.get(name, float("-inf")) + receiver.min_interval_seconds
+        # Keyed by the endpoint (Slack's limit is per webhook URL), not the name: two
+        # receivers on one URL share its spacing.
+        key = getattr(receiver, "spacing_key", name)
+        wait = self._last_sent.get(key, float("-inf")) + receiver.min_interval_seconds
         if wait > self._clock():
             self._sleep(wait - self._clock())
         try:
-            attempt = receiver.attempt(Notification.from_json(body))
+            notifications = [Notification.from_json(body) for body in bodies]
+            if len(notifications) == 1:
+                attempt = receiver.attempt(notifications[0])
+            else:
+                attempt = receiver.attempt_batch(notifications)  # type: ignore[attr-defined]
         except Exception as err:  # a receiver bug must not stop the others
             log.exception("receiver %s failed unexpectedly", name)
             attempt = Attempt("retry", f"receiver {name!r} failed: {type(err).__name__}")
-        self._last_sent[name] = self._clock()
+        self._last_sent[key] = self._clock()
         return attempt
 
-    def _record(
-        self, database: Database, row_id: int, attempt: Attempt, attempts: int, deadline: float
-    ) -> str:
+    def _record(self, database: Database, rows: list[Claimed], attempt: Attempt) -> list[str]:
+        """Write what ``attempt`` came to for each of ``rows``; the outcome of each."""
         now = self._clock()
-        values: dict[str, object] = {
-            "last_error": None if attempt.outcome == "sent" else attempt.detail[:512]
-        }
-        if attempt.outcome == "sent":
-            values |= {"status": "sent", "sent_at": now}
-            outcome = "sent"
-        elif attempt.outcome == "broken":
-            values |= {"status": "broken"}
-            outcome = "broken"
-            log.warning("notification %d: receiver refused it for good: %s", row_id, attempt.detail)
-        else:
-            backoff = min(BACKOFF_CAP_SECONDS, 2.0 ** (attempts - 1)) * (0.5 + self._rng())
-            next_at = now + (attempt.retry_after if attempt.retry_after is not None else backoff)
-            if next_at > deadline:
-                values |= {"status": "failed"}
-                outcome = "failed"
-                log.warning("notification %d: gave up at its deadline: %s", row_id, attempt.detail)
+        error = None if attempt.outcome == "sent" else attempt.detail[:512]
+        values: list[dict[str, object]] = []
+        outcomes: list[str] = []
+        for row in rows:
+            value: dict[str, object] = {"id": row.id, "last_error": error}
+            if attempt.outcome == "sent":
+                value |= {"status": "sent", "sent_at": now}
+                outcome = "sent"
+            elif attempt.outcome == "broken":
+                value |= {"status": "broken"}
+                outcome = "broken"
+                log.warning(
+                    "notification %d: receiver refused it for good: %s", row.id, attempt.detail
+                )
             else:
-                values |= {"next_attempt_at": next_at}
-                outcome = "retry"
+                attempts = row.attempts + 1
+                backoff = min(BACKOFF_CAP_SECONDS, 2.0 ** (attempts - 1)) * (0.5 + self._rng())
+                wait = attempt.retry_after if attempt.retry_after is not None else backoff
+                next_at = now + wait
+                if next_at > row.deadline:
+                    value |= {"status": "failed"}
+                    outcome = "failed"
+                    log.warning(
+                        "notification %d: gave up at its deadline: %s", row.id, attempt.detail
+                    )
+                else:
+                    value |= {"status": "pending", "next_attempt_at": next_at}
+                    outcome = "retry"
+            values.append(value)
+            outcomes.append(outcome)
         with database.writer() as session, session.begin():
-            session.execute(
-                update(NotificationRow).where(NotificationRow.id == row_id).values(values)
-            )
-        return outcome
+            # Grouped by the columns written: an executemany per shape.
+            shapes: dict[tuple[str, ...], list[dict[str, object]]] = {}
+            for value in values:
+                shapes.setdefault(tuple(sorted(value)), []).append(value)
+            for same in shapes.values():
+                session.execute(update(NotificationRow), same)
+        return outcomes
+
+
+class Claimed(NamedTuple):
+    """A notification leased for an attempt, as it was before the lease."""
+
+    id: int
+    receiver: str
+    body: dict[str, object]
+    attempts: int
+    deadline: float
+    due: float
+    last_error: str | None
+
+
+def _expired_error(previous: str | None) -> str:
+    text = "given up: its delivery deadline passed before an attempt"
+    if previous:
+        text += f" (last error: {previous})"
+    return text[:512]
+
+
+def _alert_count(body: dict[str, object]) -> int:
+    alerts = body.get("alerts")
+    return len(alerts) if isinstance(alerts, list) else 1
+
+
+def _chunks(rows: list[Claimed]) -> list[list[Claimed]]:
+    """``rows`` in order, cut into units of at most :data:`BATCH_ALERTS` alerts (a
+    notification with more goes alone)."""
+    units: list[list[Claimed]] = []
+    size = 0
+    for row in rows:
+        count = _alert_count(row.body)
+        if not units or size + count > BATCH_ALERTS:
+            units.append([])
+            size = 0
+        units[-1].append(row)
+        size += count
+    return units
 
 
 def _timeout_of(receiver: Receiver | None) -> float:
@@ -323,7 +450,9 @@ def _holders_above(config: AlertSettings) -> float:
     return rule.used_ratio if rule.enabled else 2.0
 
 
-def sample_notification(receiver: str, now: float) -> Notification:
+def sample_notification(
+    receiver: str, now: float, *, external_url: str | None = None
+) -> Notification:
     """What ``alerts test-receiver`` sends: a plausible filling-up alert, marked a test."""
     from gpuwatch.server.notifications.model import NotifiedAlert
 
@@ -341,7 +470,9 @@ def sample_notification(receiver: str, now: float) -> Notification:
             Culprit(4242, "alice", "python train.py", 20 * 2**30, slope_bytes_per_second=2**30 / 60)
         ],
     )
-    return Notification(receiver, TEST_GROUP_KEY, {"rule": "test"}, "firing", [alert])
+    return Notification(
+        receiver, TEST_GROUP_KEY, {"rule": "test"}, "firing", [alert], external_url=external_url
+    )
 
 
 def _load(session: Session, states: tuple[str, ...]) -> list[AlertState]:
@@ -451,19 +582,62 @@ def _load_silences(session: Session, now: float) -> list[dispatch.Silence]:
 def _insert_notifications(
     session: Session, dialect: str, plan: dispatch.Plan, *, deadline: float
 ) -> int:
+    """Insert the planned notifications; each supersedes the older pending ones of its
+    receiver and group.
+
+    A notification carries its group's whole state (every firing alert, and the
+    resolutions not yet told), so an older one still pending says nothing the newer
+    one does not, and sending it after the newer one would undo it (a firing retried
+    after its resolution). The older ones become ``superseded``, never sent; the
+    resolutions they carried that the newer one does not are carried over, and the
+    newer one waits for a retry time the receiver asked the older one to keep."""
+    if not plan.notifications:
+        return 0
+    keys = {(n.receiver, n.group_key[:512]) for n, _ in plan.notifications}
+    older: dict[tuple[str, str], list[NotificationRow]] = {}
+    for row in session.scalars(
+        select(NotificationRow)
+        .where(
+            NotificationRow.status == "pending",
+            NotificationRow.group_key.in_(sorted({k for _, k in keys})),
+        )
+        .order_by(NotificationRow.id)
+    ):
+        if (row.receiver, row.group_key) in keys:
+            older.setdefault((row.receiver, row.group_key), []).append(row)
     inserted = 0
+    superseded: list[int] = []
     for notification, flush_at in plan.notifications:
+        key = (notification.receiver, notification.group_key[:512])
+        prior = [row for row in older.get(key, []) if row.flush_at < flush_at]
+        body = notification.to_json()
+        shown = {alert["fingerprint"] for alert in body["alerts"]}
+        for row in reversed(prior):  # the newest word on each alert
+            for alert in row.body.get("alerts", []):
+                if alert.get("status") == "resolved" and alert.get("fingerprint") not in shown:
+                    body["alerts"].append(alert)
+                    shown.add(alert.get("fingerprint"))
+        next_at = max([flush_at] + [row.next_attempt_at for row in prior if row.attempts > 0])
         statement = insert_ignoring_conflicts(_NOTIFICATIONS, dialect).values(
             receiver=notification.receiver,
-            group_key=notification.group_key[:512],
+            group_key=key[1],
             flush_at=flush_at,
             status="pending",
-            body=notification.to_json(),
+            body=body,
             attempts=0,
-            next_attempt_at=flush_at,
+            next_attempt_at=next_at,
             deadline_at=deadline,
         )
-        inserted += session.execute(statement).rowcount or 0  # type: ignore[attr-defined]
+        added = session.execute(statement).rowcount or 0  # type: ignore[attr-defined]
+        inserted += added
+        if added:
+            superseded += [row.id for row in prior]
+    if superseded:
+        session.execute(
+            update(NotificationRow)
+            .where(NotificationRow.id.in_(superseded), NotificationRow.status == "pending")
+            .values(status="superseded")
+        )
     return inserted
 
 

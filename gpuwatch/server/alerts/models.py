@@ -69,7 +69,8 @@ class NotificationRow(Base):
     receiver: Mapped[str] = mapped_column(String(64))
     group_key: Mapped[str] = mapped_column(String(512))
     flush_at: Mapped[float] = mapped_column(Double)
-    status: Mapped[str] = mapped_column(String(16))  # pending, sent, failed, broken
+    # pending, sent, failed, broken, superseded (a newer one of its group replaced it)
+    status: Mapped[str] = mapped_column(String(16))
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[float] = mapped_column(Double)

@@ -147,6 +147,9 @@ class ReceiverOut(BaseModel):
     last_error: str | None
     last_sent_at: float | None
     pending: int
+    # Notifications never sent because a newer one of their group replaced them
+    # (kept as long as the notification log).
+    superseded: int = 0
 
 
 class TestResult(BaseModel):

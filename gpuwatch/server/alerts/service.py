@@ -109,7 +109,11 @@ def receiver_states(*, session: Session, receivers: dict[str, Receiver]) -> list
     for name, receiver in sorted(receivers.items()):
         last = session.scalars(
             select(NotificationRow)
-            .where(NotificationRow.receiver == name, NotificationRow.attempts > 0)
+            .where(
+                NotificationRow.receiver == name,
+                NotificationRow.attempts > 0,
+                NotificationRow.status != "superseded",
+            )
             .order_by(NotificationRow.id.desc())
             .limit(1)
         ).first()
@@ -119,6 +123,11 @@ def receiver_states(*, session: Session, receivers: dict[str, Receiver]) -> list
         pending = session.scalar(
             select(func.count(NotificationRow.id)).where(
                 NotificationRow.receiver == name, NotificationRow.status == "pending"
+            )
+        )
+        superseded = session.scalar(
+            select(func.count(NotificationRow.id)).where(
+                NotificationRow.receiver == name, NotificationRow.status == "superseded"
             )
         )
         status = "unknown"
@@ -134,6 +143,7 @@ def receiver_states(*, session: Session, receivers: dict[str, Receiver]) -> list
                 last_error=None if last is None else last.last_error,
                 last_sent_at=sent_at,
                 pending=pending or 0,
+                superseded=superseded or 0,
             )
         )
     return out

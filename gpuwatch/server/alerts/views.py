@@ -157,7 +157,11 @@ def test_receiver(context: Context, name: str = Path(max_length=256, pattern=NO_
     engine = context.alerts
     if engine is None or name not in engine.receivers:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no receiver {name!r}")
-    attempt = engine.test_receiver(database=context.database, name=name)
+    attempt = engine.test_receiver(
+        database=context.database,
+        name=name,
+        external_url=context.settings.alerts.external_url,
+    )
     return TestResult(
         receiver=name,
         outcome=attempt.outcome,

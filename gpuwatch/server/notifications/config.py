@@ -25,9 +25,23 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    model_validator,
+)
+
+from gpuwatch.quantities import parse_seconds
 
 ReceiverType = Literal["slack", "webhook", "alertmanager"]
+# The most a receiver's timeout_seconds may be: callers waiting on one attempt (``alerts
+# test-receiver``) wait this long plus a margin.
+MAX_TIMEOUT_SECONDS = 60.0
+Duration = Annotated[float, BeforeValidator(parse_seconds)]
 
 
 class ReceiverConfig(BaseModel):
@@ -55,10 +69,10 @@ class ReceiverConfig(BaseModel):
         description="HMAC-SHA256 key signing webhook bodies (X-Gpuwatch-Signature). Webhook only, required there.",
     )
     send_resolved: bool = Field(True, description="Also notify when alerts resolve.")
-    timeout_seconds: float = Field(
+    timeout_seconds: Duration = Field(
         10.0,
         gt=0,
-        le=60,
+        le=MAX_TIMEOUT_SECONDS,
         description="Bound on the whole of one attempt (connect, send, read), however slowly the receiver answers.",
     )
 

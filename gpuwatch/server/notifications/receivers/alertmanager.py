@@ -7,6 +7,10 @@ Each alert becomes::
      "startsAt": <RFC 3339>, "endsAt": <RFC 3339, resolved alerts only>,
      "generatorURL": <external_url, when configured>}
 
+The engine sends a receiver's due notifications together (:meth:`AlertmanagerReceiver.attempt_batch`),
+in POSTs of a few hundred alerts, as Prometheus does: one POST per group would not keep
+up with a thousand firing groups re-pushed every minute.
+
 A firing alert carries no ``endsAt``: Alertmanager then holds it for its
 ``resolve_timeout`` (5m by default) and, like Prometheus, expects it to be pushed
 again before that runs out. A resolved alert carries its ``endsAt``, which ends it.
@@ -30,8 +34,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from gpuwatch.server.notifications.config import ReceiverConfig
-from gpuwatch.server.notifications.model import Notification, NotifiedAlert
-from gpuwatch.server.notifications.receivers.base import Clock, HttpReceiver
+from gpuwatch.server.notifications.model import Attempt, Notification, NotifiedAlert
+from gpuwatch.server.notifications.receivers.base import Clock, HttpReceiver, sendable_alerts
 from gpuwatch.server.notifications.receivers.text import culprits_text
 
 API_PATH = "/api/v2/alerts"
@@ -99,3 +103,18 @@ class AlertmanagerReceiver(HttpReceiver):
     ) -> tuple[str, bytes, dict[str, str]]:
         body = json.dumps(payload(notification, alerts), ensure_ascii=False).encode()
         return self._url, body, {}
+
+    def attempt_batch(self, notifications: list[Notification]) -> Attempt:
+        """One POST of the alerts of several notifications (``/api/v2/alerts`` takes a
+        list, as Prometheus sends it). An alert in more than one (an older notification
+        of its group) is sent once, as the last of them has it."""
+        items: dict[str, dict[str, Any]] = {}
+        for notification in notifications:
+            alerts = sendable_alerts(notification, send_resolved=self.send_resolved)
+            for alert, item in zip(alerts, payload(notification, alerts), strict=True):
+                items.pop(alert.fingerprint, None)
+                items[alert.fingerprint] = item
+        if not items:
+            return self.nothing_to_send()
+        body = json.dumps(list(items.values()), ensure_ascii=False).encode()
+        return self.send(self._url, body, {})

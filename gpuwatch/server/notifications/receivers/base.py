@@ -22,6 +22,7 @@ receiver is built.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import httpcore
 import httpx
@@ -89,11 +90,23 @@ class Redactor:
         # Longest first, so a URL is replaced whole before its path is.
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
 
+    # Query values shorter than this are not redacted on their own (see for_config).
+    MIN_QUERY_VALUE_CHARS = 4
+
     @classmethod
     def for_config(cls, config: ReceiverConfig) -> Redactor:
         url = config.url.get_secret_value()
         parts = urlsplit(url)
         secrets = [url, str(httpx.URL(url)), parts.query, parts.password or ""]
+        # Each query value on its own (an error body may echo ``token=...`` alone), as
+        # written and percent-decoded; very short values ("1", "on") are no secret, and
+        # replacing them would garble every message.
+        values: list[str] = []
+        for piece in parts.query.split("&"):
+            value = piece.partition("=")[2]
+            values += [value, unquote(value), unquote(value.replace("+", " "))]
+        values += [value for _, value in parse_qsl(parts.query, keep_blank_values=True)]
+        secrets += [v for v in values if len(v) >= cls.MIN_QUERY_VALUE_CHARS]
         if parts.path not in ("", "/"):
             secrets += [parts.path, unquote(parts.path)]
             # A path segment long enough to be a token (Slack's last segment) on its own.
@@ -354,6 +367,11 @@ class HttpReceiver:
         self.redact = Redactor.for_config(config)
         self._client = client
         self._clock = clock
+        # What min_interval_seconds spaces sends by: the endpoint (Slack limits each
+        # webhook URL, whichever receivers share it). A digest: the URL is a credential.
+        self.spacing_key = (
+            "url:" + hashlib.sha256(config.url.get_secret_value().encode()).hexdigest()
+        )
         guard_logs(self.redact)
 
     def __repr__(self) -> str:
@@ -363,11 +381,18 @@ class HttpReceiver:
         """One POST of the notification; see the module docstring for the outcomes."""
         alerts = sendable_alerts(notification, send_resolved=self.send_resolved)
         if not alerts:
-            return Attempt(
-                "sent",
-                f"{self.label}: nothing to send (only resolved alerts; send_resolved is off)",
-            )
+            return self.nothing_to_send()
         url, content, headers = self.request(notification, alerts)
+        return self.send(url, content, headers)
+
+    def nothing_to_send(self) -> Attempt:
+        return Attempt(
+            "sent",
+            f"{self.label}: nothing to send (only resolved alerts; send_resolved is off)",
+        )
+
+    def send(self, url: str, content: bytes, headers: dict[str, str]) -> Attempt:
+        """One POST of ``content`` to ``url``, judged."""
         reply = post(
             self._client,
             url,
