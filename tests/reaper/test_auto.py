@@ -87,6 +87,26 @@ def test_never_acts_on_an_uncontended_gpu(
     assert sink.stages(idle.pid) == ["warning", "stopped"]
 
 
+def test_a_warning_on_a_gpu_that_is_lost_is_withdrawn_as_unreadable_not_gone(
+    rig: Rig, victims: Callable[..., Victim], tmp_path: Path
+) -> None:
+    from reaper.rig import scenario_text
+
+    idle = victims()
+    fault = '\n[[fault]]\ngpu = 0\nkind = "gpu_lost"\nat = "33m"\n'
+    rig.install_text(scenario_text([Hold(idle.pid, memory="12GiB")]) + fault)
+    sink = Events()
+    agent = policy_agent(rig, tmp_path, sink)
+    run_polls(agent, rig, 50)
+    assert idle.alive()  # never signalled on a GPU that cannot be read
+    assert sink.stages(idle.pid) == ["warning", "withdrawn"]
+    (row,) = [r for r in AuditLog(tmp_path / "audit.jsonl").read() if r["event"] == "withdrawn"]
+    assert row["withdrawn_because"] == "gpu0 cannot be read now (lost, or an NVML error)"
+    auto = agent.reaper.auto
+    assert auto is not None
+    assert auto.stats.snapshot().withdrawn == {"gpu_unreadable": 1}
+
+
 def test_rate_caps_and_dry_run(rig: Rig, victims: Callable[..., Victim], tmp_path: Path) -> None:
     a, b, c = victims(), victims(), victims()
     rig.install([Hold(v.pid, memory="5GiB") for v in (a, b, c)])

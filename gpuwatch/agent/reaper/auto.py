@@ -166,7 +166,7 @@ class AutoReaper:
             why = self._contended(snapshot, decision, now)
             if why is not None:
                 eligible[_key(decision)] = (decision, why)
-        self._withdraw(plan, eligible, now)
+        self._withdraw(snapshot, plan, eligible)
         due: list[Decision] = []
         for key, (decision, why) in eligible.items():
             warning = self.warnings.get(key)
@@ -261,7 +261,9 @@ class AutoReaper:
         )
         return warning
 
-    def _withdraw(self, plan: Plan, eligible: dict[Key, tuple[Decision, str]], now: float) -> None:
+    def _withdraw(
+        self, snapshot: HostSnapshot, plan: Plan, eligible: dict[Key, tuple[Decision, str]]
+    ) -> None:
         decisions = {_key(d): d for d in plan.decisions}
         for key in list(self.warnings):
             if key in eligible:
@@ -270,7 +272,12 @@ class AutoReaper:
             if not warning.issued:
                 continue
             current = decisions.get(key)
-            if current is None:
+            unreadable = _unreadable(snapshot, warning.decision.candidate.gpus)
+            if current is None and unreadable:
+                # Not in the plan because its GPU cannot be read, not because it left.
+                reason = "gpu_unreadable"
+                why = f"gpu{unreadable[0]} cannot be read now (lost, or an NVML error)"
+            elif current is None:
                 reason, why = "gone", "it no longer holds the memory floor, or exited"
             elif current.verdict == "reap":
                 reason, why = "uncontended", "its GPU is no longer contended"
@@ -338,6 +345,13 @@ class AutoReaper:
         """Wait for a stop in progress (tests, shutdown)."""
         if self._worker is not None:
             self._worker.join(timeout)
+
+
+def _unreadable(snapshot: HostSnapshot, indexes: list[int]) -> list[int]:
+    """Which of the GPUs ``indexes`` this snapshot could not read (lost, read error)."""
+    bad = {g.index for g in snapshot.gpus if g.lost or g.read_error is not None}
+    present = {g.index for g in snapshot.gpus}
+    return [i for i in indexes if i in bad or i not in present]
 
 
 def _key(decision: Decision) -> Key:

@@ -17,8 +17,9 @@ from gpuwatch.agent.reaper.killer import Outcome
 
 # Why a warning was withdrawn: the process is no longer idle (activity on the GPU or
 # the host CPU, or its idleness can no longer be shown), its GPU is no longer
-# contended, or it exited or dropped below the memory floor.
-WITHDRAWN_REASONS = ("not_idle", "uncontended", "gone")
+# contended, it exited or dropped below the memory floor, or its GPU cannot be read
+# (lost, an NVML error: nothing is done on what cannot be seen).
+WITHDRAWN_REASONS = ("not_idle", "uncontended", "gone", "gpu_unreadable")
 # The executor's outcomes, and ``dry_run`` for a stop the policy only recorded.
 STOP_OUTCOMES: tuple[str, ...] = (*get_args(Outcome), "dry_run")
 # Why the policy did not act: a due stop deferred by a rate cap (counted at each check
