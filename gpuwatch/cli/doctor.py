@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import typer
 
@@ -134,17 +135,46 @@ def _read_input(source: str | None) -> str:
     if source == "":
         raise ConfigError("nothing to explain: give a file, a message (or --text), or - for stdin")
     if source not in (None, "-") and _is_message(source):
-        return source[:MAX_INPUT_BYTES]
+        return source[-MAX_INPUT_BYTES:]
     try:
         if source in (None, "-"):
-            raw = sys.stdin.buffer.read(MAX_INPUT_BYTES)
+            raw, cut = _tail(sys.stdin.buffer)
         else:
             with Path(source).open("rb") as handle:
-                raw = handle.read(MAX_INPUT_BYTES)
+                raw, cut = _tail(handle)
     except OSError as err:
         raise ConfigError(f"cannot read {source}: {err.strerror or err}") from err
+    if cut:
+        from gpuwatch.doctor.units import format_size
+
+        typer.echo(
+            f"note: the input is {format_size(cut + len(raw))}; only its last "
+            f"{format_size(MAX_INPUT_BYTES)} were read (a crash's message is at the end)",
+            err=True,
+        )
     # Logs are not always UTF-8 (Windows consoles, binary junk): decode at the boundary.
     return raw.decode("utf-8", errors="replace")
+
+
+def _tail(stream: BinaryIO) -> tuple[bytes, int]:
+    """The last :data:`MAX_INPUT_BYTES` of ``stream``, and how many bytes before them
+    were skipped: a long log's OOM is at its end, not its start."""
+    if stream.seekable():
+        size = stream.seek(0, os.SEEK_END)
+        skipped = max(0, size - MAX_INPUT_BYTES)
+        stream.seek(skipped)
+        return stream.read(MAX_INPUT_BYTES), skipped
+    kept: deque[bytes] = deque()
+    held = skipped = 0
+    while chunk := stream.read(1 << 20):
+        kept.append(chunk)
+        held += len(chunk)
+        while held - len(kept[0]) >= MAX_INPUT_BYTES:
+            held -= len(kept[0])
+            skipped += len(kept.popleft())
+    raw = b"".join(kept)
+    extra = max(0, len(raw) - MAX_INPUT_BYTES)
+    return raw[extra:], skipped + extra
 
 
 def fit(

@@ -82,6 +82,44 @@ def test_explain_reads_stdin(
     assert code == 0 and json.loads(out)["recognized"] is True
 
 
+class _Pipe(io.RawIOBase):
+    """A stream that cannot seek, as a pipe into stdin."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
+        chunk = self._data.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+@pytest.mark.parametrize("via", ["file", "pipe"])
+def test_an_input_past_the_limit_is_read_from_its_end(
+    via: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A long training log ends with its OOM: past the limit, the end is what counts.
+    import gpuwatch.cli.doctor as doctor_cli
+
+    monkeypatch.setattr(doctor_cli, "MAX_INPUT_BYTES", 2**20)
+    log = b"step 1 loss 0.5 lr 3e-4 nothing to see here\n" * 80_000 + MESSAGE.encode() + b"\n"
+    assert len(log) > 3 * 2**20
+    if via == "file":
+        (tmp_path / "train.log").write_bytes(log)
+        source = str(tmp_path / "train.log")
+    else:
+        pipe = io.BufferedReader(_Pipe(log))
+        assert not pipe.seekable()
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(pipe))
+        source = "-"
+    code, out, err = run(["explain", source, "--json", "--no-live"], capsys)
+    assert code == 0 and json.loads(out)["recognized"] is True
+    assert "only its last 1.00 MiB were read" in err
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_not_an_oom_exits_6_with_one_line(
     as_json: bool, capsys: pytest.CaptureFixture[str]
