@@ -271,6 +271,9 @@ UNKNOWN_BY_CATEGORY = {
     "ran out, not the Neuron device's",
     "ollama_system_memory": "Ollama checks before loading that the model (the layers not "
     "offloaded to a GPU, and its context) fits in the system RAM that is free, and it did not",
+    "compiler_out_of_memory": "the CUDA compiler (ptxas, cicc) ran out of system RAM while "
+    "building: each compile job of a CUDA extension (flash-attention, xformers, ONNX Runtime) "
+    "can take several GB, and a build runs one per core at once; this is not the GPU's memory",
     "unity_out_of_memory": "Unity's memory manager could not get system RAM for an allocation "
     "(32-bit builds and mobile devices have far less than the machine's RAM)",
     "unreal_out_of_memory": "Unreal Engine could not allocate system RAM (virtual memory): on "
@@ -425,6 +428,7 @@ OOM_KILLER = [
 # summary's "look at ..." otherwise names system RAM or the GPU's holders).
 UNKNOWN_LOOK_AT_BY_CATEGORY = {
     "cgroup_oom_killer": "the memory cgroup's limit (the container, pod or job)",
+    "compiler_out_of_memory": "the build's parallel jobs (MAX_JOBS), not the GPU",
     "jvm_heap_exhausted": "the JVM's heap limit (-Xmx), not the machine's RAM",
     "jvm_off_heap_exhausted": "the JVM's limits outside its heap",
     "lmcache_buffer_full": "LMCache's CPU buffer (max_local_cpu_size)",
@@ -519,6 +523,14 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "free -h   # what is free now; other programs' RAM counts against the model",
         "ollama ps   # models Ollama keeps loaded; ollama stop MODEL unloads one",
         "a smaller model or quantisation (a smaller tag, q4_K_M), or a smaller context (num_ctx)",
+    ],
+    "compiler_out_of_memory": [
+        "MAX_JOBS=4 pip install flash-attn --no-build-isolation   # fewer compile jobs at once "
+        "(PyTorch extensions read MAX_JOBS)",
+        "cmake --build . --parallel 4 / make -j4 / ./build.sh --parallel 4   # the same for "
+        "CMake builds (ONNX Runtime)",
+        "free -h   # the RAM the build has; a prebuilt wheel for your CUDA and PyTorch avoids "
+        "the build",
     ],
     "unity_out_of_memory": [
         "the Memory Profiler package (Window > Analysis): which assets and allocations hold memory",

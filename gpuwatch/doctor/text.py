@@ -108,6 +108,10 @@ ANCHORS = (
     "cl_out_of_host_memory",  # OpenCL's host-memory status by name
     "returned error 10",  # NVIDIA's Video Codec SDK: "nvEncOpenEncodeSessionEx(...) returned error 10"
     "requires more system memory",  # Ollama: the model does not fit in system RAM
+    "device memory allocation of size",  # ggml's Vulkan backend
+    "execution failed: insufficient memory",  # MLX: "[METAL] Command buffer execution failed"
+    "ptxas fatal",  # the CUDA compiler out of system RAM ...
+    "died due to signal 9",  # ... or killed for it: "nvcc error : 'cicc' died due to signal 9"
     # The Linux kernel's OOM killer ("Out of memory: Killed process" has "out of memory"),
     # and a container's kill as Kubernetes and Docker report it.
     "killed process",

@@ -24,7 +24,7 @@ TUNING = Path(__file__).parent / "fixtures" / "oom-messages.jsonl"
 RECOGNITION_BAR = 0.95
 # The batches gathered since the near-miss test became a bar: each near miss of the
 # batches before them must stay unrecognised.
-UNDER_THE_BAR_ONLY = {"blind-29", "blind-30", "blind-31", "blind-32"}
+UNDER_THE_BAR_ONLY = {"blind-29", "blind-30", "blind-31", "blind-32", "blind-33"}
 
 
 def _load(name: str) -> list[dict[str, Any]]:

@@ -53,6 +53,14 @@ _SUPPOSED = re.compile(
     r"|what\s+to\s+do\s+(?:with|about)|how\s+to\s+(?:fix|solve|avoid|resolve|handle))\b",
     re.IGNORECASE,
 )
+# A supposition answered, after its comma, by the failure met: "if use non blocking true,
+# always display error RuntimeError: CUDA error: out of memory", "if the batch is 64, I
+# get ...": every time, or the teller's own. Not "if it happens, you get ..." (advice).
+_MET_AFTER_SUPPOSITION = re.compile(
+    r",\s*(?:(?:then|and)\s+)?(?:(?:it|this)\s+)?(?:always|every\s+time|each\s+time"
+    r"|I\s+(?:always\s+|still\s+)?(?:get|got|see|saw|hit|encounter(?:ed)?|run\s+into|ran\s+into))\b",
+    re.IGNORECASE,
+)
 # A failure defined rather than met, right after its words in its sentence: "CUDA out of
 # memory occurs when your GPU doesn't have enough memory ..." (a how-to page); not "...
 # occurs when I run it", a person telling of one they met.
@@ -101,7 +109,8 @@ class Found(NamedTuple):
 def forecast(text: str, start: int) -> bool:
     """Whether the sentence of ``text`` that leads to ``start`` (a failure a family or
     the fallback found) only forecasts it (``_FORECAST``) or supposes it
-    (``_SUPPOSED``), counts none of it (``_NONE_BEFORE``), defines it
+    (``_SUPPOSED``, unless the clause after the supposition meets it:
+    ``_MET_AFTER_SUPPOSITION``), counts none of it (``_NONE_BEFORE``), defines it
     (``_DEFINED_AFTER``), or code only builds it (``_IN_CODE``)."""
     begin = max(0, start - FORECAST_LOOKBACK_CHARS)
     ends = _SENTENCE_END.finditer(text, begin, start)
@@ -111,7 +120,14 @@ def forecast(text: str, start: int) -> bool:
         return True
     if _DEFINED_AFTER.match(text, start, start + DEFINED_LOOKAHEAD_CHARS):
         return True
-    if _FORECAST.search(told) is None and _SUPPOSED.search(told) is None:
+    supposed = _SUPPOSED.search(told)
+    if _FORECAST.search(told) is None and supposed is None:
+        return False
+    if (
+        _FORECAST.search(told) is None
+        and supposed is not None
+        and _MET_AFTER_SUPPOSITION.search(told, supposed.end())
+    ):
         return False
     return _QUESTION.search(told) is None or not _asks(text, start)
 

@@ -72,6 +72,14 @@ _VULKAN_HOST = re.compile(
 _GGML_SIZE = re.compile(
     r"ggml_vulkan:\s+Device\s+memory\s+allocation\s+of\s+size\s+(?P<bytes>\d+)\s+failed"
 )
+# The same line alone (the status line after it cut off, or ik_llama.cpp's build, which
+# prints it without the prefix): ggml's own words, with its Vulkan buffers (Vulkan0) or
+# its prefix nearby.
+_GGML_ALONE = re.compile(
+    r"(?:ggml_vulkan:\s+)?Device\s+memory\s+allocation\s+of\s+size\s+(?P<bytes>\d+)\s+failed"
+)
+_GGML_VULKAN_CONTEXT = re.compile(r"ggml_vulkan|\bVulkan\d+\b|\bvk::")
+GGML_CONTEXT_CHARS = 600
 _DIRECTML = re.compile(
     r"(?:Could\s+not\s+allocate\s+tensor\s+with\s+(?P<bytes>\d+)\s+bytes\.\s+)?There\s+is\s+not\s+"
     r"enough\s+GPU\s+video\s+memory\s+available"
@@ -135,6 +143,28 @@ _LAUNCH_RESOURCE = re.compile(
 CONTEXT_CHARS = 300
 
 
+def _ggml_alone(window: str) -> list[Found]:
+    """ggml's "Device memory allocation of size N failed." with no Vulkan status after it,
+    where ggml's Vulkan backend is named around it."""
+    found = []
+    for match in _GGML_ALONE.finditer(window):
+        around = window[
+            max(0, match.start() - GGML_CONTEXT_CHARS) : match.end() + GGML_CONTEXT_CHARS
+        ]
+        if not _GGML_VULKAN_CONTEXT.search(around):
+            continue
+        facts = OomFacts(
+            kind="ggml",
+            category="ggml_vulkan_alloc_failed",
+            exception=exception_before(window, match.start()),
+            requested_bytes=int(match["bytes"]),
+            api_call="vkAllocateMemory",
+            message=match[0],
+        )
+        found.append(Found(match.start(), facts))
+    return found
+
+
 def find(window: str) -> list[Found]:
     """The first Vulkan and the first OpenCL out-of-device-memory (repeats are one
     failure), and every DirectML one, in ``window``."""
@@ -162,6 +192,8 @@ def find(window: str) -> list[Found]:
             message=window[begins : span.end].strip()[:4000],
         )
         found.append(Found(begins, facts))
+    if not vulkan:
+        found.extend(_ggml_alone(window)[:1])
     if not vulkan:
         for span in spans(window, _VULKAN_HOST, limit=300, needs=("vk", "outofhostmemory"))[:1]:
             facts = OomFacts(

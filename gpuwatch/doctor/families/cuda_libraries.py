@@ -215,9 +215,11 @@ CUBLAS_HANDLE_LOOKBACK_CHARS = 600
 _CALLING = re.compile(r"(?:when\s+calling\s+`?|expr=)(\w+\([^)`\n]{0,80}\))")
 # cuDNN statuses that, in practice, mostly mean cuDNN could not get memory for its
 # handle or workspace; ALLOC_FAILED (and cuDNN 9's *_ALLOCATION_FAILED) say so outright.
+# In any case: "RuntimeError cudnn error cudnn_status_alloc_failed", as some print it.
 _CUDNN_STATUS = re.compile(
     r"CUDNN_STATUS_(ALLOC_FAILED|INTERNAL_ERROR_(?:DEVICE|HOST)_ALLOCATION_FAILED"
-    r"|NOT_INITIALIZED|EXECUTION_FAILED|INTERNAL_ERROR)"
+    r"|NOT_INITIALIZED|EXECUTION_FAILED|INTERNAL_ERROR)",
+    re.IGNORECASE,
 )
 _CUDNN_CALL = re.compile(r"\((cudnn\w+)\)")
 # CNTK and similar wrappers: "... ; GPU=1 ; hostname=... ; expr=cublasCreate(&cuHandle)".
@@ -504,7 +506,7 @@ def _cublas(span: Span) -> OomFacts | None:
 
 
 def _cudnn_status(span: Span) -> OomFacts:
-    status = span.group(_CUDNN_STATUS) or ""
+    status = (span.group(_CUDNN_STATUS) or "").upper()
     return OomFacts(
         kind="cudnn",
         category="cudnn_alloc_failed" if "ALLOC" in status else "cudnn_status_oom_suspect",

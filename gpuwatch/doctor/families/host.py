@@ -76,6 +76,14 @@ from gpuwatch.doctor.units import parse_size
 _SIGKILL = re.compile(
     r"failed\s+\(exitcode:\s*-9\)|exitcode\s*:\s*-9\b|Signal\s+9\s+\(SIGKILL\)\s+received"
 )
+# The CUDA toolchain out of system RAM while compiling (a flash-attention or ONNX Runtime
+# build with many jobs at once): ptxas's own words, the EDG front end's (cudafe++, cicc),
+# and nvcc reporting cicc or ptxas killed (by the kernel's OOM killer, signal 9).
+_COMPILER = re.compile(
+    r"ptxas\s+fatal\s*:\s*Memory\s+allocation\s+failure"
+    r"|\bcatastrophic\s+error\s*:\s*out\s+of\s+memory"
+    r"|\bnvcc\s+error\s*:\s*'(?:cicc|ptxas|cudafe\+\+)'\s+died\s+due\s+to\s+signal\s+9\b"
+)
 _CPU_ALLOCATOR = re.compile(
     r"DefaultCPUAllocator:\s*(?:can't\s+allocate|not\s+enough)\s+memory:\s*you\s+tried\s+to\s+allocate\s+(?P<bytes>\d+)\s+bytes"
     r"|(?P<th>Torch:\s+not\s+enough\s+memory:)"
@@ -247,9 +255,30 @@ def find(window: str) -> list[Found]:
 
 def find_applications(window: str) -> list[Found]:
     """The first refusal of system RAM in an application's own words in ``window`` (each
-    prints one failure on several lines), then the kernel's OOM kills and the DataLoader's
-    killed workers (:data:`~gpuwatch.doctor.families.FAMILIES` runs this for all three)."""
-    return [*_find_application(window), *find_oom_killer(window), *find_dataloader(window)]
+    prints one failure on several lines), then the kernel's OOM kills, the DataLoader's
+    killed workers and the CUDA compiler's (:data:`~gpuwatch.doctor.families.FAMILIES`
+    runs this for all four)."""
+    return [
+        *_find_application(window),
+        *find_oom_killer(window),
+        *find_dataloader(window),
+        *_find_compiler(window),
+    ]
+
+
+def _find_compiler(window: str) -> list[Found]:
+    """The first CUDA compiler out of system RAM in ``window`` (a build prints one per
+    file that failed)."""
+    for span in spans(window, _COMPILER, limit=400, needs=("ptxas", "catastrophic", "died"))[:1]:
+        facts = OomFacts(
+            kind="host",
+            category="compiler_out_of_memory",
+            device_type="host",
+            exception=exception_before(window, span.start),
+            message=span.snippet,
+        )
+        return [Found(span.start, facts)]
+    return []
 
 
 def _find_application(window: str) -> list[Found]:

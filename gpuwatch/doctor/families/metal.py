@@ -32,6 +32,8 @@ _HEADER = re.compile(
     r"(?:Insufficient\s+Memory\s+\(\w+:)?kIOGPUCommandBufferCallbackErrorOutOfMemory\)?"
     # The same status as an NSError, as Swift prints it: the domain's code 8, in words.
     r"|MTLCommandBufferErrorDomain\s+Code=8\b|Insufficient\s+Memory\s+\(IOAF\s+code\s+8\)"
+    # MLX's exception, also without the status code after it.
+    r"|\[METAL\]\s+Command\s+buffer\s+execution\s+failed:\s+Insufficient\s+Memory\b"
 )
 _GGML = re.compile(r"ggml_metal|llama_|ggml_backend")
 # MTLCommandBufferStatusError (5): an error of any kind, until the words after it say which.

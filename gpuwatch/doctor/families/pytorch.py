@@ -208,6 +208,12 @@ _ASYNC_HEADER = re.compile(r"Allocation\s+on\s+device\b[ \t]*(?P<index>\d+)?")
 _ASYNC_CONFIRM = re.compile(
     r"would\s+exceed\s+allowed\s+memory|ran\s+out\s+of\s+memory\s+on\s+your\s+GPU"
 )
+# ComfyUI's header for the exception a node raised, right before its text: a bare
+# "Allocation on device" there (nothing after it on its line) is the allocator's
+# out-of-memory.
+_COMFY_RAISED = re.compile(r"Exception\s+during\s+processing\s*!!![ \t]*$")
+_BARE_ASYNC = re.compile(r"Allocation\s+on\s+device[ \t]*\d*[ \t]*(?:\n|$)")
+COMFY_LOOKBACK_CHARS = 80
 _ASYNC_ALLOCATED = compile_clause(r"Currently\s+allocated\s*:\s*")
 _ASYNC_REQUESTED = compile_clause(r"Requested\s*:\s*")
 _ASYNC_LIMIT = compile_clause(r"Device\s+limit\s*:\s*")
@@ -222,8 +228,15 @@ def _find_async(window: str) -> list[Found]:
     for span in spans(window, _ASYNC_HEADER, limit=1000):
         exception = exception_before(window, span.start)
         # A bare "Allocation on device" (ComfyUI truncates its reports there) counts
-        # only when the exception name says out-of-memory.
-        if not span.has(_ASYNC_CONFIRM) and "OutOfMemory" not in (exception or ""):
+        # only when the exception name, or ComfyUI's header for it, says so.
+        raised_in_comfy = _BARE_ASYNC.match(window, span.start) and _COMFY_RAISED.search(
+            window, max(0, span.start - COMFY_LOOKBACK_CHARS), span.start
+        )
+        if (
+            not span.has(_ASYNC_CONFIRM)
+            and "OutOfMemory" not in (exception or "")
+            and raised_in_comfy is None
+        ):
             continue
         header = _ASYNC_HEADER.match(window, span.start)
         assert header is not None
