@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from doctor.cli_run import run
 from doctor.fake_agent_server import FakeAgent
-from gpuwatch.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LLAMA = FIXTURES / "llama-3.1-8b" / "config.json"
@@ -20,14 +20,6 @@ MESSAGE = (
     "has 1.20 GiB memory in use. Of the allocated memory 800.00 MiB is allocated by PyTorch, and "
     "100.00 MiB is reserved by PyTorch but unallocated."
 )
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exited:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exited.value.code
-    return (code if isinstance(code, int) else 0), out, err
 
 
 def test_explain_json_from_a_file_with_the_live_view(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from doctor.cli_run import run
 from doctor.fake_agent_server import FakeAgent
-from gpuwatch.cli import main
 from gpuwatch.doctor.architecture import Architecture, load_hf_config
 from gpuwatch.doctor.fit import (
     COMPONENTS,
@@ -37,14 +37,6 @@ LLAMA_PATH = FIXTURES / "llama-3.1-8b" / "config.json"
 LLAMA = load_hf_config(LLAMA_PATH)
 B8 = Architecture(params=8_000_000_000)
 B70 = Architecture(params=70_000_000_000)
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exited:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exited.value.code
-    return (code if isinstance(code, int) else 0), out, err
 
 
 def _applied(workload: Workload, change: str) -> Workload:
