@@ -81,14 +81,20 @@ def test_only_load_reads_the_file_and_the_environment(
     assert AgentSettings().poll_interval_seconds == 5.0
 
 
+def _gpuwatch(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``gpuwatch ARGS`` in a child process with ``config`` as its only configuration."""
+    env = {"GPUWATCH_CONFIG": str(config), "PATH": "/usr/bin:/bin"}
+    env["XDG_RUNTIME_DIR"] = str(config.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwatch", *args],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
 def test_broken_config_file_from_the_cli_is_exit_3(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[agent]\npoll_interval_seconds = 'often'\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "gpuwatch", "status", "--fake-gpus", "workstation"],
-        env={"GPUWATCH_CONFIG": str(bad), "PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(tmp_path)},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    result = _gpuwatch(bad, "status", "--fake-gpus", "workstation")
     assert result.returncode == 3, result.stderr
     assert result.stderr.count("\n") == 1 and "poll_interval_seconds" in result.stderr
 
@@ -99,11 +105,7 @@ def test_the_reap_policy_cannot_judge_idleness_on_fewer_than_five_polls(tmp_path
         '[agent]\npoll_interval_seconds = 5\nlisten = "127.0.0.1:0"\n\n'
         '[agent.reap]\nenabled = true\nidle = "1s"\naudit_log = "/dev/null"\n'
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "gpuwatch", "agent", "--fake-gpus", "workstation"],
-        env={"GPUWATCH_CONFIG": str(short), "PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(tmp_path)},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    result = _gpuwatch(short, "agent", "--fake-gpus", "workstation")
     assert result.returncode == 3, result.stderr
     assert result.stderr.count("\n") == 1
     assert "must span at least 5 poll intervals (25s at poll_interval_seconds = 5)" in result.stderr
