@@ -58,7 +58,11 @@ def tcp_peer_uid(
     """The uid owning the client end of a local TCP connection, from ``/proc/net/tcp{,6}``.
 
     On loopback both ends are this host's sockets: the client's row has ``local_address``
-    = client and ``rem_address`` = server. ``None`` when not found or not readable.
+    = client and ``rem_address`` = server. ``None`` when not found or not readable, and
+    when the client end is no longer an open connection a process holds (state
+    ESTABLISHED, a socket inode): a socket its owner closed (FIN_WAIT, TIME_WAIT) is
+    listed with uid 0 and inode 0, and a poster that sent its request and closed at once
+    would otherwise pass for root.
     """
     try:
         local = ipaddress.ip_address(client[0])
@@ -75,9 +79,20 @@ def tcp_peer_uid(
         return None
     for line in lines:
         fields = line.split()
-        if len(fields) > 7 and (fields[1], fields[2]) == want and fields[7].isdigit():
+        if (
+            len(fields) > 9
+            and (fields[1], fields[2]) == want
+            and fields[3] == _ESTABLISHED
+            and fields[7].isdigit()
+            and fields[9].isdigit()
+            and int(fields[9]) != 0
+        ):
             return int(fields[7])
     return None
+
+
+# /proc/net/tcp's ``st`` column for an open connection (include/net/tcp_states.h).
+_ESTABLISHED = "01"
 
 
 def _proc_net_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:

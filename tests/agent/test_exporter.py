@@ -521,6 +521,29 @@ def test_tcp_peer_uid_reads_a_proc_net_fixture(tmp_path: Path) -> None:
     )
     assert tcp_peer_uid(("127.0.0.1", 0xD431), ("127.0.0.1", 0x2302), proc_root=tmp_path) == 1001
     assert tcp_peer_uid(("127.0.0.1", 1), ("127.0.0.1", 0x2302), proc_root=tmp_path) is None
+    # A client end its owner closed: TIME_WAIT (06) and FIN_WAIT2 (05) rows have uid 0
+    # and inode 0, which is no one, not root.
+    (net / "tcp").write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:D432 0100007F:2302 06 00000000:00000000 03:00000F8A 00000000     0        0 0 3\n"
+        "   1: 0100007F:D433 0100007F:2302 05 00000000:00000000 00:00000000 00000000     0        0 0 3\n"
+    )
+    for port in (0xD432, 0xD433):
+        assert tcp_peer_uid(("127.0.0.1", port), ("127.0.0.1", 0x2302), proc_root=tmp_path) is None
+
+
+def test_a_poster_that_closed_its_socket_is_no_one() -> None:
+    # The forged-root attack: send the request, close at once, and be looked up late.
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        served, _ = listener.accept()
+        with served:
+            ends = (client.getsockname()[:2], listener.getsockname()[:2])
+            assert tcp_peer_uid(*ends) == os.getuid()
+            client.close()  # the client end goes to FIN_WAIT2, owned by no process
+            assert tcp_peer_uid(*ends) is None
 
 
 def test_the_reapers_history_follows_the_snapshots_access_rule() -> None:
