@@ -343,13 +343,13 @@ class _Session:
         from gpuwatch.errors import RemoteError
 
         proc = self.settings.proc_root
-        verify_agent(self.agent_url, proc)
+        verify_agent(self.agent_url, proc, caller_uid=self.caller_uid)
         try:
             history = fetch_history(self.agent_url, pid=pid)
         except RemoteError as err:
             self.notes.append(f"{err}: without history no process can be called idle")
             return None
-        found = verify_agent(self.agent_url, proc)
+        found = verify_agent(self.agent_url, proc, caller_uid=self.caller_uid)
         if not found:
             raise ReapRefused(
                 f"cannot verify who serves the history at {self.agent_url}: nothing listens "

@@ -4,12 +4,14 @@ a child process, real victims, fake GPUs, a history served over HTTP."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,34 +79,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_history_served_by_another_user_is_refused(rig, victims, agent, tmp_path) -> None:
-    # Finding 4: any local user could serve a made-up history ("idle for 3h").
-    victim = victims()
-    scenario = _setup(rig, agent, [Hold(victim.pid)])
+@contextmanager
+def _history_served_by(uid: int, body: bytes) -> Iterator[str]:
+    """A plain HTTP server, run as ``uid``, serving ``body`` at /reaper/history: its URL."""
     served = Path(tempfile.mkdtemp())
     served.chmod(0o755)
     (served / "reaper").mkdir(mode=0o755)
-    (served / "reaper" / "history").write_bytes(agent.body)
+    (served / "reaper" / "history").write_bytes(body)
     port = _free_port()
-    spoof = subprocess.Popen(
-        [
-            "setpriv",
-            "--reuid=4343",
-            "--regid=4343",
-            "--clear-groups",
-            "--",
-            sys.executable,
-            "-m",
-            "http.server",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--directory",
-            str(served),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = subprocess.Popen(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+         sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+         "--directory", str(served)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -112,11 +100,59 @@ def test_a_history_served_by_another_user_is_refused(rig, victims, agent, tmp_pa
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.05)
-        agent.url = f"http://127.0.0.1:{port}"
-        done = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", "--json")
+        yield f"http://127.0.0.1:{port}"
     finally:
-        spoof.kill()
-        spoof.wait(10)
+        server.kill()
+        server.wait(10)
+        shutil.rmtree(served)
+
+
+def test_a_history_served_by_another_user_is_refused(rig, victims, agent, tmp_path) -> None:
+    # Finding 4: any local user could serve a made-up history ("idle for 3h").
+    victim = victims()
+    scenario = _setup(rig, agent, [Hold(victim.pid)])
+    with _history_served_by(4343, agent.body) as url:
+        agent.url = url
+        done = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", "--json")
     assert done.returncode == 22, done.stderr
     assert "served by uid 4343" in done.stderr and "cannot be trusted" in done.stderr
     assert victim.alive()
+
+
+def test_a_caller_who_may_stop_only_its_own_trusts_its_own_agent(
+    rig, victims, agent, tmp_path: Path
+) -> None:
+    # gpuwatch demo: a user's own agent serves the history. A history made up by the
+    # caller could only get the caller's own processes stopped, so it is trusted then.
+    from reaper.rig import ALICE, BOB, run_cli
+
+    mine, theirs = victims(uid=ALICE), victims(uid=BOB)
+    scenario = _setup(rig, agent, [Hold(mine.pid), Hold(theirs.pid, gpu=1)])
+    shared = Path(tempfile.mkdtemp(prefix="gpuwatch-own-agent-"))
+    try:
+        shared.chmod(0o755)
+        home = shared / "alice"
+        home.mkdir()
+        shutil.chown(home, ALICE, ALICE)
+        readable = shutil.copy(scenario, shared / scenario.name)
+        env = {"GPUWATCH_CONFIG": "/dev/null", "HOME": str(home), "PATH": "/usr/bin:/bin"}
+        env["XDG_RUNTIME_DIR"] = str(home / "runtime")
+
+        def reap_as_alice(url: str) -> subprocess.CompletedProcess[str]:
+            return run_cli(
+                "reap", "--idle", "2h", "--yes", "--json", "--agent", url,
+                "--fake-gpus", str(readable), "--audit-log", str(home / "audit.jsonl"),
+                "--grace", "5s", env=env, user=ALICE,
+            )  # fmt: skip
+
+        with _history_served_by(BOB, agent.body) as url:
+            refused = reap_as_alice(url)
+        assert refused.returncode == 22, refused.stderr
+        assert "nor by you" in refused.stderr and mine.alive()
+        with _history_served_by(ALICE, agent.body) as url:
+            done = reap_as_alice(url)
+    finally:
+        shutil.rmtree(shared)
+    assert done.returncode == 0, done.stderr
+    assert [r["outcome"] for r in json.loads(done.stdout)["results"]] == ["terminated"]
+    assert mine.exit_signal() == 15 and theirs.alive()

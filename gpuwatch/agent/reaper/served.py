@@ -218,22 +218,28 @@ def listeners(port: int, addresses: set[str], proc_root: Path = Path("/proc")) -
     return found
 
 
-def trusted_uids() -> set[int]:
+def trusted_uids(caller_uid: int | None = None) -> set[int]:
     """Who may serve the history: root, and the agent's service user when it exists
-    (systemd's DynamicUser= resolves it while the unit runs)."""
+    (systemd's DynamicUser= resolves it while the unit runs); and ``caller_uid``, a
+    caller who can signal only its own processes (its own agent, as in ``gpuwatch
+    demo``): a history it made up could only get its own processes stopped."""
     uids = {0}
     with contextlib.suppress(KeyError):  # no such user: root alone
         uids.add(pwd.getpwnam(AGENT_SERVICE_USER).pw_uid)
+    if caller_uid is not None:
+        uids.add(caller_uid)
     return uids
 
 
-def verify_agent(url: str, proc_root: Path = Path("/proc")) -> list[Listener]:
+def verify_agent(
+    url: str, proc_root: Path = Path("/proc"), *, caller_uid: int | None = None
+) -> list[Listener]:
     """The listeners on this host behind ``url``, all owned by a trusted uid.
 
     Anyone can listen on a free local port and serve a made-up history, and hostname
     and boot id are public, so the history is used only when the socket serving it
     belongs to root or the agent's service user, which an unprivileged user cannot
-    fake. Raises :class:`~gpuwatch.agent.reaper.errors.ReapRefused` when a listener
+    fake, or to ``caller_uid`` (a caller that may signal only its own processes). Raises :class:`~gpuwatch.agent.reaper.errors.ReapRefused` when a listener
     belongs to anyone else. An empty list: nothing listens there on this host (the
     caller must not use an answer from such a URL).
     """
@@ -254,12 +260,13 @@ def verify_agent(url: str, proc_root: Path = Path("/proc")) -> list[Listener]:
     except OSError:
         return []
     found = listeners(port, addresses, proc_root)
-    trusted = trusted_uids()
+    trusted = trusted_uids(caller_uid)
     for listener in found:
         if listener.uid not in trusted:
+            yours = "" if caller_uid is None else ", nor by you"
             raise ReapRefused(
                 f"the history at {url} is served by uid {listener.uid}, not by root or the "
-                f"{AGENT_SERVICE_USER} service user: it cannot be trusted; refusing"
+                f"{AGENT_SERVICE_USER} service user{yours}: it cannot be trusted; refusing"
             )
     return found
 
