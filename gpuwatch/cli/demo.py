@@ -66,16 +66,18 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a server and three simulated hosts, and watch what gpuwatch finds (Ctrl-C stops)."""
         from gpuwatch.cli.demo_plan import Timings
+        from gpuwatch.errors import ConfigError
         from gpuwatch.settings import parse_host_port
 
+        # Option values are exit 3, as `gpuwatch server --listen` and the others say.
         try:
             timings = Timings.at(speed)
         except ValueError as err:
-            raise typer.BadParameter(str(err), param_hint="--speed") from None
+            raise ConfigError(str(err)) from None  # it names --speed
         try:
             parse_host_port(listen)  # before anything starts, as --speed
         except ValueError as err:
-            raise typer.BadParameter(str(err), param_hint="--listen") from None
+            raise ConfigError(f"--listen: {err}") from None
         _run(listen=listen, timings=timings, duration=duration, as_json=as_json)
 
 
@@ -239,15 +241,11 @@ def _state_file(standins: Standins) -> Path:
 
 def _program() -> list[str]:
     """How to run this gpuwatch from a shell: ``gpuwatch`` when that is the one on PATH,
-    else the script beside this interpreter (``.venv/bin/gpuwatch``), else ``-m``."""
-    import os
-
+    else the script beside this interpreter by its absolute path (the user's shell is
+    not in ./dev's directory), else ``-m``."""
     script = Path(sys.executable).parent / "gpuwatch"
     if not script.is_file():
         return [sys.executable, "-m", "gpuwatch"]
     if shutil.which("gpuwatch") == str(script):
         return ["gpuwatch"]
-    try:
-        return [os.path.join(".", script.relative_to(Path.cwd()))]
-    except ValueError:
-        return [str(script)]
+    return [str(script.absolute())]

@@ -75,14 +75,16 @@ class Output:
             return
         self.stories = {h["hostname"]: h["shows"] for h in info["hosts"]}
         self.footer = _guide(info)
+        # The guide (where to look, what to expect, the reap command) is printed once,
+        # above the live view: inside it, a terminal of ordinary height cut it off.
+        typer.echo(self.footer)
         if self.console.is_terminal:
             self.live = Live(self._view(watch), console=self.console, auto_refresh=False)
             self.live.start()
-        else:
-            typer.echo(self.footer)
 
     def _view(self, watch: Watch) -> Any:
-        return render(watch, stories=self.stories, footer=self.footer)
+        size = self.console.size
+        return render(watch, stories=self.stories, width=size.width, height=size.height)
 
     def update(self, lines: list[dict[str, Any]], watch: Watch) -> None:
         if self.as_json:

@@ -123,13 +123,16 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def _hosts_table(seen: Seen, stories: dict[str, str]) -> Table:
+def _hosts_table(seen: Seen, stories: dict[str, str] | None) -> Table:
+    """One row per host; ``stories`` None leaves out what each shows (a narrow terminal)."""
     table = Table(title="Hosts (simulated)", title_justify="left", expand=False)
-    for column in ("host", "shows", "GPUs", "memory used", "users", *KINDS, "alerts"):
+    shows = ("shows",) if stories is not None else ()
+    for column in ("host", *shows, "GPUs", "memory used", "users", *KINDS, "alerts"):
         table.add_column(column, justify="right" if column in KINDS else "left")
     open_events = [e for e in seen.events if e["open"]]
     firing = [a for a in seen.alerts if a["state"] == "firing"]
-    for name, story in stories.items():
+    names = stories if stories is not None else {name: "" for name in seen.hosts}
+    for name, story in names.items():
         host = seen.hosts.get(name)
         gpus = host["gpus"] if host else []
         used = sum(g["memory_used_bytes"] or 0 for g in gpus)
@@ -139,7 +142,7 @@ def _hosts_table(seen: Seen, stories: dict[str, str]) -> Table:
         alerts = sum(a["labels"].get("hostname") == name for a in firing)
         table.add_row(
             name,
-            story,
+            *((story,) if stories is not None else ()),
             str(len(gpus)) if host else "-",
             f"{used / GIB:.0f} / {total / GIB:.0f} GiB" if total else "-",
             ", ".join(users) or "-",
@@ -149,10 +152,10 @@ def _hosts_table(seen: Seen, stories: dict[str, str]) -> Table:
     return table
 
 
-def _found_lines(seen: Seen) -> Text:
+def _found_lines(seen: Seen, shown: int = _SHOWN_LINES) -> Text:
     text = Text("Found\n", style="bold")
     by_id = {e["id"]: e for e in seen.events}
-    recent = sorted(seen.found.items(), key=lambda item: item[1])[-_SHOWN_LINES:]
+    recent = sorted(seen.found.items(), key=lambda item: item[1])[-shown:]
     for event_id, at in recent:
         e = by_id.get(event_id)
         if e is None:
@@ -160,16 +163,17 @@ def _found_lines(seen: Seen) -> Text:
         where = e["hostname"] + (f" GPU {e['gpu_index']}" if e["gpu_index"] is not None else "")
         state = "" if e["open"] else "  (ended)"
         verdict = f"{e['kind']}/{e['reason']}"
+        who = f"{e['user']}: " if e.get("user") else ""
         text.append(f"  +{_clock(at)}  {where:<12} {verdict:<22} ", style="cyan")
-        text.append(f"{_short(e['summary'])}{state}\n")
+        text.append(f"{who}{_short(e['summary'])}{state}\n")
     if not recent:
         text.append("  nothing yet: agents push every few seconds\n", style="dim")
     return text
 
 
-def _sent_lines(seen: Seen, started: float, rejected: int) -> Text:
+def _sent_lines(seen: Seen, started: float, rejected: int, shown: int = _SHOWN_LINES) -> Text:
     text = Text("Sent to the webhook (signature checked)\n", style="bold")
-    for n in seen.notifications[-_SHOWN_LINES:]:
+    for n in seen.notifications[-shown:]:
         rules = ", ".join(sorted({rule for rule, _, _ in n.alerts}))
         first = n.alerts[0][2] if n.alerts else ""
         more = f" (+{len(n.alerts) - 1} more)" if len(n.alerts) > 1 else ""
@@ -182,16 +186,25 @@ def _sent_lines(seen: Seen, started: float, rejected: int) -> Text:
     return text
 
 
-def render(watch: Watch, *, stories: dict[str, str], footer: str) -> Group:
-    """The live view: hosts, what was found, what was sent, and how to look further."""
+# Rows of the live view besides the found and sent lines: the header, the hosts table
+# (title, a header wrapped on two lines at 80 columns, three hosts, rules), the two
+# section titles with the blank line after each, and the cursor's line.
+_FIXED_ROWS = 15
+# Below this width the hosts table leaves out each host's story (the guide above says it).
+_STORY_WIDTH = 140
+
+
+def render(watch: Watch, *, stories: dict[str, str], width: int = 200, height: int = 50) -> Group:
+    """The live view: hosts, what was found and what was sent, fitted to a terminal of
+    ``width`` x ``height`` (newest lines kept), so that nothing is cut off."""
     seen = watch.seen
     elapsed = _clock(time.time() - watch.started)
     firing = sorted({a["rule"] for a in seen.alerts if a["state"] == "firing"})
     header = Text(f"gpuwatch demo  +{elapsed}   alerts firing: {', '.join(firing) or 'none'}")
+    shown = max(1, min(_SHOWN_LINES, (height - _FIXED_ROWS) // 2))
     return Group(
         header,
-        _hosts_table(seen, stories),
-        _found_lines(seen),
-        _sent_lines(seen, watch.started, watch.sink.rejected),
-        Text(footer, style="dim"),
+        _hosts_table(seen, stories if width >= _STORY_WIDTH else None),
+        _found_lines(seen, shown),
+        _sent_lines(seen, watch.started, watch.sink.rejected, shown),
     )

@@ -131,6 +131,9 @@ class Architecture:
 # The largest models have a few trillion parameters; a count past this is a typo, and
 # the arithmetic after it (floats) would overflow.
 MAX_PARAMS = 10**15
+# ... and one under this a forgotten unit ("--params 7" for 7B): the smallest models
+# anyone fits on a GPU (GPT-2 small, 124M) are a hundred times larger.
+MIN_PARAMS = 10**6
 
 
 def parse_param_count(text: str) -> int:
@@ -149,6 +152,9 @@ def parse_param_count(text: str) -> int:
         raise ConfigError("--params must be positive")
     if count > MAX_PARAMS:
         raise ConfigError(f"--params: {text!r} is beyond any model (at most 1000T)")
+    if count < MIN_PARAMS:
+        hint = f"; did you mean {text}B?" if not match[2] else ""
+        raise ConfigError(f"--params: {count:,} parameters is not a model (at least 1M){hint}")
     return count
 
 

@@ -217,6 +217,7 @@ def test_fit_fits_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     [
         ["fit", "--params", "8B", "--gpu", "RTX9999"],
         ["fit", "--params", "eight", "--gpu", "RTX4090"],
+        ["fit", "--params", "7", "--gpu", "T4"],  # 7 parameters: a forgotten B
         ["fit", "--params", "8B", "--mode", "full", "--dtype", "int4", "--gpu", "RTX4090"],
         ["fit", "--gpu", "RTX4090"],
         ["fit", "--params", "8B", "--config", str(LLAMA), "--gpu", "RTX4090"],
