@@ -79,6 +79,7 @@ class LiveProcess(BaseModel):
 
     pid: int
     user: str | None = None
+    uid: int | None = None
     name: str | None = None
     command: str | None = None
     used_bytes: int | None = None
@@ -231,6 +232,7 @@ def _process(process: GpuProcess, now: float) -> LiveProcess:
     return LiveProcess(
         pid=process.pid,
         user=process.owner.user,
+        uid=process.owner.uid,
         name=process.name,
         command=process.command,
         used_bytes=process.used_bytes,

@@ -602,7 +602,10 @@ def reap_commands(live: LiveGpu, *, min_bytes: int, skip_pid: int | None = None)
         if process.pid == skip_pid or (process.used_bytes or 0) < min_bytes:
             continue
         commands.append(f"# {describe(process)}")
-        if process.sm_ratio:
+        if process.uid == 0:
+            # gpuwatch reap never stops root's processes (docs/reaper.md, protections).
+            commands.append("# root's process: gpuwatch reap never stops it; ask the host's admin")
+        elif process.sm_ratio:
             # gpuwatch reap stops only idle processes; this one is working.
             who = process.user or "its owner"
             mine = f" (if it is yours: kill {process.pid})" if live.confirmed else ""

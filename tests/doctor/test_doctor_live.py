@@ -144,3 +144,23 @@ def test_a_message_from_another_accelerator_gets_no_nvidia_context() -> None:
     explanation = explain(mps, snapshot=_with_gpus(24), now=COLLECTED_AT)
     assert explanation.live is None
     assert explanation.live_note is not None and "about MPS memory" in explanation.live_note
+
+
+def test_a_holder_owned_by_root_is_not_offered_to_the_reaper() -> None:
+    # gpuwatch reap never stops root's processes: offering it would be refused (22).
+    from gpuwatch.doctor.live import LiveGpu, LiveProcess
+    from gpuwatch.doctor.remedies import reap_commands
+
+    live = LiveGpu(
+        hostname="gpu-box",
+        index=0,
+        collected_at=0.0,
+        processes=[
+            LiveProcess(pid=10, user="root", uid=0, used_bytes=8 * 2**30, sm_ratio=0.0),
+            LiveProcess(pid=20, user="alice", uid=1000, used_bytes=8 * 2**30, sm_ratio=0.0),
+        ],
+    )
+    commands = reap_commands(live, min_bytes=2**30)
+    assert "gpuwatch reap --pid 20   # or: kill 20" in commands
+    assert not any("--pid 10" in c or "kill 10" in c for c in commands)
+    assert any("root's process" in c for c in commands)

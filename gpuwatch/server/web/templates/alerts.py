@@ -98,7 +98,7 @@ def _silences(silences: Sequence[SilenceOut]) -> str:
     return table(
         ["Id", "State", "Matchers", "From", "Until", "By", "Comment"],
         rows,
-        empty="No active or pending silence. Create one with `gpuwatch alerts silence`.",
+        empty="No active or pending silence. Create one with: gpuwatch alerts silence add",
         css="silences",
     )
 
