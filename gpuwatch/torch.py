@@ -191,9 +191,13 @@ class TorchCudaStats:
 class DeviceRef:
     """How the agent is told which GPU a CUDA device ordinal is.
 
-    ``uuid`` (NVML's form, ``GPU-...``) names it for sure; ``index`` is the best guess
-    at NVML's index, for an agent that predates UUIDs: the ``CUDA_VISIBLE_DEVICES``
-    entry when that is a number, else the ordinal itself.
+    ``uuid`` names it for sure: PyTorch's UUID of the device, bare (a GPU's or a MIG
+    instance's, which PyTorch prints alike), else the ``CUDA_VISIBLE_DEVICES`` entry as
+    written (``GPU-...``, ``MIG-...``, a unique prefix of either, or CUDA 11's
+    ``MIG-GPU-<uuid>/<gi>/<ci>``); the agent resolves each form
+    (``gpuwatch.wire.find_device``). ``index`` is the best guess at NVML's index, for an
+    agent that predates UUIDs: the ``CUDA_VISIBLE_DEVICES`` entry when that is a number,
+    else the ordinal itself.
     """
 
     index: int
@@ -240,11 +244,13 @@ _UUID_TEXT = re.compile(r"[!-~]+")  # what the agent's wire model accepts
 
 
 def _clean_uuid(text: str) -> str | None:
-    """``text`` in NVML's form (PyTorch may print it without ``GPU-``), or ``None`` if
-    the agent would refuse it (and with it the whole report)."""
+    """``text`` as it was given, trimmed, or ``None`` if the agent would refuse it (and
+    with it the whole report).
+
+    No prefix is added: PyTorch prints a GPU's UUID and a MIG instance's alike, without
+    ``GPU-`` or ``MIG-``, so it cannot tell which one it has, and the agent compares
+    UUIDs without their prefix (``gpuwatch.wire.find_device``)."""
     uuid = text.strip()
-    if not uuid.upper().startswith(("GPU-", "MIG-")):
-        uuid = "GPU-" + uuid
     if len(uuid) > MAX_DEVICE_UUID_CHARS or not _UUID_TEXT.fullmatch(uuid):
         return None
     return uuid

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -66,11 +67,13 @@ __all__ = [
     "IngestRequest",
     "IngestResponse",
     "ItemResult",
+    "NamedDevice",
     "OomIncident",
     "ReportedEvent",
     "ReportedEventResult",
     "ReportedKind",
     "TorchReport",
+    "find_device",
     "gpu_uuid_key",
     "ingest_request_json",
     "same_gpu_uuid",
@@ -253,7 +256,8 @@ class ReportedEventResult(BaseModel):
 # --- gpuwatch.torch -> local agent ---------------------------------------------------------
 
 # A GPU's UUID as CUDA or NVML prints it ("GPU-8932f937-...", MIG's "MIG-..."; PyTorch's
-# str() may omit "GPU-"). Printable ASCII without spaces: no control character, and
+# str() omits the prefix; CUDA_VISIBLE_DEVICES may hold a unique prefix, or CUDA 11's
+# "MIG-GPU-<uuid>/<gi>/<ci>": find_device). Printable ASCII without spaces: no control character, and
 # never longer than NVML's own UUID buffer (96 bytes, NVML_DEVICE_UUID_V2_BUFFER_SIZE).
 MAX_DEVICE_UUID_CHARS = 96
 DeviceUuid = Annotated[
@@ -262,15 +266,73 @@ DeviceUuid = Annotated[
 
 
 def gpu_uuid_key(uuid: str) -> str:
-    """``uuid`` in the form two UUIDs of one GPU share: lowercase, without ``GPU-``
-    (PyTorch's ``get_device_properties().uuid`` prints it without; NVML with)."""
+    """``uuid`` in the form two names of one device share: lowercase, without its
+    ``GPU-`` or ``MIG-`` prefix. PyTorch's ``get_device_properties().uuid`` prints a
+    GPU's or a MIG instance's UUID without any prefix; NVML with ``GPU-`` or ``MIG-``
+    (an older ``gpuwatch.torch`` sent a bare MIG UUID as ``GPU-...``). The UUID itself
+    is unique either way: the prefix only says what kind of device it names."""
     lowered = uuid.strip().lower()
-    return lowered.removeprefix("gpu-")
+    for prefix in ("gpu-", "mig-"):
+        if lowered.startswith(prefix):
+            return lowered[len(prefix) :]
+    return lowered
 
 
 def same_gpu_uuid(a: str, b: str) -> bool:
-    """True when ``a`` and ``b`` name the same GPU (see :func:`gpu_uuid_key`)."""
-    return gpu_uuid_key(a) == gpu_uuid_key(b)
+    """True when ``a`` and ``b`` name the same device (see :func:`gpu_uuid_key`)."""
+    key = gpu_uuid_key(a)
+    return bool(key) and key == gpu_uuid_key(b)
+
+
+class NamedDevice(NamedTuple):
+    """A GPU or a MIG instance as NVML names it, for :func:`find_device`.
+
+    ``parent_uuid`` and ``gpu_instance_id`` are set for a MIG instance: its GPU's UUID
+    and NVML's GPU instance id (``None`` where NVML did not say).
+    """
+
+    uuid: str
+    parent_uuid: str | None = None
+    gpu_instance_id: int | None = None
+
+
+# CUDA 11.0-11.x's MIG device name: "MIG-GPU-<parent uuid>/<gpu instance>/<compute instance>".
+_LEGACY_MIG = re.compile(r"^mig-(gpu-[0-9a-f-]+)/([0-9]+)/([0-9]+)$")
+
+
+def find_device(reported: str, devices: Sequence[NamedDevice]) -> NamedDevice | None:
+    """The one device in ``devices`` (all of a host's GPUs and MIG instances) that the
+    UUID ``reported`` by a process names, or ``None``.
+
+    * The same UUID, compared without ``GPU-``/``MIG-`` and case (:func:`gpu_uuid_key`).
+    * The old MIG form ``MIG-GPU-<parent>/<gi>/<ci>``: the MIG instance of the GPU with
+      that UUID whose GPU instance id is ``gi``, when exactly one is. The agent does not
+      read compute instance ids, so ``ci`` is not checked: a GPU instance split into
+      several compute instances matches none of them.
+    * A unique prefix, as ``CUDA_VISIBLE_DEVICES`` accepts (``GPU-8932f937``), compared
+      without ``GPU-``/``MIG-``: the device whose UUID begins with it, when exactly one
+      of ``devices`` does. A prefix two devices share names neither.
+    """
+    lowered = reported.strip().lower()
+    legacy = _LEGACY_MIG.fullmatch(lowered)
+    if legacy is not None:
+        parent, gi = gpu_uuid_key(legacy.group(1)), int(legacy.group(2))
+        hits = [
+            d
+            for d in devices
+            if d.parent_uuid is not None
+            and gpu_uuid_key(d.parent_uuid) == parent
+            and d.gpu_instance_id == gi
+        ]
+        return hits[0] if len(hits) == 1 else None
+    key = gpu_uuid_key(lowered)
+    if not key:
+        return None
+    exact = [d for d in devices if gpu_uuid_key(d.uuid) == key]
+    if exact:
+        return exact[0] if len(exact) == 1 else None
+    begins = [d for d in devices if gpu_uuid_key(d.uuid).startswith(key)]
+    return begins[0] if len(begins) == 1 else None
 
 
 class TorchReport(_Body):

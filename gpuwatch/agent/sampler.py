@@ -18,6 +18,7 @@ from gpuwatch.nvml.gpm import GpmActivity
 from gpuwatch.nvml.health import HEALTH_FIELDS
 from gpuwatch.nvml.library import DeviceReading, NvmlSession, ProcessUsage
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance, Profiling
+from gpuwatch.wire import NamedDevice
 
 # GPUs whose memory is coherent with the CPU (Grace Hopper / Grace Blackwell): NVML's
 # "used" there includes memory no process list accounts for, so "unattributed" is masked.
@@ -73,13 +74,17 @@ class Sampler:
         self._listed_now: set[tuple[int, int]] = set()
         self._uptime: float | None = None
         self._confirm_gone = confirm_gone
+        self._host_devices: tuple[NamedDevice, ...] = ()
 
     def poll(self) -> HostSnapshot:
         started = time.perf_counter()
         collected_at = self._clock()
         count = self._session.device_count()
         self._uptime = self._procinfo.uptime()
-        gpus = [self._gpu(reading) for reading in self._reader.read_all(count)]
+        readings = self._reader.read_all(count)
+        # Every GPU and MIG instance: a UUID a torch report gives is resolved among them all.
+        self._host_devices = _host_devices(readings)
+        gpus = [self._gpu(reading) for reading in readings]
         self._gone_before, self._gone_now = self._gone_now, set()
         self._listed_since = {k: v for k, v in self._listed_since.items() if k in self._listed_now}
         self._listed_now = set()
@@ -157,7 +162,11 @@ class Sampler:
             # By UUID where the report names one: PyTorch's device ordinal, which an
             # older reporter sends as the index, is not NVML's index.
             torch = self._torch.get(
-                usage.pid, reading.index, start_time=facts.start_time, uuids=_uuids(reading)
+                usage.pid,
+                reading.index,
+                start_time=facts.start_time,
+                uuids=_uuids(reading),
+                host=self._host_devices,
             )
         return GpuProcess(
             pid=usage.pid,
@@ -205,6 +214,17 @@ class Sampler:
 # /proc's start time and boot time are whole clock ticks and whole seconds: a process
 # that started before NVML listed its context may still seem to start up to this later.
 PID_REUSE_TOLERANCE_SECONDS = 2.0
+
+
+def _host_devices(readings: list[DeviceReading | DeviceTimeout]) -> tuple[NamedDevice, ...]:
+    """Each GPU read and each of its MIG instances, named as NVML names them."""
+    devices: list[NamedDevice] = []
+    for reading in readings:
+        if isinstance(reading, DeviceTimeout):
+            continue
+        devices.append(NamedDevice(reading.uuid))
+        devices.extend(NamedDevice(m.uuid, reading.uuid, m.gpu_instance_id) for m in reading.mig)
+    return tuple(devices)
 
 
 def _uuids(reading: DeviceReading) -> tuple[str, ...]:

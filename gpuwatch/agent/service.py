@@ -35,8 +35,14 @@ from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.errors import GpuwatchError
 from gpuwatch.settings import AgentSettings, parse_host_port
-from gpuwatch.snapshot import HostSnapshot
-from gpuwatch.wire import MAX_EVENT_SUMMARY_CHARS, OomIncident, ReportedEvent, same_gpu_uuid
+from gpuwatch.snapshot import HostSnapshot, MigInstance
+from gpuwatch.wire import (
+    MAX_EVENT_SUMMARY_CHARS,
+    NamedDevice,
+    OomIncident,
+    ReportedEvent,
+    find_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +250,9 @@ class Agent:
         and hand it to the reaper policy when it shows contention (:func:`not_contention`)."""
         received_at = self._clock()
         latest = self.state.latest
-        gpu_index = incident_gpu(incident, latest)
+        gpu_index, instance = incident_device(incident, latest)
         log.warning("OOM incident reported by pid %s on GPU %s", incident.pid, gpu_index)
-        self._note_contention(incident, origin, latest, gpu_index, received_at)
+        self._note_contention(incident, origin, latest, gpu_index, instance, received_at)
         if self._sink is None:
             return
         # The incident keeps the time its sender reported (information); only the
@@ -279,16 +285,21 @@ class Agent:
         origin: IncidentOrigin,
         snapshot: HostSnapshot | None,
         gpu_index: int | None,
+        instance: MigInstance | None,
         received_at: float,
     ) -> None:
-        """Tell the policy (when on) that someone waits for memory on ``gpu_index``, if
-        the incident proves it. Any local user can post one, and a counted OOM makes
-        other users' idle processes on that GPU eligible to be stopped."""
-        if self.reaper.auto is None:
+        """Tell the policy (when on) that someone waits for memory on ``gpu_index`` (in
+        its MIG ``instance``, when the incident names one), if the incident proves it.
+        Any local user can post one, and a counted OOM makes other users' idle
+        processes there eligible to be stopped."""
+        auto = self.reaper.auto
+        if auto is None:
             return
         if self._procs is None:
             self._procs = ProcReader(self._settings.proc_root)
-        why = not_contention(incident.pid, gpu_index, origin, snapshot, self._procs)
+        why = not_contention(
+            incident.pid, gpu_index, origin, snapshot, self._procs, instance=instance
+        )
         if why is not None:
             log.info(
                 "OOM incident from pid %s not counted as contention by the reaper policy: %s",
@@ -297,25 +308,48 @@ class Agent:
             )
             return
         # The agent's own receive time: a sender's clock could keep a GPU contended.
-        self.reaper.note_oom(gpu_index, incident.pid, received_at)
+        # The place is the MIG instance where there is one: its memory is its own.
+        auto.note_oom(
+            gpu_index,
+            incident.pid,
+            received_at,
+            gpu_instance_id=None if instance is None else instance.gpu_instance_id,
+        )
 
 
 def incident_gpu(incident: OomIncident, snapshot: HostSnapshot | None) -> int | None:
-    """NVML's index of the incident's GPU, ``None`` when unknown.
+    """NVML's index of the incident's GPU, ``None`` when unknown (:func:`incident_device`)."""
+    return incident_device(incident, snapshot)[0]
+
+
+def incident_device(
+    incident: OomIncident, snapshot: HostSnapshot | None
+) -> tuple[int | None, MigInstance | None]:
+    """NVML's index of the incident's GPU (``None`` when unknown), and the MIG instance
+    its UUID names (``None``: the whole GPU, or no UUID).
 
     By UUID when the sender named one (its ``device_index`` is PyTorch's ordinal, or a
-    guess at NVML's index), matched against each GPU's UUID and its MIG instances'; a
-    UUID no GPU has is no GPU. Without a UUID (an older ``gpuwatch.torch``), the index.
+    guess at NVML's index), resolved among every GPU's UUID and its MIG instances'
+    (:func:`~gpuwatch.wire.find_device`: without ``GPU-``/``MIG-``, CUDA 11's
+    ``MIG-GPU-<uuid>/<gi>/<ci>``, or a unique prefix); a UUID no device has, or a
+    prefix two share, is no GPU. Without a UUID (an older ``gpuwatch.torch``), the index.
     """
     if incident.device_uuid is None:
-        return incident.device_index
+        return incident.device_index, None
     if snapshot is None:
-        return None
+        return None, None
+    devices: list[NamedDevice] = []
+    places: dict[NamedDevice, tuple[int, MigInstance | None]] = {}
     for gpu in snapshot.gpus:
-        uuids = (gpu.uuid, *(m.uuid for m in gpu.mig_instances))
-        if any(same_gpu_uuid(incident.device_uuid, u) for u in uuids):
-            return gpu.index
-    return None
+        whole = NamedDevice(gpu.uuid)
+        devices.append(whole)
+        places[whole] = (gpu.index, None)
+        for m in gpu.mig_instances:
+            named = NamedDevice(m.uuid, gpu.uuid, m.gpu_instance_id)
+            devices.append(named)
+            places[named] = (gpu.index, m)
+    found = find_device(incident.device_uuid, devices)
+    return (None, None) if found is None else places[found]
 
 
 def not_contention(
@@ -324,27 +358,53 @@ def not_contention(
     origin: IncidentOrigin,
     snapshot: HostSnapshot | None,
     procs: ProcReader,
+    *,
+    instance: MigInstance | None = None,
 ) -> str | None:
-    """Why an OOM of ``pid`` on ``gpu_index`` does not count as contention for the
-    reaper policy; ``None`` when it does.
+    """Why an OOM of ``pid`` on ``gpu_index`` (in its MIG ``instance``, where the report
+    names one) does not count as contention for the reaper policy; ``None`` when it
+    does.
 
     It counts only when the GPU exists, ``pid`` holds a context on it in the latest
     poll (a process that ran out of GPU memory has one), is still that same process
     now, and the poster is its owner or root (the socket's uid, not the body's word).
+    On a GPU in MIG mode the report must name the MIG instance (by its UUID) and
+    ``pid`` must run in it: MIG memory is partitioned, and an OOM on the whole GPU
+    cannot say which instance ran short.
     """
     if gpu_index is None:
         return "it names no GPU this agent sees"
     gpu = None if snapshot is None else snapshot.gpu(gpu_index)
     if gpu is None:
         return f"gpu{gpu_index} is not in the agent's latest poll"
-    listed = next((p for p in gpu.processes if p.pid == pid and p.alive and p.visible), None)
+    where = f"gpu{gpu_index}"
+    if gpu.mig_instances:
+        if instance is None:
+            return (
+                f"gpu{gpu_index} is in MIG mode and the report names none of its MIG "
+                "instances: which one ran out of memory is unknown"
+            )
+        if instance.gpu_instance_id is None:
+            return f"the GPU instance id of {instance.uuid} on gpu{gpu_index} is unknown"
+        where = f"MIG instance {instance.gpu_instance_id} of gpu{gpu_index}"
+    listed = next(
+        (
+            p
+            for p in gpu.processes
+            if p.pid == pid
+            and p.alive
+            and p.visible
+            and (instance is None or p.gpu_instance_id == instance.gpu_instance_id)
+        ),
+        None,
+    )
     if listed is None:
-        return f"pid {pid} holds no context on gpu{gpu_index}"
+        return f"pid {pid} holds no context on {where}"
     now = procs.read(pid)
     if now is None or now.exited:
         return f"pid {pid} is not running"
     if not now.matches(start_time=listed.start_time, uid=listed.owner.uid):
-        return f"pid {pid} is not the process NVML listed on gpu{gpu_index}"
+        return f"pid {pid} is not the process NVML listed on {where}"
     if not origin.speaks_for(now.uid):
         return f"the poster (uid {origin.peer_uid}) is neither root nor pid {pid}'s owner (uid {now.uid})"
     return None

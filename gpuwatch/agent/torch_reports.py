@@ -10,19 +10,23 @@ until they go stale, so the sampler can attach them to the matching
 A report names its GPU by UUID when the sender knows it (``device_uuid``), and is then
 found by that UUID only: its ``device_index`` is the sender's guess, and PyTorch's
 device ordinal is not NVML's index under ``CUDA_VISIBLE_DEVICES`` or CUDA's
-fastest-first order. A report without a UUID (an older ``gpuwatch.torch``) is found by
-its index, as before.
+fastest-first order. The UUID is resolved against every GPU and MIG instance of the
+host (:func:`gpuwatch.wire.find_device`): without its ``GPU-``/``MIG-`` prefix (PyTorch
+prints a MIG instance's UUID bare, like a GPU's), CUDA 11's ``MIG-GPU-<uuid>/<gi>/<ci>``,
+or a unique prefix (``CUDA_VISIBLE_DEVICES=GPU-8932f937``); one that names no device, or
+two, is attached nowhere. A report without a UUID (an older ``gpuwatch.torch``) is found
+by its index, as before.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuwatch.snapshot import TorchAllocatorStats
-from gpuwatch.wire import TorchReport, gpu_uuid_key
+from gpuwatch.wire import NamedDevice, TorchReport, find_device, gpu_uuid_key
 
 # Reports older than this are dropped: the reporter sends every ~10 s by default, so
 # a minute of silence means the process stopped reporting (or exited).
@@ -39,6 +43,7 @@ DeviceKey = tuple[str, str | int]
 class _Entry:
     stats: TorchAllocatorStats
     received_at: float
+    uuid: str | None = None  # as the report gave it
 
 
 def device_key(report: TorchReport) -> DeviceKey:
@@ -54,7 +59,9 @@ class TorchReports:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._entries: dict[tuple[int, DeviceKey], _Entry] = {}
+        # pid -> device -> latest report (a process reports on few devices).
+        self._entries: dict[int, dict[DeviceKey, _Entry]] = {}
+        self._count = 0
         self.received_total = 0
 
     def record(self, report: TorchReport) -> None:
@@ -68,12 +75,18 @@ class TorchReports:
         now = self._clock()
         with self._lock:
             self.received_total += 1
-            self._entries[(report.pid, device_key(report))] = _Entry(stats, now)
-            if len(self._entries) > MAX_ENTRIES:
+            mine = self._entries.setdefault(report.pid, {})
+            key = device_key(report)
+            self._count += key not in mine
+            mine[key] = _Entry(stats, now, report.device_uuid)
+            if self._count > MAX_ENTRIES:
                 self._expire(now)
-                while len(self._entries) > MAX_ENTRIES:  # still full: evict the oldest
-                    oldest = min(self._entries, key=lambda k: self._entries[k].received_at)
-                    del self._entries[oldest]
+                while self._count > MAX_ENTRIES:  # still full: evict the oldest
+                    pid, oldest = min(
+                        ((p, k) for p, keys in self._entries.items() for k in keys),
+                        key=lambda pk: self._entries[pk[0]][pk[1]].received_at,
+                    )
+                    self._drop(pid, oldest)
 
     def get(
         self,
@@ -82,31 +95,64 @@ class TorchReports:
         *,
         start_time: float | None,
         uuids: tuple[str, ...] = (),
+        host: Sequence[NamedDevice] = (),
     ) -> TorchAllocatorStats | None:
         """The latest fresh report for ``pid`` on the GPU NVML lists as ``device_index``
         with UUIDs ``uuids`` (the GPU's, and its MIG instances'), if any.
+
+        ``host`` is every GPU and MIG instance of the host, against which a reported
+        UUID is resolved (a prefix names a device only when no other device of the host
+        shares it); empty: ``uuids`` alone.
 
         A report sent before the process started belongs to an earlier process that
         had the same PID, so it is ignored.
         """
         with self._lock:
             self._expire(self._clock())
-            entry = self._find(pid, device_index, uuids)
+            entry = self._find(pid, device_index, uuids, host)
         if entry is None:
             return None
         if start_time is not None and entry.stats.reported_at < start_time:
             return None
         return entry.stats
 
-    def _find(self, pid: int, device_index: int, uuids: tuple[str, ...]) -> _Entry | None:
+    def _find(
+        self,
+        pid: int,
+        device_index: int,
+        uuids: tuple[str, ...],
+        host: Sequence[NamedDevice],
+    ) -> _Entry | None:
         # The caller holds the lock. The newest of the matching reports wins (a
         # process may have sent both forms across an upgrade).
-        keys: list[DeviceKey] = [("uuid", gpu_uuid_key(u)) for u in uuids]
-        keys.append(("index", device_index))
-        found = [e for e in (self._entries.get((pid, k)) for k in keys) if e is not None]
+        mine = {gpu_uuid_key(u) for u in uuids}
+        devices = host or [NamedDevice(u) for u in uuids]
+        found = []
+        for key, entry in self._entries.get(pid, {}).items():
+            if key[0] == "index":
+                hit = key[1] == device_index
+            elif key[1] in mine:  # the same UUID: no other device can have it
+                hit = True
+            else:  # a prefix, or CUDA 11's MIG form
+                named = None if entry.uuid is None else find_device(entry.uuid, devices)
+                hit = named is not None and gpu_uuid_key(named.uuid) in mine
+            if hit:
+                found.append(entry)
         return max(found, key=lambda e: e.received_at, default=None)
 
+    def _drop(self, pid: int, key: DeviceKey) -> None:
+        mine = self._entries[pid]
+        del mine[key]
+        self._count -= 1
+        if not mine:
+            del self._entries[pid]
+
     def _expire(self, now: float) -> None:
-        stale = [k for k, e in self._entries.items() if now - e.received_at > STALE_AFTER_SECONDS]
-        for key in stale:
-            del self._entries[key]
+        stale = [
+            (pid, k)
+            for pid, keys in self._entries.items()
+            for k, e in keys.items()
+            if now - e.received_at > STALE_AFTER_SECONDS
+        ]
+        for pid, key in stale:
+            self._drop(pid, key)

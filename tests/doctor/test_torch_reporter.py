@@ -268,17 +268,35 @@ def test_reports_name_the_gpu_by_uuid(agent: FakeAgent) -> None:
     assert (report.device_index, report.device_uuid) == (3, UUID_3)
 
 
-def test_torch_uuid_without_the_gpu_prefix_is_sent_in_nvml_form(
-    monkeypatch: pytest.MonkeyPatch,
+MIG_UUID = "MIG-84fa1e39-2b1b-5f5d-9a0c-0c3b2c1d0e01"
+
+
+@pytest.mark.parametrize("printed", [UUID_3[4:], MIG_UUID[4:]])
+def test_torch_uuid_is_sent_bare_as_torch_prints_it(
+    monkeypatch: pytest.MonkeyPatch, printed: str
 ) -> None:
+    # PyTorch prints a GPU's UUID and a MIG instance's alike, without a prefix: adding
+    # "GPU-" would turn a MIG instance's into a GPU UUID no device has. The agent
+    # compares UUIDs without their prefix (tests/agent/test_uuid_forms.py).
     from types import SimpleNamespace
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(
-        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=UUID_3[4:])
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f" {printed}\n")
     )
-    assert gt.cuda_device_ref(0) == gt.DeviceRef(index=0, uuid=UUID_3)
+    assert gt.cuda_device_ref(0) == gt.DeviceRef(index=0, uuid=printed)
+
+
+@pytest.mark.parametrize(
+    "entry", ["GPU-8932f937", f"MIG-GPU-{UUID_3[4:]}/1/0", MIG_UUID, MIG_UUID[:12]]
+)
+def test_a_uuid_in_cuda_visible_devices_is_sent_as_written(
+    monkeypatch: pytest.MonkeyPatch, entry: str
+) -> None:
+    # A unique prefix and CUDA 11's MIG form are the agent's to resolve.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", entry)
+    assert gt.cuda_device_ref(0) == gt.DeviceRef(index=0, uuid=entry)
 
 
 def test_without_a_uuid_cuda_visible_devices_translates_the_ordinal(

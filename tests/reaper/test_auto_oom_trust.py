@@ -151,6 +151,7 @@ def test_oom_entries_are_pruned_at_every_check(
     auto.note_oom(7, 4444, rig.clock.now)  # a GPU this host does not have
     noted_at = rig.clock.now
     run_polls(agent, rig, 1)
-    assert auto._ooms == {0: {4242: noted_at}, 1: {4343: noted_at}}  # gpu7: dropped
+    # Keyed by (GPU, MIG instance): whole GPUs here.
+    assert auto._ooms == {(0, None): {4242: noted_at}, (1, None): {4343: noted_at}}  # gpu7: dropped
     run_polls(agent, rig, 6)
     assert auto._ooms == {}

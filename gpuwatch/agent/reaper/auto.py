@@ -12,7 +12,9 @@ stop:
    waiting). Idle memory on a GPU nobody needs is left alone. Any local user can post
    an OOM incident, so the agent counts one only from its process's owner (or root),
    for a live process NVML lists on that GPU, at the time the agent received it
-   (``service.not_contention``).
+   (``service.not_contention``). On a MIG GPU memory is partitioned: a process in a
+   MIG instance is judged by its instance alone (its fullness, and OOMs in that
+   instance), since stopping it frees memory for nobody else.
 2. **Warning first**: the owner and the alert channel are told (a ``reaped`` event
    with ``stage: warning``, an audit row and a log line) "pid 4242 (alice, jupyter
    kernel, 11.0 GiB on gpu1) will be stopped in 30m unless it becomes active".
@@ -50,12 +52,15 @@ from gpuwatch.agent.reaper.policy import Decision, Protections, Selection
 from gpuwatch.agent.reaper.server_cache import CachedServerHistory
 from gpuwatch.agent.reaper.settings import ReapSettings
 from gpuwatch.agent.reaper.stats import PolicyStats
-from gpuwatch.snapshot import Gpu, HostSnapshot
+from gpuwatch.snapshot import Gpu, HostSnapshot, MigInstance
 
 log = logging.getLogger(__name__)
 
 HOUR = 3600.0
 Key = tuple[int, float | None]  # (pid, start time): one process lifetime
+# Where memory ran out: (GPU index, MIG GPU instance id), the id None for a whole GPU
+# (not in MIG mode). A MIG instance's memory is its own: only its processes free any.
+Place = tuple[int, int | None]
 
 
 @dataclass
@@ -114,9 +119,10 @@ class AutoReaper:
         self.warnings: dict[Key, PendingWarning] = {}
         self._acted: set[Key] = set()
         self._stops: deque[tuple[float, str]] = deque()
-        # GPU index -> pid -> when the agent received that process's latest OOM there.
-        # Written from the agent's HTTP thread, read from the poll loop.
-        self._ooms: dict[int, dict[int, float]] = {}
+        # Place (GPU index, MIG instance) -> pid -> when the agent received that
+        # process's latest OOM there. Written from the agent's HTTP thread, read from
+        # the poll loop.
+        self._ooms: dict[Place, dict[int, float]] = {}
         self._ooms_lock = threading.Lock()
         self._next_check = 0.0
         self._worker: threading.Thread | None = None
@@ -127,20 +133,26 @@ class AutoReaper:
         """True while a stop is in progress on the worker thread."""
         return self._worker is not None and self._worker.is_alive()
 
-    def note_oom(self, gpu_index: int | None, pid: int, at: float) -> None:
-        """An out-of-memory error of ``pid`` on ``gpu_index``: someone is waiting for
-        memory there.
+    def note_oom(
+        self, gpu_index: int | None, pid: int, at: float, *, gpu_instance_id: int | None = None
+    ) -> None:
+        """An out-of-memory error of ``pid`` on ``gpu_index`` (in its MIG GPU instance
+        ``gpu_instance_id``; ``None``: the whole GPU): someone is waiting for memory
+        there.
 
         The caller has checked that it may count (the agent: ``service.not_contention``).
-        ``at`` is never later than this policy's clock, so no report can keep a GPU
-        contended for longer than ``oom_wait``; one entry per process and GPU, pruned
-        at every check (:meth:`_prune_ooms`), so the table stays bounded.
+        It counts only for processes in the same place: one without an instance on a
+        GPU in MIG mode counts for nobody (every process there lives in one instance,
+        and which one ran short is unknown). ``at`` is never later than this policy's
+        clock, so no report can keep a GPU contended for longer than ``oom_wait``; one
+        entry per process and place, pruned at every check (:meth:`_prune_ooms`), so
+        the table stays bounded.
         """
         if gpu_index is None:
             return
         at = min(at, self._clock())
         with self._ooms_lock:
-            seen = self._ooms.setdefault(gpu_index, {})
+            seen = self._ooms.setdefault((gpu_index, gpu_instance_id), {})
             seen[pid] = max(at, seen.get(pid, at))
 
     def after_poll(self, snapshot: HostSnapshot) -> None:
@@ -200,38 +212,56 @@ class AutoReaper:
         )
 
     def _contended(self, snapshot: HostSnapshot, decision: Decision, now: float) -> str | None:
-        """Why one of the process's GPUs is contended, or ``None``."""
-        for index in decision.candidate.gpus:
+        """Why the memory the process holds somewhere is contended, or ``None``.
+
+        Off MIG, its GPU: fullness and OOMs on the whole GPU. On a GPU in MIG mode, the
+        MIG instance it runs in: that instance's fullness and OOMs in that instance only
+        (stopping it frees memory there and nowhere else); where its instance is unknown,
+        nothing there makes it contended."""
+        for holding in sorted(decision.candidate.holdings, key=lambda h: h.gpu_index):
+            index = holding.gpu_index
             gpu = snapshot.gpu(index)
             if gpu is None:
                 continue
-            full = _fullness(gpu)
+            place: Place
+            if gpu.mig_instances:
+                instance = _instance(gpu, holding.gpu_instance_id)
+                if instance is None:
+                    continue
+                place = (index, instance.gpu_instance_id)
+                where = f"MIG instance {instance.gpu_instance_id} of gpu{index}"
+                full = _ratio(instance.memory_used_bytes, instance.memory_total_bytes)
+            else:
+                place = (index, None)
+                where = f"gpu{index}"
+                full = _ratio(gpu.memory_used_bytes, gpu.memory_total_bytes)
             if full is not None and full >= self.settings.contended_ratio:
-                return f"gpu{index} is {full:.0%} full"
+                return f"{where} is {full:.0%} full"
             with self._ooms_lock:
-                waiting = set(self._ooms.get(index, {}))  # pruned for ``now``: all recent
+                waiting = set(self._ooms.get(place, {}))  # pruned for ``now``: all recent
             if waiting - {decision.candidate.pid}:
-                return f"another process ran out of memory on gpu{index}"
+                return f"another process ran out of memory on {where}"
         return None
 
     def _prune_ooms(self, snapshot: HostSnapshot, now: float) -> None:
-        """Keep only OOMs within ``oom_wait`` of ``now`` on GPUs the snapshot has.
+        """Keep only OOMs within ``oom_wait`` of ``now`` in places the snapshot has: a
+        GPU not in MIG mode (the whole GPU), or a MIG instance of one that is.
 
-        Every GPU, not only those with a candidate: entries nothing reads would stay
-        forever. One noted "later" than a check interval after ``now`` (the clock
-        stepped back) is dropped too; within it, it may just have arrived during this
-        check.
+        Every place, not only those with a candidate: entries nothing reads would stay
+        forever (a whole-GPU entry on a GPU in MIG mode is one nothing reads). One
+        noted "later" than a check interval after ``now`` (the clock stepped back) is
+        dropped too; within it, it may just have arrived during this check.
         """
         oldest = now - self.settings.oom_wait_seconds
         latest = now + self.settings.check_interval_seconds
-        gpus = {gpu.index for gpu in snapshot.gpus}
+        places = {place for gpu in snapshot.gpus for place in _places(gpu)}
         with self._ooms_lock:
-            for index in list(self._ooms):
-                recent = {pid: t for pid, t in self._ooms[index].items() if oldest <= t <= latest}
-                if recent and index in gpus:
-                    self._ooms[index] = recent
+            for place in list(self._ooms):
+                recent = {pid: t for pid, t in self._ooms[place].items() if oldest <= t <= latest}
+                if recent and place in places:
+                    self._ooms[place] = recent
                 else:
-                    del self._ooms[index]
+                    del self._ooms[place]
 
     def _warn(self, plan: Plan, decision: Decision, why: str, now: float) -> PendingWarning:
         wait = self.settings.warn_before_seconds
@@ -358,10 +388,27 @@ def _key(decision: Decision) -> Key:
     return decision.candidate.pid, decision.candidate.start_time
 
 
-def _fullness(gpu: Gpu) -> float | None:
-    if not gpu.memory_total_bytes or gpu.memory_used_bytes is None:
+def _ratio(used: int | None, total: int | None) -> float | None:
+    """How full memory is (``None``: unknown)."""
+    if not total or used is None:
         return None
-    return gpu.memory_used_bytes / gpu.memory_total_bytes
+    return used / total
+
+
+def _instance(gpu: Gpu, gpu_instance_id: int | None) -> MigInstance | None:
+    """The MIG instance of ``gpu`` with NVML's GPU instance id ``gpu_instance_id``."""
+    if gpu_instance_id is None:
+        return None
+    return next((m for m in gpu.mig_instances if m.gpu_instance_id == gpu_instance_id), None)
+
+
+def _places(gpu: Gpu) -> list[Place]:
+    """Where an OOM on ``gpu`` can count: the GPU off MIG, else each MIG instance."""
+    if not gpu.mig_instances:
+        return [(gpu.index, None)]
+    return [
+        (gpu.index, m.gpu_instance_id) for m in gpu.mig_instances if m.gpu_instance_id is not None
+    ]
 
 
 class NextPoll:

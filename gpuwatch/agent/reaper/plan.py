@@ -141,7 +141,8 @@ def candidates_from(
     lag this poll by up to a poll interval, and this poll is the newest look at the GPU.
     """
     first: dict[int, GpuProcess] = {}
-    held: dict[int, dict[int, tuple[str, int | None]]] = {}
+    # pid -> GPU index -> (GPU UUID, bytes held, MIG GPU instance id)
+    held: dict[int, dict[int, tuple[str, int | None, int | None]]] = {}
     busy_now: dict[tuple[int, int], float] = {}  # (pid, gpu index) -> activity seen now
     unreadable = [g for g in snapshot.gpus if g.lost or g.read_error is not None]
     for gpu in snapshot.gpus:
@@ -156,7 +157,10 @@ def candidates_from(
                 used = max(used, previous[1])
             elif previous is not None:
                 used = None
-            per_gpu[gpu.index] = (gpu.uuid, used)
+            instance = process.gpu_instance_id
+            if previous is not None and previous[2] != instance:
+                instance = None  # two contexts that disagree: which instance is unknown
+            per_gpu[gpu.index] = (gpu.uuid, used, instance)
             ratio = activity_ratio(process, gpu)
             if ratio is not None and ratio > 0:
                 key = (process.pid, gpu.index)
@@ -170,6 +174,7 @@ def candidates_from(
                 gpu_index=index,
                 gpu_uuid=uuid,
                 used_bytes=used,
+                gpu_instance_id=instance,
                 evidence=_active_now(busy_now.get((pid, index)))
                 or _evidence(
                     runs_for,
@@ -180,7 +185,7 @@ def candidates_from(
                     min_bytes=rule.min_memory_bytes if index == largest else 0,
                 ),
             )
-            for index, (uuid, used) in sorted(gpus.items())
+            for index, (uuid, used, instance) in sorted(gpus.items())
         ) + _unreadable_holdings(unreadable, runs_for, process)
         out.append(
             Candidate(

@@ -55,12 +55,16 @@ PROTECTED_REASONS = (
 
 @dataclass(frozen=True)
 class Holding:
-    """What a process holds on one GPU, and what the history says about it there."""
+    """What a process holds on one GPU, and what the history says about it there.
+
+    ``gpu_instance_id`` is the MIG GPU instance it runs in on that GPU (NVML's id, as
+    ``MigInstance.gpu_instance_id``); ``None`` off MIG, or where NVML did not say."""
 
     gpu_index: int
     gpu_uuid: str
     used_bytes: int | None
     evidence: IdleEvidence
+    gpu_instance_id: int | None = None
 
 
 @dataclass(frozen=True)
