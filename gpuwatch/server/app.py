@@ -198,8 +198,8 @@ def _operations_router(context: ServerContext) -> APIRouter:
         """200 when the database answers and takes writes, 503 otherwise.
 
         A database that can be read but not written (a read-only file or mount, a full
-        disk) answers reads: after a write failed so, this answers 503 until a write
-        that changes nothing succeeds (:meth:`Database.write_failure`, tried here).
+        disk) answers reads: after a write failed so, this answers 503 until a write of
+        a push's size succeeds (:meth:`Database.write_failure`, tried here).
         """
         try:
             with ctx.database.reader() as session:

@@ -11,19 +11,22 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Response, status
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Select, Table, bindparam, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpuwatch.server.alerts.engine import AlertEngine
 from gpuwatch.server.auth.cache import VerifiedTokens
 from gpuwatch.server.auth.limits import HostRateLimiter
+from gpuwatch.server.auth.models import AgentToken
 from gpuwatch.server.auth.service import (
     AgentIdentity,
     authenticate_agent,
@@ -31,6 +34,7 @@ from gpuwatch.server.auth.service import (
     token_digest,
 )
 from gpuwatch.server.database.core import Database
+from gpuwatch.server.hosts.models import Host
 from gpuwatch.server.ingest.body import BodyBudget
 from gpuwatch.server.ingest.cache import HostStateCache
 from gpuwatch.server.metrics import ServerStats
@@ -207,13 +211,71 @@ def reverify_push(context: ServerContext, credential: PushCredential) -> None:
 
 
 def confirm_push(session: Session, context: ServerContext, credential: PushCredential) -> None:
-    """403, and the token forgotten, unless it is still unrevoked and still names the
-    same host, read in ``session``: the transaction that stores the push. This is what
-    makes revocation immediate on every replica, cache or not."""
-    found = identity_of_digest(session=session, digest=credential.token_sha256)
-    if found != credential.identity:
+    """403, and the token forgotten, unless it is still unrevoked, still names the same
+    host and that host is not retired, read in ``session``: the transaction that stores
+    the push. This is what makes revocation immediate on every replica, cache or not.
+
+    On Postgres the read also locks the token's row ``FOR SHARE`` until the push
+    commits (the same query, no extra round trip; the lock costs Postgres a tuple lock,
+    a small WAL record, per push). Without it the read, under READ COMMITTED, saw the
+    token as it was before a ``token revoke`` (or ``--retire``, hosts/retire.py) in
+    flight committed, and the push, queued behind the retire's lock on the host row,
+    was stored after it: events and lifetimes reopened on a retired host. With it, a
+    push either commits before the revoking transaction can revoke its token, or
+    waits for that transaction and then finds the token revoked (Postgres rechecks
+    the row it waited for). Every writer takes token locks before host locks (the
+    revoke and retire do, :func:`lock_push_tokens` does for a batch of several hosts),
+    so the two cannot deadlock. SQLite needs none of it: ``BEGIN IMMEDIATE`` already
+    serialises writers.
+    """
+    row = session.connection().execute(_confirm_query(), {"digest": credential.token_sha256})
+    found = row.first()
+    if (
+        found is None
+        or not hmac.compare_digest(found.token_sha256, credential.token_sha256)
+        or AgentIdentity(host_id=found.id, hostname=found.hostname) != credential.identity
+    ):
         context.tokens.discard(credential.token_sha256)
         raise _refused(credential.client)
+
+
+def lock_push_tokens(session: Session, credentials: Iterable[PushCredential]) -> None:
+    """Lock the token rows of ``credentials`` (Postgres: ``FOR SHARE``) in id order, in
+    one statement: a transaction storing pushes of several hosts calls this before it
+    locks their host rows, so it takes token locks before host locks as
+    :func:`confirm_push` of a single push and a retire do. Revoked or unknown tokens are
+    left to :func:`confirm_push` to refuse."""
+    digests = sorted({credential.token_sha256 for credential in credentials})
+    session.connection().execute(_lock_tokens_query(), {"digests": digests}).all()
+
+
+_TOKENS: Table = AgentToken.__table__  # type: ignore[assignment]
+_HOSTS: Table = Host.__table__  # type: ignore[assignment]
+
+
+@cache
+def _confirm_query() -> Select[Any]:
+    # Built once: a reused statement object skips SQLAlchemy's cache-key generation.
+    return (
+        select(_TOKENS.c.token_sha256, _HOSTS.c.id, _HOSTS.c.hostname)
+        .join(_HOSTS, _HOSTS.c.id == _TOKENS.c.host_id)
+        .where(
+            _TOKENS.c.token_sha256 == bindparam("digest"),
+            _TOKENS.c.revoked_at.is_(None),
+            _HOSTS.c.retired_at.is_(None),
+        )
+        .with_for_update(read=True, of=_TOKENS)
+    )
+
+
+@cache
+def _lock_tokens_query() -> Select[Any]:
+    return (
+        select(_TOKENS.c.id)
+        .where(_TOKENS.c.token_sha256.in_(bindparam("digests", expanding=True)))
+        .order_by(_TOKENS.c.id)
+        .with_for_update(read=True)
+    )
 
 
 def require_reader(

@@ -20,6 +20,7 @@ import hashlib
 import math
 import os
 import re
+import secrets
 import threading
 import time
 import weakref
@@ -40,8 +41,9 @@ from sqlalchemy import (
     exc,
     func,
     select,
+    text,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from gpuwatch.errors import DatabaseError
@@ -117,21 +119,39 @@ class NoDatabase(DatabaseError):
 
 class WriteHealth:
     """Whether this process's writes are failing because the database cannot be
-    written (read-only, disk full, I/O errors: :func:`is_unwritable`).
+    written (read-only, disk full, I/O errors, a role without write permission:
+    :func:`is_unwritable`).
 
     Reads keep working then, so a read alone (/healthz, the scrape) would call such a
     database healthy while every push is refused. A failed write sets the failure; only
-    a write that succeeds clears it (:meth:`Database.write_failure` tries one).
+    a write of a push's size that succeeds clears it (:meth:`Database.write_failure`
+    tries one, :func:`probe_write_room`): a write that changes nothing fits where a
+    push does not (a nearly full disk). Successful commits of other writers do not
+    clear it, since one may have written next to nothing.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._failure: str | None = None
+        self._probing = threading.local()
 
     @property
     def failure(self) -> str | None:
         """Why the last failed write failed, while no write has succeeded since."""
         return self._failure
+
+    @property
+    def probing(self) -> bool:
+        """True in the thread running :meth:`Database.write_failure`'s probe."""
+        return getattr(self._probing, "on", False)
+
+    @contextmanager
+    def probe(self) -> Iterator[None]:
+        self._probing.on = True
+        try:
+            yield
+        finally:
+            self._probing.on = False
 
     def failed(self, reason: str) -> None:
         with self._lock:
@@ -285,6 +305,8 @@ class Database:
         writer waits up to ``write_wait_seconds`` for its turn in this process; the
         first wrapper of an engine sets that for all of them."""
         _install_sqlite_hooks(engine)
+        health = _WRITE_HEALTH.setdefault(engine, WriteHealth())
+        _discard_unwritable_connections(engine, health)
         turns = None
         if engine.dialect.name == "sqlite":
             turns = _TURNS.setdefault(engine, WriteTurns(write_wait_seconds))
@@ -296,7 +318,7 @@ class Database:
             ),
             _turns=turns,
             _slots=_SLOTS.setdefault(engine, ConnectionSlots.new()),
-            _write_health=_WRITE_HEALTH.setdefault(engine, WriteHealth()),
+            _write_health=health,
         )
 
     @contextmanager
@@ -334,22 +356,32 @@ class Database:
         """None while the database takes writes; else why it does not.
 
         Only after a write of this process failed for want of a writable database
-        (:class:`WriteHealth`): then it tries a write that changes nothing
-        (:func:`probe_write`, waiting at most ``wait_seconds`` for its turn), and the
-        failure stands until one succeeds. Otherwise it costs nothing.
+        (:class:`WriteHealth`): then it tries a write of a push's size that leaves
+        nothing behind (:func:`probe_write_room`, waiting at most ``wait_seconds`` for
+        its turn), and the failure stands until one succeeds. Otherwise it costs
+        nothing.
         """
         if self._write_health.failure is None:
             return None
-        try:
-            with self.writer(wait_seconds=wait_seconds) as session:
-                probe_write(session.connection())
-                session.commit()
-        except WaitTimeout:
-            pass  # busy, not read-only: the failure stands until a write gets through
-        except (exc.SQLAlchemyError, DatabaseError):
-            pass  # writer() recorded it if it was unwritable
-        else:
-            self._write_health.succeeded()
+        # Twice at most: a probe refused for want of a writable database has its
+        # connection discarded and the pool's other connections recycled (see
+        # _discard_unwritable_connections), so a second try runs in a session opened
+        # now, not in one that kept a read-only default since.
+        for attempt in (1, 2):
+            try:
+                with self._write_health.probe(), self.writer(wait_seconds=wait_seconds) as session:
+                    probe_write_room(session.connection())
+                    session.commit()
+            except WaitTimeout:
+                break  # busy, not read-only: the failure stands until a write gets through
+            except (exc.SQLAlchemyError, DatabaseError) as err:
+                # writer() recorded it if it was unwritable
+                if attempt == 1 and is_unwritable(err) and self.dialect == "postgresql":
+                    continue
+                break
+            else:
+                self._write_health.succeeded()
+                break
         return self._write_health.failure
 
     @contextmanager
@@ -431,13 +463,19 @@ def create_database(
         parsed = make_url(url)
         backend = parsed.get_backend_name()
         if backend == "sqlite":
-            if parsed.database in (None, "", ":memory:"):
+            database = parsed.database
+            if database is None or database in ("", ":memory:"):
                 raise DatabaseError("an in-memory SQLite database cannot be shared; give a file")
+            uri = _is_uri(parsed.query)
+            if uri and not create and "mode" not in parsed.query:
+                # Opened read-write, never created (SQLite's default is ``mode=rwc``):
+                # a mistyped path must not leave an empty database behind.
+                parsed = parsed.update_query_dict({"mode": "rw"})
             engine = create_engine(
                 parsed, connect_args={"timeout": sqlite_busy_timeout_seconds}, **_POOL
             )
-            if not _is_uri(parsed.query):
-                _check_sqlite_file(engine, os.path.abspath(parsed.database), create=create)
+            if not uri:
+                _check_sqlite_file(engine, os.path.abspath(database), create=create)
         else:
             connect_args: dict[str, Any] = {}
             if backend == "postgresql" and parsed.get_driver_name() == "psycopg":
@@ -584,16 +622,21 @@ def is_unavailable(err: BaseException) -> bool:
 
 # SQLite primary result codes (the low byte of the extended code) that mean the file
 # cannot be written: READONLY (a read-only file, directory or mount), IOERR, FULL
-# (disk full), CANTOPEN, PERM. Postgres SQLSTATEs: a read-only transaction (a standby),
-# disk full, and any I/O error (class 58).
+# (disk full), CANTOPEN, PERM. Postgres SQLSTATEs: a read-only transaction (a standby,
+# ``default_transaction_read_only``), insufficient privilege (the role lost INSERT,
+# UPDATE or DELETE), disk full, and any I/O error (class 58).
 _SQLITE_UNWRITABLE = frozenset({3, 8, 10, 13, 14})
-_PG_UNWRITABLE = ("25006", "53100", "58")
+_PG_UNWRITABLE = ("25006", "42501", "53100", "58")
 
 
 def is_unwritable(err: BaseException) -> bool:
     """True when ``err`` says the database cannot be written (as opposed to busy, or
     unreachable: those fail reads too)."""
-    original = getattr(err, "orig", None)
+    return _is_unwritable_driver_error(getattr(err, "orig", None))
+
+
+def _is_unwritable_driver_error(original: object) -> bool:
+    """:func:`is_unwritable` of the driver's own exception."""
     code = getattr(original, "sqlite_errorcode", None)
     if isinstance(code, int):
         return code & 0xFF in _SQLITE_UNWRITABLE
@@ -601,10 +644,78 @@ def is_unwritable(err: BaseException) -> bool:
     return isinstance(sqlstate, str) and sqlstate.startswith(_PG_UNWRITABLE)
 
 
+def _discard_unwritable_connections(engine: Engine, health: WriteHealth) -> None:
+    """Discard a connection whose statement failed for want of a writable database,
+    so the pool opens a fresh session for the next one. Idempotent.
+
+    A Postgres session keeps the defaults it started with: after ``ALTER DATABASE ...
+    SET default_transaction_read_only = on`` and back ``off``, every pooled connection
+    opened in between stays read-only, and a server that reused them answered 503 until
+    restarted. The failing connection is always discarded; every other pooled one is
+    recycled on its next checkout too (SQLAlchemy's pool invalidation) when the
+    failure is new or the write that failed was :meth:`Database.write_failure`'s
+    probe, so that recovery needs one probe, while a lasting outage does not reopen
+    the pool on every refused push, only at the rate of /healthz and scrapes.
+
+    Postgres only: a SQLite connection keeps no such state (a full disk or a read-only
+    file is the file's), and closing one in the middle of its failed statement left
+    the file locked until the garbage collector finalised it.
+    """
+    if engine.dialect.name != "postgresql" or engine in _handle_error_listeners:
+        return
+
+    def handle_error(context: ExceptionContext) -> None:
+        if context.connection is None or context.is_pre_ping:
+            return
+        if not _is_unwritable_driver_error(context.original_exception):
+            return
+        context.is_disconnect = True
+        context.invalidate_pool_on_disconnect = health.failure is None or health.probing
+
+    _handle_error_listeners[engine] = handle_error
+    event.listen(engine, "handle_error", handle_error)
+
+
+_handle_error_listeners: weakref.WeakKeyDictionary[Engine, Callable[..., None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def probe_write(conn: Connection) -> None:
     """A real write that changes nothing, so a database that can be read but not
     written fails here (SQLite opens a read-only file without complaint)."""
     conn.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+
+
+# What :func:`probe_write_room` writes: about what a large push writes (an 8-GPU,
+# 50-process snapshot's rows, samples and windows: tens of KB of pages).
+PROBE_WRITE_BYTES = 64 * 1024
+# A hostname no agent can have (hostnames have no spaces), so a probe's row is never
+# mistaken for a host, not even while it exists inside the probe's own transaction.
+_PROBE_HOST = "gpuwatch write probe "
+
+
+def probe_write_room(conn: Connection) -> None:
+    """Write about a push's worth of data and delete it again, in the caller's
+    transaction, which the caller commits: the database ends as it was, but the commit
+    had to write those pages (SQLite: about 18 WAL frames; Postgres: the row's TOAST
+    and WAL). A database that takes a write that changes nothing but not a push (a
+    nearly full disk, where :func:`probe_write` still fits) fails here.
+
+    The row is a ``hosts`` row under a name no agent has, unique to the probe (two
+    probes never wait on each other's key), inserted and deleted in one transaction,
+    so no other session ever sees it. Its filler is random (incompressible).
+    """
+    name = _PROBE_HOST + secrets.token_hex(8)
+    conn.execute(
+        text(
+            "INSERT INTO hosts (hostname, created_at, pid_namespace_isolated, fake,"
+            " spool_dropped_total, state_version, tiles, retired_at)"
+            " VALUES (:name, 0, :no, :no, 0, 0, :filler, 0)"
+        ),
+        {"name": name, "no": False, "filler": secrets.token_hex(PROBE_WRITE_BYTES // 2)},
+    )
+    conn.execute(text("DELETE FROM hosts WHERE hostname = :name"), {"name": name})
 
 
 @contextmanager

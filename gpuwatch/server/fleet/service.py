@@ -54,13 +54,16 @@ def gpus_by_fullness(*, session: Session, settings: ServerSettings, now: float) 
 
 
 def held_bytes(*, session: Session) -> dict[str, int]:
-    """Memory held by open ``orphaned`` and by open ``idle`` events, by kind (both present)."""
+    """Memory held by open ``orphaned`` and by open ``idle`` events, by kind (both
+    present). Retiring a host ends its events, but events of retired hosts are left
+    out all the same: the fleet's figures never count a host that left it."""
     held = dict.fromkeys(HELD_KINDS, 0)
     held.update(
         (kind, int(total or 0))
         for kind, total in session.execute(
             select(Event.kind, func.sum(Event.held_bytes))
-            .where(Event.ended_at.is_(None), Event.kind.in_(HELD_KINDS))
+            .join(Host, Host.id == Event.host_id)
+            .where(Event.ended_at.is_(None), Event.kind.in_(HELD_KINDS), Host.retired_at.is_(None))
             .group_by(Event.kind)
         )
     )
@@ -77,7 +80,7 @@ def fleet_summary(
     top_idle = session.execute(
         select(Event, Host.hostname)
         .join(Host, Host.id == Event.host_id)
-        .where(Event.ended_at.is_(None), Event.kind == "idle")
+        .where(Event.ended_at.is_(None), Event.kind == "idle", Host.retired_at.is_(None))
         .order_by(Event.held_bytes.desc().nulls_last(), Event.id)
         .limit(top)
     ).all()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.auth.service import revoke_tokens
@@ -37,7 +37,12 @@ class Retired:
 def retire_host(*, session: Session, dialect: str, hostname: str, now: float) -> Retired | None:
     """Retire ``hostname`` (see the module); ``None`` if no such host. The caller commits.
 
-    Retiring a host already retired revokes any token made since and ends nothing new.
+    Retiring a host already retired revokes any token made since, ends nothing new
+    and keeps its ``retired_at``: the host left the fleet when it was first retired.
+
+    Tokens are revoked before the host row is locked: the order every writer takes
+    those locks in (gpuwatch/server/deps.py, ``confirm_push``), so that on Postgres a
+    push in flight either commits first or, once this commits, finds its token revoked.
     """
     host_id = session.scalar(select(Host.id).where(Host.hostname == hostname))
     if host_id is None:
@@ -50,5 +55,9 @@ def retire_host(*, session: Session, dialect: str, hostname: str, now: float) ->
     for key in state.events.open_keys(""):
         state.events.clear(key, at=now)
     state.flush()  # bumps state_version: every server's cached copy is stale
-    session.execute(update(Host).where(Host.id == host_id).values(retired_at=now))
+    session.execute(
+        update(Host)
+        .where(Host.id == host_id)
+        .values(retired_at=func.coalesce(Host.retired_at, now))
+    )
     return Retired(tokens=tokens, lifetimes=lifetimes, events=events)

@@ -27,9 +27,11 @@ once, not after the batch.
 Order: a batch stores its pushes in the order they came (so a host's own pushes keep
 theirs), and what it has no time for goes back to the front of the queue, oldest
 first: no push is passed over for ever by later ones. On Postgres a batch of several
-hosts first locks their rows (``FOR UPDATE``) in id order, in one statement: two
+hosts first locks their tokens' rows (``FOR SHARE``, which a revoke waits for) and
+then their host rows (``FOR UPDATE``), each in id order, in one statement: two
 replicas' batches locking the same hosts in different orders could deadlock, one
-order cannot.
+order cannot, and tokens before hosts is the order of every writer (deps.py,
+:func:`~gpuwatch.server.deps.confirm_push`).
 
 Time: a batch takes new pushes only until it has run :data:`BATCH_SECONDS`, and none
 once the time budget of a push waiting for its commit has passed; the rest wait for
@@ -71,6 +73,7 @@ from gpuwatch.server.deps import (
     ServerContext,
     confirm_push,
     forbid_other_host,
+    lock_push_tokens,
     reverify_push,
 )
 from gpuwatch.server.ingest import service
@@ -353,6 +356,8 @@ class IngestWriter:
                 wait_seconds=self._wait_limit(budget_left), slot_seconds=budget_left
             ) as session:
                 if database.dialect == "postgresql" and len(hosts) > 1:
+                    # Tokens before hosts, as every writer takes them (deps.py).
+                    lock_push_tokens(session, (push.credential for push in ready))
                     lock_hosts(session, hosts)
                 for n, push in enumerate(ready):
                     if n and (

@@ -54,8 +54,9 @@ def host_page(
     stale = {gpu.uuid: _stale(host, gpu) for gpu in host.gpus}
     body = (
         f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / {text(host.hostname)}'
-        f"</nav><h1>{text(host.hostname)}{_silent(host.silent)}</h1>"
-        f"{_host_line(chrome, host)}{ranges(chrome, base, range_key)}"
+        f"</nav><h1>{text(host.hostname)}{_state_badge(chrome, host)}</h1>"
+        f"{_retired_notice(chrome, host)}{_host_line(chrome, host)}"
+        f"{ranges(chrome, base, range_key)}"
         f'<div class="cards">{"".join(cards) or _no_gpus()}</div>'
         f"<h2>{_processes_heading(chrome, host)}</h2>"
         f"{process_table(chrome, processes, with_gpu=True, stale=stale)}"
@@ -89,7 +90,8 @@ def gpu_page(
         f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / '
         f'<a href="{host_href}">{text(host.hostname)}</a> / GPU {gpu.index}</nav>'
         f"<h1>{text(host.hostname)} · GPU {gpu.index} <small>{e(gpu.name or '')}</small>"
-        f"{_silent(host.silent)}</h1>{_gpu_line(chrome, host, gpu)}"
+        f"{_state_badge(chrome, host)}</h1>{_retired_notice(chrome, host)}"
+        f"{_gpu_line(chrome, host, gpu)}"
         f'<p class="meta">UUID <code>{e(gpu.uuid)}</code> · last reading '
         f"{ago(gpu.last_seen_at, chrome.now)}</p>"
         f'{ranges(chrome, base, range_key)}<section class="card wide">{chart}'
@@ -113,6 +115,8 @@ def _marks(events: Sequence[EventOut], gpu_index: int) -> list[Mark]:
 def _stale(host: HostDetail, gpu: GpuOut) -> str | None:
     """Why ``gpu`` has no current reading (its figures are its last known ones), or
     None when it has one."""
+    if host.retired_at is not None:
+        return "host retired"
     if gpu.lost:
         return "GPU lost"
     if host.silent:
@@ -121,7 +125,7 @@ def _stale(host: HostDetail, gpu: GpuOut) -> str | None:
 
 
 def _processes_heading(chrome: Chrome, host: HostDetail) -> str:
-    if host.silent:
+    if host.silent or host.retired_at is not None:
         return f"Processes at the last report ({ago(host.last_received_at, chrome.now)})"
     return "Processes holding memory now"
 
@@ -163,8 +167,28 @@ def _host_line(chrome: Chrome, host: HostDetail) -> str:
     )
 
 
-def _silent(silent: bool) -> str:
-    return ' <span class="badge silent">silent</span>' if silent else ""
+def _state_badge(chrome: Chrome, host: HostDetail) -> str:
+    """ "retired" (with when) for a retired host, "silent" for a silent one."""
+    if host.retired_at is not None:
+        return (
+            f' <span class="badge silent retired" title="{when(host.retired_at)}">'
+            f"retired {ago(host.retired_at, chrome.now)}</span>"
+        )
+    return ' <span class="badge silent">silent</span>' if host.silent else ""
+
+
+def _retired_notice(chrome: Chrome, host: HostDetail) -> str:
+    """What retiring meant for a retired host's page (hosts/retire.py): its figures are
+    those of its last report, not current ones."""
+    if host.retired_at is None:
+        return ""
+    return (
+        f'<p class="meta stale retired">Retired {when(host.retired_at)}'
+        f" ({ago(host.retired_at, chrome.now)}): its tokens are revoked and it is no longer"
+        " watched. The figures below are from its last report"
+        f" ({ago(host.last_received_at, chrome.now)}), not current;"
+        " a new token (<code>gpuwatch token create</code>) brings it back.</p>"
+    )
 
 
 def _no_gpus() -> str:
