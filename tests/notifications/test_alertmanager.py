@@ -154,11 +154,29 @@ def test_alertmanager_refusing_the_alerts_is_broken(alertmanager, client, notifi
     receiver = build_receiver(
         ReceiverConfig(name="am", type="alertmanager", url=alertmanager), client=client
     )
-    # endsAt before startsAt: Alertmanager answers 400.
-    bad = alert(status="resolved", starts_at=time.time(), ends_at=time.time() - 3600)
-    attempt = receiver.attempt(notification(bad))
+    # endsAt before startsAt (gpuwatch no longer sends one): Alertmanager answers 400.
+    (item,) = payload(notification(alert(status="resolved", starts_at=time.time())))
+    item["endsAt"] = rfc3339(time.time() - 3600)
+    attempt = receiver.send(api_url(alertmanager), json.dumps([item]).encode(), {})
     assert (attempt.outcome, attempt.status_code) == ("broken", 400)
     assert attempt.detail.startswith("alertmanager receiver 'am': HTTP 400 ")
+
+
+def test_an_end_before_the_start_is_sent_as_the_start(
+    alertmanager, client, notification, alert
+) -> None:
+    """A clock stepped back between an alert's start and end makes endsAt < startsAt,
+    which Alertmanager refuses (400): the end is sent as the start, and accepted."""
+    receiver = build_receiver(
+        ReceiverConfig(name="am", type="alertmanager", url=alertmanager), client=client
+    )
+    now = time.time()
+    stepped = alert(
+        status="resolved", starts_at=now, ends_at=now - 60, labels={**alert().labels, "gpu": "6"}
+    )
+    (item,) = payload(notification(stepped))
+    assert item["endsAt"] == item["startsAt"] == rfc3339(now)
+    assert receiver.attempt(notification(stepped)).outcome == "sent"
 
 
 def test_server_errors_are_retried(receiver_server, client, notification) -> None:

@@ -15,6 +15,7 @@ Times are epoch seconds.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -104,9 +105,25 @@ def routed(alert: AlertState, routes: list[Route], receiver: str) -> bool:
     )
 
 
+# The longest group key: the width of the ``group_key`` columns.
+GROUP_KEY_MAX = 512
+
+
 def group_of(labels: dict[str, str], group_by: list[str]) -> tuple[str, dict[str, str]]:
+    """A group's key (``{rule='gpu_lost',hostname='h1'}``) and its label values. A key
+    longer than :data:`GROUP_KEY_MAX` is cut, and ends with the SHA-256 of the whole
+    key instead: still readable, still distinct, and stored and looked up alike."""
     values = {name: labels.get(name, "") for name in group_by}
-    return "{" + ",".join(f"{k}={v!r}" for k, v in values.items()) + "}", values
+    return bounded_key("{" + ",".join(f"{k}={v!r}" for k, v in values.items()) + "}"), values
+
+
+def bounded_key(key: str) -> str:
+    """``key`` if it fits :data:`GROUP_KEY_MAX`, else its head and ``...sha256:<hex>``
+    of the whole key, :data:`GROUP_KEY_MAX` characters in all."""
+    if len(key) <= GROUP_KEY_MAX:
+        return key
+    suffix = "...sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return key[: GROUP_KEY_MAX - len(suffix)] + suffix
 
 
 def plan(

@@ -7,13 +7,16 @@ all of that in one transaction; then deliver the pending notifications.
 
 What is promised, and why it holds:
 
-* **Ingest never waits for rules.** The fleet is read and judged in a read transaction;
-  only the alert tables are written under the write lock.
+* **Ingest never waits for rules.** The fleet and the alert state are read and judged
+  in read transactions; only the alert tables are written under the write lock, in
+  chunks (notifications before the groups that record them).
 * **Once across replicas.** The job runs under the scheduler's advisory lock, and a
   notification is a row unique per receiver, group and flush time: a second replica
   can neither plan nor send it again.
-* **Nothing lost on a restart.** Alerts, group timers (the notification log) and
-  pending notifications are rows; a restarted server continues from them.
+* **Nothing lost on a restart or a replica change.** Alerts, group timers (the
+  notification log) and pending notifications are rows; a restarted server continues
+  from them. A replica leaves the notifications of receivers it does not know to the
+  replicas that do, and gives them up only past their deadline.
 * **At most one duplicate.** Before an attempt the notification is leased (its next
   attempt moved past the attempt's timeout) in its own commit; the outcome is written
   after. A server killed between the two leaves the row pending, and it is sent once
@@ -22,26 +25,30 @@ What is promised, and why it holds:
   back off with jitter (honouring ``Retry-After``) until the delivery deadline, sends
   to one receiver are spaced by its ``min_interval_seconds`` (Slack: 1 s), and a
   permanent refusal marks the notification ``broken`` instead of retrying.
-  Alertmanager receivers get their due alerts in batched POSTs (:data:`BATCH_ALERTS`).
+  Alertmanager receivers get their due alerts in batched POSTs (:data:`BATCH_ALERTS`);
+  a 400 to a batch is resent in halves, so only the notifications refused on their
+  own are ``broken``.
 * **The newest word on a group is sent last.** A notification carries its group's
   whole state, so a newer one supersedes the older ones of its receiver and group
   still pending (``superseded``, never sent): a retried ``firing`` can no longer
   follow its ``resolved``.
 * **Nothing stale is sent.** A notification not attempted by its deadline is
-  ``failed`` without being sent.
+  ``failed`` without being sent; before an attempt it loses the firing alerts since
+  silenced or resolved (``superseded`` when nothing is left).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import Table, delete, insert, select, update
+from sqlalchemy import Table, and_, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.alerts import dispatch, lifecycle, rules
@@ -65,6 +72,10 @@ MAX_ATTEMPTS_PER_RUN = 200
 # claimed per run, and alerts per POST (Prometheus sends Alertmanager batches of 256).
 MAX_BATCHED_PER_RUN = 20_000
 BATCH_ALERTS = 256
+# Rows per statement when notifications are written in bulk (and ids per IN list).
+INSERT_CHUNK = 1000
+# Notifications, or groups, written per write transaction by an evaluation.
+WRITE_CHUNK = 2000
 # The share of a run a receiver gets when it has no timeout_seconds of its own (the
 # receivers' default timeout).
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -72,6 +83,8 @@ DEFAULT_TIMEOUT_SECONDS = 10.0
 # unique suffix.
 TEST_GROUP_KEY = "{test}"
 _NOTIFICATIONS: Table = NotificationRow.__table__  # type: ignore[assignment]
+# One evaluation at a time per database in this process (by URL).
+_EVALUATING: dict[str, threading.Lock] = {}
 
 
 @dataclass
@@ -113,6 +126,13 @@ class AlertEngine:
         return result
 
     def evaluate(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
+        # The state is judged outside the write lock, so two evaluations of one
+        # database must not overlap: across replicas the scheduler's advisory lock
+        # sees to it, in one process (SQLite) this lock.
+        with _EVALUATING.setdefault(database.engine.url.render_as_string(), threading.Lock()):
+            return self._evaluate(database=database, settings=settings, now=now)
+
+    def _evaluate(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
         config = settings.alerts
         job_ended = config.rules.job_ended
         # Facts are read outside the write transaction: on SQLite a writer holds the one
@@ -132,36 +152,56 @@ class AlertEngine:
                 lookback_seconds=config.rules.gpu_nearly_full.jump_within_seconds,
             )
         candidates = rules.evaluate(facts, config, now=now)
-        with database.writer() as session, session.begin():
+        # The write lock is held in short turns, so ingest's writers get theirs in
+        # between (10,000 groups in one transaction held SQLite's lock for 10 s): the
+        # state is read and judged outside it (one evaluation at a time: the
+        # scheduler's lock), then written in chunks, notifications before the groups
+        # that record them. A crash part way leaves groups as they were: the next
+        # evaluation plans their notifications again, superseding the ones written.
+        with database.reader() as session:
             active = {a.fingerprint: a for a in _load(session, ("pending", "firing"))}
-            changed = lifecycle.advance(active, candidates, config, now=now)
+        changed = lifecycle.advance(active, candidates, config, now=now)
+        with database.writer() as session, session.begin():
             _store_alerts(session, changed)
+        with database.reader() as session:
             recent = [
                 a
                 for a in _load(session, ("firing", "resolved"))
                 if a.resolved_at is None or a.resolved_at >= now - config.resolved_retention_seconds
             ]
-            plan = dispatch.plan(
-                recent,
-                _load_groups(session),
-                _load_silences(session, now),
-                [
-                    dispatch.ReceiverInfo(
-                        name,
-                        receiver.send_resolved,
-                        dispatch.ALERTMANAGER_RESEND_SECONDS
-                        if receiver.type == "alertmanager"
-                        else None,
-                    )
-                    for name, receiver in sorted(self.receivers.items())
-                ],
-                config,
-                now=now,
-            )
-            _store_groups(session, plan.groups)
-            planned = _insert_notifications(
-                session, database.dialect, plan, deadline=now + config.delivery_deadline_seconds
-            )
+            groups = _load_groups(session)
+            silences = _load_silences(session, now)
+        plan = dispatch.plan(
+            recent,
+            groups,
+            silences,
+            [
+                dispatch.ReceiverInfo(
+                    name,
+                    receiver.send_resolved,
+                    dispatch.ALERTMANAGER_RESEND_SECONDS
+                    if receiver.type == "alertmanager"
+                    else None,
+                )
+                for name, receiver in sorted(self.receivers.items())
+            ],
+            config,
+            now=now,
+        )
+        planned = 0
+        for start in range(0, len(plan.notifications), WRITE_CHUNK):
+            chunk = dispatch.Plan(notifications=plan.notifications[start : start + WRITE_CHUNK])
+            with database.writer() as session, session.begin():
+                planned += _insert_notifications(
+                    session,
+                    database.dialect,
+                    chunk,
+                    deadline=now + config.delivery_deadline_seconds,
+                )
+        for start in range(0, len(plan.groups), WRITE_CHUNK):
+            with database.writer() as session, session.begin():
+                _store_groups(session, plan.groups[start : start + WRITE_CHUNK])
+        with database.writer() as session, session.begin():
             _purge(session, now=now, resolved_before=now - config.resolved_retention_seconds)
         counts: dict[str, int] = {}
         for alert in changed:
@@ -211,10 +251,27 @@ class AlertEngine:
                     unit = [row for row in unit if row.deadline >= self._clock()]
                     if not unit:
                         continue
-                attempt = self._attempt(unit[0].receiver, [row.body for row in unit])
-                for row, outcome in zip(unit, self._record(database, unit, attempt), strict=True):
+                for row, outcome in self._send(database, unit):
                     self._outcome(outcomes, row.receiver, outcome)
         return outcomes
+
+    def _send(self, database: Database, unit: list[Claimed]) -> list[tuple[Claimed, str]]:
+        """Attempt ``unit`` (one request) and record the outcome of each of its rows.
+
+        A 400 to a batch of several notifications may be about one alert of one of
+        them (Alertmanager answers 400 to the whole POST and keeps the valid alerts):
+        the batch is then split in halves and each resent, down to single
+        notifications, so only the ones refused on their own are ``broken``."""
+        attempt = self._attempt(unit[0].receiver, [row.body for row in unit])
+        if attempt.outcome == "broken" and attempt.status_code == 400 and len(unit) > 1:
+            log.info(
+                "receiver %s refused a batch of %d notifications (400): resending in halves",
+                unit[0].receiver,
+                len(unit),
+            )
+            half = len(unit) // 2
+            return self._send(database, unit[:half]) + self._send(database, unit[half:])
+        return list(zip(unit, self._record(database, unit, attempt), strict=True))
 
     def _outcome(self, outcomes: list[tuple[str, str]], receiver: str, outcome: str) -> None:
         outcomes.append((receiver, outcome))
@@ -233,10 +290,15 @@ class AlertEngine:
         """Lease the due notifications of receiver ``name`` (None: of every receiver
         not in ``configured``), oldest first; those whose deadline has passed are
         marked ``failed`` instead. (leased, expired)."""
+        # Another replica may know a receiver this one does not (a rolling change of
+        # configuration): its notifications are left to it, and only given up here
+        # once their deadline has passed (no replica had that receiver in time).
         mine = (
             NotificationRow.receiver == name
             if name is not None
-            else NotificationRow.receiver.not_in(configured)
+            else and_(
+                NotificationRow.receiver.not_in(configured), NotificationRow.deadline_at < now
+            )
         )
         with database.writer() as session, session.begin():
             due = session.scalars(
@@ -251,24 +313,41 @@ class AlertEngine:
                 .with_for_update(skip_locked=True)
             ).all()
             claimed, expired = [], []
+            ended: set[str] = set()
+            silences: list[dispatch.Silence] = []
+            if due:
+                states = session.execute(
+                    select(AlertRow.fingerprint, AlertRow.state).where(
+                        AlertRow.state.in_(("firing", "resolved"))
+                    )
+                ).all()
+                firing = {f for f, state in states if state == "firing"}
+                ended = {f for f, state in states if state == "resolved"} - firing
+                silences = _load_silences(session, now)
+            dropped = 0
             for row in due:
-                item = Claimed(
-                    row.id,
-                    row.receiver,
-                    row.body,
-                    row.attempts,
-                    row.deadline_at,
-                    row.next_attempt_at,
-                    row.last_error,
-                )
                 if row.deadline_at < now:
                     row.status = "failed"
                     row.last_error = _expired_error(row.last_error)
-                    expired.append(item)
-                else:
-                    row.attempts += 1
-                    row.next_attempt_at = now + lease_seconds
-                    claimed.append(item)
+                    expired.append(_claimed(row, row.body))
+                    continue
+                body = _still_due(row.body, ended, silences, now)
+                if body is None:  # nothing in it is still to be told
+                    row.status = "superseded"
+                    dropped += 1
+                    continue
+                if body is not row.body:
+                    row.body = body
+                claimed.append(_claimed(row, body))
+                row.attempts += 1
+                row.next_attempt_at = now + lease_seconds
+        if dropped:
+            log.info(
+                "receiver %s: %d pending notifications dropped, their alerts since resolved"
+                " or silenced",
+                name,
+                dropped,
+            )
         for item in expired:
             log.warning("notification %d: its deadline passed before an attempt", item.id)
         return claimed, expired
@@ -408,6 +487,44 @@ class Claimed(NamedTuple):
     deadline: float
     due: float
     last_error: str | None
+
+
+def _claimed(row: NotificationRow, body: dict[str, Any]) -> Claimed:
+    return Claimed(
+        row.id,
+        row.receiver,
+        body,
+        row.attempts,
+        row.deadline_at,
+        row.next_attempt_at,
+        row.last_error,
+    )
+
+
+def _still_due(
+    body: dict[str, Any], ended: set[str], silences: list[dispatch.Silence], now: float
+) -> dict[str, Any] | None:
+    """What a pending notification is still to tell at ``now``: ``body`` itself, or
+    without the firing alerts that no longer fire (``ended``: resolved since it was
+    planned, and not firing again: a
+    receiver without ``send_resolved`` gets no resolved notification to supersede it)
+    or are now silenced; None when nothing is left. Resolutions are kept."""
+    alerts = body.get("alerts", [])
+    kept = [
+        alert
+        for alert in alerts
+        if alert.get("status") != "firing"
+        or (
+            alert.get("fingerprint") not in ended
+            and not any(s.mutes(alert.get("labels") or {}, now) for s in silences)
+        )
+    ]
+    if len(kept) == len(alerts):
+        return body
+    if not kept:
+        return None
+    status = "firing" if any(a.get("status") == "firing" for a in kept) else "resolved"
+    return {**body, "alerts": kept, "status": status}
 
 
 def _expired_error(previous: str | None) -> str:
@@ -550,7 +667,7 @@ def _store_groups(session: Session, groups: list[dispatch.GroupState]) -> None:
         {
             "id": group.id,
             "receiver": group.receiver,
-            "group_key": group.group_key[:512],
+            "group_key": group.group_key,
             "group_labels": group.group_labels,
             "first_alert_at": group.first_alert_at,
             "flushed_at": group.flushed_at,
@@ -583,33 +700,41 @@ def _insert_notifications(
     session: Session, dialect: str, plan: dispatch.Plan, *, deadline: float
 ) -> int:
     """Insert the planned notifications; each supersedes the older pending ones of its
-    receiver and group.
+    receiver and group. The number inserted (one planned twice at one flush time, by
+    a replica that lost the race, is not).
 
     A notification carries its group's whole state (every firing alert, and the
     resolutions not yet told), so an older one still pending says nothing the newer
     one does not, and sending it after the newer one would undo it (a firing retried
     after its resolution). The older ones become ``superseded``, never sent; the
     resolutions they carried that the newer one does not are carried over, and the
-    newer one waits for a retry time the receiver asked the older one to keep."""
+    newer one waits for a retry time the receiver asked the older one to keep.
+
+    In bulk: the older rows are read, the new ones inserted and the older ones
+    superseded in a few statements of :data:`INSERT_CHUNK` rows each, not one
+    statement per notification (10,000 groups used to hold SQLite's write lock for
+    six seconds here)."""
     if not plan.notifications:
         return 0
-    keys = {(n.receiver, n.group_key[:512]) for n, _ in plan.notifications}
+    keys = {(n.receiver, n.group_key) for n, _ in plan.notifications}
     older: dict[tuple[str, str], list[NotificationRow]] = {}
-    for row in session.scalars(
-        select(NotificationRow)
-        .where(
-            NotificationRow.status == "pending",
-            NotificationRow.group_key.in_(sorted({k for _, k in keys})),
-        )
-        .order_by(NotificationRow.id)
-    ):
-        if (row.receiver, row.group_key) in keys:
-            older.setdefault((row.receiver, row.group_key), []).append(row)
-    inserted = 0
-    superseded: list[int] = []
+    group_keys = sorted({k for _, k in keys})
+    for start in range(0, len(group_keys), INSERT_CHUNK):
+        for row in session.scalars(
+            select(NotificationRow).where(
+                NotificationRow.status == "pending",
+                NotificationRow.group_key.in_(group_keys[start : start + INSERT_CHUNK]),
+            )
+        ):
+            if (row.receiver, row.group_key) in keys:
+                older.setdefault((row.receiver, row.group_key), []).append(row)
+    values: list[dict[str, object]] = []
+    prior_of: dict[tuple[str, str, float], list[int]] = {}
     for notification, flush_at in plan.notifications:
-        key = (notification.receiver, notification.group_key[:512])
-        prior = [row for row in older.get(key, []) if row.flush_at < flush_at]
+        key = (notification.receiver, notification.group_key)
+        prior = sorted(
+            (row for row in older.get(key, []) if row.flush_at < flush_at), key=lambda r: r.id
+        )
         body = notification.to_json()
         shown = {alert["fingerprint"] for alert in body["alerts"]}
         for row in reversed(prior):  # the newest word on each alert
@@ -617,26 +742,45 @@ def _insert_notifications(
                 if alert.get("status") == "resolved" and alert.get("fingerprint") not in shown:
                     body["alerts"].append(alert)
                     shown.add(alert.get("fingerprint"))
-        next_at = max([flush_at] + [row.next_attempt_at for row in prior if row.attempts > 0])
-        statement = insert_ignoring_conflicts(_NOTIFICATIONS, dialect).values(
-            receiver=notification.receiver,
-            group_key=key[1],
-            flush_at=flush_at,
-            status="pending",
-            body=body,
-            attempts=0,
-            next_attempt_at=next_at,
-            deadline_at=deadline,
+        # Every prior row's not-before time, tried or not: an untried one may carry a
+        # Retry-After from the row it superseded in turn.
+        next_at = max([flush_at] + [row.next_attempt_at for row in prior])
+        values.append(
+            {
+                "receiver": notification.receiver,
+                "group_key": key[1],
+                "flush_at": flush_at,
+                "status": "pending",
+                "body": body,
+                "attempts": 0,
+                "next_attempt_at": next_at,
+                "deadline_at": deadline,
+            }
         )
-        added = session.execute(statement).rowcount or 0  # type: ignore[attr-defined]
-        inserted += added
-        if added:
-            superseded += [row.id for row in prior]
-    if superseded:
+        prior_of[(key[0], key[1], flush_at)] = [row.id for row in prior]
+    statement = insert_ignoring_conflicts(_NOTIFICATIONS, dialect).returning(
+        _NOTIFICATIONS.c.receiver, _NOTIFICATIONS.c.group_key, _NOTIFICATIONS.c.flush_at
+    )
+    connection = session.connection()
+    inserted = 0
+    superseded: list[int] = []
+    for start in range(0, len(values), INSERT_CHUNK):
+        # Only the rows actually inserted come back (RETURNING skips a conflict), so the
+        # count is exact on both databases (Postgres' rowcount of an executemany is -1).
+        for receiver, group_key, flush_at in connection.execute(
+            statement, values[start : start + INSERT_CHUNK]
+        ):
+            inserted += 1
+            superseded += prior_of.get((receiver, group_key, flush_at), [])
+    for start in range(0, len(superseded), INSERT_CHUNK):
         session.execute(
             update(NotificationRow)
-            .where(NotificationRow.id.in_(superseded), NotificationRow.status == "pending")
-            .values(status="superseded")
+            .where(
+                NotificationRow.id.in_(superseded[start : start + INSERT_CHUNK]),
+                NotificationRow.status == "pending",
+            )
+            .values(status="superseded"),
+            execution_options={"synchronize_session": False},
         )
     return inserted
 

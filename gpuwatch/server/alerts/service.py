@@ -102,9 +102,11 @@ def expire_silence(*, session: Session, silence_id: int, now: float) -> SilenceO
 
 
 def receiver_states(*, session: Session, receivers: dict[str, Receiver]) -> list[ReceiverOut]:
-    """Each receiver's latest delivery outcome: ``broken`` when its last settled
-    notification was refused for good, ``failing`` when it was given up at its
-    deadline or the pending one is being retried, ``ok`` when it was sent."""
+    """Each receiver's latest delivery outcome, from its latest attempted notification
+    (a superseded one included: while a receiver is down, each newer notification
+    supersedes the retried one and waits, untried, for its retry time): ``broken``
+    when it was refused for good, ``failing`` when it was given up at its deadline or
+    its attempt failed, ``ok`` when it was sent."""
     out = []
     for name, receiver in sorted(receivers.items()):
         last = session.scalars(
@@ -112,7 +114,6 @@ def receiver_states(*, session: Session, receivers: dict[str, Receiver]) -> list
             .where(
                 NotificationRow.receiver == name,
                 NotificationRow.attempts > 0,
-                NotificationRow.status != "superseded",
             )
             .order_by(NotificationRow.id.desc())
             .limit(1)

@@ -7,7 +7,7 @@ did. Times are Unix epoch seconds; sizes are bytes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 Status = Literal["firing", "resolved"]
@@ -67,7 +67,31 @@ class Notification:
     external_url: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """What ``dataclasses.asdict`` makes of it, written out: asdict's generic deep
+        copy was most of the cost of planning 20,000 notifications."""
+        return {
+            "receiver": self.receiver,
+            "group_key": self.group_key,
+            "group_labels": dict(self.group_labels),
+            "status": self.status,
+            "alerts": [
+                {
+                    "rule": a.rule,
+                    "status": a.status,
+                    "labels": dict(a.labels),
+                    "summary": a.summary,
+                    "description": a.description,
+                    "starts_at": a.starts_at,
+                    "ends_at": a.ends_at,
+                    "fingerprint": a.fingerprint,
+                    "culprits": [
+                        {name: getattr(c, name) for name in _CULPRIT_FIELDS} for c in a.culprits
+                    ],
+                }
+                for a in self.alerts
+            ],
+            "external_url": self.external_url,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Notification:
@@ -77,6 +101,8 @@ class Notification:
         ]
         return cls(**{**data, "alerts": alerts})
 
+
+_CULPRIT_FIELDS = tuple(f.name for f in fields(Culprit))
 
 Outcome = Literal["sent", "retry", "broken"]
 

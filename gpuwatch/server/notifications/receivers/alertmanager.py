@@ -18,8 +18,13 @@ again before that runs out. A resolved alert carries its ``endsAt``, which ends 
 The receiver's ``url`` is Alertmanager's base URL (with ``--web.route-prefix`` if one is
 set); credentials in it (``https://user:pass@am.example/``) are sent as basic auth.
 
+An ``endsAt`` before ``startsAt`` (a clock stepped back between the two) is sent as
+``startsAt``: Alertmanager refuses such an alert with a 400.
+
 Outcomes: 2xx sent; 408, 425, 429, 5xx, timeout, connection error retry; 3xx and other
-4xx (400: Alertmanager refused the alerts) broken.
+4xx (400: Alertmanager refused the alerts) broken. Alertmanager answers 400 to a whole
+POST when one of its alerts is invalid (storing the others), so the engine splits a
+refused batch and resends the halves until only the refused notifications are left.
 """
 
 from __future__ import annotations
@@ -76,7 +81,9 @@ def payload(
             "startsAt": rfc3339(alert.starts_at),
         }
         if alert.ends_at is not None:
-            item["endsAt"] = rfc3339(alert.ends_at)
+            # Alertmanager refuses (400) an alert that ends before it starts, which a
+            # clock stepped back between the two can make: it ends as it starts then.
+            item["endsAt"] = rfc3339(max(alert.ends_at, alert.starts_at))
         if notification.external_url:
             item["generatorURL"] = notification.external_url
         out.append(item)
