@@ -805,8 +805,13 @@ class TestPublishedSchema:
 MIB = 2**20
 # What 100 concurrent uploads may add to the server's resident memory, at most: the
 # parse budget (128 MiB) plus the interpreter's own slack. Before the fix they added
-# 0.9-1.5 GiB without a token and 2 GiB with one.
-RSS_GROWTH_BOUND = 250 * MIB
+# 0.9-1.5 GiB without a token and 2 GiB with one. The slack is not small and not
+# steady: freed buffers stay with the allocator's per-thread arenas, so the peak
+# depends on how 100 requests interleave. Measured at stop 27 on the 2-core machine,
+# 35 runs over this stop's commits and stop 26's: 126 to 321 MiB (a bound of 250 MiB
+# failed about one run in eight). 448 MiB is 1.4x the worst seen, a quarter of the
+# unbounded server's growth, and under half the shipped unit's 1 GiB MemoryMax.
+RSS_GROWTH_BOUND = 448 * MIB
 
 
 @pytest.fixture
