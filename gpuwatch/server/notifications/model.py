@@ -48,6 +48,23 @@ class NotifiedAlert:
     fingerprint: str
     culprits: list[Culprit] = field(default_factory=list)
 
+    def to_json(self) -> dict[str, Any]:
+        """What ``dataclasses.asdict`` makes of it, written out (see
+        :meth:`Notification.to_json`); the webhook's body carries the same."""
+        return {
+            "rule": self.rule,
+            "status": self.status,
+            "labels": dict(self.labels),
+            "summary": self.summary,
+            "description": self.description,
+            "starts_at": self.starts_at,
+            "ends_at": self.ends_at,
+            "fingerprint": self.fingerprint,
+            "culprits": [
+                {name: getattr(c, name) for name in _CULPRIT_FIELDS} for c in self.culprits
+            ],
+        }
+
 
 @dataclass(frozen=True)
 class Notification:
@@ -74,22 +91,7 @@ class Notification:
             "group_key": self.group_key,
             "group_labels": dict(self.group_labels),
             "status": self.status,
-            "alerts": [
-                {
-                    "rule": a.rule,
-                    "status": a.status,
-                    "labels": dict(a.labels),
-                    "summary": a.summary,
-                    "description": a.description,
-                    "starts_at": a.starts_at,
-                    "ends_at": a.ends_at,
-                    "fingerprint": a.fingerprint,
-                    "culprits": [
-                        {name: getattr(c, name) for name in _CULPRIT_FIELDS} for c in a.culprits
-                    ],
-                }
-                for a in self.alerts
-            ],
+            "alerts": [a.to_json() for a in self.alerts],
             "external_url": self.external_url,
         }
 

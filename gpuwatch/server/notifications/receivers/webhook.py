@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from dataclasses import asdict
 from typing import Any
 
 from gpuwatch.server.notifications.model import Notification, NotifiedAlert
@@ -43,20 +42,7 @@ def payload(
         "group_key": notification.group_key,
         "group_labels": dict(notification.group_labels),
         "external_url": notification.external_url,
-        "alerts": [
-            {
-                "rule": a.rule,
-                "status": a.status,
-                "labels": dict(a.labels),
-                "summary": a.summary,
-                "description": a.description,
-                "starts_at": a.starts_at,
-                "ends_at": a.ends_at,
-                "fingerprint": a.fingerprint,
-                "culprits": [asdict(c) for c in a.culprits],
-            }
-            for a in alerts
-        ],
+        "alerts": [a.to_json() for a in alerts],
     }
 
 
