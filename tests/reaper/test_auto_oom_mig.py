@@ -89,12 +89,16 @@ def test_an_oom_in_one_mig_instance_makes_no_other_instance_contended(
     assert sink.stages(idle.pid) == [] and idle.alive()
 
 
+@pytest.mark.parametrize("form", ["uuid", "cuda_11"])
 def test_an_oom_in_the_same_mig_instance_counts(
+    form: str,
     rig: Rig,
     victims: Callable[..., Victim],
     tmp_path: Path,
     serving: list[Agent],  # noqa: F811
 ) -> None:
+    # The instance named by its MIG UUID, or as CUDA 11 named it in
+    # CUDA_VISIBLE_DEVICES: MIG-GPU-<parent uuid>/<gi>/<ci>.
     bobs_job, idle = victims(uid=BOB), victims(uid=ALICE)
     # Bob's job waits (no activity): a busy one would make the whole instance, alice
     # included, active (MIG activity is the instance's).
@@ -102,35 +106,16 @@ def test_an_oom_in_the_same_mig_instance_counts(
     sink = Events()
     agent = _agent(rig, tmp_path, sink, serving)
     run_polls(agent, rig, 31)
-    instance5 = agent.state.latest.gpus[0].mig_instances[1]  # type: ignore[union-attr]
+    gpu = agent.state.latest.gpus[0]  # type: ignore[union-attr]
+    instance5 = gpu.mig_instances[1]
     assert instance5.gpu_instance_id == 5
+    named = instance5.uuid if form == "uuid" else f"MIG-{gpu.uuid}/5/0"
 
-    _oom(BOB, agent, bobs_job.pid, instance5.uuid)
+    _oom(BOB, agent, bobs_job.pid, named)
     run_polls(agent, rig, 2)
     assert sink.stages(idle.pid) == ["warning"]
     warning = next(e for e in sink.events if e.pid == idle.pid)
     assert "another process ran out of memory on MIG instance 5 of gpu0" in warning.summary
-
-
-def test_cuda_11_mig_names_count_for_their_instance(
-    rig: Rig,
-    victims: Callable[..., Victim],
-    tmp_path: Path,
-    serving: list[Agent],  # noqa: F811
-) -> None:
-    # CUDA_VISIBLE_DEVICES=MIG-GPU-<parent uuid>/<gi>/<ci>, the form CUDA 11 used.
-    bobs_job, idle = victims(uid=BOB), victims(uid=ALICE)
-    # Bob's job waits (no activity): a busy one would make the whole instance, alice
-    # included, active (MIG activity is the instance's).
-    rig.install_text(_scenario((bobs_job.pid, 1, "1GiB", 0), (idle.pid, 1, "1GiB", 0)))
-    sink = Events()
-    agent = _agent(rig, tmp_path, sink, serving)
-    run_polls(agent, rig, 31)
-    parent = agent.state.latest.gpus[0].uuid  # type: ignore[union-attr]
-
-    _oom(BOB, agent, bobs_job.pid, f"MIG-{parent}/5/0")
-    run_polls(agent, rig, 2)
-    assert sink.stages(idle.pid) == ["warning"]
     auto = agent.reaper.auto
     assert auto is not None and list(auto._ooms) == [(0, 5)]
 
