@@ -13,7 +13,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -199,10 +200,12 @@ def test_without_history_nothing_is_idle(rig, victims, tmp_path: Path) -> None:
     assert idle.alive()
 
 
-def test_a_non_root_caller_reaps_only_its_own(rig, victims, agent, tmp_path: Path) -> None:
-    mine, theirs = victims(uid=ALICE), victims(uid=BOB)
-    scenario = _setup(rig, agent, [Hold(mine.pid), Hold(theirs.pid, gpu=1)])
-    # pytest's tmp dirs are root's (0700): alice gets a world-readable dir of her own.
+@contextmanager
+def reaping_as_alice(
+    scenario: Path,
+) -> Iterator[Callable[[str], subprocess.CompletedProcess[str]]]:
+    """``gpuwatch reap --idle 2h --yes --json --agent URL`` run as alice, in a home of
+    her own (pytest's tmp dirs are root's, 0700) with her own copy of ``scenario``."""
     shared = Path(tempfile.mkdtemp(prefix="gpuwatch-reap-"))
     try:
         shared.chmod(0o755)
@@ -210,25 +213,24 @@ def test_a_non_root_caller_reaps_only_its_own(rig, victims, agent, tmp_path: Pat
         home.mkdir()
         os.chown(home, ALICE, ALICE)
         readable = shutil.copy(scenario, shared / scenario.name)
-        done = run_cli(
-            "reap",
-            "--idle",
-            "2h",
-            "--yes",
-            "--json",
-            "--agent",
-            agent.url,
-            "--fake-gpus",
-            str(readable),
-            "--audit-log",
-            str(home / "audit.jsonl"),
-            "--grace",
-            "5s",
-            env=_env(home),
-            user=ALICE,
-        )
+
+        def reap(url: str) -> subprocess.CompletedProcess[str]:
+            return run_cli(
+                "reap", "--idle", "2h", "--yes", "--json", "--agent", url,
+                "--fake-gpus", str(readable), "--audit-log", str(home / "audit.jsonl"),
+                "--grace", "5s", env=_env(home), user=ALICE,
+            )  # fmt: skip
+
+        yield reap
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_non_root_caller_reaps_only_its_own(rig, victims, agent, tmp_path: Path) -> None:
+    mine, theirs = victims(uid=ALICE), victims(uid=BOB)
+    scenario = _setup(rig, agent, [Hold(mine.pid), Hold(theirs.pid, gpu=1)])
+    with reaping_as_alice(scenario) as reap:
+        done = reap(agent.url)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     by_pid = {c["pid"]: (c["decision"], c["reason"]) for c in out["candidates"]}

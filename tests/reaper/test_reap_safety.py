@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from reaper.rig import HistoryServer, Hold
-from reaper.test_reap_cli import _reap, _setup
+from reaper.test_reap_cli import _reap, _setup, reaping_as_alice
 
 
 @pytest.fixture
@@ -124,35 +124,17 @@ def test_a_caller_who_may_stop_only_its_own_trusts_its_own_agent(
 ) -> None:
     # gpuwatch demo: a user's own agent serves the history. A history made up by the
     # caller could only get the caller's own processes stopped, so it is trusted then.
-    from reaper.rig import ALICE, BOB, run_cli
+    from reaper.rig import ALICE, BOB
 
     mine, theirs = victims(uid=ALICE), victims(uid=BOB)
     scenario = _setup(rig, agent, [Hold(mine.pid), Hold(theirs.pid, gpu=1)])
-    shared = Path(tempfile.mkdtemp(prefix="gpuwatch-own-agent-"))
-    try:
-        shared.chmod(0o755)
-        home = shared / "alice"
-        home.mkdir()
-        shutil.chown(home, ALICE, ALICE)
-        readable = shutil.copy(scenario, shared / scenario.name)
-        env = {"GPUWATCH_CONFIG": "/dev/null", "HOME": str(home), "PATH": "/usr/bin:/bin"}
-        env["XDG_RUNTIME_DIR"] = str(home / "runtime")
-
-        def reap_as_alice(url: str) -> subprocess.CompletedProcess[str]:
-            return run_cli(
-                "reap", "--idle", "2h", "--yes", "--json", "--agent", url,
-                "--fake-gpus", str(readable), "--audit-log", str(home / "audit.jsonl"),
-                "--grace", "5s", env=env, user=ALICE,
-            )  # fmt: skip
-
+    with reaping_as_alice(scenario) as reap_as_alice:
         with _history_served_by(BOB, agent.body) as url:
             refused = reap_as_alice(url)
         assert refused.returncode == 22, refused.stderr
         assert "nor by you" in refused.stderr and mine.alive()
         with _history_served_by(ALICE, agent.body) as url:
             done = reap_as_alice(url)
-    finally:
-        shutil.rmtree(shared)
     assert done.returncode == 0, done.stderr
     assert [r["outcome"] for r in json.loads(done.stdout)["results"]] == ["terminated"]
     assert mine.exit_signal() == 15 and theirs.alive()
