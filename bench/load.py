@@ -466,6 +466,16 @@ def _cpu(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+def _main_thread_cpu(process: psutil.Process) -> float:
+    """CPU seconds of the process's main thread: a server's event loop (uvicorn runs
+    it there; the ingest writer and the worker threads are the others)."""
+    try:
+        threads = process.threads()
+    except psutil.Error:
+        return 0.0
+    return sum(t.user_time + t.system_time for t in threads if t.id == process.pid)
+
+
 class CpuMeter:
     """CPU seconds of the servers, of Postgres's processes, of this process (the
     generator) and of the whole machine, between :meth:`start` and :meth:`stop`."""
@@ -479,6 +489,7 @@ class CpuMeter:
         postgres = [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
         return {
             "server": sum(_cpu(p) for p in self.servers),
+            "server_event_loop": sum(_main_thread_cpu(p) for p in self.servers),
             "postgres": sum(_cpu(p) for p in postgres),
             "generator": _cpu(self.me),
             "machine_busy": sum(machine) - machine.idle - machine.iowait,
@@ -549,6 +560,11 @@ def summarize(run: Run, window: tuple[float, float], cpu: dict[str, float]) -> d
         "deferred_snapshots": sum(r.deferred for r in inside),
         "server_cpu_ms_per_snapshot": _round(cpu["server"] / max(1, accepted) * 1e3, 3),
         "postgres_cpu_ms_per_snapshot": _round(cpu["postgres"] / max(1, accepted) * 1e3, 3),
+        # Where a server's CPU goes, by thread: the event loop (HTTP, routing, the
+        # token check, reading bodies) and the rest (the ingest writer above all).
+        "server_event_loop_cpu_ms_per_snapshot": _round(
+            cpu["server_event_loop"] / max(1, accepted) * 1e3, 3
+        ),
         "cpu_share_of_one_core": {
             k: round(cpu[k] / cpu["wall"], 2) for k in ("server", "postgres", "generator")
         },

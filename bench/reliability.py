@@ -392,6 +392,23 @@ def _cpu_budget(r: dict[str, Any]) -> list[str]:
         f"{floor['unavoidable_ratio_to_floor']:.1f}× the floor. ≤ {target:g}× therefore "
         f"leaves {left:.2f} ms a snapshot for everything else the SQLite server does "
         f"(state, detectors, events, idempotency, transactions); it spent {spent:.2f} ms.",
+        *_by_thread(one, per_request),
+    ]
+
+
+def _by_thread(one: dict[str, Any], per_request: float) -> list[str]:
+    """The SQLite server's CPU split between its event loop and its other threads
+    (the ingest writer above all), where the run measured it."""
+    loop = one.get("server_event_loop_cpu_ms_per_snapshot")
+    if loop is None:
+        return []
+    rest = one["server_cpu_ms_per_snapshot"] - loop
+    return [
+        "",
+        f"By thread: the event loop (HTTP, routing, the token check, reading the body) "
+        f"spent {loop:.2f} ms a snapshot ({loop / per_request:.1f}× the floor, which is "
+        f"all event loop); the other threads, the ingest writer above all (validation, "
+        f"state, detectors, the database), {rest:.2f} ms.",
     ]
 
 

@@ -24,6 +24,7 @@ shapes published models actually have, which is where an estimate's range comes 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -76,10 +77,59 @@ _UNTIED_BY_DEFAULT = {
     "deepseek",
     "deepseek_v2",
     "deepseek_v3",
+    "llama4",
+    "llama4_text",
+    "gpt_oss",
+    "qwen2_vl",
+    "qwen2_5_vl",
 }
-# Expert counts under the names fit reads (Mixtral, Qwen-MoE, DeepSeek-MoE).
+# Expert counts under the names fit reads (Mixtral, Qwen-MoE, DeepSeek-MoE, Llama 4).
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
+# Every other mixture-of-experts field fit knows: read for the layout, or about routing
+# and parallelism only (no weights). A field past these that holds a count or a list
+# could change the count, so a config with one is refused rather than miscounted.
+_MOE_FIELDS_KNOWN = {
+    *_EXPERT_COUNTS,
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "n_shared_experts",
+    "moe_layer_freq",
+    "moe_layers",
+    "interleave_moe_layer_step",
+    "num_experts_per_tok",
+    "experts_per_token",
+    "ep_size",
+}
+# Where multimodal configs nest the language model's own config (Llava, Gemma 3 and
+# Llama 4: text_config; InternVL: llm_config; DeepSeek-VL2: language_config).
+_LANGUAGE_CONFIGS = ("text_config", "llm_config", "language_config")
+# Nested configs of encoders whose weights load with the language model and count in
+# its memory: a vision tower (SigLIP, CLIP, Qwen2-VL's ViT), an audio encoder.
+_ENCODER_CONFIG = re.compile(r"(vision|visual|image|audio|speech)\w*config$", re.IGNORECASE)
+# Encoder-decoder families: two stacks and cross-attention, and a KV cache of another
+# shape, none of which the decoder-only arithmetic models.
+_ENCODER_DECODER = {
+    "t5",
+    "mt5",
+    "umt5",
+    "longt5",
+    "switch_transformers",
+    "bart",
+    "mbart",
+    "pegasus",
+    "marian",
+    "m2m_100",
+    "nllb_moe",
+    "led",
+    "blenderbot",
+    "whisper",
+    "speech_to_text",
+    "vision-encoder-decoder",
+    "encoder-decoder",
+}
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+# Encoder activations whose MLPs are gated (three matrices): Qwen2.5-VL's ViT.
+_GATED_ACTIVATIONS = {"silu", "swiglu"}
 _COUNT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMBGT]?)\s*", re.IGNORECASE)
 
 
@@ -103,6 +153,9 @@ class Architecture:
     name: str | None = None
     # True when the shape was guessed from the parameter count (typical_shape), not read.
     estimated: bool = False
+    # Parameters of encoders loaded beside the language model (a vision tower), counted
+    # in ``params``; estimated from their configs (:func:`encoder_params`).
+    encoder_params: int = 0
 
     @property
     def has_shape(self) -> bool:
@@ -166,11 +219,71 @@ def load_hf_config(path: Path) -> Architecture:
         raise ConfigError(f"cannot read model config {path}: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    # Multimodal configs nest the language model's config.
-    text_config = data.get("text_config")
-    return from_hf_config(
-        text_config if isinstance(text_config, dict) else data, name=path.parent.name
+    return from_model_config(data, name=path.parent.name)
+
+
+def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Architecture:
+    """The whole model a ``config.json`` describes: its language model (nested under
+    ``text_config``, ``llm_config`` or ``language_config`` in multimodal configs, the
+    config itself otherwise) plus every encoder whose config sits beside it (a vision
+    tower, an audio encoder), whose weights load too. Raises ``ConfigError``."""
+    model_type = config.get("model_type")
+    if config.get("is_encoder_decoder") is True or model_type in _ENCODER_DECODER:
+        raise ConfigError(
+            f"model config describes an encoder-decoder model ({model_type or 'unnamed'}),"
+            " which fit does not model; use --params with the published parameter count"
+        )
+    language = next(
+        (config[key] for key in _LANGUAGE_CONFIGS if isinstance(config.get(key), dict)), config
     )
+    arch = from_hf_config(language, name=name)
+    encoders = sum(
+        encoder_params(sub, key=key, output_width=arch.hidden)
+        for key, sub in config.items()
+        if isinstance(sub, dict) and _ENCODER_CONFIG.search(key)
+    )
+    if not encoders:
+        return arch
+    return dataclasses.replace(arch, params=arch.params + encoders, encoder_params=encoders)
+
+
+def encoder_params(config: dict[str, Any], *, key: str, output_width: int | None) -> int:
+    """Parameters of a transformer encoder from its nested config (``key``): per layer
+    ``4*w*w`` attention, ``2*w*i`` MLP (``3*w*i`` gated), ``4*w`` norms; its patch and
+    position embeddings where the config gives patch and image sizes; and a projection
+    from its width to the language model's. An estimate: projectors of two layers, and
+    biases, are left out (under 1 % of a 2B model's count for the towers published).
+
+    The width is ``embed_dim`` before ``hidden_size``: Qwen2-VL's vision config names
+    its ViT's width ``embed_dim`` and the language model's ``hidden_size``.
+    """
+    width = _key(config, "embed_dim", "hidden_size", "width", "d_model", "n_embd", default=0)
+    layers = _key(
+        config, "num_hidden_layers", "depth", "num_layers", "encoder_layers", "n_layer", default=0
+    )
+    if not width or not layers:
+        raise ConfigError(
+            f"model config's {key} describes an encoder fit cannot size (no width or layer"
+            " count); use --params with the published parameter count"
+        )
+    ratio = config.get("mlp_ratio")
+    inner = _key(
+        config,
+        "intermediate_size",
+        "encoder_ffn_dim",
+        "ffn_dim",
+        default=round(ratio * width)
+        if isinstance(ratio, int | float) and not isinstance(ratio, bool) and ratio > 0
+        else 4 * width,
+    )
+    gated = config.get("hidden_act") in _GATED_ACTIVATIONS or config.get("model_type") == "pixtral"
+    per_layer = 4 * width * width + (3 if gated else 2) * width * inner + 4 * width
+    patch = _key(config, "patch_size", default=0)
+    image = _key(config, "image_size", default=0)
+    embeddings = patch * patch * _key(config, "num_channels", default=3) * width if patch else 0
+    if patch and image:
+        embeddings += (image // patch) ** 2 * width
+    return layers * per_layer + embeddings + width * (output_width or width)
 
 
 def _key(config: dict[str, Any], *names: str, default: int | None = None) -> int:
@@ -220,19 +333,23 @@ def _refuse_unmodelled(config: dict[str, Any], experts: int) -> None:
             "whose weights and KV cache fit does not model; use --params with the "
             "published parameter count"
         )
-    if experts > 1:
-        return
-    # An expert count under another name would be counted as one dense MLP per layer.
+    # An expert count under another name would be counted as one dense MLP per layer;
+    # a layout field fit does not read (which layers have experts, how wide, how many
+    # shared) would miscount the experts it does read.
     moe_fields = sorted(
         key
-        for key in config
-        if ("expert" in key.lower() or "moe" in key.lower()) and _count(config, key, 0) > 1
+        for key, value in config.items()
+        if ("expert" in key.lower() or "moe" in key.lower())
+        and (experts == 1 or key not in _MOE_FIELDS_KNOWN)
+        and (_count(config, key, 0) > 1 or (isinstance(value, list) and value))
     )
     if moe_fields:
+        counted = " or ".join(repr(name) for name in _EXPERT_COUNTS)
+        unread = ", ".join(moe_fields)
         raise ConfigError(
-            f"model config has mixture-of-experts fields fit does not read "
-            f"({', '.join(moe_fields)}) and no {_EXPERT_COUNTS[0]!r}, {_EXPERT_COUNTS[1]!r} or "
-            f"{_EXPERT_COUNTS[2]!r}; use --params with the published parameter count"
+            f"model config has mixture-of-experts fields fit does not read ({unread})"
+            + ("" if experts > 1 else f" and no {counted}")
+            + "; use --params with the published parameter count"
         )
 
 
@@ -241,7 +358,14 @@ def _is_moe_layer(config: dict[str, Any], index: int) -> bool:
 
     Qwen-MoE: not in ``mlp_only_layers`` and every ``decoder_sparse_step``-th layer.
     DeepSeek-MoE: from ``first_k_dense_replace`` on, every ``moe_layer_freq``-th layer.
+    Llama 4: the layers listed in ``moe_layers``, or by default every
+    ``interleave_moe_layer_step``-th (Scout: all of them; Maverick: every second).
     """
+    listed = config.get("moe_layers")
+    if isinstance(listed, list) and listed:
+        return index in listed
+    if (every_nth := _key(config, "interleave_moe_layer_step", default=1)) > 1:
+        return (index + 1) % every_nth == 0
     dense_only = config.get("mlp_only_layers") or []
     step = _key(config, "decoder_sparse_step", default=1)
     first = _count(config, "first_k_dense_replace", 0)
@@ -263,9 +387,11 @@ def _mlps(
     if experts == 1:
         return ((intermediate, layers),), 0
     sparse = sum(1 for index in range(layers) if _is_moe_layer(config, index))
-    # Mixtral's experts are intermediate_size wide; Qwen-MoE's and DeepSeek's are not.
+    # Mixtral's and Llama 4's experts are intermediate_size wide; Qwen-MoE's and
+    # DeepSeek's are not. Llama 4's dense layers are intermediate_size_mlp wide.
     expert_size = _key(config, "moe_intermediate_size", default=intermediate)
-    mlps = [(intermediate, layers - sparse), (expert_size, experts * sparse)]
+    dense_size = _key(config, "intermediate_size_mlp", default=intermediate)
+    mlps = [(dense_size, layers - sparse), (expert_size, experts * sparse)]
     routers = hidden * experts * sparse
     if shared := _count(config, "shared_expert_intermediate_size", 0):
         mlps.append((shared, sparse))  # Qwen-MoE: one shared expert, with a 1-output gate
@@ -273,6 +399,10 @@ def _mlps(
     elif shared_experts := _count(config, "n_shared_experts", 0):
         # DeepSeek: the shared experts are one MLP, n_shared_experts times as wide.
         mlps.append((expert_size * shared_experts, sparse))
+    elif str(config.get("model_type", "")).startswith("llama4"):
+        # Llama 4: every expert layer has one shared expert, as wide as an expert, and
+        # its config has no field that says so.
+        mlps.append((expert_size, sparse))
     return tuple((size, count) for size, count in mlps if count), routers
 
 
@@ -288,14 +418,22 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Archit
     ``n_embd``, ``n_head``) too. Raises ``ConfigError`` when a required field is missing
     or the config describes something the formula would miscount.
     """
-    layers = _key(config, "num_hidden_layers", "n_layer", "num_layers")
-    hidden = _key(config, "hidden_size", "n_embd", "d_model")
-    heads = _key(config, "num_attention_heads", "n_head")
+    try:
+        layers = _key(config, "num_hidden_layers", "n_layer", "num_layers")
+        hidden = _key(config, "hidden_size", "n_embd", "d_model")
+        heads = _key(config, "num_attention_heads", "n_head")
+        vocab = _key(config, "vocab_size")
+    except ConfigError as err:
+        kind = config.get("model_type")
+        raise ConfigError(
+            f"{err}{f' ({kind})' if isinstance(kind, str) else ''}: fit reads the configs of"
+            " decoder-only transformers (Llama, Mistral, Qwen, Gemma, GPT-2, Falcon and"
+            " their kin); use --params with the published parameter count"
+        ) from None
     if "head_dim" not in config and heads > hidden:
         raise ConfigError(f"model config has more attention heads ({heads}) than hidden units")
     kv_heads = _kv_heads(config, heads)
     head_dim = _key(config, "head_dim", default=hidden // heads)
-    vocab = _key(config, "vocab_size")
     intermediate = _key(
         config, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden
     )

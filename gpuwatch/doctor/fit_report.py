@@ -82,7 +82,11 @@ class FitReport:
         return {
             "verdict": self.verdict,
             "unknown_because": self.unknown_because,
-            "model": {"name": arch.name, "params": arch.params},
+            "model": {
+                "name": arch.name,
+                "params": arch.params,
+                "encoder_params": arch.encoder_params,
+            },
             "dtype": self.workload.dtype,
             "mode": self.workload.mode,
             "context": self.workload.context,
@@ -116,8 +120,12 @@ class FitReport:
 
     def render(self) -> str:
         w, b = self.workload, self.breakdown
+        encoders = w.arch.encoder_params
+        # A vision or audio tower loads with the language model: say it is counted.
+        counted = f" ({encoders / 1e9:.2f}B of them its encoders)" if encoders else ""
         title = (
-            f"{w.arch.name or 'model'}: {w.arch.params / 1e9:.2f}B parameters, {w.dtype}, {w.mode}"
+            f"{w.arch.name or 'model'}: {w.arch.params / 1e9:.2f}B parameters{counted},"
+            f" {w.dtype}, {w.mode}"
         )
         lines = [f"{title}, context {w.context} x batch {w.batch}"]
         rows = [
