@@ -115,8 +115,20 @@ ANCHORS = (
     # The Linux kernel's OOM killer ("Out of memory: Killed process" has "out of memory"),
     # and a container's kill as Kubernetes and Docker report it.
     "killed process",
-    "oom-kill",  # "oom-kill:constraint=...", "python3 invoked oom-killer:"
+    "oom-kill",  # "oom-kill:constraint=...", "python3 invoked oom-killer:", "OOM-killed"
     "oomkilled",
+    # ... and as a batch scheduler or a person tells of it: slurmstepd's "Detected 1
+    # oom_kill event(s)", "killed by OOM killer", "OOM-killed on a large dataset".
+    "oom_kill event",
+    "oom killer",
+    "oomkiller",
+    "oom killed",
+    # Thrust's exception carries CUDA's text: "std::bad_alloc: out of memory" (has
+    # "out of memory"), thrown as thrust::system::detail::bad_alloc.
+    "thrust::system::detail::bad_alloc",
+    # cuDNN's status by its number after the call (cudnn.torch: "... failed: 2") has
+    # "cudnn"; Vulkan's status without its VK_ prefix ("VK Error Code:
+    # ERROR_OUT_OF_DEVICE_MEMORY") has "out_of_device_memory".
     # PyTorch's DataLoader: a worker SIGKILLed, or SIGBUS for want of shared memory.
     "killed by signal: killed",
     "killed by signal: bus error",

@@ -32,12 +32,18 @@ _FORECAST = re.compile(
     r"\b(?:may|might|can|could|should)\s+(?!not\b)(?:\w+\s+){0,2}?"
     r"(?:produce|display|show|throw|raise|return|report|fail\s+with)\b"
     r"|\b(?:will|would)\s+(?!not\b)(?:\w+\s+){0,2}?(?:return|produce|report)\b"
+    # What an API is specified to return: "... doesn't allow to return ZE_RESULT_ERROR_
+    # OUT_OF_DEVICE_MEMORY" (a specification's issue), "is permitted to return".
+    r"|\b(?:allow(?:s|ed)?|permit(?:s|ted)?)\s+(?:\w+\s+){0,2}?to\s+return\b"
     # What a setting "can sometimes cause" (documentation), not "what can lead to this".
     r"|\b(?:may|might|can|could)\s+(?!not\b)(?:\w+\s+){0,2}?cause\b"
     # Advice told to the reader: "otherwise you will see a CUDA Out Of Memory (OOM) Error".
     r"|\byou\s+(?:will|would|may|might|can|could)\s+(?:\w+\s+){0,2}?"
     r"(?:see|get|hit|encounter|run\s+into|face)\b"
-    r"|^\W*(?:this|the)\s+(?:commit|pr|pull\s+request|patch|change)\b",
+    r"|^\W*(?:this|the)\s+(?:commit|pr|pull\s+request|patch|change)\b"
+    # A change's title that names what it fixes: "[SYCL]fix the B70 mem allocate error
+    # when >19.3GB, can't allocate N Bytes of memory on device", "fix(test): ... pool OOM".
+    r"|^\s*(?:\[[^\]\n]{1,30}\]\s*)?\W*(?:fix(?:es)?|work\s*around(?:\s+for)?)\b(?![-'])",
     re.IGNORECASE,
 )
 # A failure only supposed ("If out-of-memory error occurs during cudagraph capture, ...",
@@ -70,6 +76,23 @@ _DEFINED_AFTER = re.compile(
     re.IGNORECASE,
 )
 DEFINED_LOOKAHEAD_CHARS = 160
+# A failure told of in general, not met: "When a CUDA OOM error occurs, PyTorch suggests
+# ...": "when" (or "whenever") and an indefinite article right before the failure's
+# words, and "occurs" (happens, is raised) after them in its clause. Not "When a second
+# request arrives, RuntimeError: CUDA out of memory", where nothing says it in general.
+_GENERIC_WHEN = re.compile(
+    r"\bwhen(?:ever)?\s+(?:a|an|any)\s+(?:[\w-]{1,20}\s+){0,2}$", re.IGNORECASE
+)
+# Errors quoted as alternatives, a page's list of symptoms rather than a log: "Meet
+# issue: `Native API failed. ... (PI_ERROR_OUT_OF_HOST_MEMORY)` or `failed to allocate
+# SYCL0 buffer`" (llama.cpp's SYCL guide). The failure inside a quote that an "or" and
+# another quote follow.
+_QUOTE_OPEN = re.compile(r"`[^`\n]*$")
+_OR_QUOTE_AFTER = re.compile(r"[^`\n]{0,300}`\s*(?:,\s*)?or\s+`")
+_OR_QUOTE_BEFORE = re.compile(r"`\s*(?:,\s*)?or\s+`[^`\n]*$")  # ... or the last of them
+_OCCURS_AFTER = re.compile(
+    r"[^.!?\n,]{0,60}?\b(?:occurs?|happens?|arises?|is\s+(?:raised|thrown))\b", re.IGNORECASE
+)
 # A failure counted as none right before its words ("0 CUDA out of memory errors", "no out
 # of memory", "without OOM").
 _NONE_BEFORE = re.compile(
@@ -119,6 +142,15 @@ def forecast(text: str, start: int) -> bool:
     if _IN_CODE.search(told) or _NONE_BEFORE.search(told[-NONE_LOOKBACK_CHARS:]):
         return True
     if _DEFINED_AFTER.match(text, start, start + DEFINED_LOOKAHEAD_CHARS):
+        return True
+    line = text[text.rfind("\n", 0, start) + 1 : start]
+    if _QUOTE_OPEN.search(line) and (
+        _OR_QUOTE_AFTER.match(text, start) or _OR_QUOTE_BEFORE.search(line)
+    ):
+        return True
+    if _GENERIC_WHEN.search(told) and _OCCURS_AFTER.match(
+        text, start, start + DEFINED_LOOKAHEAD_CHARS
+    ):
         return True
     supposed = _SUPPOSED.search(told)
     if _FORECAST.search(told) is None and supposed is None:

@@ -46,6 +46,9 @@ from gpuwatch.doctor.families.clauses import (
 
 _VULKAN = re.compile(
     r"VK_ERROR_OUT_OF_DEVICE_MEMORY|ErrorOutOfDeviceMemory"
+    # The same status without its VK_ prefix, where the API is named before it on the
+    # line: "VK Error Code: ERROR_OUT_OF_DEVICE_MEMORY", "Vulkan: ERROR_OUT_OF_DEVICE_MEMORY".
+    r"|\b(?:VK|Vulkan)\b[^\n]{0,40}?(?<![\w])ERROR_OUT_OF_DEVICE_MEMORY\b"
     # Rust's vulkano names the result OutOfDeviceMemory inside its OomError.
     r"|\bOomError\(OutOfDeviceMemory\)"
     # The call that returned it, with the result's value (-2).
@@ -174,7 +177,7 @@ def find(window: str) -> list[Found]:
         for span in spans(
             window, _VULKAN, limit=400, needs=("vk", "vma", "vulkan", "outofdevicememory")
         )
-        if not _went_on(span)
+        if not _went_on(span) and not _pinned(span)
     ]
     for span in vulkan[:1]:
         start = max(0, span.start - CONTEXT_CHARS)
@@ -307,6 +310,19 @@ def _vulkan_call(around: str, line: str) -> str | None:
         return "vkAllocateMemory"
     call = _VULKAN_CALL.search(line)
     return call[0] if call else None
+
+
+# ggml's Vulkan backend asks for pinned host memory to stage copies and, refused, goes
+# on with ordinary memory: "ggml_vulkan: Failed to allocate pinned memory." then the
+# status on the next line. System RAM for staging, not the device's memory.
+_PINNED = re.compile(r"\bpinned\s+memory\b", re.IGNORECASE)
+
+
+def _pinned(span: Span) -> bool:
+    """Whether the line of the match, or the line before it, is about pinned memory."""
+    before = span.text.rfind("\n", 0, max(0, span.line_start - 1)) + 1
+    end = span.text.find("\n", span.start)
+    return _PINNED.search(span.text, before, end if end != -1 else span.end) is not None
 
 
 def _went_on(span: Span) -> bool:

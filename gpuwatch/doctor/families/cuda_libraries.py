@@ -63,8 +63,12 @@ _RUNTIME = re.compile(
     # CTranslate2 (faster-whisper, whisperX): "RuntimeError: CUDA failed with error out of memory".
     # cumm/spconv's TensorStorage: "cuda failed with error 2 out of memory".
     r"|(?P<ct2>CUDA|HIP|cuda|hip)\s+failed\s+with\s+error\s+(?:2\s+)?out\s+of\s+memory"
-    # Thrust's algorithms (cuDF, XGBoost): "parallel_for failed: out of memory".
-    r"|(?P<thrust>parallel_for)\s+failed:\s*out\s+of\s+memory"
+    # Thrust's algorithms (cuDF, XGBoost): "parallel_for failed: out of memory"; its
+    # thrust::system::detail::bad_alloc puts CUDA's text after the name of the C++
+    # exception it derives from: "std::bad_alloc: out of memory" (newer ones with the
+    # enum first). A plain C++ std::bad_alloc (host RAM) prints no text after its name.
+    r"|(?P<thrust>parallel_for\s+failed|std::bad_alloc):\s*(?:cudaErrorMemoryAllocation:\s*)?"
+    r"out\s+of\s+memory"
     # MindSpore's CUDA wrappers: "The cudaStreamCreateWithFlags failed, ret[2], out of memory"
     # (a host allocation, cudaHostAlloc, is pinned system RAM: see _HOST_CALL).
     r"|(?P<ms>(?:cuda|cu|hip)[A-Z]\w*)\s+failed,\s*ret\[2\],?\s*out\s+of\s+memory"
@@ -221,6 +225,10 @@ _CUDNN_STATUS = re.compile(
     r"|NOT_INITIALIZED|EXECUTION_FAILED|INTERNAL_ERROR)",
     re.IGNORECASE,
 )
+# The same status by its number right after the cuDNN call that returned it, as
+# cudnn.torch's find.lua prints it: "cudnnFindConvolutionForwardAlgorithm failed:    2".
+# cudnnStatus_t's 2 is CUDNN_STATUS_ALLOC_FAILED (1 NOT_INITIALIZED, 3 BAD_PARAM, ...).
+_CUDNN_STATUS_NUMBER = re.compile(r"\b(?P<call>cudnn[A-Z]\w{2,80})(?:\s+failed)?:\s+2\b(?![.\d])")
 _CUDNN_CALL = re.compile(r"\((cudnn\w+)\)")
 # CNTK and similar wrappers: "... ; GPU=1 ; hostname=... ; expr=cublasCreate(&cuHandle)".
 _GPU_FIELD = re.compile(r";\s*GPU=(\d+)\s*;")
@@ -519,6 +527,19 @@ def _cudnn_status(span: Span) -> OomFacts:
     )
 
 
+def _cudnn_status_number(span: Span) -> OomFacts:
+    match = _CUDNN_STATUS_NUMBER.match(span.text, span.start)
+    return OomFacts(
+        kind="cudnn",
+        category="cudnn_alloc_failed",
+        exception=exception_before(span.text, span.start),
+        device_type="cuda",
+        library_status="CUDNN_STATUS_ALLOC_FAILED",
+        api_call=match["call"] if match else None,
+        message=span.snippet,
+    )
+
+
 def _cudnn_no_algorithm(span: Span) -> OomFacts:
     return OomFacts(
         kind="cudnn",
@@ -598,6 +619,7 @@ _NEEDS: dict[re.Pattern[str], tuple[str, ...]] = {
     _RMM: ("rmm", "out_of_memory"),
     _OPENCV: ("-217", "(out"),
     _DRIVER_CODE: ("curesult", "[2]", "driver"),
+    _CUDNN_STATUS_NUMBER: ("cudnn",),
 }
 
 _BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...] = (
@@ -609,6 +631,7 @@ _BUILDERS: tuple[tuple[re.Pattern[str], Callable[[Span], OomFacts | None]], ...]
     (_CUBLAS, _cublas),
     (_LIBRARY_ALLOC, _library_alloc),
     (_CUDNN_STATUS, _cudnn_status),
+    (_CUDNN_STATUS_NUMBER, _cudnn_status_number),
     (_CUDNN_NO_ALGORITHM, _cudnn_no_algorithm),
     (_WORKSPACE, _workspace),
     (_MIOPEN, _miopen),

@@ -201,6 +201,10 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
     # A sentence wrapped onto the next line may say there that the program went on.
     if _WENT_ON.search(following):
         return None
+    # The status printed under a failure on memory elsewhere is that failure's: ggml's
+    # "Failed to allocate pinned memory." then "vk::Device::allocateMemory: ErrorOut...".
+    if _ELSEWHERE.search(previous) and _failure(previous) is not None:
+        return None
     if forecast(line, failure.start()):  # supposed, forecast, none, or built in code
         return None
     if _HANDLER_NAME.search(line, max(0, failure.start() - 80), failure.start()):

@@ -263,7 +263,38 @@ def find_applications(window: str) -> list[Found]:
         *find_oom_killer(window),
         *find_dataloader(window),
         *_find_compiler(window),
+        *_find_scheduler_kill(window),
     ]
+
+
+# A batch scheduler's or a person's report that the kernel's OOM killer (or a memory
+# cgroup) ended the job, without the kernel's own lines: Slurm's "srun: error: gpu001:
+# task 0: Out Of Memory" and slurmstepd's "Detected 1 oom_kill event(s) in StepId=...",
+# or prose, "killed by OOM killer", "`ketos train` OOM-killed on ...". Not "OOMKilled"
+# run together (Kubernetes' reason, read above only where its status field prints it,
+# since pull requests and code name it too).
+_SCHEDULER_KILL = re.compile(
+    r"(?P<slurm>\bsrun:\s+error:\s+[\w.-]{1,64}:\s+tasks?\s+[\d,-]{1,40}:\s+Out\s+Of\s+Memory\b"
+    r"|\bDetected\s+\d+\s+oom[-_]kill\s+events?\b)"
+    r"|(?i:\bkilled\s+by\s+(?:the\s+)?(?:linux\s+|kernel(?:'s)?\s+)?oom[\s-]?killer\b"
+    r"|\boom[\s-]killed\b)"
+)
+_SCHEDULER_KILL_WORDS = ("out of memory", "oom_kill", "oom-kill", "oom kill", "oomkill")
+
+
+def _find_scheduler_kill(window: str) -> list[Found]:
+    """The first job a scheduler or a person says the OOM killer ended in ``window``."""
+    for span in spans(window, _SCHEDULER_KILL, limit=300, needs=_SCHEDULER_KILL_WORDS)[:1]:
+        match = _SCHEDULER_KILL.match(window, span.start)
+        assert match is not None
+        facts = OomFacts(
+            kind="host",
+            category="cgroup_oom_killer" if match["slurm"] else "linux_oom_killer",
+            device_type="host",
+            message=span.snippet,
+        )
+        return [Found(span.start, facts)]
+    return []
 
 
 def _find_compiler(window: str) -> list[Found]:
