@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from gpuwatch.detectors._format import format_bytes, format_seconds
 from gpuwatch.detectors.growth import (
+    CLEARANCE_MIN_BYTES,
     Growth,
     floor_slope,
     growing_now,
@@ -114,6 +115,14 @@ def detect_filling(
     )
 
 
+# A process is named a culprit only for growth above this (and above the spread of its
+# own floors in the reference span): a flat process's lowest poll differs between two
+# spans by its noise alone, which named steady jobs beside the real grower in one
+# verdict of ten. The same bar as the growth evidence's clearance: below it is noise
+# or NVML's rounding.
+CULPRIT_MIN_BYTES = CLEARANCE_MIN_BYTES
+
+
 def _culprits(
     growth: Growth, processes: Mapping[int, Sequence[Sample]], *, now: float
 ) -> list[tuple[int, float, int]]:
@@ -141,12 +150,14 @@ def _culprits(
             newcomers.append((pid, floor_slope(pts), min(current)))
             continue
         gained = min(current) - min(reference)
-        if gained > 0:
+        # Risen by more than its floors moved in the reference span: a steady job's
+        # lowest poll wanders by its noise, a grower's floor rises past all of it.
+        if gained > max(CULPRIT_MIN_BYTES, max(reference) - min(reference)):
             grown.append((pid, floor_slope(pts), gained))
     for pid, slope, held in sorted(newcomers, key=lambda c: (-c[2], c[0])):
         replaced = min(held, departed)
         departed -= replaced
-        if held - replaced > 0:
+        if held - replaced > CULPRIT_MIN_BYTES:
             grown.append((pid, slope, held - replaced))
     grown.sort(key=lambda c: (-c[2], c[0]))
     return grown

@@ -325,12 +325,16 @@ def recent_slope(samples: Sequence[Sample], *, now: float, since: float) -> floa
     return (min(f for _, f, _ in end) - min(f for _, f, _ in start)) / elapsed
 
 
-# A verdict opens only when the newest stretch of the window (its last 1/SPANS, and at
-# least its two newest samples) shows the memory rising: some sample above an earlier
-# one's floor by half of what the slope adds over that stretch. (Not "the newest floor
-# above the bucket before's peak": the last stretch of a steep load that stopped just
-# past a bucket boundary looks exactly like that.)
+# A verdict opens only when the memory is seen rising now: the lowest floor of the
+# newest stretch of the window (its last 1/SPANS, and at least MIN_NOW_POINTS samples)
+# stands above the lowest floor of the stretch just before it, by half of what the
+# slope adds between them. Floors against floors, never a peak against a floor: a
+# bucket's spread is noise, or a training step's breathing, as often as growth, and
+# with it any flat memory looked like it was rising (a staircase that had stopped
+# opened a leak minutes later). The lowest of a stretch also holds the quiet moment
+# of any cycle shorter than the stretch, so a leak under a fast saw-tooth still shows.
 NOW_SHARE = 0.5
+MIN_NOW_POINTS = 2
 
 
 def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
@@ -340,24 +344,21 @@ def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
     This is what tells growth that goes on from a load that has finished: the window's
     evidence of growth lasts a while after a steep load stops (a model streamed in over
     a few minutes, or two allocations minutes apart, pass every other check for up to
-    W/2 after), but the newest stretch of a load that stopped is flat. Once a verdict is
-    open it does not need this (an allocator that grows in steps is flat between its
-    steps; it opens at a stretch that holds one of its steps). A bucket's own peak may
-    come after its floor, so it counts as a rise within the bucket.
+    W/2 after), but the newest stretch of a load that stopped is no higher than the one
+    before it. Once a verdict is open it does not need this (an allocator that grows in
+    steps is flat between its steps; it opens when a stretch that follows a step is
+    compared with one before it).
     """
     pts = points(samples, now=now)
-    if len(pts) < 2:
+    if len(pts) < 2 * MIN_NOW_POINTS:
         return False
     start = pts[-1][0] - (pts[-1][0] - pts[0][0]) / SPANS
-    first = min(len(pts) - 2, next(i for i, p in enumerate(pts) if p[0] >= start))
-    stretch = pts[first:]
-    wanted = NOW_SHARE * slope * (stretch[-1][0] - stretch[0][0])
-    lowest = stretch[0][1]
-    for _, floor, peak in stretch:
-        lowest = min(lowest, floor)
-        if peak - lowest >= wanted and peak > lowest:
-            return True
-    return False
+    k = max(MIN_NOW_POINTS, sum(1 for p in pts if p[0] >= start))
+    k = min(k, len(pts) // 2)
+    newest, before = pts[-k:], pts[-2 * k : -k]
+    rise = min(f for _, f, _ in newest) - min(f for _, f, _ in before)
+    wanted = NOW_SHARE * slope * (newest[0][0] - before[0][0])
+    return rise > 0 and rise >= wanted
 
 
 def floor_slope(pts: list[_Point]) -> float:
