@@ -37,6 +37,7 @@ from typing import Any
 from bench.common import interleaved, write_result
 from gpuwatch.detectors import Sample, bucketize, detect_filling, detect_leak
 from gpuwatch.detectors.buckets import bucket_start
+from gpuwatch.detectors.growth import highest_floor
 
 MIB, GIB, MINUTE = 2**20, 2**30, 60.0
 T0 = 1_700_000_017.3
@@ -237,9 +238,12 @@ def judge(case: Case, window: float, *, baseline: bool) -> dict[str, Any]:
         lo = bisect_left(starts, at - window - 2 * INTERVAL)
         recent = buckets[lo : bisect_left(starts, bucket_start(at, INTERVAL))]
         free = TOTAL - (poll.used_bytes or 0)
+        # As the server keeps it: the window's length again before the window.
+        earlier = buckets[bisect_left(starts, at - 2 * window - 2 * INTERVAL) : lo]
         kwargs: dict[str, Any] = {
             "min_slope_bytes_per_second": MIN_SLOPE,
             "min_duration_seconds": window,
+            "held_before_bytes": highest_floor(earlier),
         }
         fired = {
             "leak": detect_leak(

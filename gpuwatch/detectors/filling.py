@@ -23,6 +23,7 @@ from gpuwatch.detectors.growth import (
     floor_slope,
     growing_now,
     growth_of,
+    new_height,
     points,
     recent_slope,
 )
@@ -40,6 +41,7 @@ def detect_filling(
     min_duration_seconds: float,
     processes: Mapping[int, Sequence[Sample]],
     already_open: bool = False,
+    held_before_bytes: int | None = None,
 ) -> Finding | None:
     """Return a ``filling_up`` finding if the GPU's used memory grows and, at that rate,
     the GPU is full within ``horizon_seconds``.
@@ -52,7 +54,10 @@ def detect_filling(
     GPU whose total and free are both unknown cannot be judged.
 
     A verdict *opens* (``already_open`` False) only while the newest bucket shows the
-    memory rising (:func:`growing_now`); an open one continues while the rest holds.
+    memory rising (:func:`growing_now`) and, given ``held_before_bytes`` (the GPU's
+    highest floor in history older than ``samples``), above every level it held before
+    (:func:`new_height`: a long cycle's rise, which stopped short of full last time, is
+    not filling up); an open one continues while the rest holds.
 
     ``processes`` maps each PID on the GPU to its own bucket samples; the evidence's
     ``culprits`` lists those whose floor rose across the GPU's window, as
@@ -77,6 +82,8 @@ def detect_filling(
         return None  # it grew, but it has stopped: no longer filling up
     if not already_open and not growing_now(samples, now=now, slope=growth.slope):
         return None  # a verdict opens only while the memory is seen rising
+    if not already_open and not new_height(growth, held_before_bytes):
+        return None  # back to a level it held before: the rise of a long cycle
     if free_bytes is not None:
         basis, room = "free", free_bytes
     elif total_bytes is not None:

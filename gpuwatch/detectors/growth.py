@@ -337,6 +337,29 @@ NOW_SHARE = 0.5
 MIN_NOW_POINTS = 2
 
 
+def highest_floor(samples: Sequence[Sample]) -> int | None:
+    """The highest known floor (``used_bytes``) of ``samples``: what a caller with
+    history older than the detectors' window passes as ``held_before_bytes``."""
+    return max((s.used_bytes for s in samples if s.used_bytes is not None), default=None)
+
+
+def new_height(growth: Growth, held_before_bytes: int | None) -> bool:
+    """Whether the current floor stands above the highest floor held before the window
+    (``held_before_bytes``: None when there is no earlier history) by more than
+    :data:`CLEARANCE_MIN_BYTES`.
+
+    A cycle longer than the window rises for the whole window, and a window alone
+    cannot tell its rise from a leak (a job that builds up for 40 minutes and frees at
+    the end of each epoch). Its rise only climbs back to where the cycle before it
+    already went: growth to a level the holder held an hour ago is a cycle, and a
+    verdict opens only past every earlier floor. A leak under such a cycle still opens,
+    once its peaks pass the last cycle's.
+    """
+    if held_before_bytes is None:
+        return True
+    return growth.current_floor_bytes - held_before_bytes > CLEARANCE_MIN_BYTES
+
+
 def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
     """Does the newest stretch of ``samples`` show the memory rising, at half of
     ``slope`` or more?

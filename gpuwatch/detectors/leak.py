@@ -23,7 +23,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuwatch.detectors._format import format_bytes, format_seconds
-from gpuwatch.detectors.growth import MAX_SAMPLES, Growth, growing_now, growth_of, recent_slope
+from gpuwatch.detectors.growth import (
+    MAX_SAMPLES,
+    Growth,
+    growing_now,
+    growth_of,
+    new_height,
+    recent_slope,
+)
 from gpuwatch.detectors.types import Finding, Sample
 
 __all__ = ["MAX_SAMPLES", "detect_leak"]
@@ -38,6 +45,7 @@ def detect_leak(
     min_slope_bytes_per_second: float,
     min_duration_seconds: float,
     already_open: bool = False,
+    held_before_bytes: int | None = None,
 ) -> Finding | None:
     """Return a ``runaway``/``leak`` finding if the holder's memory grew over the window.
 
@@ -58,6 +66,11 @@ def detect_leak(
     over a few minutes, or two allocations minutes apart, pass every other check for a
     while after the memory has levelled off. An open one continues while the rest holds.
 
+    ``held_before_bytes``, when the caller keeps history older than ``samples``: the
+    highest floor the holder held in it. A verdict opens only once the memory stands
+    above that (:func:`~gpuwatch.detectors.growth.new_height`): a cycle longer than the
+    window climbs back to where its last cycle went, and that is no leak.
+
     Evidence, besides the growth numbers and ``confidence`` (0..1):
     ``time_to_exhaust_seconds``, ``gpu_free_bytes / slope``, the time until the GPU is
     full at this rate. When free memory is unknown but the total is known,
@@ -71,6 +84,8 @@ def detect_leak(
         return None  # it grew, but it has stopped: a load that has finished
     if not already_open and not growing_now(samples, now=now, slope=growth.slope):
         return None  # it grew, but the newest bucket is flat: a load that has finished
+    if not already_open and not new_height(growth, held_before_bytes):
+        return None  # back to a level it held before: the rise of a long cycle
     return _finding(growth, gpu_total_bytes, gpu_free_bytes)
 
 

@@ -28,7 +28,12 @@ from gpuwatch.detectors import (
     detect_unattributed,
 )
 from gpuwatch.detectors.buckets import bucket_start
-from gpuwatch.detectors.growth import CLEARANCE_MIN_BYTES, MONOTONIC_MIN, R_SQUARED_MIN
+from gpuwatch.detectors.growth import (
+    CLEARANCE_MIN_BYTES,
+    MONOTONIC_MIN,
+    R_SQUARED_MIN,
+    highest_floor,
+)
 from gpuwatch.snapshot import Gpu, GpuProcess
 
 TRACES = sorted((Path(__file__).parent / "traces").glob("*.json"))
@@ -43,6 +48,9 @@ IDLE_MIN_BYTES = 1 * GIB
 HORIZON = 7200.0
 SHARE_RATIO = 0.9
 UNATTRIBUTED_MIN = 1 * GIB
+# What the server keeps of a window before the growth detectors' own
+# (findings.trend_window_seconds): the level a verdict must rise past.
+HISTORY = max(IDLE_WINDOW, 2 * LEAK_WINDOW) - LEAK_WINDOW
 
 # (verdict, "pid@start" or "gpu") -> [(seconds after t0, finding or None)], one per evaluation
 Timeline = dict[tuple[str, str], list[tuple[float, Finding | None]]]
@@ -125,8 +133,10 @@ class Replay:
         for life in self.lifetimes:
             leak = None  # open, as the server's event book would know it
             for i, at in closes(life.polls):
+                since = at - LEAK_WINDOW - 2 * INTERVAL
                 leak = detect_leak(
-                    life.window(at - LEAK_WINDOW - 2 * INTERVAL, at),
+                    life.window(since, at),
+                    held_before_bytes=highest_floor(life.window(since - HISTORY, since)),
                     now=at,
                     gpu_total_bytes=self.total,
                     gpu_free_bytes=self.total - self.gpu_used[i],
@@ -160,6 +170,7 @@ class Replay:
             listed = [life for life in self.lifetimes if i in life.polls]
             filling = detect_filling(
                 window(buckets, starts, since, at),
+                held_before_bytes=highest_floor(window(buckets, starts, since - HISTORY, since)),
                 already_open=filling_open,
                 now=at,
                 total_bytes=self.total,

@@ -23,11 +23,20 @@ from hypothesis import strategies as st
 
 from gpuwatch.detectors import Finding, Sample, bucketize, detect_filling, detect_leak
 from gpuwatch.detectors.buckets import bucket_start
-from gpuwatch.detectors.growth import CLEARANCE_MIN_BYTES, MONOTONIC_MIN, R_SQUARED_MIN
+from gpuwatch.detectors.growth import (
+    CLEARANCE_MIN_BYTES,
+    MONOTONIC_MIN,
+    R_SQUARED_MIN,
+    highest_floor,
+)
 
 MIB, GIB, MINUTE = 2**20, 2**30, 60.0
 T0 = 1_700_000_017.3
 INTERVAL, WINDOW, MIN_SLOPE = 60.0, 1800.0, 64 * 2**10
+# The server keeps this much of each window (findings.trend_window_seconds: the idle
+# window, an hour, two buckets more); what lies before the detectors' own window is the
+# history a verdict must rise past (growth.new_height).
+HISTORY = 3600.0 + 2 * INTERVAL
 TOTAL = 141 * GIB
 # The documented delays: a holder leaking from its first poll is flagged once the
 # window is covered, plus three buckets; one leaking after steady history, once the
@@ -71,9 +80,15 @@ def verdicts(samples: list[Sample]) -> Iterator[tuple[float, Finding | None, Fin
         bucket = bucket_start(sample.t, INTERVAL)
         if previous is not None and bucket > previous:
             at = sample.t
-            window = [b for b in buckets if at - WINDOW - 2 * INTERVAL <= b.t < bucket]
+            since = at - WINDOW - 2 * INTERVAL
+            window = [b for b in buckets if since <= b.t < bucket]
+            earlier = [b for b in buckets if at - HISTORY <= b.t < since]
             free = TOTAL - (sample.used_bytes or 0)
-            kwargs = {"min_slope_bytes_per_second": MIN_SLOPE, "min_duration_seconds": WINDOW}
+            kwargs = {
+                "min_slope_bytes_per_second": MIN_SLOPE,
+                "min_duration_seconds": WINDOW,
+                "held_before_bytes": highest_floor(earlier),
+            }
             leak = detect_leak(
                 window,
                 now=at,

@@ -178,6 +178,25 @@ def test_saw_tooth_training_and_a_flat_full_gpu_raise_nothing(live: Live) -> Non
     assert outbox(live) == []
 
 
+def test_a_cycle_longer_than_the_leak_window_is_no_leak_once_seen(live: Live) -> None:
+    token = live.token("host-1")
+    # Three hours of a job that builds up from 20 to 60 GiB over 45 minutes and frees
+    # it at the end of each epoch: each rise lasts longer than the 30-minute window, so
+    # only what the server keeps from before the window (the last cycle's top) tells it
+    # from a leak. The first rise cannot be told: nothing was held before it.
+    period = 45 * 60
+    snaps = []
+    for seq in range(720):
+        at = T0 + seq * 15.0
+        builder = process(11, used_gib=20 + 40 * ((at - T0) % period) / period, sm=0.9)
+        snaps.append(snapshot(seq, [gpu(0, [builder])], at=at))
+    push_all(live, token, snaps)
+
+    first_top = T0 + period
+    late = [e for e in events(live) if e["started_at"] > first_top + 120]
+    assert late == [], late
+
+
 def test_events_filter_by_open_true_and_false(live: Live) -> None:
     token = live.token("host-1")
     live.push(token, body(snapshot(0, [gpu(0, [process(7, orphaned=True)])])))

@@ -53,8 +53,11 @@ def gpu_key(slot: str, gpu: GpuRow) -> str:
 
 
 def trend_window_seconds(settings: ServerSettings) -> float:
-    """How far back the idle and leak detectors look, in seconds."""
-    return max(settings.idle_window_seconds, settings.leak_min_duration_seconds)
+    """How far back the recent windows reach, in seconds: the idle window, and for the
+    growth detectors their own window and as much again before it. What lies before
+    the growth window is the level a verdict must rise past (detectors.growth.new_height),
+    so a cycle longer than the window, climbing back to its last top, is not a leak."""
+    return max(settings.idle_window_seconds, 2 * settings.leak_min_duration_seconds)
 
 
 def check_process(
@@ -114,6 +117,7 @@ def check_trend(
             min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
             min_duration_seconds=settings.leak_min_duration_seconds,
             already_open=book.open_reason(runaway) == "leak",
+            held_before_bytes=window.highest_floor_before(recent, _leak_since(settings, at)),
         )
     if leak is not None:
         _reconcile(book, "runaway", leak, gpu_row, lifetime, at)
@@ -269,6 +273,7 @@ def check_filling(
             min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
             processes=_Windows({lt.pid: blob for lt, blob in lifetimes}, since),
             already_open=book.is_open(gpu_key("filling_up", gpu_row)),
+            held_before_bytes=window.highest_floor_before(recent, since),
         )
         if finding is not None:
             finding = _name_culprits(finding, by_pid)
