@@ -1003,11 +1003,130 @@ def cost() -> dict[str, Any]:
     return out
 
 
+# --- many groups: the first evaluation of a large incident ------------------------------
+
+GROUPS = 10_000
+# One of each kind: 10,000 groups are 30,000 notifications and 30,000 group rows.
+GROUP_RECEIVERS = ("alertmanager", "slack", "webhook")
+# No group_wait (all due at once), a day of keep_firing_for (the alerts are written as
+# rows, without facts).
+GROUP_SETTINGS: dict[str, Any] = {
+    "alerts": {
+        "group_wait": "0s",
+        "group_interval": "5m",
+        "repeat_interval": "4h",
+        "rules": {"gpu_throttled": {"keep_firing_for": "1d"}},
+    }
+}
+
+
+def fire_groups(database: Any, groups: int, at: float) -> None:
+    """``groups`` firing alerts, each in a group of its own (one host each)."""
+    from sqlalchemy import insert
+
+    from gpuwatch.server.alerts.models import AlertRow
+    from gpuwatch.server.alerts.rules import fingerprint
+
+    rows = []
+    for h in range(groups):
+        labels = {"rule": "gpu_throttled", "severity": "warning", "hostname": f"host-{h:05d}"}
+        rows.append(
+            {
+                "fingerprint": fingerprint(labels),
+                "rule": "gpu_throttled",
+                "labels": labels,
+                "severity": "warning",
+                "state": "firing",
+                "summary": f"{labels['hostname']} GPU 0 is throttled: hw_slowdown",
+                "description": "hardware slowdown since 12:00",
+                "culprits": [],
+                "active_since": at,
+                "fired_at": at,
+                "last_true_at": at,
+                "resolved_at": None,
+            }
+        )
+    with database.writer() as session, session.begin():
+        session.execute(insert(AlertRow), rows)
+
+
+def _timed_evaluation(engine: Any, database: Any, settings: Any, now: float) -> dict[str, Any]:
+    """Wall and this process's CPU for one ``evaluate`` (the database server's own CPU,
+    on Postgres, is not counted), with its steps."""
+    with Stages() as stages:
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = engine.evaluate(database=database, settings=settings, now=now)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "share_of_interval": round(wall / PUSH, 3),
+        "planned": result.planned,
+        "stages_s": {
+            name: round(value, 3)
+            for name, value in sorted(stages.seconds.items(), key=lambda kv: -kv[1])
+        },
+    }
+
+
+def groups_on(kind: str) -> dict[str, Any]:
+    """The first evaluation of :data:`GROUPS` firing groups (every notification and
+    group row new), and the one a minute later (Alertmanager's resend: 10,000 more,
+    each superseding the undelivered one before it)."""
+    import httpx
+
+    from bench.server import fresh_database
+    from gpuwatch.server.alerts.engine import AlertEngine
+    from gpuwatch.server.notifications.config import ReceiverConfig
+    from gpuwatch.server.notifications.receivers.base import build_receiver
+    from gpuwatch.settings import ServerSettings
+
+    at = T0 + 86400
+    client = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(200)))
+    clock = FakeClock(at)
+    receivers = {}
+    for kind_of in GROUP_RECEIVERS:
+        config = ReceiverConfig.model_validate(
+            {
+                "name": kind_of,
+                "type": kind_of,
+                "url": f"http://{kind_of}.invalid/",
+                **({"secret": SECRET} if kind_of == "webhook" else {}),
+            }
+        )
+        receivers[kind_of] = build_receiver(config, client=client, clock=clock)
+    engine = AlertEngine(receivers=receivers, clock=clock)
+    with tempfile.TemporaryDirectory() as tmp, fresh_database(kind, Path(tmp), "groups") as target:
+        settings = ServerSettings.model_validate(
+            {**GROUP_SETTINGS, "data_dir": tmp, "database_url": target.url, "scheduler": False}
+        )
+        database = target.database()
+        try:
+            fire_groups(database, GROUPS, at)
+            first = _timed_evaluation(engine, database, settings, at)
+            clock.now = at + 60
+            resend = _timed_evaluation(engine, database, settings, at + 60)
+        finally:
+            database.dispose()
+            client.close()
+    return {"groups": GROUPS, "receivers": list(GROUP_RECEIVERS), "first": first, "resend": resend}
+
+
+def many_groups() -> dict[str, Any]:
+    from bench.server import postgres_unavailable
+
+    out: dict[str, Any] = {"sqlite": groups_on("sqlite")}
+    why = postgres_unavailable()
+    out["postgres"] = {"skipped": why} if why else groups_on("postgres")
+    return out
+
+
 def main() -> None:
     started = time.perf_counter()
     result: dict[str, Any] = {"quality": quality()}
     result["quality_seconds"] = round(time.perf_counter() - started, 1)
     result["cost"] = cost()
+    result["groups"] = many_groups()
     result["total_seconds"] = round(time.perf_counter() - started, 1)
     path = write_result("alerts", result)
     print(f"wrote {path} in {result['total_seconds']} s")

@@ -318,3 +318,78 @@ def test_notifications_are_written_in_bulk_and_counted_exactly(
         session.execute(update(AlertGroupRow).values(notified_at=None, notified_firing=[]))
         session.execute(update(AlertGroupRow).values(flushed_at=None))
     assert engine.evaluate(database=database, settings=delivery_settings, now=T0).planned == 0
+
+
+@pytest.mark.postgres
+def test_on_postgres_each_write_chunk_is_one_statement_over_arrays(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    """3,000 notifications and 3,000 groups are two write chunks (``WRITE_CHUNK``):
+    on Postgres each chunk's pending notifications are read, its notifications inserted
+    and the older ones superseded in one statement each, and its groups written in one,
+    where Core's executemany sent statements of 1,000 rows (and the read went by group
+    key, in lists of 1,000). What they write reads back as written."""
+    from gpuwatch.server.database import create_database
+    from gpuwatch.server.database.migrate import upgrade
+
+    database = create_database(postgres_url)
+    upgrade(database)
+    settings = ServerSettings.model_validate(
+        {
+            "database_url": postgres_url,
+            "scheduler": False,
+            "alerts": {
+                "group_wait": "0s",
+                "group_interval": "1s",
+                "repeat_interval": "1h",
+                "rules": {"gpu_throttled": {"keep_firing_for": "1d"}},
+            },
+        }
+    )
+    engine = AlertEngine(
+        receivers={
+            "am": receiver("alertmanager", Recorder(), clock, name="am"),
+            "hook": receiver("webhook", Recorder(), clock, name="hook"),
+        },
+        clock=clock,
+        sleep=clock.advance,
+    )
+    fire(database, 1500)
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(" ".join(args[2].split()).upper())
+
+    def kinds() -> dict[str, int]:
+        prefixes = {
+            "insert": "INSERT INTO NOTIFICATIONS",
+            "read": "SELECT NOTIFICATIONS.ID",
+            "supersede": "UPDATE NOTIFICATIONS SET STATUS",
+            "groups": "INSERT INTO ALERT_GROUPS",
+            "groups_update": "UPDATE ALERT_GROUPS",
+        }
+        return {k: sum(s.startswith(p) for s in statements) for k, p in prefixes.items()}
+
+    event.listen(database.engine, "before_cursor_execute", count)
+    try:
+        assert engine.evaluate(database=database, settings=settings, now=T0).planned == 3000
+        assert kinds() == {"insert": 2, "read": 2, "supersede": 0, "groups": 2, "groups_update": 0}
+        statements.clear()
+        # A minute on, Alertmanager's resend: 1,500 new ones supersede the 1,500 pending
+        # (and all 3,000 groups record the look).
+        assert engine.evaluate(database=database, settings=settings, now=T0 + 60).planned == 1500
+        assert kinds() == {"insert": 1, "read": 1, "supersede": 1, "groups": 0, "groups_update": 2}
+        assert statuses(database) == {"pending": 3000, "superseded": 1500}
+        with database.reader() as session:
+            am = session.scalars(select(AlertGroupRow).where(AlertGroupRow.receiver == "am"))
+            group = am.first()
+            newest = session.scalars(
+                select(NotificationRow).where(NotificationRow.status == "pending").limit(1)
+            ).one()
+    finally:
+        event.remove(database.engine, "before_cursor_execute", count)
+        database.dispose()
+    assert group is not None and group.flushed_at == T0 + 60
+    assert group.group_labels == {"rule": "gpu_throttled", "hostname": "host-000"}
+    assert group.notified_firing == [fingerprint(host(0))]
+    assert newest.body["alerts"][0]["labels"]["rule"] == "gpu_throttled"

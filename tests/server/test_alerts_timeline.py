@@ -390,3 +390,108 @@ def test_a_reaper_warning_is_announced_once_and_ends_unannounced(
     assert alert["rule"] == "process_reaped"
     assert (alert["labels"]["user"], alert["labels"]["stage"]) == ("alice", "warning")
     assert "will be stopped in 30 min" in alert["summary"]
+
+
+def _silence(timeline: Timeline, at: float, seconds: float, **labels: str) -> int:
+    with timeline.database.writer() as session, session.begin():
+        made = create_silence(
+            session=session,
+            silence=SilenceIn.model_validate(
+                {
+                    "matchers": [{"name": k, "value": v} for k, v in labels.items()],
+                    "duration_seconds": seconds,
+                    "created_by": "sre",
+                    "comment": "maintenance",
+                }
+            ),
+            now=at,
+        )
+    return made.id
+
+
+def _pushing(timeline: Timeline, lost: set[int], start: float, end: float, step: float) -> None:
+    """The agent of host-1 pushes (GPUs in ``lost`` lost) and the engine runs, every
+    ``step`` from ``start`` to ``end``: the host never looks silent."""
+    t = start
+    while t <= end:
+        timeline.gpus("host-1", lost, at=t)
+        timeline.run(t)
+        t += step
+
+
+def test_a_resolution_during_a_silence_is_sent_when_the_silence_ends(
+    timeline: Timeline, hook: Sink, clock: FakeClock
+) -> None:
+    """A page notified before a silence, resolved within it, must not stay open in the
+    receivers for good (real Alertmanager 0.25 never sends that resolution:
+    prometheus/alertmanager#226). The silence holds it, and outlasts
+    ``resolved_retention`` (1 day): the resolution goes to the webhook and to Slack once
+    the silence ends, and nothing goes out during it."""
+    with sink(clock) as slack_hook:
+        client = timeline.client
+        slack = ReceiverConfig.model_validate(
+            {"name": "slack", "type": "slack", "url": slack_hook.url}
+        )
+        engine = AlertEngine(
+            receivers={
+                "hook": timeline.engine.receivers["hook"],
+                "slack": build_receiver(slack, client=client, clock=clock),
+            },
+            clock=clock,
+            sleep=clock.advance,
+        )
+        timeline.engine = engine
+        _pushing(timeline, {0}, T0, T0 + 60, step=15)
+        assert [(b["status"], gpus_in(b)) for b in timeline.bodies()] == [("firing", ["0"])]
+        assert len(slack_hook.deliveries) == 1
+
+        ends = T0 + 60 + 2 * 86400
+        _silence(timeline, T0 + 60, ends - (T0 + 60), hostname="host-1")
+        _pushing(timeline, set(), T0 + 75, T0 + 900, step=15)  # resolves at T0 + 75
+        _pushing(timeline, set(), T0 + 900, ends - 1, step=3600)
+        assert len(hook.deliveries) == len(slack_hook.deliveries) == 1  # nothing inside it
+
+        _pushing(timeline, set(), ends, ends + 600, step=15)
+
+    assert hook.at()[1:] == [ends + 30]  # the first look after group_wait, from unmuting
+    resolved = timeline.bodies()[1]
+    assert resolved["status"] == "resolved"
+    (alert,) = resolved["alerts"]
+    assert (alert["status"], alert["labels"]["gpu"], alert["ends_at"]) == ("resolved", "0", T0 + 75)
+    assert len(slack_hook.deliveries) == 2
+    assert slack_hook.deliveries[1].body["text"].startswith("✅ Resolved")
+
+
+def test_a_resolution_of_one_silenced_alert_of_a_group_is_sent_when_its_silence_ends(
+    timeline: Timeline, hook: Sink
+) -> None:
+    """GPU 0 and GPU 1 of one host are one group. GPU 0 is silenced, resolves within the
+    silence while GPU 1 keeps firing: once the silence ends the group tells that GPU 0
+    resolved (it was forgotten while GPU 1's state was written)."""
+    _pushing(timeline, {0, 1}, T0, T0 + 60, step=15)
+    ends = T0 + 1200  # before GPU 1's repeat (30 min)
+    _silence(timeline, T0 + 60, ends - (T0 + 60), hostname="host-1", gpu="0")
+    _pushing(timeline, {1}, T0 + 75, ends - 15, step=15)
+    assert [(b["status"], gpus_in(b)) for b in timeline.bodies()] == [("firing", ["0", "1"])]
+
+    _pushing(timeline, {1}, ends, ends + 600, step=15)
+
+    told = [(gpus_in(b), gpus_in(b, "resolved")) for b in timeline.bodies()[1:]]
+    assert told == [(["1"], ["0"])]
+    assert hook.at()[1:] == [ends + 30]  # the group's next look (every 5 min from T0 + 30)
+
+
+def test_an_alert_still_firing_when_its_silence_ends_is_not_announced_again_as_new(
+    timeline: Timeline, hook: Sink
+) -> None:
+    """The receiver was told it fires and was never told otherwise: after the silence it
+    repeats once ``repeat_interval`` (30 min) has passed since the last notification, as
+    any firing alert does, rather than being announced as new at the end of the silence.
+    The silence ends at T0 + 660; the group's looks follow from T0 + 690, every 5 min,
+    and the first at least 30 min after T0 + 30 is T0 + 1890."""
+    _pushing(timeline, {0}, T0, T0 + 60, step=15)
+    _silence(timeline, T0 + 60, 600, hostname="host-1")
+    _pushing(timeline, {0}, T0 + 75, T0 + 2400, step=15)
+
+    assert hook.at() == [T0 + 30, T0 + 1890]
+    assert [gpus_in(b) for b in timeline.bodies()] == [["0"], ["0"]]

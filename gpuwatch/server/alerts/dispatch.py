@@ -7,7 +7,9 @@ when an alert started firing since the last notification, or one that was notifi
 firing has resolved (sent only to receivers with ``send_resolved``); otherwise it
 repeats the firing alerts once ``repeat_interval`` has passed since the last
 notification. An alert that resolves before its group's first look was never
-notified, so its resolution is not either.
+notified, so its resolution is not either. A silenced alert that was notified firing
+stays "told firing" while it is muted, so a resolution within the silence is sent
+once the silence ends (Alertmanager drops it: prometheus/alertmanager#226).
 
 Pure: alerts, group states and silences in; notifications and new group states out.
 Times are epoch seconds.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -137,11 +140,12 @@ def plan(
 ) -> Plan:
     """Decide every group's notification at ``now``."""
     result = Plan()
-    audible = [
-        a
-        for a in alerts
-        if a.state in ("firing", "resolved") and not any(s.mutes(a.labels, now) for s in silences)
-    ]
+    audible: list[AlertState] = []
+    muted: list[AlertState] = []
+    for a in alerts:
+        if a.state in ("firing", "resolved"):
+            quiet = any(s.mutes(a.labels, now) for s in silences)
+            (muted if quiet else audible).append(a)
     for receiver in receivers:
         members: dict[str, list[AlertState]] = {}
         labels_of: dict[str, dict[str, str]] = {}
@@ -150,13 +154,23 @@ def plan(
                 key, values = group_of(alert.labels, settings.group_by)
                 members.setdefault(key, []).append(alert)
                 labels_of[key] = values
+        silenced: dict[str, set[str]] = {}
+        for alert in muted:
+            if routed(alert, settings.routes, receiver.name):
+                key, _ = group_of(alert.labels, settings.group_by)
+                silenced.setdefault(key, set()).add(alert.fingerprint)
         keys = set(members) | {k for (r, k) in groups if r == receiver.name}
         for key in sorted(keys):
             state = groups.get((receiver.name, key)) or GroupState(
                 receiver.name, key, labels_of.get(key, {})
             )
             new_state, notification = _look(
-                state, members.get(key, []), receiver, settings, now=now
+                state,
+                members.get(key, []),
+                receiver,
+                settings,
+                now=now,
+                silenced=silenced.get(key, set()),
             )
             if new_state != state:
                 result.groups.append(new_state)
@@ -172,9 +186,21 @@ def _look(
     settings: AlertSettings,
     *,
     now: float,
+    silenced: AbstractSet[str] = frozenset(),
 ) -> tuple[GroupState, Notification | None]:
+    """One look at a group: its new state, and the notification due (or None).
+
+    ``members`` are the group's audible alerts; ``silenced`` the fingerprints of its
+    alerts muted now. A muted alert the receiver was told fires stays in
+    ``notified_firing`` (held) for as long as it is muted, whether it still fires or
+    has resolved meanwhile: the receiver still believes it fires. So once the silence
+    ends, its resolution is sent like any other, and one still firing is not announced
+    again as new (it repeats after ``repeat_interval``). Alertmanager forgets it
+    (prometheus/alertmanager#226): a page that fired before a silence, and resolved
+    within it, stayed open in the receiver for good."""
     firing = {a.fingerprint: a for a in members if a.state == "firing"}
     notified = set(state.notified_firing)
+    held = notified & silenced
     resolved = {
         a.fingerprint: a
         for a in members
@@ -184,8 +210,13 @@ def _look(
         and a.rule not in ANNOUNCEMENTS  # an announcement ends unannounced
     }
     if not firing and not resolved:
-        # Empty: forget the timers, so the next alert waits group_wait again.
-        return replace(state, first_alert_at=None, flushed_at=None, notified_firing=()), None
+        # Nothing audible: forget the timers, so the next alert waits group_wait again.
+        return (
+            replace(
+                state, first_alert_at=None, flushed_at=None, notified_firing=tuple(sorted(held))
+            ),
+            None,
+        )
     if state.first_alert_at is None:
         state = replace(state, first_alert_at=now)
     assert state.first_alert_at is not None
@@ -210,7 +241,7 @@ def _look(
         bool(firing) and state.notified_at is not None and now - state.notified_at >= repeat_after
     )
     send_resolved = bool(resolved) and receiver.send_resolved
-    still = tuple(sorted(firing))
+    still = tuple(sorted(set(firing) | held))
     if not (new_firing or send_resolved or repeat):
         # Resolved alerts a receiver does not want are logged as told all the same.
         return replace(state, notified_firing=still), None

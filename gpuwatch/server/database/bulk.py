@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Executable
+from sqlalchemy import Connection, CursorResult, Executable
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import Compiled
 
@@ -71,15 +71,7 @@ class BulkStatement:
         if self._arrays is None:
             assert self._postgres is not None
             self._arrays = self._postgres()
-        arrays = self._arrays
-        columns = zip(*rows, strict=True)  # one tuple per column
-        params = {
-            f"p{i}": [v if v is None or type(v) is float else float(v) for v in column]
-            if is_float
-            else list(column)
-            for i, (column, is_float) in enumerate(zip(columns, arrays.floats, strict=True))
-        }
-        connection.exec_driver_sql(arrays.sql, params)
+        execute_arrays(connection, self._arrays, rows)
 
     def _compile(self, dialect: Dialect) -> tuple[str, tuple[int, ...] | None]:
         found = self._compiled.get(dialect.name)
@@ -92,3 +84,20 @@ class BulkStatement:
             found = (compiled.string, order)
             self._compiled[dialect.name] = found
         return found
+
+
+def execute_arrays(
+    connection: Connection, arrays: ArraySql, rows: Sequence[Sequence[Any]]
+) -> CursorResult[Any]:
+    """Run ``arrays`` (Postgres) once for all of ``rows`` (tuples in the order of its
+    names, at least one), one array per column; its result (rows of a ``RETURNING``).
+    As with :class:`BulkStatement`, values go to the driver as they are: a JSON column
+    takes the JSON text SQLAlchemy's JSON type would have written."""
+    columns = zip(*rows, strict=True)  # one tuple per column
+    params = {
+        f"p{i}": [v if v is None or type(v) is float else float(v) for v in column]
+        if is_float
+        else list(column)
+        for i, (column, is_float) in enumerate(zip(columns, arrays.floats, strict=True))
+    }
+    return connection.exec_driver_sql(arrays.sql, params)

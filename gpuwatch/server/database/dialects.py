@@ -71,10 +71,12 @@ def unnest_insert(
     *,
     key: Sequence[str] | None = None,
     update: Sequence[str] = (),
+    returning: Sequence[str] = (),
 ) -> ArraySql:
     """``INSERT INTO table (names) SELECT * FROM unnest(arrays)``, then ``ON CONFLICT DO
     NOTHING``, or with ``update``, ``ON CONFLICT (key) DO UPDATE SET`` those columns from
-    the new row (whose keys must then be distinct within the batch)."""
+    the new row (whose keys must then be distinct within the batch). With ``returning``,
+    those columns of the rows written (a row skipped by ``DO NOTHING`` is not)."""
     listed = ", ".join(_quote(n) for n in names)
     sql = (
         f"INSERT INTO {_quote(table.name)} ({listed}) SELECT * FROM {_unnest(table, names, names)}"
@@ -86,6 +88,8 @@ def unnest_insert(
         sql += f" ON CONFLICT ({target}) DO UPDATE SET {sets}"
     else:
         sql += " ON CONFLICT DO NOTHING"
+    if returning:
+        sql += " RETURNING " + ", ".join(_quote(n) for n in returning)
     return ArraySql(sql, _floats(table, names))
 
 
