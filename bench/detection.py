@@ -263,6 +263,7 @@ def judge(case: Case, window: float, *, baseline: bool) -> dict[str, Any]:
                 horizon_seconds=HORIZON,
                 processes={1: recent},
                 already_open=open_now["filling"],
+                now_bytes=poll.used_bytes,
                 **kwargs,
             )
             is not None,

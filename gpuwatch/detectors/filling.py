@@ -20,12 +20,14 @@ from gpuwatch.detectors._format import format_bytes, format_seconds
 from gpuwatch.detectors.growth import (
     CLEARANCE_MIN_BYTES,
     Growth,
+    climbing_at_poll,
     floor_slope,
     growing_now,
     growth_of,
     new_height,
     points,
     recent_slope,
+    stepped_now,
 )
 from gpuwatch.detectors.types import Finding, Sample
 
@@ -42,6 +44,7 @@ def detect_filling(
     processes: Mapping[int, Sequence[Sample]],
     already_open: bool = False,
     held_before_bytes: int | None = None,
+    now_bytes: int | None = None,
 ) -> Finding | None:
     """Return a ``filling_up`` finding if the GPU's used memory grows and, at that rate,
     the GPU is full within ``horizon_seconds``.
@@ -57,7 +60,9 @@ def detect_filling(
     memory rising (:func:`growing_now`) and, given ``held_before_bytes`` (the GPU's
     highest floor in history older than ``samples``), above every level it held before
     (:func:`new_height`: a long cycle's rise, which stopped short of full last time, is
-    not filling up); an open one continues while the rest holds.
+    not filling up); an open one continues while the rest holds. Given ``now_bytes``, the
+    GPU's used memory at the poll at hand (``now``), it must also still be climbing at
+    that poll (:func:`climbing_at_poll`): the closed buckets lag a load that has stopped.
 
     ``processes`` maps each PID on the GPU to its own bucket samples; the evidence's
     ``culprits`` lists those whose floor rose across the GPU's window, as
@@ -80,10 +85,8 @@ def detect_filling(
     recent = recent_slope(samples, now=now, since=growth.window_start)
     if recent < min_slope_bytes_per_second:
         return None  # it grew, but it has stopped: no longer filling up
-    if not already_open and not growing_now(samples, now=now, slope=growth.slope):
-        return None  # a verdict opens only while the memory is seen rising
-    if not already_open and not new_height(growth, held_before_bytes):
-        return None  # back to a level it held before: the rise of a long cycle
+    if not already_open and not _opens(samples, growth, now, now_bytes, held_before_bytes):
+        return None
     if free_bytes is not None:
         basis, room = "free", free_bytes
     elif total_bytes is not None:
@@ -128,6 +131,28 @@ def detect_filling(
 # verdict of ten. The same bar as the growth evidence's clearance: below it is noise
 # or NVML's rounding.
 CULPRIT_MIN_BYTES = CLEARANCE_MIN_BYTES
+
+
+def _opens(
+    samples: Sequence[Sample],
+    growth: Growth,
+    now: float,
+    now_bytes: int | None,
+    held_before_bytes: int | None,
+) -> bool:
+    """Whether a verdict may open: the memory seen rising (over the newest stretches,
+    or by a step in the newest bucket), still climbing at the poll at hand (the closed
+    buckets of a warm-up rise for a minute or two after it levelled off), and above
+    every level it held before the window (a long cycle's rise)."""
+    slope = growth.slope
+    rising = growing_now(samples, now=now, slope=slope) or stepped_now(
+        samples, now=now, slope=slope, now_bytes=now_bytes
+    )
+    return (
+        rising
+        and climbing_at_poll(samples, now=now, now_bytes=now_bytes, slope=slope)
+        and new_height(growth, held_before_bytes)
+    )
 
 
 def _culprits(

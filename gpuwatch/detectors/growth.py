@@ -337,6 +337,62 @@ NOW_SHARE = 0.5
 MIN_NOW_POINTS = 2
 
 
+# The share of the expected climb the poll at hand must show (:func:`climbing_at_poll`).
+POLL_SHARE = 0.75
+
+
+def climbing_at_poll(
+    samples: Sequence[Sample], *, now: float, now_bytes: int | None, slope: float
+) -> bool:
+    """Whether the poll at hand (``now_bytes`` at ``now``, the first of a bucket not yet
+    closed) stands above the most the memory held for a whole bucket (the highest
+    floor) by :data:`POLL_SHARE` of what growth would have added since the newest
+    bucket began: at the window's ``slope``, or at the newest bucket's own rate (floor
+    over the floor before it) where that is faster. None: unknown, and no objection.
+
+    Closed buckets lag: at a bucket close the newest one still holds the end of a load
+    that stopped a minute ago, and for two or three buckets more the stretches that
+    :func:`growing_now` compares still rise. A five-minute warm-up seen through a short
+    window passed every check in the minutes after it levelled off, which a filling-up
+    alert then announced. The poll at hand is already on the plateau, short of where
+    the growth would have taken it; growth that goes on is there. Floors, not peaks: a
+    bucket of many noisy polls has its peak well above its level. A load that stops
+    within the last quarter of that time cannot be told from one that goes on.
+    """
+    pts = points(samples, now=now)
+    if now_bytes is None or len(pts) < 2:
+        return True
+    (before, before_floor, _), (start, floor, _) = pts[-2], pts[-1]
+    rate = max(slope, (floor - before_floor) / (start - before))
+    held = max(f for _, f, _ in pts)
+    return now_bytes > held + POLL_SHARE * rate * (now - start)
+
+
+def stepped_now(
+    samples: Sequence[Sample], *, now: float, slope: float, now_bytes: int | None = None
+) -> bool:
+    """Whether the memory just stepped up: the newest bucket's own rise (highest poll over
+    lowest), or the poll at hand's rise over that bucket's highest poll (``now_bytes``,
+    for a step after the bucket's last poll), exceeds what ``slope`` adds in a bucket
+    plus twice the widest rise of the buckets just before (their noise, or their
+    breathing), and :data:`CLEARANCE_MIN_BYTES`.
+
+    An allocator that grows in chunks is flat between them, and the stretches
+    :func:`growing_now` compares see a chunk only two or three buckets later, when the
+    poll at hand is as flat as after a load that stopped; the chunk itself is where such
+    growth shows as growth.
+    """
+    pts = points(samples, now=now)
+    if len(pts) < 1 + MIN_NOW_POINTS:
+        return False
+    start, floor, peak = pts[-1]
+    before = pts[-1 - 2 * MIN_NOW_POINTS : -1]
+    width = start - before[-1][0]
+    usual = max(p - f for _, f, p in before)
+    rise = peak - floor if now_bytes is None else max(peak - floor, now_bytes - peak)
+    return rise > max(CLEARANCE_MIN_BYTES, slope * width + 2 * usual)
+
+
 def highest_floor(samples: Sequence[Sample]) -> int | None:
     """The highest known floor (``used_bytes``) of ``samples``: what a caller with
     history older than the detectors' window passes as ``held_before_bytes``."""

@@ -35,6 +35,7 @@ from detectors.test_properties import (
 
 from gpuwatch.detectors import Sample, bucketize, detect_filling
 from gpuwatch.detectors.buckets import bucket_start
+from gpuwatch.detectors.growth import highest_floor
 
 MIB, GIB, MINUTE = 2**20, 2**30, 60.0
 Signal = Callable[[float], float]
@@ -212,3 +213,77 @@ def test_a_leak_under_a_long_cycle_is_still_found(period_minutes: int) -> None:
     )
     flagged = [t for t, leak, _ in verdicts(samples) if leak is not None and t > 2 * period]
     assert flagged, "a leak whose every top is higher than the last went unreported"
+
+
+def _filling_opened(samples: list[Sample], *, window: float, total: int) -> list[float]:
+    """Minutes (after T0) at which a filling-up verdict opened, judged at every bucket
+    close as the server judges a GPU: its window, the history before it, and the poll
+    at hand."""
+    buckets = bucketize(samples, INTERVAL)
+    opened, previous, open_ = [], None, False
+    for s in samples:
+        bucket = bucket_start(s.t, INTERVAL)
+        if previous is not None and bucket > previous:
+            since = s.t - window - 2 * INTERVAL
+            recent = [b for b in buckets if since <= b.t < bucket]
+            finding = detect_filling(
+                recent,
+                now=s.t,
+                total_bytes=total,
+                free_bytes=total - (s.used_bytes or 0),
+                horizon_seconds=7200.0,
+                min_slope_bytes_per_second=MIN_SLOPE,
+                min_duration_seconds=window,
+                processes={1: recent},
+                already_open=open_,
+                held_before_bytes=highest_floor(
+                    [b for b in buckets if since - window <= b.t < since]
+                ),
+                now_bytes=s.used_bytes,
+            )
+            if finding is not None and not open_:
+                opened.append((s.t - samples[0].t) / MINUTE)
+            open_ = finding is not None
+        previous = bucket
+    return opened
+
+
+# A model loaded over a few minutes, then held: through a 9-minute window (the alert
+# benchmark's, for fast warnings) the closed buckets still rise for a minute or two
+# after it levelled off, and the filling-up verdict opened on the plateau (a warning,
+# a critical alert at 93 % full). Every bucket alignment, loads of 3 to 8 minutes.
+@pytest.mark.parametrize("offset", [0.0, 7.0, 15.0, 29.0, 44.0, 58.0])
+@pytest.mark.parametrize(("minutes", "to_gib"), [(3, 40), (5, 60), (5, 70), (8, 70)])
+@pytest.mark.parametrize("window", [540.0, 1800.0])
+def test_a_warm_up_that_levelled_off_never_opens_filling_up(
+    offset: float, minutes: int, to_gib: int, window: float
+) -> None:
+    start = 40 * MINUTE + offset  # the bucket the load ends in moves with the offset
+    stop = start + minutes * MINUTE
+
+    def used(t: float) -> float:
+        return 4 * GIB + to_gib * GIB * min(max(t - start, 0.0) / (stop - start), 1.0)
+
+    for every in (5.0, 15.0):
+        samples = polls(used, every=every, minutes=80, seed=minutes + to_gib, noise=8 * MIB)
+        opened = _filling_opened(samples, window=window, total=80 * GIB)
+        # Within a quarter of a bucket of the stop the poll at hand cannot tell yet.
+        grace = stop + INTERVAL / 4 + every
+        assert [m for m in opened if m * MINUTE > grace] == [], (every, opened)
+
+
+# An allocator that grows in chunks, flat between them, is filling the GPU: its verdict
+# opens at the bucket that holds a chunk (the poll at hand is past it), well before full.
+@pytest.mark.parametrize("offset", [0.0, 20.0, 41.0])
+@pytest.mark.parametrize(("every_minutes", "chunk_gib"), [(2, 1), (5, 2), (8, 4)])
+def test_growth_in_chunks_opens_filling_up_before_the_gpu_is_full(
+    offset: float, every_minutes: int, chunk_gib: int
+) -> None:
+    def used(t: float) -> float:
+        return 4 * GIB + chunk_gib * GIB * ((t + offset) // (every_minutes * MINUTE))
+
+    total = 80 * GIB
+    full_at = (total - 4 * GIB) / (chunk_gib * GIB) * every_minutes  # minutes
+    samples = polls(used, every=15.0, minutes=int(full_at), seed=every_minutes, noise=16 * MIB)
+    opened = _filling_opened(samples, window=WINDOW, total=total)
+    assert opened and opened[0] < full_at - 30, (opened, full_at)

@@ -171,6 +171,7 @@ class Replay:
             filling = detect_filling(
                 window(buckets, starts, since, at),
                 held_before_bytes=highest_floor(window(buckets, starts, since - HISTORY, since)),
+                now_bytes=self.gpu_used[i],
                 already_open=filling_open,
                 now=at,
                 total_bytes=self.total,

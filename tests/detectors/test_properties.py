@@ -105,6 +105,7 @@ def verdicts(samples: list[Sample]) -> Iterator[tuple[float, Finding | None, Fin
                 horizon_seconds=100 * 3600.0,  # far: only the growth evidence decides
                 processes={1: window},
                 already_open=filling is not None,
+                now_bytes=sample.used_bytes,
                 **kwargs,  # type: ignore[arg-type]
             )
             yield at - T0, leak, filling

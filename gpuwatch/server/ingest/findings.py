@@ -274,6 +274,7 @@ def check_filling(
             processes=_Windows({lt.pid: blob for lt, blob in lifetimes}, since),
             already_open=book.is_open(gpu_key("filling_up", gpu_row)),
             held_before_bytes=window.highest_floor_before(recent, since),
+            now_bytes=gpu.memory_used_bytes,
         )
         if finding is not None:
             finding = _name_culprits(finding, by_pid)
