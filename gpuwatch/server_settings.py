@@ -106,7 +106,7 @@ class ServerSettings(_Base):
         default=15.0,
         gt=0,
         le=3600,
-        description="The agents' push interval; agent silence is counted in these.",
+        description="The push interval of agents that do not report theirs (gpuwatch agents send it with every push); agent silence is counted in each host's own interval.",
     )
     leak_min_duration_seconds: float = Field(
         default=1800.0,

@@ -62,6 +62,7 @@ __all__ = [
     "MAX_TORCH_BODY",
     "PARTIAL_DEFERRED",
     "PARTIAL_HEADER",
+    "PUSH_INTERVAL_HEADER",
     "SNAPSHOTS_PATH",
     "TORCH_PATH",
     "IngestRequest",
@@ -76,6 +77,7 @@ __all__ = [
     "find_device",
     "gpu_uuid_key",
     "ingest_request_json",
+    "push_interval_of",
     "same_gpu_uuid",
 ]
 
@@ -200,6 +202,28 @@ def ingest_request_json(snapshots: Sequence[bytes], spool_dropped_total: int) ->
 # carries ``Gpuwatch-Partial: deferred``. A server that predates it ignores the header.
 PARTIAL_HEADER = "Gpuwatch-Partial"
 PARTIAL_DEFERRED = "deferred"
+
+# The request header by which an agent says how often it pushes (seconds): the server
+# counts the host's silence in it. A header, not a snapshot field, because the snapshot
+# schema forbids unknown fields, and an agent upgraded before its server must still be
+# able to push; a server that predates it ignores it. Values outside (0, 3600] are
+# ignored (the server's ``agent_push_interval_seconds`` applies), as the agent's own
+# setting allows no other.
+PUSH_INTERVAL_HEADER = "Gpuwatch-Push-Interval"
+MAX_PUSH_INTERVAL_SECONDS = 3600.0
+
+
+def push_interval_of(value: str | None) -> float | None:
+    """The push interval a :data:`PUSH_INTERVAL_HEADER` value states, or None when it is
+    absent or not a number of seconds in (0, 3600]."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0 < seconds <= MAX_PUSH_INTERVAL_SECONDS else None
+
 
 ItemResult = Literal["accepted", "duplicate", "late", "deferred"]
 

@@ -61,6 +61,7 @@ from gpuwatch.wire import (
     MAX_SNAPSHOTS_PER_REQUEST,
     PARTIAL_DEFERRED,
     PARTIAL_HEADER,
+    PUSH_INTERVAL_HEADER,
     SNAPSHOTS_PATH,
     IngestResponse,
     ingest_request_json,
@@ -174,7 +175,12 @@ class Reporter:
         endpoint = Endpoint.parse(settings.server_url, SNAPSHOTS_PATH)
         self._url, self._shown_url = endpoint.url, endpoint.shown
         token = settings.token.get_secret_value() if settings.token else None
-        self._headers = {"Content-Type": "application/json", PARTIAL_HEADER: PARTIAL_DEFERRED}
+        self._headers = {
+            "Content-Type": "application/json",
+            PARTIAL_HEADER: PARTIAL_DEFERRED,
+            # The server counts this host's silence in this agent's own interval.
+            PUSH_INTERVAL_HEADER: f"{settings.push_interval_seconds:g}",
+        }
         # Stripped, and refused at startup (exit 3) if it cannot be a header value.
         self._headers.update(bearer_headers(token))
         self._interval = settings.push_interval_seconds

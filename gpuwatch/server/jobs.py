@@ -12,13 +12,17 @@ import logging
 import math
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, delete, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Table, case, delete, func, literal, select, tuple_, update
 
 from gpuwatch.server.database.core import Database
 from gpuwatch.server.events.book import SILENT_KEY, Condition, EventBook
 from gpuwatch.server.events.models import Event
 from gpuwatch.server.hosts.models import GpuSample, Host
-from gpuwatch.server.hosts.service import silence_threshold_seconds
+from gpuwatch.server.hosts.service import (
+    silence_threshold,
+    silence_threshold_seconds,
+    silent_before,
+)
 from gpuwatch.server.ingest.apply import end_all_lifetimes
 from gpuwatch.server.ingest.models import SnapshotSeen
 from gpuwatch.server.ingest.state import HostState
@@ -89,17 +93,27 @@ def detect_silent_agents(
     transaction refreshing all of them every push interval held SQLite's write turn
     for seconds each time, and every push of the live hosts waited behind it.
     """
-    threshold = silence_threshold_seconds(settings)
-    silent_before = now - threshold
-    if up_since is not None and up_since > silent_before:
-        # Up for less than the threshold: nobody can be judged yet, and events already
-        # open stay as they are (ingest closes those of hosts that report).
-        return 0
     with database.reader() as session:
-        silent = set(
+        # Each host's threshold is its own (its agent's push interval). A host is judged
+        # once this server has been up for its threshold: before that, its silence may
+        # be this server's own outage, and an event already open stays as it is
+        # (ingest closes those of hosts that report).
+        thresholds: dict[int, float] = {
+            host_id: silence_threshold_seconds(settings, interval)
+            for host_id, interval in session.execute(
+                select(Host.id, Host.push_interval_seconds).where(Host.retired_at.is_(None))
+            )
+        }
+        judged = {
+            host_id
+            for host_id, threshold in thresholds.items()
+            if up_since is None or up_since <= now - threshold
+        }
+        silent = judged & set(
             session.scalars(
                 select(Host.id).where(
-                    Host.last_received_at < silent_before, Host.retired_at.is_(None)
+                    Host.last_received_at < silent_before(settings, now),
+                    Host.retired_at.is_(None),
                 )
             )
         )
@@ -112,20 +126,24 @@ def detect_silent_agents(
             )
         }
     due = sorted(
-        {host_id for host_id in silent if open_seen.get(host_id, -math.inf) < silent_before}
-        | (open_seen.keys() - silent)
+        {
+            host_id
+            for host_id in silent
+            if open_seen.get(host_id, -math.inf) < now - thresholds[host_id]
+        }
+        | (open_seen.keys() & judged - silent)
     )
     opened = 0
     for first in range(0, len(due), SILENT_BATCH):
-        opened += _mark_silent(
-            database, due[first : first + SILENT_BATCH], threshold=threshold, now=now
-        )
+        opened += _mark_silent(database, due[first : first + SILENT_BATCH], settings, now=now)
     if opened:
         log.warning("%d agent(s) went silent", opened)
     return opened
 
 
-def _mark_silent(database: Database, host_ids: list[int], *, threshold: float, now: float) -> int:
+def _mark_silent(
+    database: Database, host_ids: list[int], settings: ServerSettings, *, now: float
+) -> int:
     """Open or refresh the silent events of ``host_ids`` still silent, close those of the
     others; one transaction. Return how many were opened."""
     opened = 0
@@ -136,7 +154,7 @@ def _mark_silent(database: Database, host_ids: list[int], *, threshold: float, n
             select(Host)
             .where(
                 Host.id.in_(host_ids),
-                Host.last_received_at < now - threshold,
+                Host.last_received_at < silent_before(settings, now),
                 Host.retired_at.is_(None),
             )
             .order_by(Host.id)
@@ -146,6 +164,7 @@ def _mark_silent(database: Database, host_ids: list[int], *, threshold: float, n
         for host in silent:
             assert host.last_received_at is not None
             book = EventBook.load(session=session, host_id=host.id)
+            threshold = silence_threshold_seconds(settings, host.push_interval_seconds)
             condition = _silent_condition(host, threshold=threshold, now=now)
             if not book.is_open(SILENT_KEY):
                 # Silent since the moment the threshold passed, not since this run noticed.
@@ -200,13 +219,25 @@ def close_stale_lifetimes(
     Silent for :data:`STALE_LIFETIME_SECONDS` at least, and not judged before this
     server (``up_since``) has been up for that long.
     """
-    threshold = max(silence_threshold_seconds(settings), STALE_LIFETIME_SECONDS)
-    if up_since is not None and up_since > now - threshold:
-        return 0  # the hosts' silence may be this server's own outage
+
+    def threshold(push_interval: float | None) -> float:
+        return max(silence_threshold_seconds(settings, push_interval), STALE_LIFETIME_SECONDS)
+
+    # The same per host, in SQL: its silence threshold or STALE_LIFETIME_SECONDS,
+    # whichever is longer.
+    stale_after = case(
+        (silence_threshold(settings) > STALE_LIFETIME_SECONDS, silence_threshold(settings)),
+        else_=literal(STALE_LIFETIME_SECONDS),
+    )
+    stale = Host.last_received_at < now - stale_after
+    if up_since is not None:
+        # Not judged before this server has been up that long: the hosts' silence may
+        # be this server's own outage.
+        stale &= stale_after <= now - up_since
     with database.reader() as session:
         host_ids = session.scalars(
             select(Host.id)
-            .where(Host.last_received_at < now - threshold)
+            .where(stale)
             .where(
                 select(func.count(ProcessLifetime.id))
                 .where(ProcessLifetime.host_id == Host.id, ProcessLifetime.ended_at.is_(None))
@@ -218,10 +249,8 @@ def close_stale_lifetimes(
     for host_id in host_ids:
         with database.writer() as session, session.begin():
             state = HostState.load(session=session, dialect=database.dialect, host_id=host_id)
-            if (
-                state.host.last_received_at is None
-                or state.host.last_received_at >= now - threshold
-            ):
+            stale_before = now - threshold(state.host.push_interval_seconds)
+            if state.host.last_received_at is None or state.host.last_received_at >= stale_before:
                 continue  # it reported while we were looking
             closed += end_all_lifetimes(state)
             state.flush()

@@ -30,7 +30,7 @@ from gpuwatch.server.database.core import Database, describe
 from gpuwatch.server.events.models import EVENT_KINDS, Event
 from gpuwatch.server.fleet.service import gpus_by_fullness
 from gpuwatch.server.hosts.models import Host
-from gpuwatch.server.hosts.service import silence_threshold_seconds
+from gpuwatch.server.hosts.service import silent_before
 from gpuwatch.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,6 @@ class FleetCollector(Collector):
 
     def _fleet_families(self) -> Iterator[Metric]:
         now = self.clock()
-        silent_before = now - silence_threshold_seconds(self.settings)
         with self.database.reader() as session:
             fullness = gpus_by_fullness(session=session, settings=self.settings, now=now)
             open_by_kind = session.execute(
@@ -357,7 +356,7 @@ class FleetCollector(Collector):
                     Host.spool_dropped_total,
                     case(
                         (Host.last_received_at.is_(None), 1),
-                        (Host.last_received_at < silent_before, 1),
+                        (Host.last_received_at < silent_before(self.settings, now), 1),
                         else_=0,
                     ),
                 ).where(Host.retired_at.is_(None))

@@ -126,7 +126,6 @@ def read_facts(
     with an open filling-up or idle event, and those at or above ``holders_above``
     used; on a large fleet that is a small share of every open lifetime.
     """
-    reporting_since = now - silence_threshold_seconds(settings)
     gpu_rows = session.execute(
         select(
             Gpu.id,
@@ -138,6 +137,7 @@ def read_facts(
             Gpu.lost,
             Host.hostname,
             Host.last_received_at,
+            Host.push_interval_seconds,
             Gpu.ecc_uncorrected_volatile,
             Gpu.xid_errors,
             Gpu.xid_last_code,
@@ -196,7 +196,9 @@ def read_facts(
             total_bytes=row.memory_total_bytes,
             used_bytes=row.memory_used_bytes,
             unattributed_bytes=row.unattributed_bytes,
-            current=(row.last_received_at or 0.0) >= reporting_since and not row.lost,
+            current=(row.last_received_at or 0.0)
+            >= now - silence_threshold_seconds(settings, row.push_interval_seconds)
+            and not row.lost,
             holders=tuple(sorted(holders.get(row.id, []), key=lambda h: -(h.memory_bytes or 0))),
             lowest_recent_bytes=lowest.get(row.id),
             health=_health(row),

@@ -14,7 +14,7 @@ from gpuwatch.server.fleet.schemas import (
     FleetOut,
 )
 from gpuwatch.server.hosts.models import Gpu, Host
-from gpuwatch.server.hosts.service import silence_threshold_seconds
+from gpuwatch.server.hosts.service import silent_before
 from gpuwatch.settings import ServerSettings
 
 TOP_IDLE = 10
@@ -27,9 +27,7 @@ def gpus_by_fullness(*, session: Session, settings: ServerSettings, now: float) 
     GPUs of silent hosts count as unknown: their last reading is stale. Retired hosts
     (hosts/retire.py) are not in the fleet.
     """
-    reporting = func.coalesce(Host.last_received_at, 0.0) >= now - silence_threshold_seconds(
-        settings
-    )
+    reporting = func.coalesce(Host.last_received_at, 0.0) >= silent_before(settings, now)
     known = (
         reporting
         & ~Gpu.lost
@@ -74,7 +72,6 @@ def fleet_summary(
     *, session: Session, settings: ServerSettings, now: float, top: int = TOP_IDLE
 ) -> FleetOut:
     """Aggregated in SQL: a handful of grouped queries whatever the history size."""
-    silent_before = now - silence_threshold_seconds(settings)
     fullness = gpus_by_fullness(session=session, settings=settings, now=now)
     held = held_bytes(session=session)
     top_idle = session.execute(
@@ -86,7 +83,9 @@ def fleet_summary(
     ).all()
     silent = session.scalars(
         select(Host.hostname)
-        .where(Host.last_received_at.is_(None) | (Host.last_received_at < silent_before))
+        .where(
+            Host.last_received_at.is_(None) | (Host.last_received_at < silent_before(settings, now))
+        )
         .where(Host.retired_at.is_(None))
         .order_by(Host.hostname)
     ).all()

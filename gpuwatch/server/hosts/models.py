@@ -63,6 +63,9 @@ class Host(Base):
     # Set by ``gpuwatch token revoke --retire`` (hosts/retire.py): a decommissioned host,
     # not judged silent and not in the fleet's views; a new token brings it back.
     retired_at: Mapped[float | None] = mapped_column(Double)
+    # The push interval the host's agent last reported (``Gpuwatch-Push-Interval``);
+    # None: it reports none, and ``agent_push_interval_seconds`` stands for it.
+    push_interval_seconds: Mapped[float | None] = mapped_column(Double)
 
 
 class Gpu(Base):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.hosts.models import Gpu, Host
@@ -11,9 +11,29 @@ from gpuwatch.server.processes import service as process_service
 from gpuwatch.settings import ServerSettings
 
 
-def silence_threshold_seconds(settings: ServerSettings) -> float:
-    """Seconds without a snapshot after which a host's agent counts as silent."""
-    return settings.agent_silent_intervals * settings.agent_push_interval_seconds
+def silence_threshold_seconds(
+    settings: ServerSettings, push_interval: float | None = None
+) -> float:
+    """Seconds without a snapshot after which a host's agent counts as silent:
+    ``agent_silent_intervals`` of the push interval its agent reports
+    (``Host.push_interval_seconds``), or of ``agent_push_interval_seconds`` where it
+    reports none. Counted in each host's own interval, so agents that push every minute
+    beside others that push every 15 s are neither silent between their pushes nor
+    judged by the slower ones' pace."""
+    interval = settings.agent_push_interval_seconds if push_interval is None else push_interval
+    return settings.agent_silent_intervals * interval
+
+
+def silence_threshold(settings: ServerSettings) -> ColumnElement[float]:
+    """:func:`silence_threshold_seconds` of each host, in SQL."""
+    interval = func.coalesce(Host.push_interval_seconds, settings.agent_push_interval_seconds)
+    return settings.agent_silent_intervals * interval
+
+
+def silent_before(settings: ServerSettings, now: float) -> ColumnElement[float]:
+    """The time each host's last snapshot must be older than for it to be silent at
+    ``now`` (SQL)."""
+    return now - silence_threshold(settings)
 
 
 def get_or_create_host(*, session: Session, hostname: str, now: float) -> Host:
@@ -32,8 +52,7 @@ def list_hosts(*, session: Session, settings: ServerSettings, now: float) -> lis
         select(func.count(Gpu.id)).where(Gpu.host_id == Host.id).correlate(Host).scalar_subquery()
     )
     rows = session.execute(select(Host, gpu_count).order_by(Host.hostname)).all()
-    threshold = silence_threshold_seconds(settings)
-    return [_host_out(host, count, now=now, threshold=threshold) for host, count in rows]
+    return [_host_out(host, count, now=now, settings=settings) for host, count in rows]
 
 
 def get_host(
@@ -47,7 +66,7 @@ def get_host(
         select(Gpu).where(Gpu.host_id == host.id).order_by(Gpu.gpu_index, Gpu.uuid)
     ).all()
     processes = process_service.open_processes(session=session, host_id=host.id)
-    summary = _host_out(host, len(gpus), now=now, threshold=silence_threshold_seconds(settings))
+    summary = _host_out(host, len(gpus), now=now, settings=settings)
     return HostDetail(
         **summary.model_dump(),
         gpus=[
@@ -70,7 +89,8 @@ def get_host(
     )
 
 
-def _host_out(host: Host, gpu_count: int, *, now: float, threshold: float) -> HostOut:
+def _host_out(host: Host, gpu_count: int, *, now: float, settings: ServerSettings) -> HostOut:
+    threshold = silence_threshold_seconds(settings, host.push_interval_seconds)
     received = host.last_received_at
     return HostOut(
         hostname=host.hostname,

@@ -249,9 +249,8 @@ def _open_new_lifetimes(
     # identity (the table's unique key; that refused the whole batch). This includes
     # lifetimes ended earlier in this same request, which only the state knows about.
     # Without a start time only a recent close is trusted to be the same.
-    reopen_after = at - 2 * max(
-        settings.sample_interval_seconds, settings.agent_push_interval_seconds
-    )
+    push_interval = state.host.push_interval_seconds or settings.agent_push_interval_seconds
+    reopen_after = at - 2 * max(settings.sample_interval_seconds, push_interval)
     for lifetime in state.closed_matches(new):
         identity = lifetime.identity
         if identity not in new or identity in state.open:
@@ -360,6 +359,7 @@ def _check_trends(
             lifetime=lifetime,
             settings=settings,
             at=at,
+            push_interval=state.host.push_interval_seconds,
         )
 
 

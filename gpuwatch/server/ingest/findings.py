@@ -93,9 +93,11 @@ def check_trend(
     lifetime: LifetimeRow,
     settings: ServerSettings,
     at: float,
+    push_interval: float | None = None,
 ) -> None:
     """Run the trend detectors on a lifetime's recent window (whose last sample is
-    ``newest``, the bucket that just closed) and reconcile their events.
+    ``newest``, the bucket that just closed) and reconcile their events. ``push_interval``
+    is the host's agent's (None: ``agent_push_interval_seconds``).
 
     Each detector is skipped when a cheap necessary condition already rules its
     finding out (the result would be None), so most lifetimes decode only the part
@@ -104,7 +106,7 @@ def check_trend(
     interval = settings.sample_interval_seconds
     # Consecutive coarse samples are one interval apart, or one push apart when the
     # agent reports less often; two of those without a sample is a gap in evidence.
-    max_gap = 2 * max(interval, settings.agent_push_interval_seconds)
+    max_gap = 2 * max(interval, push_interval or settings.agent_push_interval_seconds)
     orphaned = book.is_open(lifetime_key("orphan", lifetime))
     runaway = lifetime_key("runaway", lifetime)
     leak = None

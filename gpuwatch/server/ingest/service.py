@@ -104,6 +104,7 @@ def ingest_snapshots(
     now: float,
     cache: HostStateCache | None = None,
     out_of_time: Callable[[], bool] | None = None,
+    push_interval: float | None = None,
 ) -> IngestResult:
     """Store a batch of one host's snapshots; the caller commits, and then may keep
     ``result.kept`` in ``cache`` (the host's state is taken from it when current).
@@ -112,7 +113,8 @@ def ingest_snapshots(
     for a snapshot from too far in the future; nothing is written then.
     ``out_of_time``, when given, is asked before each snapshot after the first; once
     it answers true the rest are ``deferred`` (see the module docstring). Without it
-    the whole batch is stored.
+    the whole batch is stored. ``push_interval`` is the one the agent reported, kept as
+    the host's (its silence is counted in it); None keeps what the host had.
     """
     for index, snapshot in enumerate(request.snapshots):
         if snapshot.collected_at > now + MAX_FUTURE_SKEW_SECONDS:
@@ -124,6 +126,8 @@ def ingest_snapshots(
     # Lock the host first: on Postgres this queues a concurrent request of the same
     # host here, before it can insert its keys.
     state = HostState.load(session=session, dialect=dialect, host_id=host_id, cache=cache)
+    if push_interval is not None:  # before applying: the gaps it judges are counted in it
+        state.host.push_interval_seconds = push_interval
     fresh = _record_seen(session, dialect, host_id, request.snapshots, now)
     results: list[ItemResult] = []
     to_apply: list[tuple[float, int, int]] = []  # (effective time, sequence, index)

@@ -62,6 +62,7 @@ class HostRow:
     spool_dropped_total: int
     state_version: int
     tiles: str | None
+    push_interval_seconds: float | None
 
 
 @dataclass(eq=False)

@@ -70,9 +70,11 @@ from gpuwatch.server.metrics import INGEST_RESULT_SCOPE_KEY
 from gpuwatch.wire import (
     PARTIAL_DEFERRED,
     PARTIAL_HEADER,
+    PUSH_INTERVAL_HEADER,
     SNAPSHOTS_PATH,
     IngestRequest,
     IngestResponse,
+    push_interval_of,
 )
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,16 @@ _PARTIAL_PARAMETER = {
     " the request's time budget runs out midway, the snapshots done are stored and the"
     " rest answered `deferred` (send them again). Without it the batch is stored whole.",
 }
+_PUSH_INTERVAL_PARAMETER = {
+    "name": PUSH_INTERVAL_HEADER,
+    "in": "header",
+    "required": False,
+    # Any value is accepted: one outside (0, 3600] seconds is ignored, not refused.
+    "schema": {"type": "string"},
+    "description": "Seconds between this agent's pushes (0 < s <= 3600). The host's"
+    " silence is counted in it (`agent_silent_intervals` of them); without it, in the"
+    " server's `agent_push_interval_seconds`.",
+}
 _BODY = {
     "required": True,
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestRequest"}}},
@@ -140,7 +152,10 @@ _BODY = {
     summary="Push a batch of host snapshots",
     response_model=IngestResponse,
     responses=_ERRORS,
-    openapi_extra={"requestBody": _BODY, "parameters": [_PARTIAL_PARAMETER]},
+    openapi_extra={
+        "requestBody": _BODY,
+        "parameters": [_PARTIAL_PARAMETER, _PUSH_INTERVAL_PARAMETER],
+    },
 )
 async def push_snapshots(request: Request, credential: PushingAgent, context: Context) -> Response:
     """Store 1-500 snapshots (an ``IngestRequest``) of the token's host, in one transaction.
@@ -164,7 +179,13 @@ async def push_snapshots(request: Request, credential: PushingAgent, context: Co
             )
             reservation.grow_to(parse_estimate(raw, byte_factor=SNAPSHOT_BYTE_FACTOR))
             writer: IngestWriter = request.app.state.ingest_writer
-            response = await writer.store(raw, credential, deadline, partial)
+            response = await writer.store(
+                raw,
+                credential,
+                deadline,
+                partial,
+                push_interval=push_interval_of(request.headers.get(PUSH_INTERVAL_HEADER)),
+            )
     except HTTPException as err:
         if err.status_code in (413, 415):  # the agent drops on these: 403 comes first
             await run_in_threadpool(reverify_push, context, credential)

@@ -135,6 +135,8 @@ class Push:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Stored]
     body: IngestRequest | None = field(default=None, repr=False)
+    # The agent's push interval, from its Gpuwatch-Push-Interval header (None: not sent).
+    push_interval: float | None = None
 
 
 Outcome = tuple[Push, Stored | BaseException]
@@ -259,11 +261,25 @@ class IngestWriter:
         return len(self._pending)
 
     async def store(
-        self, raw: bytearray, credential: PushCredential, deadline: Deadline, partial: bool
+        self,
+        raw: bytearray,
+        credential: PushCredential,
+        deadline: Deadline,
+        partial: bool,
+        *,
+        push_interval: float | None = None,
     ) -> Stored:
         """Parse and store one push; raises what its answer is when it is not a 200."""
         loop = asyncio.get_running_loop()
-        push = Push(raw, credential, deadline, partial, loop, loop.create_future())
+        push = Push(
+            raw,
+            credential,
+            deadline,
+            partial,
+            loop,
+            loop.create_future(),
+            push_interval=push_interval,
+        )
         self._start()
         self._pending.put(push)
         return await push.future
@@ -446,6 +462,7 @@ class IngestWriter:
                 now=context.clock(),
                 cache=context.host_states,
                 out_of_time=_earlier(push.deadline, waiting).passed if push.partial else None,
+                push_interval=push.push_interval,
             )
         except service.SnapshotRejected as err:
             raise refusal("clock_skew", ("body", "snapshots", err.index), str(err)) from err

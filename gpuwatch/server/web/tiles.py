@@ -64,10 +64,13 @@ class Fleet(NamedTuple):
 def fleet_tiles(*, session: Session, settings: ServerSettings, now: float) -> Fleet:
     """Every host with its tiles, and the header's totals."""
     connection = session.connection()
-    reporting_since = now - silence_threshold_seconds(settings)
     hosts = [
-        FleetHost(hostname, received is None or received < reporting_since, tiles)
-        for hostname, received, tiles in _fetch(connection, _HOSTS)
+        FleetHost(
+            hostname,
+            received is None or received < now - silence_threshold_seconds(settings, interval),
+            tiles,
+        )
+        for hostname, received, interval, tiles in _fetch(connection, _HOSTS)
     ]
     masks = _fetch(connection, _FLAGGED)  # (flag mask, GPUs) for each mask but 0
     return Fleet(
@@ -84,7 +87,7 @@ def fleet_tiles(*, session: Session, settings: ServerSettings, now: float) -> Fl
 
 # Built once, and compiled once per dialect (:func:`_fetch`).
 _HOSTS = (
-    select(Host.hostname, Host.last_received_at, Host.tiles)
+    select(Host.hostname, Host.last_received_at, Host.push_interval_seconds, Host.tiles)
     .where(Host.retired_at.is_(None))
     .order_by(Host.hostname)
 )
