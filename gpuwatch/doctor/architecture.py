@@ -325,8 +325,33 @@ def _tied(config: dict[str, Any]) -> bool:
     return config.get("model_type") not in _UNTIED_BY_DEFAULT
 
 
+# Layer kinds the formula models: attention over the whole context, a window of it, or
+# chunks of it (Gemma 2/3, Mistral, Llama 4 list them in ``layer_types``).
+_ATTENTION_LAYERS = {"full_attention", "sliding_attention", "chunked_attention", "attention"}
+# Fields of state-space and other recurrent layers (Mamba, Jamba, Zamba, Nemotron-H,
+# RecurrentGemma, RWKV): layers the formula would count as attention.
+_RECURRENT_FIELDS = re.compile(
+    r"^(mamba_|ssm_|rwkv|conv_kernel|d_state$|state_size$|time_step|attn_layer_period$"
+    r"|attn_layer_offset$|hybrid_override_pattern$|block_types$|lru_width$|linear_)"
+)
+
+
 def _refuse_unmodelled(config: dict[str, Any], experts: int) -> None:
     """Refuse what the formula would silently get wrong, rather than miscount it."""
+    kinds = config.get("layer_types")
+    other = sorted(
+        {str(kind) for kind in kinds if kind not in _ATTENTION_LAYERS}
+        if isinstance(kinds, list)
+        else set()
+    )
+    recurrent = sorted(key for key in config if _RECURRENT_FIELDS.match(key))
+    if other or recurrent:
+        what = ", ".join(other) if other else ", ".join(recurrent)
+        raise ConfigError(
+            f"model config has layers that are not attention ({what}: a state-space,"
+            " recurrent or linear-attention hybrid), whose weights and state fit does not"
+            " model; use --params with the published parameter count"
+        )
     if _count(config, "kv_lora_rank", 0):
         raise ConfigError(
             "model config uses multi-head latent attention (kv_lora_rank: DeepSeek-V2/V3), "

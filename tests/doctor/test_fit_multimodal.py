@@ -271,3 +271,43 @@ def test_cli_refuses_an_encoder_decoder_in_one_line(
     code, out, err = run(["fit", "--config", _config_file(tmp_path, T5_BASE)], capsys)
     assert code == 3 and out == ""
     assert err.count("\n") == 1 and "encoder-decoder model (t5)" in err
+
+
+# --- layers that are not attention ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        # Jamba: a Mamba layer in every 8 but one attention layer.
+        {**LLAVA_15_7B["text_config"], "model_type": "jamba", "attn_layer_period": 8,
+         "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_expand": 2},
+        # Qwen3-Next: gated DeltaNet (linear attention) in 3 of every 4 layers.
+        {**LLAVA_15_7B["text_config"], "model_type": "qwen3_next",
+         "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+         "linear_num_value_heads": 32},
+        # Nemotron-H: its hybrid pattern string (M: Mamba-2, *: attention, -: MLP).
+        {**LLAVA_15_7B["text_config"], "model_type": "nemotron_h",
+         "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-", "ssm_state_size": 128},
+        # LFM2: short convolutions in most layers.
+        {**LLAVA_15_7B["text_config"], "model_type": "lfm2",
+         "layer_types": ["conv", "conv", "full_attention"], "conv_L_cache": 3},
+    ],
+    ids=["jamba", "qwen3-next", "nemotron-h", "lfm2"],
+)  # fmt: skip
+def test_state_space_and_hybrid_layers_are_refused_not_counted_as_attention(
+    config: dict[str, Any],
+) -> None:
+    with pytest.raises(ConfigError, match="layers that are not attention"):
+        from_model_config(config)
+
+
+def test_sliding_and_full_attention_layers_are_still_counted() -> None:
+    # Gemma 3 lists its layers as sliding or full attention: both are attention.
+    text = {
+        **GEMMA3_4B["text_config"],
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+    }
+    assert from_model_config({**GEMMA3_4B, "text_config": text}).params == (
+        from_model_config(GEMMA3_4B).params
+    )
