@@ -20,7 +20,7 @@ bucket close, as the server runs them (test_properties.verdicts).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from detectors.test_properties import (
@@ -33,7 +33,7 @@ from detectors.test_properties import (
     verdicts,
 )
 
-from gpuwatch.detectors import Sample, bucketize, detect_filling
+from gpuwatch.detectors import Finding, Sample, bucketize, detect_filling
 from gpuwatch.detectors.buckets import bucket_start
 from gpuwatch.detectors.growth import highest_floor
 
@@ -114,13 +114,30 @@ def _gpu_verdicts(procs: dict[int, list[Sample]], total: int) -> list[dict[str, 
         for s in ss:
             used_at[s.t] = used_at.get(s.t, 0) + (s.used_bytes or 0)
     gpu = [Sample(t, used_at[t], None) for t in times]
+    return [
+        finding.evidence
+        for _, finding, _ in _filling_replay(gpu, procs, total=total)
+        if finding is not None
+    ]
+
+
+def _filling_replay(
+    gpu: list[Sample],
+    procs: dict[int, list[Sample]],
+    *,
+    total: int,
+    window: float = WINDOW,
+) -> Iterator[tuple[float, Finding | None, bool]]:
+    """(minutes after the first poll, the filling-up verdict, whether it opened there)
+    at every bucket close of the GPU's polls ``gpu``, judged as the server judges a GPU:
+    its window, the window's length of history before it, and the poll at hand."""
     gpu_buckets = bucketize(gpu, INTERVAL)
     proc_buckets = {pid: bucketize(ss, INTERVAL) for pid, ss in procs.items()}
-    out, previous, open_ = [], None, False
+    previous, open_ = None, False
     for s in gpu:
         bucket = bucket_start(s.t, INTERVAL)
         if previous is not None and bucket > previous:
-            since = s.t - WINDOW - 2 * INTERVAL
+            since = s.t - window - 2 * INTERVAL
             finding = detect_filling(
                 [b for b in gpu_buckets if since <= b.t < bucket],
                 now=s.t,
@@ -128,18 +145,20 @@ def _gpu_verdicts(procs: dict[int, list[Sample]], total: int) -> list[dict[str, 
                 free_bytes=total - (s.used_bytes or 0),
                 horizon_seconds=7200.0,
                 min_slope_bytes_per_second=MIN_SLOPE,
-                min_duration_seconds=WINDOW,
+                min_duration_seconds=window,
                 processes={
                     pid: [b for b in bb if since <= b.t < bucket]
                     for pid, bb in proc_buckets.items()
                 },
                 already_open=open_,
+                held_before_bytes=highest_floor(
+                    [b for b in gpu_buckets if since - window <= b.t < since]
+                ),
+                now_bytes=s.used_bytes,
             )
+            yield (s.t - gpu[0].t) / MINUTE, finding, finding is not None and not open_
             open_ = finding is not None
-            if finding is not None:
-                out.append(finding.evidence)
         previous = bucket
-    return out
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -216,36 +235,10 @@ def test_a_leak_under_a_long_cycle_is_still_found(period_minutes: int) -> None:
 
 
 def _filling_opened(samples: list[Sample], *, window: float, total: int) -> list[float]:
-    """Minutes (after T0) at which a filling-up verdict opened, judged at every bucket
-    close as the server judges a GPU: its window, the history before it, and the poll
-    at hand."""
-    buckets = bucketize(samples, INTERVAL)
-    opened, previous, open_ = [], None, False
-    for s in samples:
-        bucket = bucket_start(s.t, INTERVAL)
-        if previous is not None and bucket > previous:
-            since = s.t - window - 2 * INTERVAL
-            recent = [b for b in buckets if since <= b.t < bucket]
-            finding = detect_filling(
-                recent,
-                now=s.t,
-                total_bytes=total,
-                free_bytes=total - (s.used_bytes or 0),
-                horizon_seconds=7200.0,
-                min_slope_bytes_per_second=MIN_SLOPE,
-                min_duration_seconds=window,
-                processes={1: recent},
-                already_open=open_,
-                held_before_bytes=highest_floor(
-                    [b for b in buckets if since - window <= b.t < since]
-                ),
-                now_bytes=s.used_bytes,
-            )
-            if finding is not None and not open_:
-                opened.append((s.t - samples[0].t) / MINUTE)
-            open_ = finding is not None
-        previous = bucket
-    return opened
+    """Minutes (after the first poll) at which a one-process GPU's filling-up verdict
+    opened."""
+    replay = _filling_replay(samples, {1: samples}, total=total, window=window)
+    return [minutes for minutes, _, opened in replay if opened]
 
 
 # A model loaded over a few minutes, then held: through a 9-minute window (the alert
