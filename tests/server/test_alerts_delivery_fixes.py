@@ -73,6 +73,19 @@ def _run(engine: AlertEngine, database: Database, settings: ServerSettings, cloc
     return engine.run(database=database, settings=settings, now=t)
 
 
+def _alertmanager_and_webhook(clock: FakeClock) -> AlertEngine:
+    """An engine with an Alertmanager and a webhook receiver, each recording what it
+    is sent."""
+    return AlertEngine(
+        receivers={
+            "am": receiver("alertmanager", Recorder(), clock, name="am"),
+            "hook": receiver("webhook", Recorder(), clock, name="hook"),
+        },
+        clock=clock,
+        sleep=clock.advance,
+    )
+
+
 def test_a_replica_without_a_receiver_leaves_its_notifications_to_the_others(
     database: Database,
     delivery_settings: ServerSettings,  # noqa: F811
@@ -291,14 +304,7 @@ def test_notifications_are_written_in_bulk_and_counted_exactly(
     """Thousands of notifications in a few statements (not one INSERT each: 10,000
     groups held SQLite's write lock for 6 s), and ``planned`` is the number inserted
     on both databases (Postgres' executemany rowcount is -1)."""
-    engine = AlertEngine(
-        receivers={
-            "am": receiver("alertmanager", Recorder(), clock, name="am"),
-            "hook": receiver("webhook", Recorder(), clock, name="hook"),
-        },
-        clock=clock,
-        sleep=clock.advance,
-    )
+    engine = _alertmanager_and_webhook(clock)
     fire(database, groups)
     statements: list[str] = []
 
@@ -346,14 +352,7 @@ def test_on_postgres_each_write_chunk_is_one_statement_over_arrays(
             },
         }
     )
-    engine = AlertEngine(
-        receivers={
-            "am": receiver("alertmanager", Recorder(), clock, name="am"),
-            "hook": receiver("webhook", Recorder(), clock, name="hook"),
-        },
-        clock=clock,
-        sleep=clock.advance,
-    )
+    engine = _alertmanager_and_webhook(clock)
     fire(database, 1500)
     statements: list[str] = []
 
