@@ -337,6 +337,30 @@ NOW_SHARE = 0.5
 MIN_NOW_POINTS = 2
 
 
+def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
+    """Does the newest stretch of ``samples`` show the memory rising, at half of
+    ``slope`` or more?
+
+    This is what tells growth that goes on from a load that has finished: the window's
+    evidence of growth lasts a while after a steep load stops (a model streamed in over
+    a few minutes, or two allocations minutes apart, pass every other check for up to
+    W/2 after), but the newest stretch of a load that stopped is no higher than the one
+    before it. Once a verdict is open it does not need this (an allocator that grows in
+    steps is flat between its steps; it opens when a stretch that follows a step is
+    compared with one before it).
+    """
+    pts = points(samples, now=now)
+    if len(pts) < 2 * MIN_NOW_POINTS:
+        return False
+    start = pts[-1][0] - (pts[-1][0] - pts[0][0]) / SPANS
+    k = max(MIN_NOW_POINTS, sum(1 for p in pts if p[0] >= start))
+    k = min(k, len(pts) // 2)
+    newest, before = pts[-k:], pts[-2 * k : -k]
+    rise = min(f for _, f, _ in newest) - min(f for _, f, _ in before)
+    wanted = NOW_SHARE * slope * (newest[0][0] - before[0][0])
+    return rise > 0 and rise >= wanted
+
+
 # The share of the expected climb the poll at hand must show (:func:`climbing_at_poll`).
 POLL_SHARE = 0.75
 
@@ -409,35 +433,11 @@ def new_height(growth: Growth, held_before_bytes: int | None) -> bool:
     the end of each epoch). Its rise only climbs back to where the cycle before it
     already went: growth to a level the holder held an hour ago is a cycle, and a
     verdict opens only past every earlier floor. A leak under such a cycle still opens,
-    once its peaks pass the last cycle's.
+    once the floors of a rise pass the last cycle's top.
     """
     if held_before_bytes is None:
         return True
     return growth.current_floor_bytes - held_before_bytes > CLEARANCE_MIN_BYTES
-
-
-def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
-    """Does the newest stretch of ``samples`` show the memory rising, at half of
-    ``slope`` or more?
-
-    This is what tells growth that goes on from a load that has finished: the window's
-    evidence of growth lasts a while after a steep load stops (a model streamed in over
-    a few minutes, or two allocations minutes apart, pass every other check for up to
-    W/2 after), but the newest stretch of a load that stopped is no higher than the one
-    before it. Once a verdict is open it does not need this (an allocator that grows in
-    steps is flat between its steps; it opens when a stretch that follows a step is
-    compared with one before it).
-    """
-    pts = points(samples, now=now)
-    if len(pts) < 2 * MIN_NOW_POINTS:
-        return False
-    start = pts[-1][0] - (pts[-1][0] - pts[0][0]) / SPANS
-    k = max(MIN_NOW_POINTS, sum(1 for p in pts if p[0] >= start))
-    k = min(k, len(pts) // 2)
-    newest, before = pts[-k:], pts[-2 * k : -k]
-    rise = min(f for _, f, _ in newest) - min(f for _, f, _ in before)
-    wanted = NOW_SHARE * slope * (newest[0][0] - before[0][0])
-    return rise > 0 and rise >= wanted
 
 
 def floor_slope(pts: list[_Point]) -> float:
