@@ -17,7 +17,13 @@ by the directory names it creates (systemd cgroup driver / cgroupfs driver)::
     podman        .../libpod-<id>.scope[/container]      /libpod_parent/libpod-<id>
     lxc           /lxc.payload.<name>                    /lxc/<name>
     Kubernetes    .../kubepods-burstable-pod<uid_with_underscores>.slice   /kubepods/burstable/pod<uid>
-    Slurm         /system.slice/slurmstepd.scope/job_<n>/...   /slurm/uid_<u>/job_<n>/...
+    Slurm         /system.slice/[<node>_]slurmstepd.scope/job_<n>/...   /slurm[_<node>]/uid_<u>/job_<n>/...
+
+(``<node>_`` appears when Slurm is built for several slurmd per host: real hosts show
+``gx10-ac12_slurmstepd.scope``.) Below a ``user@<uid>.service`` the user's own service manager
+owns the subtree and the user may name directories at will (systemd delegates it), so nothing
+there is taken for a Slurm job: slurmstepd never runs there. Container and pod names there are
+still read, because rootless Podman, Docker and Kubernetes (kind, k3s) legitimately live there.
 
 A bare 64-hex directory (the cgroupfs driver under ``/kubepods``) is a container id whose
 runtime the path cannot tell (containerd, or Docker via the old dockershim), so the runtime is
@@ -57,7 +63,9 @@ _POD_SLICE = re.compile(
     r"(?:[\w-]+-)?kubepods(?:-(besteffort|burstable))?-pod([0-9a-f_]{1,64})\.slice"
 )
 _POD_DIR = re.compile(r"pod([0-9a-f-]{1,64})")
-_SLURM_ROOT = re.compile(r"slurm(?:_[\w.-]+)?|slurmstepd\.scope")
+_SLURM_ROOT = re.compile(r"slurm(?:_[\w.-]+)?|(?:[\w.-]+_)?slurmstepd\.scope")
+# A user's own systemd instance: everything below it is delegated to that user.
+_USER_MANAGER = re.compile(r"user@\d{1,10}\.service")
 _SLURM_JOB = re.compile(r"job_(\d{1,20})")
 _SYSTEMD_UNIT = re.compile(r"[\w:.@\\-]{1,249}\.(?:service|scope)")
 _LINE = re.compile(r"(\d+):([^:]*):(/.*)")
@@ -127,8 +135,11 @@ def _paths_by_priority(text: str) -> list[str]:
     unified: list[str] = []
     systemd: list[str] = []
     others: list[str] = []
-    for line in text.splitlines():
-        match = _LINE.fullmatch(line.strip())
+    # Only "\n" ends a line: str.splitlines() also splits at \x1c-\x1e, \x85 and U+2028/9,
+    # which may appear in a directory name, and would let a name forge a line of its own.
+    # Nor is the path stripped: a directory name may end in a space.
+    for line in text.split("\n"):
+        match = _LINE.fullmatch(line.removesuffix("\r"))
         if match is None:
             continue
         hierarchy, controllers, path = match.groups()
@@ -152,6 +163,7 @@ def _parse_path(path: str) -> CgroupOwner:
     slurm_job: str | None = None
     unit: str | None = None
     in_slurm = False
+    delegated = False
 
     for i, part in enumerate(parts):
         previous = parts[i - 1] if i else ""
@@ -165,7 +177,9 @@ def _parse_path(path: str) -> CgroupOwner:
         elif (pod := _POD_DIR.fullmatch(part)) and "kubepods" in parts[:i]:
             pod_qos = previous if previous in ("besteffort", "burstable") else "guaranteed"
             pod_uid = pod.group(1)
-        if _SLURM_ROOT.fullmatch(part):
+        if _USER_MANAGER.fullmatch(part):
+            delegated, in_slurm = True, False
+        elif not delegated and _SLURM_ROOT.fullmatch(part):
             in_slurm = True
         elif in_slurm and (job := _SLURM_JOB.fullmatch(part)):
             slurm_job = job.group(1)

@@ -25,13 +25,28 @@ towards "not orphaned" because orphan status feeds alerts and the reaper:
    ``.service`` unit (systemd tracks the whole unit, so an old-style double-forking daemon
    whose intermediate parent exited is still owned by its unit). The shell-died case passes
    all three: its session leader was the dead shell.
-3. *Jupyter kernels* are the exception to rule 2: ``jupyter_client`` starts every kernel with
-   ``start_new_session=True``, so ``sid == pid`` tells nothing. A reparented kernel has lost
-   its notebook server and is orphaned.
+3. *Supervised children* are the exception to ``sid == pid`` in rule 2: ``jupyter_client``
+   starts every kernel, and ``torchrun`` (TorchElastic's ``SubprocessHandler``) every worker,
+   with ``start_new_session=True``, so their own session tells nothing. A kernel (by its
+   command line) or a TorchElastic worker (``TORCHELASTIC_RUN_ID`` in its environment) that
+   was adopted has lost its server or agent and is orphaned. For them only ``ppid == 1`` or a
+   known subreaper counts as adoption, not a parent that is merely its namespace's PID 1: a
+   container whose entrypoint *is* ``jupyter lab``, ``torchrun`` or ``papermill`` is that
+   child's live launcher, and nothing in ``/proc`` tells it from an adopter. ``sid == ppid``
+   still clears them (started in the reaper's own session, so never reparented).
 
 Known misses: a job left behind by a shell that ran in a ``tini`` container's session is
-not reported (it shares its reaper's session), the safe side; a classic double-forking daemon
-outside any service unit is reported, which is rare today (systemd starts most daemons).
+not reported (it shares its reaper's session), the safe side; a kernel or worker adopted by a
+container PID 1 that is not a known subreaper (``bash``) is not reported, the safe side; a
+classic double-forking daemon outside any service unit is reported, which is rare today
+(systemd starts most daemons).
+
+**Liveness.** A zombie holds no GPU context, except a zombie *thread-group leader* whose other
+threads still run (the main thread called ``pthread_exit``; ``ps`` shows ``Zl``): its PID is
+the one NVML lists, so it is alive while ``Threads`` in ``status`` is above 1. Files are read
+one by one, so a process can exit, and its PID be reused, between them: the start time is read
+again after the identity, and a changed or vanished process is reported not alive, its
+half-read identity never cached.
 
 **PID namespaces.** NVML reports host (initial-namespace) PIDs: the driver is not
 namespace-aware. When ``proc_root`` shows another namespace, a PID NVML reports is either
@@ -78,12 +93,33 @@ _INIT_PID_NAMESPACE_INODE = 0xEFFFFFFC
 _EXITED_STATES = frozenset({"Z", "X", "x"})
 _MIN_SWEEP_SIZE = 256
 _SLURM_JOB_ID = re.compile(rb"(?:^|\x00)SLURM_JOB_ID=(\d{1,20})(?:\x00|$)")
+# Set by torchrun's agent in every worker's environment (LocalElasticAgent._start_workers).
+_ELASTIC_WORKER = re.compile(rb"(?:^|\x00)TORCHELASTIC_RUN_ID=")
 
-_KERNEL_MODULES = frozenset({"ipykernel_launcher", "ipykernel"})
+# colab_kernel_launcher is Google Colab's (and Colab-like runtimes') ipykernel wrapper.
+_KERNEL_MODULES = frozenset(
+    {"ipykernel_launcher", "ipykernel", "ipykernel.kernelapp", "colab_kernel_launcher"}
+)
+# Every kernel spec's argv carries the connection file that jupyter_client wrote, as
+# ``-f {connection_file}`` (``--f=`` from VS Code); its name is ``kernel-<id>.json``. Both
+# the option and the name are required: a training script's ``-f kernel-sizes.json`` alone
+# would otherwise make it a "kernel", and kernels are judged orphaned more readily.
+_CONNECTION_FILE_OPTIONS = ("-f", "--f", "--connection-file", "--connection_file")
+# jupyter_client names it kernel-<uuid4>.json; VS Code kernel-v2-<pid><hex>.json.
+_CONNECTION_FILE = re.compile(r"kernel-(?:v2-)?[0-9a-f][0-9a-f-]{3,63}\.json")
 _KERNEL_PROGRAMS = frozenset({"ipykernel_launcher.py", "jupyter-kernel"})
 _KERNEL_ARG_MARKERS = ("IRkernel::main", "IJulia/src/kernel.jl")
 _SERVER_MODULES = frozenset(
-    {"jupyterlab", "notebook", "jupyter_server", "nbclassic", "jupyterhub.singleuser", "voila"}
+    {
+        "jupyterlab",
+        "notebook",
+        "jupyter_server",
+        "nbclassic",
+        "jupyterhub.singleuser",
+        "voila",
+        "kernel_gateway",
+        "enterprise_gateway",
+    }
 )
 _SERVER_PROGRAMS = frozenset(
     {
@@ -94,9 +130,13 @@ _SERVER_PROGRAMS = frozenset(
         "jupyter-labhub",
         "jupyterhub-singleuser",
         "voila",
+        "jupyter-kernelgateway",
+        "jupyter-enterprisegateway",
     }
 )
-_SERVER_SUBCOMMANDS = frozenset({"lab", "notebook", "server", "nbclassic"})
+_SERVER_SUBCOMMANDS = frozenset(
+    {"lab", "notebook", "server", "nbclassic", "kernelgateway", "enterprisegateway"}
+)
 # Python options that take a separate value: skipping them finds the script or -m module.
 _PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})
 
@@ -169,6 +209,7 @@ class _Identity:
     owner: ProcessOwner
     jupyter_kernel: bool
     jupyter_server: bool
+    elastic_worker: bool  # a torchrun worker: started in its own session by its agent
     namespace_init: bool  # PID 1 of its own PID namespace: it inherits that namespace's orphans
 
 
@@ -214,12 +255,14 @@ class ProcInfo:
         if self._isolated:
             return ProcessFacts(pid=pid, alive=True, visible=False)
         stat = self._read_stat(pid)
-        if stat is None or stat.state in _EXITED_STATES:
+        identity = None
+        if stat is not None and self._alive(pid, stat):
+            identity = self._identity(pid, stat)
+        if stat is None or identity is None:
             self._identities.pop(pid, None)
             return ProcessFacts(pid=pid, alive=False)
-        identity = self._identity(pid, stat)
         parent = self._read_stat(stat.ppid) if stat.ppid > 1 else None
-        reparented = stat.ppid == 1 or (parent is not None and self._is_reaper(stat.ppid, parent))
+        reparented = self._adopted(stat, identity, parent)
         return ProcessFacts(
             pid=pid,
             alive=True,
@@ -262,44 +305,69 @@ class ProcInfo:
             for pid, (ticks, _) in self._identities.items()
             if (stat := self._read_stat(pid)) is None
             or stat.start_ticks != ticks
-            or stat.state in _EXITED_STATES
+            or not self._alive(pid, stat)
         ]
         for pid in gone:
             del self._identities[pid]
         self._sweep_at = max(_MIN_SWEEP_SIZE, 2 * len(self._identities))
         return len(gone)
 
-    def _is_reaper(self, pid: int, stat: _Stat) -> bool:
-        """Whether ``pid`` inherits orphans: a known subreaper, or its namespace's init."""
-        return stat.comm in self._subreapers or self._identity(pid, stat).namespace_init
+    def _alive(self, pid: int, stat: _Stat) -> bool:
+        """Not exited; a zombie leader whose other threads still run is alive (docstring)."""
+        if stat.state not in _EXITED_STATES:
+            return True
+        threads = _status_field(_read_text(self._root / str(pid) / "status") or "", "Threads")
+        return stat.state == "Z" and threads is not None and threads.isdigit() and int(threads) > 1
+
+    def _adopted(self, stat: _Stat, identity: _Identity, parent: _Stat | None) -> bool:
+        """Whether the parent looks like one that inherited the process (the orphan rule)."""
+        if stat.session == stat.ppid:
+            return False  # started in its reaper's own session: the reaper is its launcher
+        if stat.ppid == 1:
+            return True
+        if parent is None:
+            return False
+        if parent.comm in self._subreapers:
+            return True
+        if _supervised(identity):
+            return False  # a namespace init may be its launcher: see the module docstring
+        parent_identity = self._identity(stat.ppid, parent)
+        return parent_identity is not None and parent_identity.namespace_init
 
     def _orphaned(self, pid: int, stat: _Stat, identity: _Identity, reparented: bool) -> bool:
         """The orphan rule of the module docstring."""
         if not reparented:
             return False
-        if identity.jupyter_kernel:
+        if _supervised(identity):
             return True
         unit = identity.owner.systemd_unit or ""
         service_owned = unit.endswith(".service") and not unit.startswith("user@")
-        return stat.session not in (pid, stat.ppid) and not service_owned
+        return stat.session != pid and not service_owned  # sid == ppid: see _adopted
 
     def _server_alive(
         self, stat: _Stat, identity: _Identity, parent: _Stat | None, reparented: bool
     ) -> bool | None:
-        """For a kernel: False once reparented, True under a live Jupyter server, else unknown."""
+        """For a kernel: True under a live Jupyter server, False once adopted, else unknown."""
         if not identity.jupyter_kernel:
             return None
+        if parent is not None:
+            launcher = self._identity(stat.ppid, parent)
+            if launcher is not None and launcher.jupyter_server:
+                return True  # even when the server is its container's PID 1
         if reparented:
             return False
-        if parent is not None and self._identity(stat.ppid, parent).jupyter_server:
-            return True
         return None  # started by something else (an IDE, papermill) or parent not visible
 
-    def _identity(self, pid: int, stat: _Stat) -> _Identity:
+    def _identity(self, pid: int, stat: _Stat) -> _Identity | None:
+        """The cached identity, or a fresh read; ``None`` when the process changed mid-read."""
         cached = self._identities.get(pid)
         if cached is not None and cached[0] == stat.start_ticks:
             return cached[1]
         identity = self._read_identity(pid, stat)
+        after = self._read_stat(pid)
+        if after is None or after.start_ticks != stat.start_ticks:
+            # It exited (files half read) or its PID was reused (files of another process).
+            return None
         self._identities[pid] = (stat.start_ticks, identity)
         if len(self._identities) > self._sweep_at:
             self.expire_dead()
@@ -316,7 +384,8 @@ class ProcInfo:
         if user is None and uid is not None:
             user = self._user_name(uid)
         cgroup = parse_cgroup(_read_text(base / "cgroup") or "")
-        owner = _process_owner(cgroup, user, uid, _read_slurm_job_id(base / "environ"))
+        environ = _read_environ(base / "environ")
+        owner = _process_owner(cgroup, user, uid, _slurm_job_id(environ))
         command = " ".join(argv)[:MAX_COMMAND_CHARS] or None
         return _Identity(
             name=stat.comm,
@@ -326,6 +395,7 @@ class ProcInfo:
             owner=owner,
             jupyter_kernel=_is_jupyter_kernel(argv),
             jupyter_server=_is_jupyter_server(argv),
+            elastic_worker=environ is not None and _ELASTIC_WORKER.search(environ) is not None,
             namespace_init=len(nspid) > 1 and nspid[-1] == "1",
         )
 
@@ -450,18 +520,27 @@ def _status_field(text: str, key: str) -> str | None:
     return None
 
 
-def _read_slurm_job_id(path: Path) -> str | None:
-    """``SLURM_JOB_ID`` from the environment, or ``None``.
+def _read_environ(path: Path) -> bytes | None:
+    """The NUL-separated initial environment, or ``None``.
 
     Another user's ``environ`` is readable only with ptrace rights, so an unreadable file is
     normal and simply means "unknown".
     """
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError:
         return None
-    match = _SLURM_JOB_ID.search(raw)
+
+
+def _slurm_job_id(environ: bytes | None) -> str | None:
+    """``SLURM_JOB_ID`` from the environment, or ``None``."""
+    match = _SLURM_JOB_ID.search(environ) if environ is not None else None
     return match.group(1).decode("ascii") if match else None
+
+
+def _supervised(identity: _Identity) -> bool:
+    """Started in a session of its own by a launcher that must outlive it (module docstring)."""
+    return identity.jupyter_kernel or identity.elastic_worker
 
 
 def _namespace_inode(link: str) -> int | None:
@@ -519,7 +598,22 @@ def _is_jupyter_kernel(argv: Sequence[str]) -> bool:
         return True
     if program == "jupyter" and len(rest) > 0 and rest[0] == "kernel":
         return True
-    return any(marker in arg for arg in argv for marker in _KERNEL_ARG_MARKERS)
+    if any(marker in arg for arg in argv for marker in _KERNEL_ARG_MARKERS):
+        return True
+    return _has_connection_file(argv)
+
+
+def _has_connection_file(argv: Sequence[str]) -> bool:
+    """``-f kernel-<id>.json`` or ``--f=.../kernel-<id>.json``: any kernel spec's launch."""
+    for i, arg in enumerate(argv[1:], start=1):
+        option, equals, value = arg.partition("=")
+        if option not in _CONNECTION_FILE_OPTIONS:
+            continue
+        if not equals:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if _CONNECTION_FILE.fullmatch(os.path.basename(value)):
+            return True
+    return False
 
 
 def _is_jupyter_server(argv: Sequence[str]) -> bool:
