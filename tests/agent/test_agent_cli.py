@@ -15,6 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpuwatch.nvml.fake.lifecycle import stop_all
+from gpuwatch.nvml.fake.runtime_state import default_runtime_dir
+
 GiB = 2**30
 GPUWATCH = [sys.executable, "-m", "gpuwatch"]
 
@@ -56,9 +59,10 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     }
     (tmp_path / "run").mkdir()
     yield environ
-    subprocess.run(
-        [*GPUWATCH, "fake-nvml", "stop", "--all"], env=environ, capture_output=True, timeout=60
-    )
+    # What `gpuwatch fake-nvml stop --all` does, without starting a process for it.
+    runtime = default_runtime_dir(environ)
+    if runtime.exists():
+        stop_all(runtime)
 
 
 @pytest.fixture

@@ -100,7 +100,7 @@ def killing_webhook(when: When) -> Iterator[KillingWebhook]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     box.append(KillingWebhook(f"http://127.0.0.1:{server.server_address[1]}/hook", when))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield box[0]

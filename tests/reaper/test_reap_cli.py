@@ -329,8 +329,18 @@ def test_with_a_running_agents_own_history(victims, tmp_path: Path) -> None:
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     try:
-        time.sleep(8.5)  # --idle is at least 5 poll intervals
-        served = httpx.get(f"{agent.exporter.url}/reaper/history", params={"pid": idle.pid}).json()
+        # --idle 5s (at least 5 poll intervals): until the agent's own history has held
+        # the process idle that long, and a poll more, rather than a fixed 8.5 s.
+        deadline = time.monotonic() + 60
+        while True:
+            served = httpx.get(
+                f"{agent.exporter.url}/reaper/history", params={"pid": idle.pid}
+            ).json()
+            runs = [run for track in served["tracks"] for run in track["runs"]]
+            if runs and runs[-1]["activity"] == "idle" and runs[-1]["end"] - runs[-1]["start"] >= 6:
+                break
+            assert time.monotonic() < deadline, served
+            time.sleep(0.1)
         assert [t["pid"] for t in served["tracks"]] == [idle.pid]
         assert served["tracks"][0]["runs"][-1]["activity"] == "idle"
         assert httpx.get(f"{agent.exporter.url}/reaper/history?pid=x").status_code == 400

@@ -70,7 +70,7 @@ def echo() -> Iterator[Echo]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     box.append(Echo(f"http://127.0.0.1:{server.server_address[1]}"))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield box[0]

@@ -57,7 +57,7 @@ def sink(clock: Callable[[], float]) -> Iterator[Sink]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     box.append(Sink(f"http://127.0.0.1:{server.server_address[1]}/hook", clock))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield box[0]
