@@ -197,6 +197,32 @@ def test_a_cycle_longer_than_the_leak_window_is_no_leak_once_seen(live: Live) ->
     assert late == [], late
 
 
+def test_a_new_job_filling_a_gpu_a_finished_job_held_fuller_is_still_warned(
+    live: Live,
+) -> None:
+    token = live.token("host-1")
+    # Job A holds 76 of 80 GiB for 40 minutes and exits; job B starts at once and grows
+    # 0.5 GiB a minute from 10 GiB. The GPU's history holds A's 76 GiB, which B passes
+    # only minutes before the GPU is full: that height was another workload's, and rule
+    # 4 (a verdict opens above what was held before) must look only at the history of
+    # the processes on the GPU now.
+    snaps = []
+    for seq in range(160 + 280):
+        at = T0 + seq * 15.0
+        if seq < 160:
+            held = [process(41, used_gib=76, sm=0.9, user="ann")]
+        else:
+            held = [process(42, used_gib=10 + (at - T0 - 2400) / 120, sm=0.9, user="ben")]
+        snaps.append(snapshot(seq, [gpu(0, held)], at=at))
+    push_all(live, token, snaps)
+
+    (filling,) = events(live, kind="filling_up")
+    grown = 10 + (filling["started_at"] - T0 - 2400) / 120  # GiB, when it opened
+    # Its window covers 30 minutes of growth from B's start (25 GiB) and the GPU is then
+    # full within the 2 h horizon: warned then, not once A's height leaves the history.
+    assert grown < 27, f"warned only at {grown:.1f} GiB of 80"
+
+
 def test_events_filter_by_open_true_and_false(live: Live) -> None:
     token = live.token("host-1")
     live.push(token, body(snapshot(0, [gpu(0, [process(7, orphaned=True)])])))

@@ -275,7 +275,9 @@ def check_filling(
             min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
             processes=_Windows({lt.pid: blob for lt, blob in lifetimes}, since),
             already_open=book.is_open(gpu_key("filling_up", gpu_row)),
-            held_before_bytes=window.highest_floor_before(recent, since),
+            held_before_bytes=window.highest_floor_before(
+                recent, since, since=_workload_since(lifetimes)
+            ),
             now_bytes=gpu.memory_used_bytes,
         )
         if finding is not None:
@@ -285,6 +287,15 @@ def check_filling(
         book.clear(key, at=at)
     else:
         book.observe(key, _condition(finding, gpu_row), at=at)
+
+
+def _workload_since(lifetimes: list[tuple[LifetimeRow, bytes | None]]) -> float:
+    """Since when the GPU has held the processes it holds now (the newest one's first
+    sighting; 0 without any). What it held before that was another workload's: a job
+    that filled the GPU and ended says nothing of how far the next one will go, and
+    judging the next against its height held back the next one's warning until that
+    height left the history."""
+    return max((lifetime.first_seen_at for lifetime, _ in lifetimes), default=0.0)
 
 
 class _Windows(Mapping[int, Sequence[Sample]]):

@@ -65,17 +65,16 @@ def floor_since(blob: bytes | None, since: float) -> int | None:
     return min((u for u in used if u >= 0), default=None)
 
 
-def highest_floor_before(blob: bytes | None, before: float) -> int | None:
-    """The highest known ``used_bytes`` among samples with ``t < before``: the most the
-    holder held for a whole bucket before a detector's window (no decoding into
-    :class:`Sample`)."""
+def highest_floor_before(blob: bytes | None, before: float, *, since: float = 0.0) -> int | None:
+    """The highest known ``used_bytes`` among samples with ``since <= t < before``: the
+    most the holder held for a whole bucket before a detector's window (no decoding
+    into :class:`Sample`)."""
     if not blob:
         return None
-    end = _first_at_or_after(blob, before)
-    if not end:
+    start, end = _first_at_or_after(blob, since), _first_at_or_after(blob, before)
+    if end <= start:
         return None
-    count = min(end, len(blob) // _RECORD.size)
-    used = _records(count).unpack_from(blob, 0)[1::4]
+    used = _records(end - start).unpack_from(blob, start * _RECORD.size)[1::4]
     return max(used) if max(used) >= 0 else None
 
 
