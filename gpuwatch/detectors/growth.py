@@ -363,16 +363,18 @@ def growing_now(samples: Sequence[Sample], *, now: float, slope: float) -> bool:
 
 # The share of the expected climb the poll at hand must show (:func:`climbing_at_poll`).
 POLL_SHARE = 0.75
+# The newest bucket's own rate counts up to this many times the window's slope.
+OWN_RATE_CAP = 2.0
 
 
 def climbing_at_poll(
     samples: Sequence[Sample], *, now: float, now_bytes: int | None, slope: float
 ) -> bool:
     """Whether the poll at hand (``now_bytes`` at ``now``, the first of a bucket not yet
-    closed) stands above the most the memory held for a whole bucket (the highest
-    floor) by :data:`POLL_SHARE` of what growth would have added since the newest
-    bucket began: at the window's ``slope``, or at the newest bucket's own rate (floor
-    over the floor before it) where that is faster. None: unknown, and no objection.
+    closed) stands above the newest bucket's floor by :data:`POLL_SHARE` of what growth
+    would have added since that bucket began: at the window's ``slope``, or at the
+    newest bucket's own rate (its floor over the floor before it) where that is faster,
+    up to twice the slope. None: unknown, and no objection.
 
     Closed buckets lag: at a bucket close the newest one still holds the end of a load
     that stopped a minute ago, and for two or three buckets more the stretches that
@@ -380,16 +382,19 @@ def climbing_at_poll(
     window passed every check in the minutes after it levelled off, which a filling-up
     alert then announced. The poll at hand is already on the plateau, short of where
     the growth would have taken it; growth that goes on is there. Floors, not peaks: a
-    bucket of many noisy polls has its peak well above its level. A load that stops
-    within the last quarter of that time cannot be told from one that goes on.
+    bucket of many noisy polls has its peak well above its level. The own rate is what
+    a warm-up steeper than the window's line climbed at; it is capped because noise, or
+    a ripple the polls alias, moves two floors apart by more than growth does. A load
+    that stops within the last quarter of that time cannot be told from one that goes
+    on.
     """
     pts = points(samples, now=now)
     if now_bytes is None or len(pts) < 2:
         return True
     (before, before_floor, _), (start, floor, _) = pts[-2], pts[-1]
-    rate = max(slope, (floor - before_floor) / (start - before))
-    held = max(f for _, f, _ in pts)
-    return now_bytes > held + POLL_SHARE * rate * (now - start)
+    own = (floor - before_floor) / (start - before)
+    rate = max(slope, min(own, OWN_RATE_CAP * slope))
+    return now_bytes > floor + POLL_SHARE * rate * (now - start)
 
 
 def stepped_now(

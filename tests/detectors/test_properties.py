@@ -249,3 +249,43 @@ def test_memory_loaded_over_minutes_is_no_leak_once_it_stops(shape: str) -> None
     for t, leak, filling in verdicts(polls(used, every=15, minutes=100, seed=1, noise=0)):
         assert leak is None, f"leak at {t / 60:.1f} min: {leak.summary}"
         assert filling is None, f"filling at {t / 60:.1f} min: {filling.summary}"
+
+
+@settings(DERANDOMIZED, max_examples=100)
+@given(
+    rate=st.floats(0.1, 4.0),
+    start=st.floats(0, 20),
+    every=st.floats(1.0, 15.0),
+    onset=st.sampled_from([0.0, 10.0, 45.0]),
+    ripple=st.tuples(st.sampled_from(sorted(WAVES)), st.floats(5.0, 90.0), st.floats(0, 0.25)),
+    seed=st.integers(0, 2**16),
+)
+def test_linear_growth_fills_the_gpu_within_the_documented_delay(
+    rate: float,
+    start: float,
+    every: float,
+    onset: float,
+    ripple: tuple[str, float, float],
+    seed: int,
+) -> None:
+    # The leak's property for the GPU's verdict (the horizon is far, so the growth
+    # evidence decides): its opening checks read the poll at hand (still climbing, or a
+    # chunk just landed), which a ripple or noise must not keep shut.
+    per_second = rate * GIB / MINUTE
+    wave, period, share = ripple
+    wobble = periodic(wave, period, 0.3, 0, share * per_second * WINDOW)
+    begin = onset * MINUTE
+
+    def used(t: float) -> float:
+        return start * GIB + per_second * max(0.0, t - begin) + wobble(t)
+
+    due = max(FIRST_VERDICT, begin + AFTER_ONSET)
+    noise = min(64 * MIB, per_second * INTERVAL / 4)
+    samples = polls(used, every=every, minutes=onset + 50, seed=seed, noise=noise)
+    for t, _, filling in verdicts(samples):
+        if t < begin:
+            assert filling is None, f"filling at {t / 60:.1f} min, before the growth began"
+        elif t >= due:
+            assert filling is not None, (
+                f"not filling at {t / 60:.1f} min {(rate, start, every, onset, ripple, seed)}"
+            )
