@@ -185,7 +185,10 @@ def fit(
         None, "--config", help="Hugging Face config.json of the model."
     ),
     dtype: str | None = typer.Option(
-        None, "--dtype", help="fp32, bf16, fp16, int8, int4 or nf4 (default bf16; nf4 for qlora)."
+        None,
+        "--dtype",
+        help="fp32, bf16, fp16, int8, int4 or nf4 (default: nf4 for qlora; as a quantised"
+        " --config stores its weights; else bf16).",
     ),
     mode: str = typer.Option("inference", "--mode", help="inference, full, lora or qlora."),
     context: int = typer.Option(4096, "--context", min=1, help="Tokens per sequence."),

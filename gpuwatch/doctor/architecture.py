@@ -156,6 +156,10 @@ class Architecture:
     # Parameters of encoders loaded beside the language model (a vision tower), counted
     # in ``params``; estimated from their configs (:func:`encoder_params`).
     encoder_params: int = 0
+    # The dtype the checkpoint stores its weights in, as fit names them, when its config
+    # says it is quantised (:func:`stored_dtype`), and how it says so.
+    stored_dtype: str | None = None
+    stored_as: str | None = None
 
     @property
     def has_shape(self) -> bool:
@@ -237,6 +241,11 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
         (config[key] for key in _LANGUAGE_CONFIGS if isinstance(config.get(key), dict)), config
     )
     arch = from_hf_config(language, name=name)
+    quantized = stored_dtype(
+        config.get("quantization_config") or language.get("quantization_config")
+    )
+    if quantized is not None:
+        arch = dataclasses.replace(arch, stored_dtype=quantized[0], stored_as=quantized[1])
     encoders = sum(
         encoder_params(sub, key=key, output_width=arch.hidden)
         for key, sub in config.items()
@@ -245,6 +254,46 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
     if not encoders:
         return arch
     return dataclasses.replace(arch, params=arch.params + encoders, encoder_params=encoders)
+
+
+# Weight bits by quantisation method where the config names no bits: bitsandbytes says
+# load_in_4bit / load_in_8bit; FP8 checkpoints store a byte a weight; gpt-oss's MXFP4 is
+# 4 bits and a shared scale per 32.
+_METHOD_BITS = {"fp8": 8, "mxfp4": 4, "fbgemm_fp8": 8}
+
+
+def stored_dtype(quantization: Any) -> tuple[str, str] | None:
+    """The dtype fit weighs a quantised checkpoint's weights in (``int8``, ``int4``, or
+    ``nf4`` for bitsandbytes' 4-bit), and a description of where it came from, from a
+    ``quantization_config``; None when there is none or it names no weight size.
+
+    Fewer than 4 bits (GPTQ's 2 and 3) are weighed as 4: an overestimate, never an
+    under-count. int8 and int4 count a byte and half a byte a weight, plus group scales.
+    """
+    if not isinstance(quantization, dict):
+        return None
+    method = str(quantization.get("quant_method") or "").lower()
+    bits = quantization.get("bits", quantization.get("w_bit"))
+    if method == "bitsandbytes" or "load_in_4bit" in quantization:
+        if quantization.get("load_in_4bit"):
+            return "nf4", "bitsandbytes 4-bit"
+        if quantization.get("load_in_8bit"):
+            return "int8", "bitsandbytes 8-bit"
+        return None
+    if not isinstance(bits, int) or isinstance(bits, bool):
+        # llm-compressor: bits per config group's weights.
+        groups = quantization.get("config_groups")
+        found = [
+            g["weights"].get("num_bits")
+            for g in (groups.values() if isinstance(groups, dict) else [])
+            if isinstance(g, dict) and isinstance(g.get("weights"), dict)
+        ]
+        sizes = [b for b in found if isinstance(b, int) and not isinstance(b, bool)]
+        bits = max(sizes) if sizes else _METHOD_BITS.get(method)
+    if not isinstance(bits, int) or not 1 <= bits <= 8:
+        return None
+    described = f"{method or 'quantised'}, {bits}-bit"
+    return ("int8", described) if bits > 4 else ("int4", described)
 
 
 def encoder_params(config: dict[str, Any], *, key: str, output_width: int | None) -> int:

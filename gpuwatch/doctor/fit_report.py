@@ -53,6 +53,9 @@ class FitReport:
     workload: Workload
     breakdown: Breakdown
     gpus: list[GpuFit]
+    # Where the dtype came from when no --dtype was given and the config's
+    # quantization_config chose it (e.g. "gptq, 4-bit"); None otherwise.
+    dtype_source: str | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -88,6 +91,7 @@ class FitReport:
                 "encoder_params": arch.encoder_params,
             },
             "dtype": self.workload.dtype,
+            "dtype_source": self.dtype_source,
             "mode": self.workload.mode,
             "context": self.workload.context,
             "batch": self.workload.batch,
@@ -123,9 +127,10 @@ class FitReport:
         encoders = w.arch.encoder_params
         # A vision or audio tower loads with the language model: say it is counted.
         counted = f" ({encoders / 1e9:.2f}B of them its encoders)" if encoders else ""
+        stored = f" (as the config stores it: {self.dtype_source})" if self.dtype_source else ""
         title = (
             f"{w.arch.name or 'model'}: {w.arch.params / 1e9:.2f}B parameters{counted},"
-            f" {w.dtype}, {w.mode}"
+            f" {w.dtype}{stored}, {w.mode}"
         )
         lines = [f"{title}, context {w.context} x batch {w.batch}"]
         rows = [
@@ -224,12 +229,27 @@ def run_fit(
 ) -> FitReport:
     """Build the report; raises ``ConfigError`` for bad option values or no local GPUs."""
     arch = _architecture(params, config)
-    chosen = dtype or ("nf4" if mode == "qlora" else "bf16")
+    chosen = dtype or _default_dtype(arch, mode)
     workload = validate(Workload(arch, cast(Dtype, chosen), cast(Mode, mode), context, batch))
     breakdown = estimate(workload)
+    from_config = dtype is None and chosen == arch.stored_dtype and mode != "qlora"
     return FitReport(
-        workload, breakdown, [_fit_on(workload, breakdown, t) for t in _targets(gpu, agent)]
+        workload,
+        breakdown,
+        [_fit_on(workload, breakdown, t) for t in _targets(gpu, agent)],
+        dtype_source=arch.stored_as if from_config else None,
     )
+
+
+def _default_dtype(arch: Architecture, mode: str) -> str:
+    """QLoRA's nf4; else, for inference and LoRA, the size a quantised checkpoint stores
+    its weights in (a GPTQ config weighed at bf16 was four times too heavy, and said
+    "does not fit"); else bf16. Full fine-tuning trains in bf16 whatever was stored."""
+    if mode == "qlora":
+        return "nf4"
+    if mode in ("inference", "lora") and arch.stored_dtype is not None:
+        return arch.stored_dtype
+    return "bf16"
 
 
 def _architecture(params: str | None, config: Path | None) -> Architecture:
