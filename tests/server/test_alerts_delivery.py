@@ -79,6 +79,13 @@ def receiver(
     return build_receiver(config, client=client, clock=clock)
 
 
+def engine_of(clock: FakeClock, *receivers: Receiver, **options: Any) -> AlertEngine:
+    """An engine over ``receivers`` (each under its own name) on the fake clock, whose
+    waits advance that clock."""
+    options.setdefault("sleep", clock.advance)
+    return AlertEngine(receivers={r.name: r for r in receivers}, clock=clock, **options)
+
+
 def host(h: int, rule: str = "gpu_throttled") -> dict[str, str]:
     return {"rule": rule, "severity": "warning", "hostname": f"host-{h:03d}", "gpu": "0"}
 
@@ -123,9 +130,7 @@ def test_a_retried_firing_is_never_sent_after_its_resolution(
     later. The older firing is superseded (never sent), the resolution is sent (after
     the Retry-After the receiver asked for), and nothing follows it."""
     hook = Recorder(httpx.Response(503, headers={"retry-after": "40"}))
-    engine = AlertEngine(
-        receivers={"r": receiver("webhook", hook, clock)}, clock=clock, sleep=clock.advance
-    )
+    engine = engine_of(clock, receiver("webhook", hook, clock))
     fire(database, 1)
     engine.run(database=database, settings=delivery_settings, now=T0)
     assert [body["status"] for _, body in hook.posts] == ["firing"]
@@ -154,9 +159,7 @@ def test_a_resolution_only_a_superseded_notification_carried_is_carried_over(
         }
     )
     hook = Recorder(httpx.Response(503))
-    engine = AlertEngine(
-        receivers={"r": receiver("webhook", hook, clock)}, clock=clock, sleep=clock.advance
-    )
+    engine = engine_of(clock, receiver("webhook", hook, clock))
     fire(database, 2)
     engine.run(database=database, settings=settings, now=T0)  # A, B firing: sent (503 later)
     hook.script = [httpx.Response(503)] * 5
@@ -204,11 +207,7 @@ def test_alertmanager_gets_its_due_alerts_in_batches_and_keeps_up(
     backlog. While Alertmanager is down, each group keeps one pending notification
     (older resends are superseded), not one more every minute."""
     am = Recorder()
-    engine = AlertEngine(
-        receivers={"am": receiver("alertmanager", am, clock, name="am")},
-        clock=clock,
-        sleep=clock.advance,
-    )
+    engine = engine_of(clock, receiver("alertmanager", am, clock, name="am"))
     fire(database, 300, ("gpu_throttled", "gpu_memory_repair"))
     for minute in range(3):
         clock.now = T0 + 60 * minute
@@ -235,9 +234,7 @@ def test_a_notification_past_its_deadline_is_failed_without_being_sent(
     database: Database, clock: FakeClock
 ) -> None:
     hook = Recorder()
-    engine = AlertEngine(
-        receivers={"r": receiver("webhook", hook, clock)}, clock=clock, sleep=clock.advance
-    )
+    engine = engine_of(clock, receiver("webhook", hook, clock))
     body = {
         "receiver": "r",
         "group_key": "{rule='gpu_lost',hostname='h'}",
@@ -281,13 +278,11 @@ def test_slack_spacing_is_per_webhook_url_not_per_receiver(
 
     hook = Recorder()
     url = "https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXX"
-    engine = AlertEngine(
-        receivers={
-            "a": receiver("slack", hook, clock, name="a", url=url),
-            "b": receiver("slack", hook, clock, name="b", url=url),
-            "c": receiver("slack", hook, clock, name="c", url=url + "YY"),
-        },
-        clock=clock,
+    engine = engine_of(
+        clock,
+        receiver("slack", hook, clock, name="a", url=url),
+        receiver("slack", hook, clock, name="b", url=url),
+        receiver("slack", hook, clock, name="c", url=url + "YY"),
         sleep=sleep,
     )
     assert engine.test_receiver(database=database, name="a").outcome == "sent"
@@ -302,11 +297,7 @@ def test_the_test_notification_carries_the_external_url(
     database: Database, clock: FakeClock
 ) -> None:
     am = Recorder()
-    engine = AlertEngine(
-        receivers={"am": receiver("alertmanager", am, clock, name="am")},
-        clock=clock,
-        sleep=clock.advance,
-    )
+    engine = engine_of(clock, receiver("alertmanager", am, clock, name="am"))
     engine.test_receiver(database=database, name="am", external_url="https://gw.example/")
     ((_, alerts),) = am.posts
     assert alerts[0]["generatorURL"] == "https://gw.example/"

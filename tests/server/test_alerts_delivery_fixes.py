@@ -28,6 +28,7 @@ from server.harness import FakeClock
 from server.test_alerts_delivery import (
     Recorder,
     delivery_settings,  # noqa: F401
+    engine_of,
     fire,
     host,
     receiver,
@@ -76,13 +77,10 @@ def _run(engine: AlertEngine, database: Database, settings: ServerSettings, cloc
 def _alertmanager_and_webhook(clock: FakeClock) -> AlertEngine:
     """An engine with an Alertmanager and a webhook receiver, each recording what it
     is sent."""
-    return AlertEngine(
-        receivers={
-            "am": receiver("alertmanager", Recorder(), clock, name="am"),
-            "hook": receiver("webhook", Recorder(), clock, name="hook"),
-        },
-        clock=clock,
-        sleep=clock.advance,
+    return engine_of(
+        clock,
+        receiver("alertmanager", Recorder(), clock, name="am"),
+        receiver("webhook", Recorder(), clock, name="hook"),
     )
 
 
@@ -95,18 +93,11 @@ def test_a_replica_without_a_receiver_leaves_its_notifications_to_the_others(
     yet. A's run must not break B's pending page; B delivers it later. Only once its
     deadline has passed does a replica that lacks the receiver give it up."""
     old_hook, pager = Recorder(), Recorder(httpx.Response(503))
-    a = AlertEngine(
-        receivers={"hook": receiver("webhook", old_hook, clock, name="hook")},
-        clock=clock,
-        sleep=clock.advance,
-    )
-    b = AlertEngine(
-        receivers={
-            "hook": receiver("webhook", old_hook, clock, name="hook"),
-            "pager": receiver("webhook", pager, clock, name="pager", url="https://p.example/x"),
-        },
-        clock=clock,
-        sleep=clock.advance,
+    a = engine_of(clock, receiver("webhook", old_hook, clock, name="hook"))
+    b = engine_of(
+        clock,
+        receiver("webhook", old_hook, clock, name="hook"),
+        receiver("webhook", pager, clock, name="pager", url="https://p.example/x"),
     )
     fire(database, 1)
     _run(b, database, delivery_settings, clock, T0)  # plans the page; 503
@@ -141,9 +132,7 @@ def test_a_group_key_longer_than_its_column_is_stored_and_found_again(
     group is notified once, and other alerts are still notified."""
     settings = _with(delivery_settings, group_by=["rule", "hostname", "user"])
     hook = Recorder()
-    engine = AlertEngine(
-        receivers={"r": receiver("webhook", hook, clock)}, clock=clock, sleep=clock.advance
-    )
+    engine = engine_of(clock, receiver("webhook", hook, clock))
     long = {**host(0), "hostname": "h" * 250, "user": "u" * 250}
     _alert(database, long)
     for k in range(3):
@@ -171,11 +160,7 @@ def test_retry_after_holds_across_a_chain_of_superseded_notifications(
     """Alertmanager down with Retry-After 300; each minute's resend supersedes the
     pending one. No POST before the 300 s have passed, however many resends since."""
     am = Recorder()
-    engine = AlertEngine(
-        receivers={"am": receiver("alertmanager", am, clock, name="am")},
-        clock=clock,
-        sleep=clock.advance,
-    )
+    engine = engine_of(clock, receiver("alertmanager", am, clock, name="am"))
     fire(database, 3)
     _run(engine, database, delivery_settings, clock, T0)
     am.script = [httpx.Response(503, headers={"retry-after": "300"})] * 100
@@ -214,11 +199,7 @@ def test_one_alert_alertmanager_refuses_breaks_only_its_notification(
     """Alertmanager answers 400 to a whole POST for one bad alert (keeping the
     others): the batch is split and resent until only that notification is broken."""
     am = RefusingHost7()
-    engine = AlertEngine(
-        receivers={"am": receiver("alertmanager", am, clock, name="am")},
-        clock=clock,
-        sleep=clock.advance,
-    )
+    engine = engine_of(clock, receiver("alertmanager", am, clock, name="am"))
     fire(database, 300)
     outcomes = _run(engine, database, delivery_settings, clock, T0).attempts
     assert sorted(set(outcomes)) == [("am", "broken"), ("am", "sent")]
@@ -238,12 +219,7 @@ def test_a_firing_retried_into_a_silence_is_not_sent(
     clock: FakeClock,
 ) -> None:
     hook = Recorder(*[httpx.Response(503)] * 3)
-    engine = AlertEngine(
-        receivers={"r": receiver("webhook", hook, clock)},
-        clock=clock,
-        sleep=clock.advance,
-        rng=lambda: 0.5,
-    )
+    engine = engine_of(clock, receiver("webhook", hook, clock), rng=lambda: 0.5)
     fire(database, 1)
     _run(engine, database, delivery_settings, clock, T0)
     with database.writer() as session, session.begin():
@@ -274,12 +250,7 @@ def test_a_receiver_without_send_resolved_gets_no_stale_firing_after_the_resolut
         | {"send_resolved": False}
     )
     client = httpx.Client(transport=httpx.MockTransport(hook))
-    engine = AlertEngine(
-        receivers={"r": build_receiver(config, client=client, clock=clock)},
-        clock=clock,
-        sleep=clock.advance,
-        rng=lambda: 0.5,
-    )
+    engine = engine_of(clock, build_receiver(config, client=client, clock=clock), rng=lambda: 0.5)
     fire(database, 2)  # host 1 keeps its own group firing
     _run(engine, database, delivery_settings, clock, T0)
     _resolve(database, 0, T0 + 3)
