@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from gpuwatch.cli import main
+
+
+def model_config(tmp_path: Path, model: str, config: dict[str, Any]) -> str:
+    """``config`` written as ``<tmp_path>/<model>/config.json`` (fit names the model after
+    its folder); the path, for ``--config``."""
+    path = tmp_path / model / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return str(path)
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

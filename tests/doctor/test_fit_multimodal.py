@@ -18,7 +18,7 @@ import pytest
 
 from gpuwatch.doctor.architecture import from_model_config
 from gpuwatch.errors import ConfigError
-from tests.doctor.cli_run import run
+from tests.doctor.cli_run import model_config, run
 
 GEMMA3_4B: dict[str, Any] = {
     "architectures": ["Gemma3ForConditionalGeneration"],
@@ -245,17 +245,10 @@ def test_a_missing_field_names_the_family_and_the_way_out() -> None:
 # --- through the command line -----------------------------------------------------------
 
 
-def _config_file(tmp_path: Path, config: dict[str, Any]) -> str:
-    path = tmp_path / "gemma-3-4b-it" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
 def test_cli_names_the_encoders_in_the_count(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _config_file(tmp_path, GEMMA3_4B)
+    path = model_config(tmp_path, "gemma-3-4b-it", GEMMA3_4B)
     code, out, _ = run(["fit", "--config", path, "--gpu", "H100-80GB"], capsys)
     assert code == 0
     assert "gemma-3-4b-it: 4.30B parameters (0.42B of them its encoders)" in out
@@ -268,7 +261,7 @@ def test_cli_names_the_encoders_in_the_count(
 def test_cli_refuses_an_encoder_decoder_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run(["fit", "--config", _config_file(tmp_path, T5_BASE)], capsys)
+    code, out, err = run(["fit", "--config", model_config(tmp_path, "t5-base", T5_BASE)], capsys)
     assert code == 3 and out == ""
     assert err.count("\n") == 1 and "encoder-decoder model (t5)" in err
 

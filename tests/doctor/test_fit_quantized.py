@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpuwatch.doctor.architecture import stored_dtype
-from tests.doctor.cli_run import run
+from tests.doctor.cli_run import model_config, run
 
 LLAMA_70B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -67,17 +67,13 @@ def test_no_weight_size_said_is_no_guess(quantization: Any) -> None:
     assert stored_dtype(quantization) is None
 
 
-def _config(tmp_path: Path, config: dict[str, Any]) -> str:
-    path = tmp_path / "Llama-3.1-70B-Instruct-GPTQ-INT4" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
+GPTQ_70B = "Llama-3.1-70B-Instruct-GPTQ-INT4"
 
 
 def test_cli_weighs_a_gptq_checkpoint_as_stored(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _config(tmp_path, {**LLAMA_70B, "quantization_config": GPTQ_4BIT})
+    path = model_config(tmp_path, GPTQ_70B, {**LLAMA_70B, "quantization_config": GPTQ_4BIT})
     code, out, _ = run(["fit", "--config", path, "--gpu", "H100-80GB"], capsys)
     assert code == 0, out
     assert "int4 (as the config stores it: gptq, 4-bit), inference" in out
@@ -90,7 +86,7 @@ def test_cli_weighs_a_gptq_checkpoint_as_stored(
 def test_cli_an_explicit_dtype_and_full_training_are_not_overridden(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _config(tmp_path, {**LLAMA_70B, "quantization_config": GPTQ_4BIT})
+    path = model_config(tmp_path, GPTQ_70B, {**LLAMA_70B, "quantization_config": GPTQ_4BIT})
     code, out, _ = run(["fit", "--config", path, "--gpu", "H100-80GB", "--dtype", "bf16"], capsys)
     assert code == 10 and "bf16, inference" in out  # does not fit: 131 GiB of weights
     code, out, _ = run(
