@@ -147,6 +147,31 @@ def test_memory_that_repeats_without_growing_is_never_a_leak_nor_filling(
         assert filling is None, f"filling at {t / 60:.1f} min: {filling.summary}"
 
 
+def linear_growth(
+    rate: float,
+    start: float,
+    every: float,
+    onset: float,
+    ripple: tuple[str, float, float],
+    seed: int,
+) -> tuple[list[Sample], float, float]:
+    """Polls of memory growing ``rate`` GiB/min from ``start`` GiB, from ``onset`` minutes
+    on, under a ``(wave, period, share)`` ripple shorter than the fit's spans (``share``
+    of the window's growth high) and noise; with when the growth began and when a verdict
+    is due by the documented delay (seconds after T0)."""
+    per_second = rate * GIB / MINUTE
+    wave, period, share = ripple
+    wobble = periodic(wave, period, 0.3, 0, share * per_second * WINDOW)
+    begin = onset * MINUTE
+
+    def used(t: float) -> float:
+        return start * GIB + per_second * max(0.0, t - begin) + wobble(t)
+
+    noise = min(64 * MIB, per_second * INTERVAL / 4)
+    samples = polls(used, every=every, minutes=onset + 50, seed=seed, noise=noise)
+    return samples, begin, max(FIRST_VERDICT, begin + AFTER_ONSET)
+
+
 @settings(DERANDOMIZED, max_examples=100)
 @given(
     rate=st.floats(0.1, 4.0),
@@ -164,19 +189,9 @@ def test_linear_growth_is_a_leak_within_the_documented_delay(
     ripple: tuple[str, float, float],
     seed: int,
 ) -> None:
+    samples, begin, due = linear_growth(rate, start, every, onset, ripple, seed)
     per_second = rate * GIB / MINUTE
-    wave, period, share = ripple
-    # A ripple shorter than the fit's spans, up to a quarter of the window's growth.
-    wobble = periodic(wave, period, 0.3, 0, share * per_second * WINDOW)
-    begin = onset * MINUTE
-
-    def used(t: float) -> float:
-        return start * GIB + per_second * max(0.0, t - begin) + wobble(t)
-
-    minutes = onset + 50
-    due = max(FIRST_VERDICT, begin + AFTER_ONSET)
-    noise = min(64 * MIB, per_second * INTERVAL / 4)
-    for t, leak, _ in verdicts(polls(used, every=every, minutes=minutes, seed=seed, noise=noise)):
+    for t, leak, _ in verdicts(samples):
         if t < begin:
             assert leak is None, f"leak at {t / 60:.1f} min, before the growth began"
         elif t >= due:
@@ -271,17 +286,7 @@ def test_linear_growth_fills_the_gpu_within_the_documented_delay(
     # The leak's property for the GPU's verdict (the horizon is far, so the growth
     # evidence decides): its opening checks read the poll at hand (still climbing, or a
     # chunk just landed), which a ripple or noise must not keep shut.
-    per_second = rate * GIB / MINUTE
-    wave, period, share = ripple
-    wobble = periodic(wave, period, 0.3, 0, share * per_second * WINDOW)
-    begin = onset * MINUTE
-
-    def used(t: float) -> float:
-        return start * GIB + per_second * max(0.0, t - begin) + wobble(t)
-
-    due = max(FIRST_VERDICT, begin + AFTER_ONSET)
-    noise = min(64 * MIB, per_second * INTERVAL / 4)
-    samples = polls(used, every=every, minutes=onset + 50, seed=seed, noise=noise)
+    samples, begin, due = linear_growth(rate, start, every, onset, ripple, seed)
     for t, _, filling in verdicts(samples):
         if t < begin:
             assert filling is None, f"filling at {t / 60:.1f} min, before the growth began"
