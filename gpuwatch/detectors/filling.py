@@ -79,8 +79,16 @@ def detect_filling(
     ``horizon_seconds``, ``full_basis`` (``free`` or ``total``), ``gpu_free_bytes``,
     ``gpu_total_bytes`` and ``culprits``.
     """
-    growth = growth_of(samples, now=now, min_duration_seconds=min_duration_seconds)
-    if growth is None or growth.failed_check(min_slope_bytes_per_second) is not None:
+    growth = growth_of(
+        samples,
+        now=now,
+        min_duration_seconds=min_duration_seconds,
+        already_open=already_open,
+    )
+    if (
+        growth is None
+        or growth.failed_check(min_slope_bytes_per_second, already_open=already_open) is not None
+    ):
         return None
     recent = recent_slope(samples, now=now, since=growth.window_start)
     if recent < min_slope_bytes_per_second:

@@ -77,8 +77,16 @@ def detect_leak(
     ``(gpu_total_bytes - held) / slope`` is given instead as an upper bound (other
     holders use memory too) and ``exhaust_basis`` says which one it is.
     """
-    growth = growth_of(samples, now=now, min_duration_seconds=min_duration_seconds)
-    if growth is None or growth.failed_check(min_slope_bytes_per_second) is not None:
+    growth = growth_of(
+        samples,
+        now=now,
+        min_duration_seconds=min_duration_seconds,
+        already_open=already_open,
+    )
+    if (
+        growth is None
+        or growth.failed_check(min_slope_bytes_per_second, already_open=already_open) is not None
+    ):
         return None
     if recent_slope(samples, now=now, since=growth.window_start) < min_slope_bytes_per_second:
         return None  # it grew, but it has stopped: a load that has finished

@@ -294,3 +294,29 @@ def test_linear_growth_fills_the_gpu_within_the_documented_delay(
             assert filling is not None, (
                 f"not filling at {t / 60:.1f} min {(rate, start, every, onset, ripple, seed)}"
             )
+
+
+# Growth that begins inside the window is a hinge (flat, then rising); as the robust
+# slope moves from the blend to the rise's own, r² of the line through the hinge dipped
+# below its minimum for one bucket a third of the way through, closing both verdicts on
+# a steady leak and opening new ones a minute later (2 and 4 GiB/min polled every 15 s,
+# and 1 GiB/min polled every second, found by a draw of the properties above). An open
+# verdict now continues on the shape of the window's newer half.
+@pytest.mark.parametrize("onset", [10.0, 45.0])
+@pytest.mark.parametrize("rate", [0.2, 1.0, 2.0, 4.0])
+@pytest.mark.parametrize("every", [1.0, 5.0, 15.0])
+def test_an_open_verdict_stays_open_while_the_growth_goes_on(
+    onset: float, rate: float, every: float
+) -> None:
+    for seed in [*range(8), 1024]:
+        samples, _, _ = linear_growth(rate, 1.0, every, onset, ("saw", 5.0, 0.0), seed)
+        opened: dict[str, float] = {}
+        for t, leak, filling in verdicts(samples):
+            for name, verdict in (("leak", leak), ("filling", filling)):
+                if verdict is not None:
+                    opened.setdefault(name, t)
+                assert verdict is not None or name not in opened, (
+                    f"{name} open at {opened[name] / 60:.1f} min closed at {t / 60:.1f} "
+                    f"(seed {seed}) while the memory still grows"
+                )
+        assert set(opened) == {"leak", "filling"}, (seed, opened)
