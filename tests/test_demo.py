@@ -218,6 +218,7 @@ def test_demo_finds_every_planted_problem_and_stops_only_what_it_started(
     # The demo's stand-ins and state files are gone; the other run's are untouched.
     for host in ready["hosts"]:
         assert not Path(host["state_file"]).exists()
+        assert not Path(host["state_file"]).with_suffix(".lock").exists()  # nor its lock
         assert not [pid for pid in host["standin_pids"] if _alive(pid)], host["hostname"]
     for path, pids in others.items():
         assert path.exists() and all(_alive(pid) for pid in pids), path.name

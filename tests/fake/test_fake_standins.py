@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,8 +16,9 @@ import pynvml
 import pytest
 
 from gpuwatch.nvml import fake
+from gpuwatch.nvml.fake import lifecycle
 from gpuwatch.nvml.fake.procfs import ProcessIdentity, identify, is_alive
-from gpuwatch.nvml.fake.runtime_state import read_state, state_path
+from gpuwatch.nvml.fake.runtime_state import locked, read_state, remove_lock, state_path
 
 GIB = 2**30
 
@@ -132,6 +136,47 @@ def test_stop_kills_standins_but_never_attached_pids(host: fake.FakeHost) -> Non
         is None
     )
     assert fake.stop(host.scenario, runtime_dir=host.runtime_dir) == []
+    # Nothing of it stays behind: no state, and no zero-byte lock file either.
+    assert list(host.runtime_dir.iterdir()) == []
+
+
+def test_stop_all_removes_a_lock_left_without_its_state(tmp_path: Path) -> None:
+    leftover = tmp_path / "old-0123456789abcdef.lock"
+    leftover.touch()  # what a stop before lock files were removed left
+    assert lifecycle.stop_all(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_waiter_on_a_removed_lock_file_locks_the_one_now_at_its_path(tmp_path: Path) -> None:
+    # A stop removes the lock file while holding it; a process waiting on it then holds
+    # a lock on a file no longer at the path, and without a check a newcomer would lock
+    # the fresh file there and boot the same scenario at the same time.
+    path = tmp_path / "s-0123456789abcdef.json"
+    waiting, holding, release = threading.Event(), threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        waiting.set()
+        with locked(path):
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=waiter)
+    with locked(path):
+        thread.start()
+        waiting.wait(10)
+        time.sleep(0.2)  # let it block in flock on the file about to go
+        remove_lock(path)
+    try:
+        assert holding.wait(10)
+        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        release.set()
+        thread.join(10)
 
 
 def test_standins_exit_on_their_own_when_the_state_file_goes(

@@ -30,6 +30,7 @@ from gpuwatch.nvml.fake.runtime_state import (
     RuntimeState,
     locked,
     read_state,
+    remove_lock,
     remove_state,
     state_path,
     write_state,
@@ -86,7 +87,9 @@ def stop(scenario: Scenario, runtime_dir: Path) -> list[int]:
 def stop_all(runtime_dir: Path) -> list[int]:
     """Stop every scenario recorded in ``runtime_dir`` (whatever its scenario file now says)."""
     killed: list[int] = []
-    for path in sorted(runtime_dir.glob("*.json")):
+    # A lock without its state is an older version's leftover: removed the same way.
+    stems = {p.with_suffix(".json") for p in runtime_dir.glob("*.lock")}
+    for path in sorted(stems | set(runtime_dir.glob("*.json"))):
         killed += _stop_path(path)
     return killed
 
@@ -95,6 +98,8 @@ def _stop_path(path: Path) -> list[int]:
     with locked(path):
         state = read_state(path)
         remove_state(path)
+        # Nothing of a stopped scenario stays behind, its lock file included.
+        remove_lock(path)
         return [] if state is None else _terminate_state(state)
 
 

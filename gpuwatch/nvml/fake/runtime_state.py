@@ -120,13 +120,38 @@ def state_path(runtime_dir: Path, scenario_name: str, content_hash: str) -> Path
 
 @contextmanager
 def locked(state_file: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the state's lock file (blocks until free)."""
-    fd = os.open(state_file.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Hold an exclusive ``flock`` on the state's lock file (blocks until free).
+
+    The lock file is removed with its state (:func:`remove_lock`, under the lock), so a
+    process that waited on it may hold a lock on a file no longer at that path while a
+    newcomer locks a fresh one there: after locking, the file must still be the one
+    the path names, or the lock is taken again.
+    """
+    lock_file = state_file.with_suffix(".lock")
+    while True:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                named = os.stat(lock_file)
+            except FileNotFoundError:
+                named = None
+            if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # removed while we waited: lock the file now there
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def remove_lock(state_file: Path) -> None:
+    """Delete the state's lock file; only while holding it (see :func:`locked`)."""
+    state_file.with_suffix(".lock").unlink(missing_ok=True)
 
 
 def read_state(state_file: Path) -> RuntimeState | None:
