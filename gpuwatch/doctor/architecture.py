@@ -103,6 +103,20 @@ _MOE_FIELDS_KNOWN = {
 # Where multimodal configs nest the language model's own config (Llava, Gemma 3 and
 # Llama 4: text_config; InternVL: llm_config; DeepSeek-VL2: language_config).
 _LANGUAGE_CONFIGS = ("text_config", "llm_config", "language_config")
+# What a config class fills in where its published config.json leaves a field out
+# (transformers' __init__ defaults). google/gemma-3-4b-it's text_config names only its
+# width, depth and window: its heads, head size and vocabulary are Gemma3TextConfig's.
+_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+    },
+}
 # Nested configs of encoders whose weights load with the language model and count in
 # its memory: a vision tower (SigLIP, CLIP, Qwen2-VL's ViT), an audio encoder.
 _ENCODER_CONFIG = re.compile(r"(vision|visual|image|audio|speech)\w*config$", re.IGNORECASE)
@@ -160,6 +174,37 @@ class Architecture:
     # says it is quantised (:func:`stored_dtype`), and how it says so.
     stored_dtype: str | None = None
     stored_as: str | None = None
+    # A checkpoint quantised in part (:func:`quantised_in_part`): the bits a quantised
+    # weight takes as the format stores it where that is not the dtype's (MXFP4: 4.25),
+    # the module groups its ``quantization_config`` leaves unquantised that fit can size
+    # (``attention``, ``router``, ``embeddings``, ``lm_head``, ``encoders``), and the
+    # names it leaves unquantised that fit cannot place (weighed as quantised: said so).
+    stored_bits: float | None = None
+    kept_unquantised: tuple[str, ...] = ()
+    unplaced_unquantised: tuple[str, ...] = ()
+    # Parameters of every layer's attention projections (q, k, v, o) and of the MoE
+    # routers, so that a group left unquantised can be weighed at 16 bits.
+    attention_params: int = 0
+    router_params: int = 0
+    # Sliding-window attention (:func:`sliding_layout`): how many layers keep only the
+    # last ``window`` tokens of KV cache (0: every layer keeps the whole context).
+    sliding_layers: int = 0
+    window: int | None = None
+    # A window the config names but fit could not place with confidence, and why: the
+    # KV cache then counts every layer at the full context (an over-count, said so).
+    window_unread: str | None = None
+    window_unread_size: int | None = None
+
+    @property
+    def kept_params(self) -> int:
+        """Parameters the checkpoint leaves unquantised beyond the embeddings and lm_head
+        (which :attr:`embedding_params` always weighs at 16 bits)."""
+        sizes = {
+            "attention": self.attention_params,
+            "router": self.router_params,
+            "encoders": self.encoder_params,
+        }
+        return sum(sizes.get(group, 0) for group in self.kept_unquantised)
 
     @property
     def has_shape(self) -> bool:
@@ -240,12 +285,23 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
     language = next(
         (config[key] for key in _LANGUAGE_CONFIGS if isinstance(config.get(key), dict)), config
     )
-    arch = from_hf_config(language, name=name)
-    quantized = stored_dtype(
-        config.get("quantization_config") or language.get("quantization_config")
-    )
+    # A nested language config without its own model_type is read by its model's.
+    family = language.get("model_type") or model_type
+    if isinstance(family, str) and family in _CLASS_DEFAULTS:
+        language = {**_CLASS_DEFAULTS[family], **language}
+    arch = from_hf_config(language, name=name, family=family)
+    quantization = config.get("quantization_config") or language.get("quantization_config")
+    quantized = stored_dtype(quantization)
     if quantized is not None:
-        arch = dataclasses.replace(arch, stored_dtype=quantized[0], stored_as=quantized[1])
+        bits, kept, unplaced = quantised_in_part(quantization)
+        arch = dataclasses.replace(
+            arch,
+            stored_dtype=quantized[0],
+            stored_as=quantized[1],
+            stored_bits=bits,
+            kept_unquantised=kept,
+            unplaced_unquantised=unplaced,
+        )
     encoders = sum(
         encoder_params(sub, key=key, output_width=arch.hidden)
         for key, sub in config.items()
@@ -294,6 +350,75 @@ def stored_dtype(quantization: Any) -> tuple[str, str] | None:
         return None
     described = f"{method or 'quantised'}, {bits}-bit"
     return ("int8", described) if bits > 4 else ("int4", described)
+
+
+# Bits a quantised weight takes where the format fixes them beyond the dtype fit names:
+# MXFP4 is 4-bit values with an 8-bit (E8M0) scale shared by each block of 32.
+_FORMAT_BITS = {"mxfp4": 4 + 8 / 32}
+# Where quantization_config lists the modules it leaves unquantised: transformers'
+# modules_to_not_convert (gpt-oss's MXFP4, AWQ, FP8, bitsandbytes as saved),
+# bitsandbytes' llm_int8_skip_modules, llm-compressor's ignore, ModelOpt's
+# exclude_modules, and ignored_layers.
+_UNQUANTISED_LISTS = (
+    "modules_to_not_convert",
+    "llm_int8_skip_modules",
+    "ignore",
+    "exclude_modules",
+    "ignored_layers",
+)
+# The module groups fit can size, by the names checkpoints give their modules.
+_GROUPS = (
+    ("lm_head", re.compile(r"(^|\.)(lm_head|output_layer|embed_out)$")),
+    ("embeddings", re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings)$")),
+    ("router", re.compile(r"(^|\.)(router|gate|shared_expert_gate)$")),
+    ("attention", re.compile(r"(^|\.)(self_attn|attn|attention|[qkvo]_proj|qkv_proj)$")),
+    (
+        "encoders",
+        re.compile(
+            r"(^|\.)(vision_tower|vision_model|visual|vision|audio_tower|audio_model"
+            r"|multi_modal_projector|mm_projector)$"
+        ),
+    ),
+)
+# What a listed name's regex syntax looks like, taken off before matching it
+# (llm-compressor's "re:.*self_attn.*", ModelOpt's "model.layers.*.self_attn*").
+_REGEX_TAIL = re.compile(r"(\.\*|\*|\$|\.\+)+$")
+_REGEX_HEAD = re.compile(r"^(re:)?\^?(\.\*)?")
+
+
+def quantised_in_part(quantization: Any) -> tuple[float | None, tuple[str, ...], tuple[str, ...]]:
+    """How a quantised checkpoint lays its weights out, from its ``quantization_config``:
+    the bits a quantised weight takes where the format fixes them (MXFP4: 4.25), the
+    module groups it leaves unquantised that fit can size, and the names it leaves
+    unquantised that fit cannot place.
+
+    gpt-oss's config leaves ``model.layers.*.self_attn``, ``model.layers.*.mlp.router``,
+    ``model.embed_tokens`` and ``lm_head`` in bf16: its MXFP4 covers the experts alone.
+    A name is placed by its last component (``self_attn``, ``q_proj``, ``router``,
+    ``gate``, ``embed_tokens``, ``lm_head``, a vision tower); one naming a single layer
+    is weighed for every layer (over, never under).
+    """
+    if not isinstance(quantization, dict):
+        return None, (), ()
+    method = str(quantization.get("quant_method") or "").lower()
+    names = [
+        name
+        for key in _UNQUANTISED_LISTS
+        if isinstance(quantization.get(key), list)
+        for name in quantization[key]
+        if isinstance(name, str) and name
+    ]
+    kept: list[str] = []
+    unplaced: list[str] = []
+    for name in names:
+        bare = _REGEX_TAIL.sub("", _REGEX_HEAD.sub("", name.strip()))
+        bare = bare.replace("\\.", ".")
+        group = next((g for g, pattern in _GROUPS if pattern.search(bare)), None)
+        if group is None:
+            unplaced.append(name)
+        elif group not in kept:
+            kept.append(group)
+    return _FORMAT_BITS.get(method), tuple(kept), tuple(unplaced)
 
 
 def encoder_params(config: dict[str, Any], *, key: str, output_width: int | None) -> int:
@@ -427,6 +552,107 @@ def _refuse_unmodelled(config: dict[str, Any], experts: int) -> None:
         )
 
 
+# Sliding-window attention, as transformers' config classes lay it out (their
+# configuration_*.py) and its caches keep it (a sliding layer's cache holds the last
+# ``sliding_window`` tokens):
+# * ``layer_types`` in the config, when there is one, names each layer's kind;
+# * Gemma 2 and gpt-oss alternate, sliding first (layer i slides unless (i + 1) % 2 == 0);
+# * Gemma 3 and Cohere2 slide unless (i + 1) % sliding_window_pattern == 0 (Gemma 3's
+#   default pattern 6, five local to one global; Cohere2's 4);
+# * Mistral, Mixtral, Phi-3 and Starcoder2 apply the window to every layer;
+# * Qwen2 and Qwen3 only with ``use_sliding_window`` (default false, when the window is
+#   ignored), and then on the layers from ``max_window_layers`` on (default 28).
+_ALTERNATING = {"gemma2": None, "gpt_oss": None, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+_WINDOW_ON_EVERY_LAYER = {"mistral", "mixtral", "phi3", "starcoder2"}
+_MAX_WINDOW_LAYERS = {"qwen2": 28, "qwen3": 28}
+# Families whose config class ignores sliding_window unless use_sliding_window is true
+# (its default is false in each of them).
+_USE_SLIDING_WINDOW = {
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen2_vl_text",
+    "qwen2_5_vl_text",
+}
+
+
+@dataclass(frozen=True)
+class SlidingLayout:
+    """Which layers keep only a window of the context (:func:`sliding_layout`)."""
+
+    sliding_layers: int = 0
+    window: int | None = None
+    # A window named but not placed with confidence (every layer then counts the full
+    # context), why, and its size (the note matters only for longer contexts).
+    unread: str | None = None
+    unread_size: int | None = None
+
+
+def sliding_layout(config: dict[str, Any], layers: int, family: Any = None) -> SlidingLayout:
+    """How many of ``layers`` hold only ``sliding_window`` tokens of KV cache.
+
+    ``layer_types`` wins when the config has it; otherwise each family's rule (above).
+    A family whose rule fit does not know, a ``layer_types`` of the wrong length, or
+    chunked attention (Llama 4) keeps the full count for every layer, and says so.
+    """
+    family = str(family or config.get("model_type") or "")
+    window = config.get("sliding_window")
+    if family in _USE_SLIDING_WINDOW and config.get("use_sliding_window") is not True:
+        return SlidingLayout()  # transformers sets the window to None: full attention
+    chunk = _count(config, "attention_chunk_size", 0)
+    chunked = (
+        SlidingLayout(
+            unread=f"attention_chunk_size {chunk}: chunked-attention layers are counted at"
+            " the full context (fit does not model chunked attention; an over-count)",
+            unread_size=chunk,
+        )
+        if chunk
+        else SlidingLayout()
+    )
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        kinds = config.get("layer_types")
+        if isinstance(kinds, list) and "sliding_attention" in kinds:
+            return SlidingLayout(
+                unread="layer_types lists sliding layers but the config gives no"
+                " sliding_window: every layer is counted at the full context"
+            )
+        return chunked
+    kinds = config.get("layer_types")
+    if isinstance(kinds, list):
+        if len(kinds) != layers:
+            return SlidingLayout(
+                unread=f"layer_types lists {len(kinds)} layers for {layers}: every layer is"
+                " counted at the full context",
+                unread_size=window,
+            )
+        sliding = sum(1 for kind in kinds if kind == "sliding_attention")
+        return SlidingLayout(sliding, window if sliding else None)
+    if family in _ALTERNATING:
+        default = _ALTERNATING[family]
+        pattern = 2
+        if default is not None:
+            pattern = _key(
+                config, "sliding_window_pattern", "_sliding_window_pattern", default=default
+            )
+        sliding = sum(1 for i in range(layers) if (i + 1) % pattern)
+        return SlidingLayout(sliding, window if sliding else None)
+    if family in _WINDOW_ON_EVERY_LAYER:
+        return SlidingLayout(layers, window)
+    if family in _MAX_WINDOW_LAYERS:
+        first = _count(config, "max_window_layers", _MAX_WINDOW_LAYERS[family])
+        sliding = max(0, layers - first)
+        return SlidingLayout(sliding, window if sliding else None)
+    return SlidingLayout(
+        unread=f"sliding_window {window} in a {family or 'unnamed'} config, whose layers fit"
+        " cannot tell apart: every layer is counted at the full context (an over-count"
+        " if some of them slide)",
+        unread_size=window,
+    )
+
+
 def _is_moe_layer(config: dict[str, Any], index: int) -> bool:
     """Whether layer ``index`` has experts (every layer for Mixtral).
 
@@ -480,7 +706,9 @@ def _mlps(
     return tuple((size, count) for size, count in mlps if count), routers
 
 
-def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Architecture:
+def from_hf_config(
+    config: dict[str, Any], *, name: str | None = None, family: Any = None
+) -> Architecture:
     """The architecture a Hugging Face config describes, parameters computed from it.
 
     Reads ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
@@ -489,8 +717,10 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Archit
     ``vocab_size``, ``intermediate_size`` (default 4*hidden), ``tie_word_embeddings``
     (default: the config class's, as transformers applies it), and the mixture-of-experts
     fields of Mixtral, Qwen-MoE and DeepSeek-MoE; GPT-2 style names (``n_layer``,
-    ``n_embd``, ``n_head``) too. Raises ``ConfigError`` when a required field is missing
-    or the config describes something the formula would miscount.
+    ``n_embd``, ``n_head``) too; and which layers attend through a sliding window
+    (:func:`sliding_layout`, by ``family``: the config's model_type, or its model's for
+    a nested language config without one). Raises ``ConfigError`` when a required field
+    is missing or the config describes something the formula would miscount.
     """
     try:
         layers = _key(config, "num_hidden_layers", "n_layer", "num_layers")
@@ -521,6 +751,7 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Archit
     params = layers * (attention + 2 * hidden) + mlp + routers + embeddings + hidden
     if params > MAX_PARAMS:
         raise ConfigError(f"model config describes {params:.3g} parameters, beyond any model")
+    sliding = sliding_layout(config, layers, family)
     return Architecture(
         params=params,
         layers=layers,
@@ -534,6 +765,12 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None) -> Archit
         gated_mlp=gated,
         mlps=mlps,
         name=name,
+        attention_params=layers * attention,
+        router_params=routers,
+        sliding_layers=sliding.sliding_layers,
+        window=sliding.window,
+        window_unread=sliding.unread,
+        window_unread_size=sliding.unread_size,
     )
 
 

@@ -5,9 +5,13 @@ The formulas and their sources are in docs/doctor.md. In short, in bytes:
 * weights: params x bytes per parameter (fp32 4, bf16/fp16 2, int8 1, int4 4.125
   bits with an fp16 scale per 128 weights, nf4 4.127 bits with QLoRA's double
   quantisation). Quantised formats quantise the linear layers only; the embeddings
-  and lm_head stay 16-bit, as bitsandbytes and GPTQ/AWQ loaders leave them.
+  and lm_head stay 16-bit, as bitsandbytes and GPTQ/AWQ loaders leave them. A
+  checkpoint quantised in part, weighed as it stores itself, keeps at 16 bits too the
+  groups its quantization_config leaves unquantised (gpt-oss: attention and routers
+  beside MXFP4 experts, at MXFP4's 4.25 bits).
 * KV cache (inference): 2 x layers x kv_heads x head_dim x 2 bytes per token, times
-  context x batch (Llama-3.1-8B: 131,072 bytes = 128 KiB per token).
+  context x batch (Llama-3.1-8B: 131,072 bytes = 128 KiB per token); a layer with
+  sliding-window attention holds min(context, window) tokens instead of the context.
 * full fine-tuning with Adam in mixed precision: 2 (weights) + 2 (gradients) + 12
   (fp32 master weights and two moments) = 16 bytes per parameter (ZeRO, Rajbhandari
   et al. 2020); in fp32: 4 + 4 + 8 = 16 as well.
@@ -74,6 +78,30 @@ COMPONENTS = ("weights", "kv_cache", "gradients", "optimizer", "activations")
 COMPONENT_NAMES = {"kv_cache": "KV cache", "optimizer": "optimizer state"}
 
 
+@dataclass(frozen=True)
+class KvSplit:
+    """The KV cache by kind of layer: ``full_layers`` hold the whole context,
+    ``sliding_layers`` at most ``window`` tokens; ``full_context_bytes`` is what it
+    would be if every layer held the whole context."""
+
+    full_layers: int
+    sliding_layers: int
+    window: int | None
+    full_layers_bytes: int
+    sliding_layers_bytes: int
+    full_context_bytes: int
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {
+            "full_layers": self.full_layers,
+            "sliding_layers": self.sliding_layers,
+            "window": self.window,
+            "full_layers_bytes": self.full_layers_bytes,
+            "sliding_layers_bytes": self.sliding_layers_bytes,
+            "full_context_bytes": self.full_context_bytes,
+        }
+
+
 def component_name(part: str) -> str:
     """``"kv_cache"`` -> ``"KV cache"``: a part as the report names it."""
     return COMPONENT_NAMES.get(part, part)
@@ -114,6 +142,7 @@ class Breakdown:
     high_total: int | None = None
     spread: dict[str, tuple[int, int]] = field(default_factory=dict)
     kv_per_token: int | None = None
+    kv_split: KvSplit | None = None
 
     @property
     def total(self) -> int:
@@ -176,12 +205,47 @@ def kv_bytes_per_token(arch: Architecture, dtype: Dtype) -> int | None:
     return 2 * (arch.layers or 0) * (arch.kv_heads or 0) * (arch.head_dim or 0) * element
 
 
+def kv_split(arch: Architecture, dtype: Dtype, context: int, batch: int) -> KvSplit | None:
+    """The KV cache at ``context`` x ``batch``: full-attention layers hold the context,
+    sliding-window layers ``min(context, window)`` tokens; ``None`` without a shape."""
+    per_token = kv_bytes_per_token(arch, dtype)
+    if per_token is None:
+        return None
+    layers = arch.layers or 0
+    sliding = arch.sliding_layers if arch.window else 0
+    per_layer = per_token // layers if layers else 0
+    held = min(context, arch.window) if arch.window else context
+    return KvSplit(
+        full_layers=layers - sliding,
+        sliding_layers=sliding,
+        window=arch.window if sliding else None,
+        full_layers_bytes=per_layer * (layers - sliding) * context * batch,
+        sliding_layers_bytes=per_layer * sliding * held * batch,
+        full_context_bytes=per_token * context * batch,
+    )
+
+
+def as_stored(arch: Architecture, dtype: Dtype) -> bool:
+    """Whether ``dtype`` is the one the checkpoint stores its weights in (its
+    quantization_config's layout then applies)."""
+    return arch.stored_dtype is not None and dtype == arch.stored_dtype
+
+
 def weight_bytes(arch: Architecture, dtype: Dtype) -> int:
-    """Bytes of the weights at ``dtype`` (embeddings and lm_head 16-bit if quantised)."""
+    """Bytes of the weights at ``dtype`` (embeddings and lm_head 16-bit if quantised).
+
+    At the dtype a quantised checkpoint stores, the groups its quantization_config
+    leaves unquantised (attention, routers, encoders) are 16-bit too, and the quantised
+    weights take the format's own bits where it fixes them (MXFP4's 4.25).
+    """
     bits = BITS_PER_PARAM[dtype]
     if dtype in QUANTISED and arch.embedding_params:
-        linear = arch.params - arch.embedding_params
-        return round(linear * bits / 8) + arch.embedding_params * 2
+        kept = arch.embedding_params
+        if as_stored(arch, dtype):
+            bits = arch.stored_bits or bits
+            kept += arch.kept_params
+        linear = max(0, arch.params - kept)
+        return round(linear * bits / 8) + (arch.params - linear) * 2
     return round(arch.params * bits / 8)
 
 
@@ -238,11 +302,48 @@ def _estimate_shaped(workload: Workload) -> Breakdown:
         optimizer = trainable * (ADAM_BYTES_PER_TRAINABLE - 8)
     per_token = kv_bytes_per_token(arch, dtype)
     kv_cache = None
+    split = None
+    notes: list[str] = []
     if mode == "inference" and per_token is not None:
-        kv_cache = per_token * workload.context * workload.batch
+        split = kv_split(arch, dtype, workload.context, workload.batch)
+        if split is not None:
+            kv_cache = split.full_layers_bytes + split.sliding_layers_bytes
+        unread = arch.window_unread
+        if unread and (
+            arch.window_unread_size is None or workload.context > arch.window_unread_size
+        ):
+            notes.append(f"KV cache: {unread}")
+    if dtype in QUANTISED and as_stored(arch, dtype):
+        notes.extend(_layout_notes(arch))
     return Breakdown(
-        weights, kv_cache, gradients, optimizer, _activations(workload), kv_per_token=per_token
+        weights,
+        kv_cache,
+        gradients,
+        optimizer,
+        _activations(workload),
+        notes=notes,
+        kv_per_token=per_token,
+        kv_split=split,
     )
+
+
+def _layout_notes(arch: Architecture) -> list[str]:
+    """What a checkpoint quantised in part keeps at 16 bits, and what fit could not place."""
+    notes = []
+    if arch.kept_unquantised:
+        kept = ", ".join(arch.kept_unquantised)
+        bits = f"; quantised weights at {arch.stored_bits:g} bits" if arch.stored_bits else ""
+        notes.append(
+            f"weights: {kept} stay 16-bit, as the config's quantization_config leaves them"
+            f" ({_gib(2 * (arch.kept_params + arch.embedding_params))}){bits}"
+        )
+    if arch.unplaced_unquantised:
+        names = ", ".join(arch.unplaced_unquantised)
+        notes.append(
+            f"weights: quantization_config also leaves {names} unquantised, which fit cannot"
+            " size: weighed as quantised (an under-count)"
+        )
+    return notes
 
 
 def _activations(workload: Workload) -> int | None:

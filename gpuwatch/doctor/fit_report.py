@@ -17,10 +17,12 @@ from gpuwatch.doctor.fit import (
     FITS_HEADROOM,
     Breakdown,
     Dtype,
+    KvSplit,
     Mode,
     Option,
     Verdict,
     Workload,
+    as_stored,
     breakdown_verdict,
     component_name,
     deciding_part,
@@ -96,6 +98,8 @@ class FitReport:
             "context": self.workload.context,
             "batch": self.workload.batch,
             "kv_cache_bytes_per_token": self.breakdown.kv_per_token,
+            "kv_cache": self._kv_cache_json(),
+            "unquantised": self._unquantised_json(),
             "breakdown": self.breakdown.as_dict(),
             "estimated": self.breakdown.estimated,
             "spread": {part: list(ends) for part, ends in self.breakdown.spread.items()},
@@ -120,6 +124,28 @@ class FitReport:
                 }
                 for g in self.gpus
             ],
+        }
+
+    def _kv_cache_json(self) -> dict[str, Any] | None:
+        """The KV cache by kind of layer (inference with a shape; else ``None``), and
+        why a window the config names was not applied, if one was not."""
+        split = self.breakdown.kv_split
+        if split is None or self.workload.mode != "inference":
+            return None
+        return {**split.as_dict(), "window_not_applied": self.workload.arch.window_unread}
+
+    def _unquantised_json(self) -> dict[str, Any] | None:
+        """What a checkpoint quantised in part keeps unquantised, when weighed as stored."""
+        arch, dtype = self.workload.arch, self.workload.dtype
+        if not as_stored(arch, dtype) or not (
+            arch.kept_unquantised or arch.unplaced_unquantised or arch.stored_bits
+        ):
+            return None
+        return {
+            "groups": list(arch.kept_unquantised),
+            "params": arch.kept_params + arch.embedding_params,
+            "unplaced": list(arch.unplaced_unquantised),
+            "quantised_bits": arch.stored_bits,
         }
 
     def render(self) -> str:
@@ -147,6 +173,8 @@ class FitReport:
             ):
                 continue
             lines.append(_row(label, value, b.spread.get(part)))
+            if part == "kv_cache" and b.kv_split is not None and b.kv_split.sliding_layers:
+                lines.extend(_kv_rows(b.kv_split, w.context))
         total_range = None
         if b.low_total is not None and b.high_total is not None:
             total_range = (b.low_total, b.high_total)
@@ -166,6 +194,27 @@ class FitReport:
             lines.append(f"cannot tell: {self.unknown_because}")
         lines.extend(f"note: {note}" for note in b.notes)
         return "\n".join(lines) + "\n"
+
+
+def _kv_rows(split: KvSplit, context: int) -> list[str]:
+    """The KV cache's full-attention and sliding-window layers, and what it would be if
+    every layer held the whole context."""
+    window = split.window or 0
+    held = min(context, window)
+    rows = []
+    if split.full_layers:
+        label = f"  {split.full_layers} full-attention layers"
+        rows.append(_row(label, split.full_layers_bytes, None))
+    label = f"  {split.sliding_layers} sliding (window {window})"
+    rows.append(_row(label, split.sliding_layers_bytes, None))
+    if held < context:
+        rows.append(
+            f"    (sliding layers hold {held:,} of {context:,} tokens; every layer at the full"
+            f" context would be {format_size(split.full_context_bytes)})"
+        )
+    else:
+        rows.append(f"    (context {context:,} is within the {window:,}-token window: no saving)")
+    return rows
 
 
 def _option_text(option: Option) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuwatch.doctor.architecture import stored_dtype
+from gpuwatch.doctor.architecture import quantised_in_part, stored_dtype
 from tests.doctor.cli_run import model_config, run
 
 LLAMA_70B: dict[str, Any] = {
@@ -94,3 +94,130 @@ def test_cli_an_explicit_dtype_and_full_training_are_not_overridden(
     )
     report = json.loads(out)
     assert (report["dtype"], report["dtype_source"]) == ("bf16", None)
+
+
+# --- checkpoints quantised in part --------------------------------------------------------
+
+# openai/gpt-oss-20b's config.json: MXFP4 covers the experts; attention, routers,
+# embeddings and lm_head stay bf16 (quantization_config.modules_to_not_convert).
+GPT_OSS_20B: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "experts_per_token": 4,
+    "head_dim": 64,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "model_type": "gpt_oss",
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 8,
+    "num_local_experts": 32,
+    "quantization_config": {
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+        "quant_method": "mxfp4",
+    },
+    "sliding_window": 128,
+    "tie_word_embeddings": False,
+    "vocab_size": 201088,
+}
+GPT_OSS_120B: dict[str, Any] = {
+    **GPT_OSS_20B,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "published_gib"),
+    [("gpt-oss-20b", GPT_OSS_20B, 12.8), ("gpt-oss-120b", GPT_OSS_120B, 60.8)],
+    ids=["gpt-oss-20b", "gpt-oss-120b"],
+)
+def test_cli_weighs_gpt_oss_as_its_checkpoint_stores_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    config: dict[str, Any],
+    published_gib: float,
+) -> None:
+    # The model card's checkpoint sizes: 12.8 GiB and 60.8 GiB. Every linear layer at
+    # 4-bit came to 11.6 and 57.7 (9 % and 5 % under); MXFP4 experts at 4.25 bits beside
+    # bf16 attention, routers, embeddings and lm_head come within 0.2 %.
+    path = model_config(tmp_path, name, config)
+    code, out, _ = run(["fit", "--config", path, "--gpu", "H100-80GB", "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0
+    assert report["dtype"] == "int4" and report["dtype_source"] == "mxfp4, 4-bit"
+    assert report["breakdown"]["weights_bytes"] / 2**30 == pytest.approx(published_gib, rel=0.005)
+    unquantised = report["unquantised"]
+    assert unquantised["groups"] == ["attention", "router", "embeddings", "lm_head"]
+    assert unquantised["unplaced"] == [] and unquantised["quantised_bits"] == 4.25
+    _, out, _ = run(["fit", "--config", path, "--gpu", "H100-80GB"], capsys)
+    assert "note: weights: attention, router, embeddings, lm_head stay 16-bit" in out
+    # Quantised another way (--dtype nf4: bitsandbytes over the bf16 weights), the
+    # checkpoint's layout does not apply: only embeddings and lm_head stay 16-bit.
+    _, out, _ = run(
+        ["fit", "--config", path, "--gpu", "H100-80GB", "--dtype", "nf4", "--json"], capsys
+    )
+    report = json.loads(out)
+    assert report["unquantised"] is None
+    assert report["breakdown"]["weights_bytes"] < published_gib * 2**30 * 0.96
+
+
+@pytest.mark.parametrize(
+    ("quantization", "kept", "unplaced"),
+    [
+        (GPT_OSS_20B["quantization_config"], ("attention", "router", "embeddings", "lm_head"), ()),
+        # llm-compressor: regexes in "ignore" (an MoE's router is mlp.gate).
+        ({"quant_method": "compressed-tensors", "ignore": ["lm_head", "re:.*mlp.gate$"],
+          "config_groups": {"group_0": {"weights": {"num_bits": 4}}}}, ("lm_head", "router"), ()),
+        # ModelOpt: globs in exclude_modules.
+        ({"quant_method": "fp8", "exclude_modules": ["lm_head", "model.layers.*.self_attn*"]},
+         ("lm_head", "attention"), ()),
+        # AWQ on a vision-language model leaves its vision tower alone.
+        ({"quant_method": "awq", "bits": 4, "modules_to_not_convert": ["visual"]}, ("encoders",), ()),
+        # One layer's MLP: fit cannot size it, and says so.
+        ({"quant_method": "fp8", "modules_to_not_convert": ["model.layers.0.mlp", "lm_head"]},
+         ("lm_head",), ("model.layers.0.mlp",)),
+    ],
+    ids=["gpt-oss", "llm-compressor", "modelopt", "awq-visual", "unplaced"],
+)  # fmt: skip
+def test_the_groups_left_unquantised_are_read_from_each_format(
+    quantization: dict[str, Any], kept: tuple[str, ...], unplaced: tuple[str, ...]
+) -> None:
+    _, found_kept, found_unplaced = quantised_in_part(quantization)
+    assert (found_kept, found_unplaced) == (kept, unplaced)
+
+
+def test_cli_a_module_left_unquantised_it_cannot_size_is_named_as_an_under_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quantization = {**GPTQ_4BIT, "modules_to_not_convert": ["model.layers.0.mlp"]}
+    path = model_config(tmp_path, GPTQ_70B, {**LLAMA_70B, "quantization_config": quantization})
+    code, out, _ = run(["fit", "--config", path, "--gpu", "H100-80GB"], capsys)
+    assert code == 0
+    assert (
+        "note: weights: quantization_config also leaves model.layers.0.mlp unquantised, which"
+        " fit cannot size: weighed as quantised (an under-count)"
+    ) in out
+
+
+def test_cli_attention_left_unquantised_is_weighed_at_16_bits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Llama-3.1-70B's attention is 80 x 150,994,944 parameters: 1.0 GiB more at 16 bits
+    # than at 4.125.
+    kept = {**GPTQ_4BIT, "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}
+    sizes = []
+    for name, quantization in (("all", GPTQ_4BIT), ("kept", kept)):
+        path = model_config(tmp_path, name, {**LLAMA_70B, "quantization_config": quantization})
+        _, out, _ = run(["fit", "--config", path, "--gpu", "H100-80GB", "--json"], capsys)
+        sizes.append(json.loads(out)["breakdown"]["weights_bytes"])
+    attention = 80 * (8192 * 64 * 128 * 2 + 8192 * 8 * 128 * 2)
+    assert sizes[1] - sizes[0] == pytest.approx(attention * (2 - (4 + 16 / 128) / 8), abs=2)
