@@ -92,6 +92,24 @@ ANCHORS = (
     "out_of_host_memory",  # SYCL, Level Zero, Vulkan: system RAM
     "outofhostmemory",  # vulkan-hpp's ErrorOutOfHostMemory, vulkano's OutOfHostMemory
     "rmm failure",  # RMM: "RMM failure at:...: Maximum pool size exceeded"
+    # PyTorch's wording as users shorten it ("CUDA OOM when calling ...", "Cuda oom error"):
+    # the device words of families/pytorch.py's first line.
+    "cuda oom",
+    "hip oom",
+    "xpu oom",
+    "npu oom",
+    "musa oom",
+    "mlu oom",
+    # XLA on a TPU in words: "Getting out of hbm memory error on TPU".
+    "out of hbm",
+    # Compilation refused before it ran out: "Aborting compilation early because it's
+    # unlikely to have enough memory. Requires 3.47E, has 14.49G available."
+    "unlikely to have enough memory",
+    # A launcher's report of a worker killed by SIGKILL, like torchrun's "exitcode: -9":
+    # DeepSpeed's "[launch.py:320:sigkill_handler] [...] exits with return code = -9".
+    "return code = -9",
+    "return code -9",
+    "exit code -9",
     "out of device memory",  # the same in words ("vmaAllocateMemory: out of device memory")
     "out of video memory",  # a renderer's "OUT OF VIDEO MEMORY! ( vmaAllocateMemory )"
     "out of video ram",  # the same, the GPU's memory called RAM ("out of GPU RAM": "out of gpu")
@@ -156,6 +174,7 @@ WEAK_ANCHORS = (
     "exhausted",
     "alloc",
     "outof",
+    "out-of-memory",  # prose: "I encountered an out-of-memory error when executing ..."
     " oom",
     "memory is full",
     "显存",

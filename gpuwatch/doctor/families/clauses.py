@@ -43,7 +43,11 @@ _FORECAST = re.compile(
     r"|^\W*(?:this|the)\s+(?:commit|pr|pull\s+request|patch|change)\b"
     # A change's title that names what it fixes: "[SYCL]fix the B70 mem allocate error
     # when >19.3GB, can't allocate N Bytes of memory on device", "fix(test): ... pool OOM".
-    r"|^\s*(?:\[[^\]\n]{1,30}\]\s*)?\W*(?:fix(?:es)?|work\s*around(?:\s+for)?)\b(?![-'])",
+    r"|^\s*(?:\[[^\]\n]{1,30}\]\s*)?\W*(?:fix(?:es)?|work\s*around(?:\s+for)?)\b(?![-'])"
+    # ... and a page's heading that names what it explains: "Understanding and Solving
+    # PyTorch's CUDA Out-of-Memory Errors", "Troubleshooting CUDA out of memory".
+    r"|^\W*(?:understanding|solving|fixing|debugging|troubleshooting|avoiding|preventing"
+    r"|dealing\s+with|a\s+guide\s+to)\b",
     re.IGNORECASE,
 )
 # A failure only supposed ("If out-of-memory error occurs during cudagraph capture, ...",
@@ -65,6 +69,59 @@ _SUPPOSED = re.compile(
 _MET_AFTER_SUPPOSITION = re.compile(
     r",\s*(?:(?:then|and)\s+)?(?:(?:it|this)\s+)?(?:always|every\s+time|each\s+time"
     r"|I\s+(?:always\s+|still\s+)?(?:get|got|see|saw|hit|encounter(?:ed)?|run\s+into|ran\s+into))\b",
+    re.IGNORECASE,
+)
+# The teller's own supposition, what they did ("If I try to use a batch size like 16 it
+# starts training and after 10 iterations it throws a Cuda oom error"), answered by what
+# the program did to them, with or without a comma: a report of a failure met each time.
+_OWN_SUPPOSITION = re.compile(r"(?:if|when(?:ever)?)\s+I\b", re.IGNORECASE)
+_MET_BY_TELLER = re.compile(
+    r"\b(?:it|this|that)\s+(?:still\s+|always\s+|then\s+|just\s+)?"
+    r"(?:throws|threw|gives|gave|shows|showed|raises|raised|reports|reported|crashes|crashed)\b",
+    re.IGNORECASE,
+)
+# An indirect question is no supposition: "I was wondering if anybody was able to find
+# where the problem is ... and it still gives me a cuda out of memory error".
+_ASKS_IF = re.compile(
+    r"\b(?:wonder(?:s|ed|ing)?|ask(?:s|ed|ing)?|know|sure|see|check(?:ed|ing)?)\s+$",
+    re.IGNORECASE,
+)
+# An error's text compared with another's, the way a reply explains what a message means:
+# 'to me reading "MPS backend out of memory..." is the same as reading "CUDA out of
+# memory ..."'. The first quoted text is followed, once its quote closes, by the
+# comparison; the second is preceded by it.
+_COMPARED_AFTER = re.compile(
+    r"[^\"'`\n]{0,200}[\"'`]\s*(?:is|are|means)\s+(?:just\s+|basically\s+)?"
+    r"(?:the\s+same\s+(?:thing\s+)?as|equivalent\s+to|similar\s+to|like)\b",
+    re.IGNORECASE,
+)
+_COMPARED_BEFORE = re.compile(
+    r"\b(?:the\s+same\s+(?:thing\s+)?as|equivalent\s+to|similar\s+to)\s+"
+    r"(?:reading\s+|seeing\s+|getting\s+)?[\"'`]$",
+    re.IGNORECASE,
+)
+# A question put to the reader, an article's opening ("Have you ever been running a deep
+# learning model in PyTorch, only to freeze when you encounter the dreaded "CUDA out of
+# memory" error?"), and an error made the subject of a statement about it in general
+# ('The frustrating "CUDA out of memory" error has become a rite of passage for deep
+# learning engineers worldwide'): talk about the error, not a failure met.
+_ASKS_READER = re.compile(
+    r"^\W*(?:(?:have|had)\s+you\s+ever|ever\s+(?:been|seen|hit|had|got|gotten|encountered|wondered)"
+    r"|do\s+you\s+(?:ever|keep|often)|are\s+you\s+(?:tired|struggling|still\s+getting))\b",
+    re.IGNORECASE,
+)
+_GENERAL_STATEMENT_AFTER = re.compile(
+    r"[^.!?\n]{0,60}?\b(?:errors?|exceptions?|messages?)[\"'`]?\s+"
+    r"(?:(?:has|have)\s+become|is\s+(?:one\s+of\s+the|among\s+the|a\s+rite\s+of\s+passage"
+    r"|the\s+most\s+common|a\s+common)|are\s+(?:among\s+the|the\s+most\s+common|common))\b",
+    re.IGNORECASE,
+)
+# A failure denied right before its words: "Doesn't look to me like an obvious TPU OOM",
+# "this is not a CUDA out of memory error", "It wasn't an OOM".
+_DENIED_BEFORE = re.compile(
+    r"(?:\b(?:does|do|did)\s*n[o']t|\bnot)\s+(?:[\w-]{1,12}\s+){0,3}?(?:look|seem|sound)s?\s+"
+    r"(?:[\w-]{1,12}\s+){0,3}?like\s+(?:an?\s+|the\s+)?(?:[\w-]{1,20}\s+){0,3}$"
+    r"|\b(?:is|was|are|were)(?:n't|\s+not)\s+(?:an?\s+|the\s+)?(?:[\w-]{1,20}\s+){0,3}$",
     re.IGNORECASE,
 )
 # A failure defined rather than met, right after its words in its sentence: "CUDA out of
@@ -99,6 +156,7 @@ _NONE_BEFORE = re.compile(
     r"(?:^|[^\w.])(?:no|zero|0|without|never)\s+(?:[\w-]{1,12}\s+){0,2}$", re.IGNORECASE
 )
 NONE_LOOKBACK_CHARS = 40
+DENIED_LOOKBACK_CHARS = 80
 # The failure's text only built in code (inside a string still open where the failure
 # starts): an exception passed to a call ("is_cuda_out_of_memory(RuntimeError('CUDA
 # error: out of memory'))"), where a log prints it ("RuntimeError: CUDA error: out of
@@ -141,6 +199,14 @@ def forecast(text: str, start: int) -> bool:
     told = text[sentence:start]
     if _IN_CODE.search(told) or _NONE_BEFORE.search(told[-NONE_LOOKBACK_CHARS:]):
         return True
+    if _DENIED_BEFORE.search(told[-DENIED_LOOKBACK_CHARS:]):
+        return True
+    if _COMPARED_BEFORE.search(told) or _COMPARED_AFTER.match(text, start, start + 300):
+        return True
+    if _GENERAL_STATEMENT_AFTER.match(text, start, start + DEFINED_LOOKAHEAD_CHARS):
+        return True
+    if _ASKS_READER.search(told) and _asks(text, start):
+        return True
     if _DEFINED_AFTER.match(text, start, start + DEFINED_LOOKAHEAD_CHARS):
         return True
     line = text[text.rfind("\n", 0, start) + 1 : start]
@@ -153,12 +219,20 @@ def forecast(text: str, start: int) -> bool:
     ):
         return True
     supposed = _SUPPOSED.search(told)
+    while supposed is not None and _ASKS_IF.search(told, 0, supposed.start()):
+        supposed = _SUPPOSED.search(told, supposed.end())
     if _FORECAST.search(told) is None and supposed is None:
         return False
     if (
         _FORECAST.search(told) is None
         and supposed is not None
-        and _MET_AFTER_SUPPOSITION.search(told, supposed.end())
+        and (
+            _MET_AFTER_SUPPOSITION.search(told, supposed.end())
+            or (
+                _OWN_SUPPOSITION.match(told, supposed.start())
+                and _MET_BY_TELLER.search(told, supposed.end())
+            )
+        )
     ):
         return False
     return _QUESTION.search(told) is None or not _asks(text, start)

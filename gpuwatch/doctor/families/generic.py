@@ -21,7 +21,8 @@ back*, *instead*, *retrying*, *skipping*, *reducing*, there or wrapped onto the 
 line; or a warning, info or debug level), one that only supposes the failure (*if*, *in
 case*, *to avoid* before it in its sentence), nor one that puts the memory elsewhere: on
 the host (*pinned*, *host* or *system memory*, the OOM killer) or in a GPU's on-chip
-*shared memory*. Only figures the wording makes unambiguous are read: the size after
+*shared memory*, nor a diagnosis told to the reader (*your GPU does not have enough VRAM*).
+Only figures the wording makes unambiguous are read: the size after
 *allocate* (or ``size =``, hexadecimal included) and the device's index.
 """
 
@@ -40,9 +41,11 @@ _GPU_RAM = r"(?:gpu|video|graphics)[\s_-]?ram"
 _SHORT = re.compile(
     # Not "memoryless"; "OutOfMemoryError", "OutOfDeviceMemory", "OUTOFVIDEOMEMORY" are
     # the same words, and the last two say where.
-    r"out[\s_-]?of[\s_-]?(?P<where>(?:device|gpu|video|graphics|vram)[\s_-]?)?memory(?-i:(?![a-z]))"
+    r"out[\s_-]?of[\s_-]?(?P<where>(?:device|gpu|video|graphics|vram|hbm)[\s_-]?)?memory(?-i:(?![a-z]))"
     rf"|out[\s_-]of[\s_-](?P<where_ram>{_GPU_RAM})\b"
-    r"|\bOOM\b"
+    # "OOM" also right after text in another script ("在evaluate阶段会出现OOM"), where \b sees
+    # no boundary: only an ASCII letter or digit around it disqualifies it.
+    r"|(?<![A-Za-z0-9_])OOM(?![A-Za-z0-9_])"
     rf"|(?:\bnot|n't)\s+(?:have\s+|had\s+)?enough\s+(?:[\w-]+\s+){{0,3}}?(?:memory|vram|hbm|{_GPU_RAM})\b"
     rf"|\binsufficient\s+(?:[\w-]+\s+){{0,3}}?(?:memory|vram|hbm|{_GPU_RAM})\b"
     rf"|\b(?:memory|vram|{_GPU_RAM})\s+(?:is\s+|was\s+)?(?:insufficient|exhausted|full)\b"
@@ -103,6 +106,13 @@ _WENT_ON = re.compile(
     r"|\bskipping\b|\breducing\b",
     re.IGNORECASE,
 )
+# A diagnosis told to the reader about their hardware ("Unfortunatly your GPU does not have
+# enough VRAM for training. 4 GB is too low."): what it can hold, not a failure met.
+_YOUR_HARDWARE = re.compile(
+    r"\byour\s+(?:[\w-]+\s+){0,2}?(?:gpus?|cards?|graphics\s+card|device|machine|system|hardware)"
+    r"\s+(?:does\s*n[o']t|do\s*n[o']t|has\s+not|hasn't|lacks|won't)\b",
+    re.IGNORECASE,
+)
 # PyTorch's exception name is the PyTorch family's to read: cut short ("torch.cuda.
 # OutOfMemoryError: CUDA o"), it is not another wording.
 _PYTORCH_NAME = re.compile(r"\btorch\.(?:cuda\.)?OutOfMemory")
@@ -161,6 +171,21 @@ def find(window: str) -> list[Found]:
     return []
 
 
+def says_failed_at(window: str, pos: int) -> bool:
+    """Whether the line of ``window`` that holds ``pos`` says, as this fallback reads it,
+    that the device's memory ran out (another family's check of a loose wording)."""
+    begin = window.rfind("\n", 0, pos) + 1
+    end = window.find("\n", pos)
+    end = len(window) if end == -1 else end
+    before = window.rfind("\n", 0, max(0, begin - 1)) + 1
+    after = window.find("\n", end + 1)
+    after = len(window) if after == -1 else after
+    previous = window[before : begin - 1] if begin else ""
+    following = window[end + 1 : after] if end < len(window) else ""
+    line = window[begin:end][:MAX_LINE_CHARS]
+    return _failure_at(line, previous[:MAX_LINE_CHARS], following[:MAX_LINE_CHARS]) is not None
+
+
 def read_line(line: str, previous: str, following: str) -> OomFacts | None:
     """``line``, between the lines around it, as a message, or None (the parser's read
     of a line whose only anchor words are weak ones: text.py, ``weak_lines``)."""
@@ -196,7 +221,7 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
     failure = _failure(line)
     if failure is None or (failure.re is _ALLOC_FAILED and _OTHER_ERROR.search(line)):
         return None
-    if any(p.search(line) for p in (_WENT_ON, _LEVEL, _PYTORCH_NAME, _ELSEWHERE)):
+    if any(p.search(line) for p in (_WENT_ON, _LEVEL, _PYTORCH_NAME, _ELSEWHERE, _YOUR_HARDWARE)):
         return None
     # A sentence wrapped onto the next line may say there that the program went on.
     if _WENT_ON.search(following):

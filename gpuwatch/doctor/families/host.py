@@ -75,6 +75,10 @@ from gpuwatch.doctor.units import parse_size
 
 _SIGKILL = re.compile(
     r"failed\s+\(exitcode:\s*-9\)|exitcode\s*:\s*-9\b|Signal\s+9\s+\(SIGKILL\)\s+received"
+    # Other launchers say the same of a worker's return code: DeepSpeed's
+    # "[launch.py:320:sigkill_handler] ['/usr/bin/python', ...] exits with return code = -9",
+    # "... exited with exit code -9".
+    r"|\bexit(?:s|ed)?\s+with\s+(?:return|exit)\s+code\s*[=:]?\s*-9\b"
 )
 # The CUDA toolchain out of system RAM while compiling (a flash-attention or ONNX Runtime
 # build with many jobs at once): ptxas's own words, the EDG front end's (cudafe++, cicc),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import Kind, OomFacts, ProcessUse
+from gpuwatch.doctor.families import generic
 from gpuwatch.doctor.families.clauses import (
     SIZE,
     Found,
@@ -68,8 +69,12 @@ _HEADER = re.compile(
 # torch's) and any name followed by its message are not this. Jupyter and IPython head a
 # traceback with the name alone, the message only at its end (which may not be pasted):
 # "OutOfMemoryError                          Traceback (most recent call last)".
+#
+# Issue text also writes the device word and the rest in its own case ("CUDA OUT OF
+# MEMORY", a title's "Cuda Out of Memory"), and shortens it: "CUDA OOM", "Cuda oom error"
+# (users' name for the same exception; "OOM" alone, with no device word, is anyone's).
 _FIRST_LINE = re.compile(
-    rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+out\s+of\s+memory(?![A-Za-z0-9_])"
+    rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+(?i:out\s+of\s+memory|(?P<oom>oom))(?![A-Za-z0-9_])"
     r"|(?P<name>(?:(?<![\w.])(?:torch\.(?:cuda\.)?)?|(?<=[^\x00-\x7f]))OutOfMemoryError)"
     r"(?:[ \t]*$|[ \t]+Traceback\s+\(most\s+recent\s+call\s+last\))",
     re.MULTILINE,
@@ -127,6 +132,11 @@ def find_first_line(window: str) -> list[Found]:
     for span in spans(window, _FIRST_LINE, limit=400):
         header = _FIRST_LINE.match(window, span.start)
         assert header is not None
+        # The shortened form is a person's (or a program's own log line), never the
+        # exception's: read it only where the fallback for other wordings would read its
+        # line as a failure (not a warning, a skipped batch, a retry, ...).
+        if header["oom"] and not generic.says_failed_at(window, span.start):
+            continue
         device_type = (header["dev"] or "cuda").lower()
         facts = _caching_facts(span, device_type, cut=True)
         if header["name"] and facts.exception is None:

@@ -58,6 +58,18 @@ _TPU_NOT_POSSIBLE = re.compile(
 _TPU_WANTED = compile_clause(r"Attempting\s+to\s+(?:reserve|allocate)\s+")
 _TPU_FREE = compile_clause(r"There\s+are\s+", r"\s+free")
 _HBM_CAPACITY = compile_clause(r"HBM\s+capacity\s+")
+# Compilation refused up front, newer releases: "Compilation failure: Aborting compilation
+# early because it's unlikely to have enough memory. Requires 3.47E, has 14.49G
+# available." (the program's need, then what the device has).
+_ABORTED = re.compile(
+    r"Aborting\s+compilation\s+early\s+because\s+it(?:'s|\s+is)\s+unlikely\s+to\s+have"
+    r"\s+enough\s+memory"
+)
+_ABORTED_NEEDS = compile_clause(r"Requires\s+")
+_ABORTED_HAS = compile_clause(r"has\s+", r"\s+available")
+# A TPU's HBM said to have run out in words (an issue title: "Getting out of hbm memory
+# error on TPU"), where the line names the TPU or XLA: HBM alone is also a GPU's memory.
+_HBM_IN_WORDS = re.compile(r"(?i:\bout\s+of\s+(?:TPU\s+)?HBM\b)(?=[^\n]*(?:\bTPU|\bXLA))")
 _BFC_LIMIT = re.compile(r"(?:^|\n)\s*Limit:\s+(\d+)")
 _BFC_IN_USE = re.compile(r"(?:^|\n)\s*InUse:\s+(\d+)")
 _TPU = re.compile(r"\bTPU\b|\bHBM|\bhbm\b")
@@ -75,7 +87,35 @@ def find(window: str) -> list[Found]:
         found.append(Found(span.start, _tpu_space(span)))
     for span in spans(window, _TPU_NOT_POSSIBLE, limit=600):
         found.append(Found(span.start, _tpu_not_possible(span)))
+    for span in spans(window, _ABORTED, limit=300, needs=("aborting compilation",)):
+        found.append(Found(span.start, _aborted(span)))
+    if not found:
+        for span in spans(window, _HBM_IN_WORDS, limit=300, needs=("out of hbm", "out of tpu"))[:1]:
+            found.append(Found(span.start, _hbm_in_words(span)))
     return found
+
+
+def _aborted(span: Span) -> OomFacts:
+    return OomFacts(
+        kind="xla",
+        category="xla_compile_aborted_not_enough_memory",
+        exception=_exception(span),
+        device_type="tpu" if _TPU.search(span.text, span.start, span.end) else None,
+        requested_bytes=span.size(_ABORTED_NEEDS),
+        free_bytes=span.size(_ABORTED_HAS),
+        phase="compile",
+        message=span.snippet,
+    )
+
+
+def _hbm_in_words(span: Span) -> OomFacts:
+    return OomFacts(
+        kind="xla",
+        category="xla_tpu_memory_space_exhausted",
+        exception=_exception(span),
+        device_type="tpu",
+        message=span.snippet,
+    )
 
 
 def _exception(span: Span) -> str | None:
