@@ -140,6 +140,41 @@ def test_an_unwritable_audit_log_stops_a_real_run_but_not_a_dry_one(
     assert idle.alive()
 
 
+@pytest.mark.parametrize("planted", ["symlink", "hard link", "fifo"])
+def test_an_audit_log_planted_by_its_directory_s_owner_is_never_written_through(
+    rig, victims, agent, tmp_path: Path, planted: str
+) -> None:
+    # Root appends to the audit log, whose default directory is the service user's
+    # (the units' StateDirectory): a symlink planted there made root append rows, with
+    # other users' command lines in them, to any file (a shell's rc file). Nothing is
+    # written through a symlink, a second name or a FIFO; a real run is refused (22).
+    idle = victims()
+    scenario = _setup(rig, agent, [Hold(idle.pid)])
+    target = tmp_path / "roots-bashrc"
+    target.write_text("# root's\n")
+    planted_at = tmp_path / "state" / "reap-audit.jsonl"
+    planted_at.parent.mkdir()
+    if planted == "symlink":
+        planted_at.symlink_to(target)
+    elif planted == "hard link":
+        os.link(target, planted_at)
+    else:
+        os.mkfifo(planted_at)
+    log = ("--audit-log", str(planted_at))
+    dry = _reap(tmp_path, agent, scenario, "--idle", "2h", "--dry-run", "--json", *log)
+    assert dry.returncode == 0, dry.stderr
+    assert any(
+        n.startswith("this dry run is not in the audit log: cannot write")
+        for n in json.loads(dry.stdout)["notes"]
+    )
+    real = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", *log, timeout=60)
+    assert real.returncode == 22, real.stderr
+    assert "cannot write the reaper's audit log" in real.stderr
+    assert "Traceback" not in real.stderr
+    assert target.read_text() == "# root's\n"
+    assert idle.alive()
+
+
 def test_nothing_to_do_and_not_a_terminal(rig, victims, agent, tmp_path: Path) -> None:
     idle = victims()
     scenario = _setup(rig, agent, [Hold(idle.pid)], seconds=30 * 60)

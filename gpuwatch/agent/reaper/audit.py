@@ -17,8 +17,10 @@ rows add ``outcome``, ``signals``, ``memory_freed`` and ``memory_freed_bytes``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +44,7 @@ class AuditLog:
             created = not self.path.exists()
             if created:
                 self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = _open_for_append(self.path)
             try:
                 view = memoryview(line)
                 while view:
@@ -67,6 +69,33 @@ class AuditLog:
         except FileNotFoundError:
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# Never through a symlink, never a FIFO or device, never a file with a second name: root
+# appends to this file, and its directory may belong to the agent's service user (the
+# units' StateDirectory), which could otherwise point it at any file root can write and
+# have rows carrying other users' command lines appended there (a shell's rc file).
+_APPEND_FLAGS = (
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY
+    | os.O_NONBLOCK
+)  # fmt: skip
+
+
+def _open_for_append(path: Path) -> int:
+    """A descriptor for appending to ``path``, a regular file with one link (created
+    mode 0600 when absent). Raises OSError, with a reason, for anything else."""
+    try:
+        fd = os.open(path, _APPEND_FLAGS, 0o600)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise OSError(err.errno, "it is a symbolic link, which is never followed") from err
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = "has more than one name" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+        raise OSError(errno.EPERM, f"it {what}")
+    return fd
 
 
 class DryRunAudit(AuditLog):
