@@ -10,6 +10,7 @@ unknown time is never counted as idle.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 from gpuwatch.detectors._format import format_bytes, format_seconds
 from gpuwatch.detectors.types import Finding, Sample
@@ -29,14 +30,18 @@ def detect_idle(
     trailing run of idle samples must start at or before the window's start, follow
     each other at most ``max_gap_seconds`` apart, and the newest must be at most
     ``max_gap_seconds`` before ``now`` (so a holder that stopped reporting is not
-    called idle on stale data). Samples after ``now`` are ignored. Times are seconds.
+    called idle on stale data), counted like the gaps between samples: from the
+    newest bucket's start to the start of the bucket that holds ``now``, i.e. with one
+    bucket (the narrowest step between samples, at most half of ``max_gap_seconds``)
+    of slack (:func:`_stamp_slack`). Samples after ``now`` are ignored. Times are
+    seconds.
 
     Evidence: ``idle_seconds`` (length of the idle run up to ``now``, which may exceed
     the window), ``held_bytes`` (newest sample), ``idle_since`` (epoch seconds of the
     first idle sample of the run), ``window_seconds`` and ``samples``.
     """
     known = sorted((s for s in samples if s.t <= now), key=lambda s: s.t)
-    if not known or now - known[-1].t > max_gap_seconds:
+    if not known or now - known[-1].t > max_gap_seconds + _stamp_slack(known, max_gap_seconds):
         return None
     # Walk back from the newest sample while samples stay idle and close together;
     # the run's first sample is where provable idleness begins.
@@ -70,6 +75,27 @@ def detect_idle(
             "samples": len(known) - run_start,
         },
     )
+
+
+def _stamp_slack(known: Sequence[Sample], max_gap_seconds: float) -> float:
+    """How much older than ``max_gap_seconds`` the newest sample may be: one bucket.
+
+    A bucket is stamped with its start, and its polls come up to a bucket later; the
+    gaps between samples are counted stamp to stamp, so ``now`` (a poll in a later
+    bucket) is too. Counting from the stamp to ``now`` itself asked more of the newest
+    bucket than of any other: with one push a bucket and ±30 % jitter, or two pushes a
+    bucket and two missed in a row, an empty bucket put ``now`` more than two buckets
+    after the newest stamp, though no poll gap reached ``max_gap_seconds``, and an open
+    idle verdict closed for a bucket and opened again as a second event. The bucket is
+    the narrowest step between the samples (a missing bucket only widens a step; raw
+    polls give a poll interval), and never more than half of ``max_gap_seconds``,
+    which the server sets to at least two buckets.
+    """
+    width = min(
+        (b.t - a.t for a, b in pairwise(known) if b.t > a.t),
+        default=0.0,
+    )
+    return min(width, max_gap_seconds / 2)
 
 
 def _is_idle(sample: Sample, min_bytes: int) -> bool:

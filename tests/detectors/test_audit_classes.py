@@ -333,7 +333,7 @@ def test_an_open_leak_under_a_ripple_as_high_as_a_split_s_growth_does_not_lapse(
 
     assert judged(already_open=False) is None  # no split clears: it would not open here
     kept = judged(already_open=True)
-    assert kept is not None and kept.evidence["clearance_bytes"] > 2 * GIB
+    assert kept is not None and kept.evidence["clearance_bytes"] > 2 * GIB  # type: ignore[operator]
 
 
 @pytest.mark.xfail(strict=True, reason="known gap: one bucket late under an aliased ripple")

@@ -53,7 +53,8 @@ def render(trace: Trace, seed: int) -> dict[str, object]:
     times = poll_times(trace, rng)
     processes = []
     for proc in trace.procs:
-        used, sm = [], []
+        used: list[int | None] = []
+        sm: list[float | None] = []
         for t in times:
             value = proc.used(t)
             if value is None:
