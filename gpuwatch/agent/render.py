@@ -3,6 +3,11 @@
 One line per GPU, then who holds its memory, then what looks wrong: memory held by
 PIDs that no longer exist, memory no visible process accounts for, orphaned processes
 and Jupyter kernels whose notebook server is gone.
+
+Every name and command comes from /proc or NVML, and other users choose theirs: each
+is printed through :func:`~gpuwatch.terminal_text.printable` as a
+:class:`~rich.text.Text`, so a control character shows as an escape and rich markup
+in it stays text.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
+from gpuwatch.terminal_text import printable
 
 # Below this, unattributed memory is driver/context overhead, not worth a warning.
 UNATTRIBUTED_WARN_BYTES = 256 * 2**20
@@ -90,11 +96,12 @@ def render_status(
 ) -> None:
     console = console or Console()
     now = time.time() if now is None else now
-    header = f"[bold]{snapshot.hostname}[/]  driver {snapshot.driver_version or '?'}"
+    header = Text(printable(snapshot.hostname), style="bold")
+    header.append(f"  driver {printable(snapshot.driver_version or '?')}")
     if snapshot.cuda_driver_version:
-        header += f"  CUDA {snapshot.cuda_driver_version}"
+        header.append(f"  CUDA {printable(snapshot.cuda_driver_version)}")
     if snapshot.fake:
-        header += "  [yellow](simulated GPUs)[/]"
+        header.append("  (simulated GPUs)", style="yellow")
     console.print(header)
     if not snapshot.gpus:
         console.print("no GPUs found")
@@ -104,12 +111,12 @@ def render_status(
         if gpu.processes:
             console.print(_process_table(gpu, now))
         for warning in gpu_warnings(gpu):
-            console.print(Text(f"  ! {warning}", style="bold red"))
+            console.print(Text(f"  ! {printable(warning)}", style="bold red"))
 
 
 def _gpu_line(gpu: Gpu) -> Text:
     line = Text(f"[{gpu.index}] ", style="cyan")
-    line.append(f"{gpu.name or 'unknown GPU'}", style="bold")
+    line.append(printable(gpu.name or "unknown GPU"), style="bold")
     if gpu.lost or gpu.read_error:
         return line
     temp = "?" if gpu.temperature_celsius is None else f"{gpu.temperature_celsius:.0f}°C"
@@ -131,7 +138,7 @@ def _process_table(gpu: Gpu, now: float) -> Table:
     # Flags before the command: on a narrow terminal the command gives way (cut with an
     # ellipsis, never wrapped), not the warning.
     rows = sorted(gpu.processes, key=lambda p: p.used_bytes or 0, reverse=True)
-    flags = {p.pid: ", ".join(process_flags(p)) for p in rows}
+    flags = {p.pid: printable(", ".join(process_flags(p))) for p in rows}
     table.add_column("FLAGS", no_wrap=True, min_width=max(5, *(len(f) for f in flags.values())))
     table.add_column("COMMAND", no_wrap=True, overflow="ellipsis", max_width=60)
     for proc in rows:
@@ -139,11 +146,11 @@ def _process_table(gpu: Gpu, now: float) -> Table:
         sm = "?" if proc.sm_ratio is None else f"{proc.sm_ratio:.0%}"
         table.add_row(
             str(proc.pid),
-            proc.owner.user or "?",
+            Text(printable(proc.owner.user or "?")),
             format_bytes(proc.used_bytes),
             sm,
             format_age(age),
             Text(flags[proc.pid], style="red"),
-            (proc.command or proc.name or "?")[:60],
+            Text(printable((proc.command or proc.name or "?")[:60])),
         )
     return table

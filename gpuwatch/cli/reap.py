@@ -376,11 +376,12 @@ class _Session:
     def refuse(self, reason: str, *, dry_run: bool) -> None:
         """Audit a refusal of the whole run (best effort: the refusal stands anyway)."""
         from gpuwatch.agent.reaper.errors import AuditError
+        from gpuwatch.agent.reaper.report import note_line
 
         try:
             self.executor.refuse(self.hostname, reason, dry_run=dry_run)
         except AuditError as err:
-            self.console.print(f"note: {err}", style="yellow")
+            self.console.print(note_line(str(err)))
 
     def execute(
         self, plan: Plan, *, dry_run: bool, yes: bool, as_json: bool, pid: int | None
@@ -393,7 +394,8 @@ class _Session:
         )
         from gpuwatch.agent.reaper.killer import GONE
         from gpuwatch.agent.reaper.report import as_json as to_json
-        from gpuwatch.agent.reaper.report import print_plan, print_results
+        from gpuwatch.agent.reaper.report import note_line, print_plan, print_results
+        from gpuwatch.terminal_text import printable
 
         executor = self.executor
         if not as_json:
@@ -404,7 +406,8 @@ class _Session:
             executor.refuse(plan.hostname, decision.detail, dry_run=dry_run, decision=decision)
             if as_json:
                 typer.echo(to_json(plan, [], dry_run=dry_run, refused=decision.detail))
-            raise ReapRefused(f"not reaping PID {pid}: {decision.detail}")
+            # The audit row and --json above keep the detail as it is; stderr shows it escaped.
+            raise ReapRefused(f"not reaping PID {pid}: {printable(decision.detail)}")
         if not plan.chosen:
             if as_json:
                 typer.echo(to_json(plan, [], dry_run=dry_run))
@@ -424,7 +427,7 @@ class _Session:
                 )
             print_results(results, self.console)
             for note in notes:
-                self.console.print(f"note: {note}", style="yellow")
+                self.console.print(note_line(note))
         if dry_run or all(r.outcome in GONE for r in results):
             return EXIT_REAPED
         return EXIT_PARTIAL

@@ -5,6 +5,14 @@ same :class:`~gpuwatch.snapshot.HostSnapshot` that ``gpuwatch status --json`` pr
 No agent is a normal case, not an error: :func:`fetch_local_snapshot` then returns
 ``None`` and the doctor works from the message alone.
 
+Who answers: anyone may listen on the agent's port while the agent is down and serve
+a made-up snapshot (whose advice then names any PID). So a snapshot from this host is
+used only when the socket behind the URL belongs to root, the agent's service user or
+the caller, checked before and after the request as ``gpuwatch reap`` checks its
+history (:mod:`gpuwatch.agent.reaper.served`); otherwise it is ignored, with one
+warning line. An agent on another host (a URL that is neither a loopback address nor
+a listener on this host) is not checked: the URL names it.
+
 Idle time: a snapshot is one instant. It has each process's SM share *now*
 (``sm_ratio``) and its start time, not how long it has been idle, so
 :class:`LiveProcess` reports ``running_seconds`` and ``sm_ratio`` and leaves
@@ -14,8 +22,11 @@ that figure.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,16 +60,24 @@ def fetch_local_snapshot(
     in ``/snapshot`` is used as is. ``timeout`` (seconds) bounds connect and read, so
     an absent agent costs at most that. Never raises for an absent, slow or broken
     agent: connection errors, HTTP errors and an invalid body are logged and give
-    ``None``.
+    ``None``. Nor for an untrusted one: a listener on this host owned by another user
+    (see the module docstring) is logged at WARNING and gives ``None``. A
+    ``transport`` (tests) replaces the socket, so it is not checked.
     """
     target = url.rstrip("/")
     if not target.endswith(SNAPSHOT_PATH):
         target += SNAPSHOT_PATH
+    if transport is None and _untrusted(target, answered=False):
+        return None
     try:
         with httpx.Client(timeout=timeout, transport=transport) as client:
             response = client.get(target)
             response.raise_for_status()
-            return HostSnapshot.model_validate_json(response.content)
+            snapshot = HostSnapshot.model_validate_json(response.content)
+        # Again after: the socket that answered is the one checked.
+        if transport is None and _untrusted(target, answered=True):
+            return None
+        return snapshot
     except httpx.HTTPStatusError as err:
         log.warning(
             "agent at %s answered %s; continuing without live data",
@@ -70,6 +89,47 @@ def fetch_local_snapshot(
     except ValidationError as err:
         log.warning("agent at %s sent an invalid snapshot (%s errors)", target, err.error_count())
     return None
+
+
+def _untrusted(url: str, *, answered: bool, proc_root: Path = Path("/proc")) -> bool:
+    """True (and one warning logged) when the listener behind ``url`` on this host is
+    not one to trust: owned by a uid other than root, the agent's service user or this
+    caller; or, once it ``answered``, gone from a loopback address (nothing to check)."""
+    from gpuwatch.agent.reaper.served import (
+        AGENT_SERVICE_USER,
+        listeners,
+        trusted_uids,
+        url_addresses,
+    )
+
+    try:
+        addresses, port = url_addresses(url)
+    except ValueError:
+        return False  # not a URL: the request fails and says so
+    found = listeners(port, addresses, proc_root) if addresses else []
+    trusted = trusted_uids(os.geteuid())
+    for listener in found:
+        if listener.uid not in trusted:
+            log.warning(
+                "ignoring the agent at %s: its port belongs to uid %s, not to root, the "
+                "%s service user or you; no live context",
+                url,
+                listener.uid,
+                AGENT_SERVICE_USER,
+            )
+            return True
+    if (
+        answered
+        and not found
+        and any(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    ):
+        log.warning(
+            "ignoring the agent at %s: nothing listens there any more, so who answered "
+            "cannot be checked; no live context",
+            url,
+        )
+        return True
+    return False
 
 
 class LiveProcess(BaseModel):

@@ -3,6 +3,11 @@
 Concise on purpose: what failed and the figures, then each diagnosis with its evidence
 and the exact commands, then who is on that GPU right now. No colour codes, so it reads
 the same in a terminal, a log file and a notebook's stderr.
+
+Every line goes through :func:`~gpuwatch.terminal_text.printable`: the live section
+quotes other users' command lines and names (through :mod:`~gpuwatch.doctor.remedies`'
+descriptions too), and a control character in them must neither reach the terminal
+nor start a line of advice of its own. It shows as an escape (``\\n``, ``\\x1b``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from gpuwatch.doctor import remedies
 from gpuwatch.doctor.explain import Explanation
 from gpuwatch.doctor.units import format_size
+from gpuwatch.terminal_text import printable
 
 _TITLES = {
     "pytorch_allocator": "PyTorch CUDA allocator",
@@ -60,7 +66,9 @@ _DEVICE_TITLES = {
 
 
 def render(explanation: Explanation) -> str:
-    """The human report; ends with a newline."""
+    """The human report; ends with a newline. Each of its lines is one line of text
+    from the explanation, with any control or invisible format character in it
+    escaped."""
     lines = [_headline(explanation), *_figures(explanation)]
     for number, diagnosis in enumerate(explanation.diagnoses, start=1):
         lines.append("")
@@ -72,7 +80,7 @@ def render(explanation: Explanation) -> str:
     if explanation.notes:
         lines.append("")
         lines.extend(f"note: {note}" for note in explanation.notes)
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 # Remedies that are shell commands get a "$ " prompt; code and advice do not.

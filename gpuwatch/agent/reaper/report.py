@@ -12,6 +12,11 @@
 
 A dry run lists the same candidates and decisions as a real run would, and a result
 with outcome ``dry_run`` for each process it would stop.
+
+The table and the result lines show other users' command lines, names and details
+through :func:`~gpuwatch.terminal_text.printable`, as :class:`~rich.text.Text` (no
+markup): a control character in them shows as an escape and cannot redraw what root
+sees before the prompt. ``--json`` and the audit log keep the exact text.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpuwatch.agent.reaper.execute import Result
 from gpuwatch.agent.reaper.plan import Plan
 from gpuwatch.agent.reaper.policy import Decision
 from gpuwatch.agent.render import format_age, format_bytes
+from gpuwatch.terminal_text import printable
 
 
 def candidate_dict(decision: Decision) -> dict[str, Any]:
@@ -72,11 +79,14 @@ def as_json(
 def print_plan(plan: Plan, console: Console) -> None:
     """The candidates table: processes to stop first, then those spared and why."""
     for note in plan.notes:
-        console.print(f"note: {note}", style="yellow", highlight=False)
+        console.print(note_line(note))
     if not plan.decisions:
         console.print("No process holds the memory floor on any GPU.")
         return
-    table = Table(title=f"GPU processes on {plan.hostname}", title_justify="left")
+    table = Table(
+        title=Text(f"GPU processes on {printable(plan.hostname)}"),
+        title_justify="left",
+    )
     for column in (
         "PID",
         "USER",
@@ -88,20 +98,23 @@ def print_plan(plan: Plan, console: Console) -> None:
         "DECISION",
         "WHY",
     ):
-        table.add_column(column, no_wrap=column not in ("COMMAND", "WHY"))
+        # A long word in a command or reason is folded onto the next row, not ended with
+        # an ellipsis: what root confirms is all on screen.
+        wraps = column in ("COMMAND", "WHY")
+        table.add_column(column, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
     ordered = sorted(plan.decisions, key=lambda d: (d.verdict != "reap", -d.candidate.memory_bytes))
     for d in ordered:
         c = d.candidate
         table.add_row(
             str(c.pid),
-            c.user or (str(c.uid) if c.uid is not None else "?"),
-            (c.command or c.name or "?")[:60],
-            c.workload or ("orphan" if c.orphaned else ""),
+            _text(c.user or (str(c.uid) if c.uid is not None else "?")),
+            _text((c.command or c.name or "?")[:60]),
+            _text(c.workload or ("orphan" if c.orphaned else "")),
             ",".join(str(i) for i in c.gpus),
             format_bytes(c.memory_bytes),
             format_age(d.idle_seconds),
-            "[bold red]reap[/]" if d.verdict == "reap" else "spare",
-            d.detail,
+            Text("reap", style="bold red") if d.verdict == "reap" else "spare",
+            _text(d.detail),
         )
     console.print(table)
 
@@ -113,4 +126,13 @@ def print_results(results: list[Result], console: Console) -> None:
             freed = f", {format_bytes(r.memory_freed_bytes)} freed in {r.seconds_to_freed:.1f}s"
         elif r.memory_freed is False:
             freed = ", but NVML still lists its memory"
-        console.print(f"pid {r.pid}: {r.outcome} ({r.detail}){freed}", highlight=False)
+        console.print(Text(f"pid {r.pid}: {r.outcome} ({printable(r.detail)}){freed}"))
+
+
+def note_line(note: str) -> Text:
+    """``note: ...`` in yellow, its text shown as it is (escaped, never markup)."""
+    return Text(f"note: {printable(note)}", style="yellow")
+
+
+def _text(value: str) -> Text:
+    return Text(printable(value))

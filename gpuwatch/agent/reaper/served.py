@@ -231,6 +231,35 @@ def trusted_uids(caller_uid: int | None = None) -> set[int]:
     return uids
 
 
+class _NoHost(ValueError):
+    pass
+
+
+def url_addresses(url: str) -> tuple[set[str], int]:
+    """The addresses ``url``'s host resolves to (none when it does not resolve), and
+    its port. Raises :class:`ValueError` when ``url`` is not a URL with a host."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    if not host:
+        raise _NoHost(url)
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=6)}, port
+    except OSError:
+        return set(), port
+
+
+def listeners_behind(url: str, proc_root: Path = Path("/proc")) -> list[Listener]:
+    """The sockets on this host listening where a connection to ``url`` would go (its
+    host's addresses and port); empty when nothing listens there on this host, or the
+    host does not resolve. Raises :class:`ValueError` when ``url`` is not a URL with a
+    host. Who owns them is for the caller to judge (:func:`trusted_uids`)."""
+    addresses, port = url_addresses(url)
+    return listeners(port, addresses, proc_root) if addresses else []
+
+
 def verify_agent(
     url: str, proc_root: Path = Path("/proc"), *, caller_uid: int | None = None
 ) -> list[Listener]:
@@ -243,23 +272,14 @@ def verify_agent(
     belongs to anyone else. An empty list: nothing listens there on this host (the
     caller must not use an answer from such a URL).
     """
-    import socket
-    from urllib.parse import urlsplit
-
     from gpuwatch.agent.reaper.errors import ReapRefused
 
     try:
-        parts = urlsplit(url)
-        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        found = listeners_behind(url, proc_root)
+    except _NoHost:
+        raise ReapRefused(f"--agent {url}: not a URL with a host") from None
     except ValueError as err:
         raise ReapRefused(f"--agent {url}: not a URL ({err})") from None
-    if not host:
-        raise ReapRefused(f"--agent {url}: not a URL with a host")
-    try:
-        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=6)}
-    except OSError:
-        return []
-    found = listeners(port, addresses, proc_root)
     trusted = trusted_uids(caller_uid)
     for listener in found:
         if listener.uid not in trusted:
