@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from gpuwatch.host_origin import allowed_host_names
 from gpuwatch.server.alerts.config import AlertSettings
 from gpuwatch.server.notifications.config import ReceiverList
 from gpuwatch.settings import _Base, _default_data_dir, parse_host_port
@@ -136,6 +137,16 @@ class ServerSettings(_Base):
         default=None,
         description="Bearer token for changes through the API (silences, receiver tests). Unset: they need the read token, like reads.",
     )
+
+    allowed_hosts: list[str] = Field(
+        default=[],
+        description="Host names (or addresses) the server answers to besides localhost and loopback addresses, any port; '*' for any. On a loopback listen address other Host headers get 421 (a web page whose name re-resolves to 127.0.0.1, DNS rebinding, cannot use the API); on another address any Host is answered unless this is set (then these names, localhost and IP addresses). Behind a reverse proxy, list the name browsers use: changes (POST, PUT, PATCH, DELETE) whose Origin is neither the request's own host and port nor one of these are refused 403.",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_allowed_hosts(cls, value: list[str]) -> list[str]:
+        return allowed_host_names(value)
 
     @field_validator("listen")
     @classmethod

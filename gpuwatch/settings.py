@@ -46,6 +46,7 @@ from pydantic import (
 from gpuwatch.agent.reaper.settings import MIN_IDLE_POLLS, ReapSettings
 from gpuwatch.errors import ConfigError
 from gpuwatch.files import file_problem
+from gpuwatch.host_origin import allowed_host_names
 
 if TYPE_CHECKING:
     from gpuwatch.server_settings import ServerSettings as ServerSettings
@@ -278,6 +279,10 @@ class AgentSettings(_Base):
         default=True,
         description="Accept OOM incidents POSTed by local processes (gpuwatch.torch) and forward them to the server. Any local user can post one over TCP loopback; each is marked reported_by agent-local with the poster's uid. false: refused with 403.",
     )
+    allowed_hosts: list[str] = Field(
+        default=[],
+        description="Host names (or addresses) the HTTP port answers to besides localhost and loopback addresses, any port; '*' for any. On a loopback listen address other Host headers get 421, so a web page whose name re-resolves to 127.0.0.1 (DNS rebinding) cannot read /snapshot or post incidents; on another address any Host is answered unless this is set (then these names, localhost and IP addresses). Whatever the address, a POST a browser sends from another site (Origin, Sec-Fetch-Site) is refused 403, and an OOM incident not sent as application/json 415.",
+    )
     reap: ReapSettings = Field(
         default_factory=lambda: ReapSettings.model_validate({}),
         description="[agent.reap]: the reaper's idle rule, protections and automatic policy (off by default; docs/reaper.md).",
@@ -288,6 +293,11 @@ class AgentSettings(_Base):
     def _check_listen(cls, value: str) -> str:
         parse_host_port(value)
         return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_allowed_hosts(cls, value: list[str]) -> list[str]:
+        return allowed_host_names(value)
 
     @model_validator(mode="after")
     def _snapshot_token_given(self) -> AgentSettings:

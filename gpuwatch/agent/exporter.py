@@ -24,6 +24,13 @@ from this host only unless ``snapshot_access`` says otherwise; OOM incidents ref
 when ``accept_oom_incidents`` is off, and otherwise tagged with who posted them
 (:mod:`gpuwatch.agent.incident_origin`): any local user can post over TCP loopback, and the agent
 forwards under the host's token.
+
+Web pages in a browser on this host (:mod:`gpuwatch.host_origin`, before any route):
+on a loopback listener a ``Host`` other than ``localhost``, a loopback address or one
+of ``allowed_hosts`` gets 421 (DNS rebinding); a POST from another site (``Origin``,
+``Sec-Fetch-Site``) gets 403; an OOM incident not sent as ``application/json`` gets
+415 (a page may send ``text/plain`` anywhere without a CORS preflight). Each is refused
+before the poster's uid is looked up, and closes the connection (its body is unread).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from gpuwatch.agent.port import BoundedHTTPServer, PortPolicy
 from gpuwatch.agent.reaper.served import HISTORY_PATH
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
+from gpuwatch.host_origin import RequestGuard
 from gpuwatch.wire import (
     INCIDENTS_OOM_PATH,
     MAX_INCIDENT_BODY,
@@ -97,7 +105,10 @@ class Exporter:
             clock=clock,
         )
         policy = policy or PortPolicy()
-        self._server = BoundedHTTPServer(address, _guarded(handler, policy), policy=policy)
+        guard = RequestGuard.for_listener(
+            address[0], policy.allowed_hosts, setting="[agent] allowed_hosts"
+        )
+        self._server = BoundedHTTPServer(address, _guarded(handler, policy, guard), policy=policy)
         self._thread: threading.Thread | None = None
 
     @property
@@ -266,6 +277,12 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _is_json(content_type: str | None) -> bool:
+    """True for ``application/json``, with or without parameters (``; charset=utf-8``)."""
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    return media_type == "application/json"
+
+
 def _first_error(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -309,7 +326,7 @@ def _forwarder(
 
 
 def _guarded(
-    handler: type[BaseHTTPRequestHandler], policy: PortPolicy
+    handler: type[BaseHTTPRequestHandler], policy: PortPolicy, guard: RequestGuard
 ) -> type[BaseHTTPRequestHandler]:
     """``handler`` with the access rules applied before any route runs (the routes
     themselves are unchanged)."""
@@ -319,6 +336,20 @@ def _guarded(
             if not super().parse_request():
                 return False
             path = self.path.split("?", 1)[0]
+            # A browser's request under a foreign Host (DNS rebinding) or from another
+            # site (a cross-site POST) is refused before anything reads its body: the
+            # connection closes, so an unread body is never taken for the next request.
+            refused = guard.refusal(
+                self.command,
+                self.headers.get("Host"),
+                self.headers.get("Origin"),
+                self.headers.get("Sec-Fetch-Site"),
+            )
+            if refused is not None:
+                log.warning("%s %s refused %d: %s", self.command, path, *refused)
+                self.close_connection = True
+                self._error(*refused)
+                return False
             # /reaper/history names every process's PIDs, GPUs and activity: the same
             # rule as the snapshot.
             if self.command in ("GET", "HEAD") and path in _PRIVATE_PATHS:
@@ -327,9 +358,17 @@ def _guarded(
                     return False
             elif self.command == "POST" and path == INCIDENTS_OOM_PATH:
                 if not policy.accept_oom_incidents:
+                    self.close_connection = True
                     self._error(
                         403, "this agent does not accept OOM incidents (accept_oom_incidents)"
                     )
+                    return False
+                # A browser can send text/plain (or a form) to another origin without
+                # asking first; application/json it must ask about (a CORS preflight,
+                # which this port does not answer). gpuwatch.torch sends JSON.
+                if not _is_json(self.headers.get("Content-Type")):
+                    self.close_connection = True
+                    self._error(415, "an OOM incident must be sent as application/json")
                     return False
                 _request.origin = self._origin()
             return True

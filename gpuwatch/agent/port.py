@@ -53,6 +53,8 @@ class PortPolicy:
     default only this host may read it (``loopback``); ``token`` also admits clients
     sending ``Authorization: Bearer <snapshot_token>``; ``open`` admits anyone.
     ``accept_oom_incidents`` false refuses ``POST /incidents/oom`` (403).
+    ``allowed_hosts``: the ``Host`` names answered besides loopback ones
+    (:mod:`gpuwatch.host_origin`).
     """
 
     workers: int = 8
@@ -63,6 +65,7 @@ class PortPolicy:
     snapshot_token: str | None = None
     accept_oom_incidents: bool = True
     proc_root: Path = Path("/proc")
+    allowed_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: AgentSettings) -> PortPolicy:
@@ -76,6 +79,7 @@ class PortPolicy:
             snapshot_token=token.get_secret_value() if token else None,
             accept_oom_incidents=settings.accept_oom_incidents,
             proc_root=settings.proc_root,
+            allowed_hosts=tuple(settings.allowed_hosts),
         )
 
 

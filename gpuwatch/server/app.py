@@ -17,11 +17,14 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuwatch import __version__
 from gpuwatch.errors import DatabaseError
+from gpuwatch.host_origin import RequestGuard
 from gpuwatch.server.alerts.engine import AlertEngine
 from gpuwatch.server.alerts.views import router as alerts_router
 from gpuwatch.server.database.core import Database, database_for, describe, is_unavailable
@@ -39,7 +42,7 @@ from gpuwatch.server.pagination import InvalidCursor
 from gpuwatch.server.processes.views import router as processes_router
 from gpuwatch.server.scheduler import start_scheduler
 from gpuwatch.server.web import install as install_web
-from gpuwatch.settings import ServerSettings
+from gpuwatch.settings import ServerSettings, parse_host_port
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +132,16 @@ def create_app(
     app.state.gpuwatch = context
     app.state.ingest_writer = writer
     app.add_middleware(IngestStatusMiddleware, stats=stats)
+    # Outermost: a request under a foreign Host (DNS rebinding) or a cross-site change
+    # is answered before anything else runs, its body unread.
+    app.add_middleware(
+        RequestGuardMiddleware,
+        guard=RequestGuard.for_listener(
+            parse_host_port(settings.listen)[0],
+            settings.allowed_hosts,
+            setting="[server] allowed_hosts",
+        ),
+    )
     _add_error_handlers(app)
     for router in (
         ingest_router,
@@ -143,6 +156,33 @@ def create_app(
     install_web(app)  # the dashboard at /, its static files, and /docs
     _document_raw_bodies(app)
     return app
+
+
+class RequestGuardMiddleware:
+    """Refuses, before any route, a request whose ``Host`` this server does not answer
+    to (421) or a cross-site change (403): :mod:`gpuwatch.host_origin`."""
+
+    def __init__(self, app: ASGIApp, guard: RequestGuard) -> None:
+        self.app = app
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        refused = self.guard.refusal(
+            scope["method"],
+            headers.get("host"),
+            headers.get("origin"),
+            headers.get("sec-fetch-site"),
+        )
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        code, reason = refused
+        log.warning("%s %s refused %d: %s", scope["method"], scope.get("path", ""), code, reason)
+        await JSONResponse({"detail": reason}, status_code=code)(scope, receive, send)
 
 
 def _document_raw_bodies(app: FastAPI) -> None:

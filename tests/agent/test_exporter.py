@@ -387,7 +387,9 @@ def test_a_request_that_never_finishes_is_cut_off_at_the_deadline() -> None:
         # Half a head: closed at the header deadline, without a thread.
         slow_head.sendall(b"GET /metrics HTTP/1.1\r\n")
         # A whole head, then a body that trickles: cut at the request deadline.
-        slow_body.sendall(b"POST /torch HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        slow_body.sendall(
+            b"POST /torch HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n"
+        )
         threading.Thread(target=dribble, daemon=True).start()
         started = time.monotonic()
         assert slow_head.recv(1024) == b""
@@ -415,7 +417,7 @@ def test_past_the_queue_new_requests_get_503_at_once() -> None:
     try:
         for _ in range(4):  # 1 worker x 4 in flight: one running, three queued
             conn = socket.create_connection(("127.0.0.1", _port(exp)), timeout=5)
-            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
             held.append(conn)
         deadline = time.monotonic() + 5
         while exp._server._in_flight < 4 and time.monotonic() < deadline:

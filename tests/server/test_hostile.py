@@ -152,7 +152,7 @@ def _stalled_upload(url: str, path: str, token: str | None, declared: int) -> so
     auth = b"" if token is None else b"Authorization: Bearer %s\r\n" % token.encode()
     conn = socket.create_connection((address, int(port)), timeout=5)
     conn.sendall(
-        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
+        b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n%s"
         b"Content-Length: %d\r\n\r\n" % (path.encode(), auth, declared)
     )
     return conn
@@ -877,7 +877,7 @@ def _upload(base: str, path: str, token: str | None, body: bytes, *, chunked: bo
     """POST ``body`` over a raw socket, all of it unless the server hangs up; return the
     answer's status ("reset" if the connection was reset before one came)."""
     address, port = base.removeprefix("http://").split(":")
-    head = [f"POST {path} HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    head = [f"POST {path} HTTP/1.1", "Host: localhost", "Content-Type: application/json"]
     if token is not None:
         head.append(f"Authorization: Bearer {token}")
     head.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}")
@@ -965,10 +965,10 @@ def test_a_kept_alive_connection_is_bounded_for_each_request(impatient_server: s
     address, port = impatient_server.removeprefix("http://").split(":")
     with socket.create_connection((address, int(port)), timeout=10) as conn:
         replies = conn.makefile("rb")
-        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         first = _response(replies)
         time.sleep(ARRIVAL_SECONDS)  # longer than the bound, shorter than keep-alive (5 s)
-        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         second = _response(replies)
         conn.sendall(b"GET /heal")  # then nothing
         third = replies.read()  # to the server's close

@@ -206,7 +206,7 @@ class TestBodyLimit:
         # Announce 100 MiB, send none of it: the answer must come from the header alone.
         with socket.create_connection((host, int(port)), timeout=5) as conn:
             conn.sendall(
-                b"POST /api/v1/snapshots HTTP/1.1\r\nHost: x\r\n"
+                b"POST /api/v1/snapshots HTTP/1.1\r\nHost: localhost\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 104857600\r\n\r\n"
             )
             reply = conn.recv(4096)
