@@ -102,8 +102,14 @@ def run_job(
 def _run_locked(
     spec: JobSpec, *, database: Database, settings: ServerSettings, clock: Callable[[], float]
 ) -> str:
-    key = advisory_lock_key(f"job:{spec.name}")
     with database.engine.connect() as lock_connection:
+        # Advisory locks belong to the database, not the schema: two installations in
+        # two schemas of one database skipped each other's runs (and two test servers
+        # did). The default schema keeps the key every earlier version takes, so
+        # replicas of two versions still exclude each other during a rolling upgrade.
+        schema = lock_connection.scalar(select(func.current_schema()))
+        scope = "" if schema in (None, "public") else f"{schema}:"
+        key = advisory_lock_key(f"job:{scope}{spec.name}")
         got = lock_connection.scalar(select(func.pg_try_advisory_lock(key)))
         lock_connection.commit()
         if not got:

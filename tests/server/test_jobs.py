@@ -220,19 +220,24 @@ def test_a_job_another_replica_is_running_is_skipped(postgres_url: str) -> None:
     spec = JobSpec("agent_silent", lambda **kw: ran.append(kw["now"]), 15)
     stats = ServerStats()
     with database.engine.connect() as other_replica:
-        other_replica.execute(
-            text("SELECT pg_advisory_lock(:k)"), {"k": advisory_lock_key("job:agent_silent")}
-        )
+        schema = other_replica.scalar(text("SELECT current_schema()"))
+        assert schema != "public"  # the fixture's own schema: a second installation
+        held = advisory_lock_key(f"job:{schema}:agent_silent")
+        other_replica.execute(text("SELECT pg_advisory_lock(:k)"), {"k": held})
         assert (
             run_job(spec, database=database, settings=settings, clock=lambda: T0, stats=stats)
             == "skipped"
         )
-        other_replica.execute(
-            text("SELECT pg_advisory_unlock(:k)"), {"k": advisory_lock_key("job:agent_silent")}
+        other_replica.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": held})
+        # The same job of an installation in the default schema (another test's server,
+        # or another team's gpuwatch in the same database) does not hold this one back.
+        elsewhere = advisory_lock_key("job:agent_silent")
+        other_replica.execute(text("SELECT pg_advisory_lock(:k)"), {"k": elsewhere})
+        assert (
+            run_job(spec, database=database, settings=settings, clock=lambda: T0, stats=stats)
+            == "ok"
         )
-    assert (
-        run_job(spec, database=database, settings=settings, clock=lambda: T0, stats=stats) == "ok"
-    )
+        other_replica.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": elsewhere})
     assert ran == [T0]
     database.dispose()
 
