@@ -16,19 +16,17 @@ read token where the server sets no admin token. Exit codes: docs/alerts-cli.md.
 from __future__ import annotations
 
 import getpass
-import json
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import typer
 
+from gpuwatch.cli.tables import print_json, print_table
 from gpuwatch.cli.times import epoch_or_iso
 from gpuwatch.errors import ConfigError, DeliveryFailed
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel, ValidationError
-    from rich.text import Text
+    from pydantic import ValidationError
 
     from gpuwatch.server.alerts.schemas import AlertOut, CulpritOut, MatcherIn, SilenceOut
     from gpuwatch.server.client import AlertsClient
@@ -100,9 +98,9 @@ def list_alerts(
     with _connect(server, token, admin=False) as client:
         rows = client.alerts(state=state)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
-    _print_table(
+    print_table(
         [*_ALERT_HEADERS, *_CULPRIT_HEADERS],
         [row for alert in rows for row in _alert_rows(alert)],
         empty=f"no {state} alerts",
@@ -201,7 +199,7 @@ def add_silence(
     with _connect(server, token, admin=True) as client:
         created = client.create_silence(body)
     if as_json:
-        _print_json([created])
+        print_json([created])
         return
     typer.echo(f"silence {created.id} mutes {_matchers(created)} until {_local(created.ends_at)}")
 
@@ -217,9 +215,9 @@ def list_silences(
     with _connect(server, token, admin=False) as client:
         rows = client.silences(expired=expired)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
-    _print_table(
+    print_table(
         ["ID", "STATE", "MATCHERS", "STARTS", "ENDS", "BY", "COMMENT"],
         [
             [
@@ -324,34 +322,6 @@ def _user() -> str:
 
 def _matchers(s: SilenceOut) -> str:
     return ", ".join(f"{m.name}{'=~' if m.regex else '='}{m.value}" for m in s.matchers)
-
-
-def _print_json(rows: Sequence[BaseModel]) -> None:
-    typer.echo(json.dumps([row.model_dump(mode="json") for row in rows], indent=2))
-
-
-def _print_table(headers: list[str], rows: list[list[str]], *, empty: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    if not rows:
-        typer.echo(empty)
-        return
-    table = Table(*headers, box=None, pad_edge=False)
-    for row in rows:
-        # Rows are data, not markup: a command line may hold [brackets].
-        table.add_row(*(_plain(cell) for cell in row))
-    console = Console(soft_wrap=True)
-    if not console.is_terminal:
-        # Piped into grep or a file: whole rows, not cells squeezed into 80 columns.
-        console = Console(soft_wrap=True, width=1_000_000)
-    console.print(table)
-
-
-def _plain(cell: str) -> Text:
-    from rich.text import Text
-
-    return Text(cell)
 
 
 def _size(value: float) -> str:

@@ -12,20 +12,17 @@ Times are local: ``14:05`` (the latest past 14:05), ``2026-12-01T14:05``, ``7d``
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import typer
 
+from gpuwatch.cli.tables import print_json, print_table
 from gpuwatch.cli.times import epoch_or_iso
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from gpuwatch.server.client import HistoryClient
 
 history = typer.Typer(
@@ -126,9 +123,9 @@ def processes(
     with _client(server, token) as client:
         rows = client.processes(limit=limit, host=host, gpu=gpu, user=user, at=when, open=open_)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
-    _print_table(
+    print_table(
         ["HOST", "GPU", "PID", "USER", "HELD", "PEAK", "FIRST SEEN", "UNTIL", "COMMAND"],
         [
             [
@@ -181,9 +178,9 @@ def events(
             open=open_,
         )
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
-    _print_table(
+    print_table(
         ["STARTED", "KIND", "REASON", "HOST", "GPU", "PID", "USER", "HELD", "STATE", "SUMMARY"],
         [
             [
@@ -219,9 +216,9 @@ def top_idle(
     with _client(server, token) as client:
         rows = client.top_idle(since=since_at, until=_time_option(until), limit=limit)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
-    _print_table(
+    print_table(
         ["USER", "IDLE GiB x h", "EVENTS", "LARGEST"],
         [
             [
@@ -234,23 +231,6 @@ def top_idle(
         ],
         empty="no idle holders in that range",
     )
-
-
-def _print_json(rows: Sequence[BaseModel]) -> None:
-    typer.echo(json.dumps([row.model_dump(mode="json") for row in rows], indent=2))
-
-
-def _print_table(headers: list[str], rows: list[list[str]], *, empty: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    if not rows:
-        typer.echo(empty)
-        return
-    table = Table(*headers, box=None, pad_edge=False)
-    for row in rows:
-        table.add_row(*row)
-    Console(soft_wrap=True).print(table)
 
 
 def _gib(value: int | None) -> str:

@@ -104,3 +104,24 @@ def test_unreachable_server_is_one_line_and_exit_5(live: Live) -> None:
     assert (
         result.stderr.startswith("gpuwatch: error: cannot reach") and result.stderr.count("\n") == 1
     )
+
+
+HOSTILE = "python \x1b]0;owned\x07\x1b[2J[bold red]x[/] train.py\r\nFIX: sudo gpuwatch reap --pid 1"
+
+
+def test_history_shows_another_user_s_control_characters_escaped(live: Live) -> None:
+    # A command line is another user's text: printed raw, its ESC sequences set the
+    # window title and cleared the screen, and a CR/LF forged a line of output.
+    token = live.token("host-4")
+    hostile = process(300, user="mallory").model_copy(update={"command": HOSTILE})
+    live.push(token, body(*[snapshot(s, [gpu(0, [hostile])], hostname="host-4") for s in range(3)]))
+    at = datetime.fromtimestamp(T0 + 2).isoformat()
+    table = run(live, "processes", "--host", "host-4", "--at", at)
+    as_json = run(live, "processes", "--host", "host-4", "--at", at, "--json")
+
+    assert table.returncode == 0, table.stderr
+    assert "\x1b" not in table.stdout and "\r" not in table.stdout
+    assert "\\x1b]0;owned\\x07\\x1b[2J[bold red]x[/] train.py\\r\\nFIX" in table.stdout
+    assert not any(line.startswith("FIX") for line in table.stdout.splitlines())
+    (row,) = json.loads(as_json.stdout)
+    assert row["command"] == HOSTILE  # the data itself is kept exactly
