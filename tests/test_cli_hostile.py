@@ -295,3 +295,13 @@ def test_a_usage_error_is_one_line_and_exit_2(
 ) -> None:
     line = one_line_error(run(env, *args), 2)
     assert names in line and "-h)" in line
+
+
+def test_an_error_quoting_hostile_text_stays_one_line_without_escapes(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # An error message may quote text that is not ours (a path, a process's command line
+    # in a refusal): its ESC sequences and newlines are shown escaped, never obeyed.
+    hostile = str(tmp_path / "a\x1b[2J\nFIX: sudo gpuwatch reap --pid 1" / "config.json")
+    line = one_line_error(run(env, "fit", "--config", hostile, "--gpu", "24GiB"), 3)
+    assert "\x1b" not in line and "\\x1b[2J\\nFIX: sudo" in line

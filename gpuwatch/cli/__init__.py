@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from gpuwatch import __version__
 from gpuwatch.errors import GpuwatchError
+from gpuwatch.terminal_text import printable
 
 if TYPE_CHECKING:
     import typer
@@ -153,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
             code = _app()(args=argv, standalone_mode=False)
             sys.exit(code if isinstance(code, int) else 0)
     except GpuwatchError as err:
-        print(f"gpuwatch: error: {err}", file=sys.stderr)
+        # One line, whatever the message quotes (a refused process's command line is
+        # another user's text: an ESC or a newline in it would drive the terminal).
+        print(f"gpuwatch: error: {printable(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
 
     except KeyboardInterrupt:
@@ -195,7 +198,7 @@ def _usage(err: Exception) -> None:
         context = getattr(err, "ctx", None)
         if context is not None:
             message += f" (see: {context.command_path} -h)"
-        print(f"gpuwatch: error: {message}", file=sys.stderr)
+        print(f"gpuwatch: error: {printable(message)}", file=sys.stderr)
         sys.exit(err.exit_code)
     abort = getattr(sys.modules.get("typer.exceptions"), "Abort", None)
     if abort is not None and isinstance(err, abort):
@@ -226,7 +229,7 @@ def _unexpected(err: Exception) -> None:
     whoever reports it: ``--log-level debug`` prints it."""
     if logging.getLogger().isEnabledFor(logging.DEBUG):
         logging.getLogger("gpuwatch").exception("unexpected failure")
-    detail = " ".join(str(err).split())[:300] or "no detail"
+    detail = printable(" ".join(str(err).split())[:300]) or "no detail"
     print(
         f"gpuwatch: error: unexpected {type(err).__name__}: {detail} "
         "(a bug; --log-level debug shows where)",
