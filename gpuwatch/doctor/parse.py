@@ -53,9 +53,24 @@ def parse_oom(text: str) -> OomFacts:
 def find_all(text: str) -> list[OomFacts]:
     """Every distinct OOM message in ``text``, in the order they appear."""
     messages: list[OomFacts] = []
+    # A log that repeats itself (one message per rank, a line printed 10,000 times) cuts
+    # into windows with the same text: each text is read once. What a reading found, and
+    # how much, as first read (adding a message to ``messages`` changes it).
+    readings_found: dict[str, tuple[list[Found], int]] = {}
+    added: set[str] = set()
     for readings in windows(text):
-        window, found = max((_find_in(reading) for reading in readings), key=_richness)
-        for start, facts in sorted(found, key=lambda f: f.start):
+        for reading in readings:
+            if reading not in readings_found:
+                _, found = _find_in(reading)
+                readings_found[reading] = (found, _richness((reading, found)))
+        # The first reading that yields the most (max keeps the first of equals).
+        window = max(readings, key=lambda reading: readings_found[reading][1])
+        if window in added:
+            # Its messages were added already; added again, each would fold into the
+            # message it folded into the first time, which holds all it says.
+            continue
+        added.add(window)
+        for start, facts in sorted(readings_found[window][0], key=lambda f: f.start):
             if facts.phase is None and _LOADING.search(
                 window, max(0, start - LOADING_LOOKBACK_CHARS), start
             ):
@@ -108,4 +123,8 @@ def _add(messages: list[OomFacts], facts: OomFacts) -> None:
             if earlier.exception is None:
                 earlier.exception = facts.exception
             return
-    messages.append(facts)
+    # Only the first message and MAX_ADDITIONAL_MESSAGES after it are returned, and a later
+    # printing folds into the first earlier message it fits: messages past those would
+    # change nothing returned, and each would cost every later one a comparison.
+    if len(messages) <= MAX_ADDITIONAL_MESSAGES:
+        messages.append(facts)

@@ -216,6 +216,51 @@ def test_named_runtime_calls_and_checks_in_long_lines_are_bounded() -> None:
     assert time.process_time() - started < 5
 
 
+_PYTORCH_HEAD = (
+    "CUDA out of memory. Tried to allocate {}.00 GiB. GPU 0 has a total capacity of 79.15 GiB "
+    "of which "
+)
+
+
+def _numbered(line: str, size: int = 2**20) -> str:
+    """``line`` formatted with 0, 1, 2, ... until ``size`` characters: every window differs,
+    so none is read once for all (parse.py reads a repeated window's text once)."""
+    lines, length = [], 0
+    while length < size:
+        lines.append(line.format(len(lines)))
+        length += len(lines[-1])
+    return "".join(lines)
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        # The audit's input: lines of one length, joined as hard-wrapped into one line of
+        # 64 KiB with a message every 180 characters (9 s for 1.8 MB before the bounds).
+        (_PYTORCH_HEAD.format(20) + "a" * 80 + "\n") * 6000,
+        # The same with a different message on every line (and a different window).
+        _numbered((_PYTORCH_HEAD + "a" * 80)[:180] + "\n"),
+        # Users' short form, which the first-line fallback and the generic reader check.
+        _numbered("CUDA OOM {} "),
+        # NCCL's origin ("host:pid:tid [gpu]") is read back along the line from each match.
+        _numbered("host:{}:1 [0] NCCL WARN Cuda failure 'out of memory' "),
+        _numbered("RESOURCE_EXHAUSTED: Out of memory while trying to allocate {}.00G. "),
+    ],
+    ids=["audit", "audit-numbered", "cuda-oom", "nccl", "xla"],
+)
+def test_logs_dense_with_anchor_words_are_bounded(log: str) -> None:
+    # A window of one line holding a message every few characters: each match was read
+    # back to the start of its line (the exception's name, NCCL's origin), so a window cost
+    # its matches times its length, and up to 32 windows are read: 9 s to 220 s of CPU for
+    # one or two MB. A family now reads at most 64 matches of a header per window, and a
+    # line at most 2 KiB back from a match (families/clauses.py).
+    assert 2**20 <= len(log) < 2 * 2**20
+    started = time.process_time()
+    with contextlib.suppress(NotRecognized):
+        parse_oom(log)
+    assert time.process_time() - started < 5
+
+
 @pytest.mark.parametrize(
     ("text", "kind"),
     [

@@ -62,8 +62,7 @@ def find(window: str) -> list[Found]:
 def _facts(span: Span, pattern: re.Pattern[str], category: str) -> OomFacts:
     match = pattern.match(span.text, span.start)
     assert match is not None
-    begins = span.line_start
-    location = _LOCATION.search(span.text, begins, span.start)
+    location = _LOCATION.search(span.text, span.line_lookback, span.start)
     return OomFacts(
         kind="catboost",
         category=category,

@@ -7,6 +7,7 @@ pattern, because real messages drop clauses (ROCm has no process list, XPU no
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -209,7 +210,7 @@ def forecast(text: str, start: int) -> bool:
         return True
     if _DEFINED_AFTER.match(text, start, start + DEFINED_LOOKAHEAD_CHARS):
         return True
-    line = text[text.rfind("\n", 0, start) + 1 : start]
+    line = text[line_lookback(text, start) : start]
     if _QUOTE_OPEN.search(line) and (
         _OR_QUOTE_AFTER.match(text, start) or _OR_QUOTE_BEFORE.search(line)
     ):
@@ -290,10 +291,30 @@ class Span:
         """Where the line the span starts on begins (what a message's prefix sits on)."""
         return line_start(self.text, self.start)
 
+    @property
+    def line_lookback(self) -> int:
+        """Where a pattern that reads the span's line before it starts (:func:`line_lookback`)."""
+        return line_lookback(self.text, self.start)
+
 
 def line_start(text: str, pos: int) -> int:
     """Index of the first character of the line that holds ``pos``."""
     return text.rfind("\n", 0, pos) + 1
+
+
+# How far back a pattern reads the line before a match (the exception's name, a logger's
+# origin, a source file, a level). Messages start at most a few hundred characters into
+# their line (500 in every corpus); unbounded, every match on a line of 64 KiB (a log
+# with no newlines, or hard-wrapped lines joined into one) would have a pattern read the
+# whole line before it: the number of matches times the line's length.
+MAX_LINE_LOOKBACK_CHARS = 2048
+
+
+def line_lookback(text: str, pos: int) -> int:
+    """Where a pattern that reads the line before ``pos`` starts: the line's start, or
+    :data:`MAX_LINE_LOOKBACK_CHARS` before ``pos`` on a longer line."""
+    low = max(0, pos - MAX_LINE_LOOKBACK_CHARS)
+    return text.rfind("\n", low, pos) + 1 or low
 
 
 def line_end(text: str, pos: int) -> int:
@@ -322,16 +343,25 @@ def mentions(text: str, words: tuple[str, ...]) -> bool:
     return any(word in cached[1] for word in words)
 
 
+# How many matches of one header a window is read for. A real window holds a few (one per
+# rank, or a message logged twice: 4 at most in every corpus); a window of nothing but
+# one header repeated ("CUDA OOM " 7,000 times in 64 KiB) would otherwise cost a message's
+# reading per repeat, and every repeat folds into the first.
+MAX_SPANS = 64
+
+
 def spans(
     text: str, header: re.Pattern[str], *, limit: int = 3000, needs: tuple[str, ...] = ()
 ) -> list[Span]:
-    """One span per ``header`` match: from it to the next header (or ``limit`` chars).
-    With ``needs``, none unless ``text`` :func:`mentions` one of those words."""
+    """One span per ``header`` match: from it to the next header (or ``limit`` chars),
+    for the first :data:`MAX_SPANS` matches. With ``needs``, none unless ``text``
+    :func:`mentions` one of those words."""
     if needs and not mentions(text, needs):
         return []
-    starts = [m.start() for m in header.finditer(text)]
+    # One match more than is read: it ends the last span read.
+    starts = [m.start() for m in itertools.islice(header.finditer(text), MAX_SPANS + 1)]
     out = []
-    for i, start in enumerate(starts):
+    for i, start in enumerate(starts[:MAX_SPANS]):
         end = starts[i + 1] if i + 1 < len(starts) else len(text)
         out.append(Span(text, start, min(end, start + limit)))
     return out
@@ -355,17 +385,19 @@ _EXCEPTION_TYPE_FIELD = re.compile(r"Exception Type:\s*(?P<name>[\w.]+)")
 def exception_before(text: str, start: int) -> str | None:
     """The exception class printed just before the message that starts at ``start``."""
     begins = line_start(text, start)
-    match = _EXCEPTION_ON_LINE.search(text, begins, start)
+    match = _EXCEPTION_ON_LINE.search(text, line_lookback(text, start), start)
     if match:
         return match["name"]
-    prev_start = line_start(text, max(0, begins - 1))
+    # The line before, read back from its end as far as the message's own line is.
+    prev_end = max(0, begins - 1)
+    prev_start = line_lookback(text, prev_end)
     if not text[begins:start].strip():
         # Wrapped right after the name: "torch.cuda.OutOfMemoryError:\nCUDA out of ..."
-        match = _EXCEPTION_ON_LINE.search(text, prev_start, max(prev_start, begins - 1))
+        match = _EXCEPTION_ON_LINE.search(text, prev_start, prev_end)
         if match:
             return match["name"]
     for pattern in (_EXCEPTION_LINE_BEFORE, _EXCEPTION_TYPE_FIELD):
-        match = pattern.search(text, prev_start, max(prev_start, begins - 1))
+        match = pattern.search(text, prev_start, prev_end)
         if match:
             return match["name"]
     return None

@@ -35,10 +35,12 @@ import re
 
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families.clauses import (
+    MAX_LINE_LOOKBACK_CHARS,
     Found,
     Span,
     exception_before,
     line_end,
+    line_lookback,
     line_start,
     mentions,
     spans,
@@ -191,7 +193,7 @@ def find(window: str) -> list[Found]:
             category="ggml_vulkan_alloc_failed" if ggml else "vulkan_out_of_device_memory",
             exception=exception_before(window, span.start),
             requested_bytes=int(size["bytes"]) if size else int(dxvk["bytes"]) if dxvk else None,
-            api_call=_vulkan_call(window[start : span.end], window[span.line_start : span.end]),
+            api_call=_vulkan_call(window[start : span.end], window[span.line_lookback : span.end]),
             message=window[begins : span.end].strip()[:4000],
         )
         found.append(Found(begins, facts))
@@ -320,12 +322,19 @@ _PINNED = re.compile(r"\bpinned\s+memory\b", re.IGNORECASE)
 
 def _pinned(span: Span) -> bool:
     """Whether the line of the match, or the line before it, is about pinned memory."""
-    before = span.text.rfind("\n", 0, max(0, span.line_start - 1)) + 1
-    end = span.text.find("\n", span.start)
-    return _PINNED.search(span.text, before, end if end != -1 else span.end) is not None
+    begins = span.line_lookback
+    # The line before only where the match's own line is read from its start.
+    before = line_lookback(span.text, max(0, begins - 1)) if begins == span.line_start else begins
+    return _PINNED.search(span.text, before, _line_end_read(span)) is not None
 
 
 def _went_on(span: Span) -> bool:
     """Whether the line the match is on says the program went on without the memory."""
+    return _WENT_ON.search(span.text, span.line_lookback, _line_end_read(span)) is not None
+
+
+def _line_end_read(span: Span) -> int:
+    """Where a pattern reads the span's line to: its end (or the span's, on the last line),
+    at most MAX_LINE_LOOKBACK_CHARS past the match."""
     end = span.text.find("\n", span.start)
-    return _WENT_ON.search(span.text, span.line_start, end if end != -1 else span.end) is not None
+    return min(span.end if end == -1 else end, span.start + MAX_LINE_LOOKBACK_CHARS)

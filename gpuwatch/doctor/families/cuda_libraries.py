@@ -21,7 +21,7 @@ from gpuwatch.doctor.families.clauses import (
     Span,
     compile_clause,
     exception_before,
-    line_start,
+    line_lookback,
     size_of,
     spans,
 )
@@ -289,8 +289,7 @@ def find(window: str) -> list[Found]:
 def _runtime(span: Span) -> OomFacts | None:
     match = _RUNTIME.match(span.text, span.start)
     assert match is not None
-    begins = span.line_start
-    if _TRT_LLM_BEFORE.search(span.text, begins, span.start):
+    if _TRT_LLM_BEFORE.search(span.text, span.line_lookback, span.start):
         return None
     call = match["at"] or match["in"] or match["call"] or match["ms"]
     name = match["api"] or match["enum"] or match["hint"] or match["ct2"] or call or ""
@@ -333,8 +332,7 @@ def _runtime(span: Span) -> OomFacts | None:
 def _malloc(span: Span) -> OomFacts | None:
     match = _MALLOC.match(span.text, span.start)
     assert match is not None
-    begins = span.line_start
-    if _GGML_BEFORE.search(span.text, begins, span.start):
+    if _GGML_BEFORE.search(span.text, span.line_lookback, span.start):
         return None
     named = match["named"]
     if named and _RUNTIME.search(span.text, span.start, match.end()):
@@ -363,7 +361,7 @@ def _malloc(span: Span) -> OomFacts | None:
 def _gpu_alloc(span: Span) -> OomFacts:
     match = _GPU_ALLOC.match(span.text, span.start)
     assert match is not None
-    index = _GPU_DASH_INDEX.search(span.text, span.line_start, span.start)
+    index = _GPU_DASH_INDEX.search(span.text, span.line_lookback, span.start)
     free = _SIZE.fullmatch(match["free"]) if match["free"] else None
     return OomFacts(
         kind="driver",
@@ -401,7 +399,7 @@ def _library_alloc(span: Span) -> OomFacts:
 def _check_macro(span: Span) -> OomFacts | None:
     match = _CHECK_MACRO.match(span.text, span.start)
     assert match is not None
-    begins = span.line_start
+    begins = span.line_lookback
     check = match["check"] or match["check2"]
     if check:
         glog = _GLOG_LOCATION.search(span.text, begins, span.start)
@@ -431,7 +429,7 @@ def _opencv(span: Span) -> OomFacts:
     assert match is not None
     line_end = span.text.find("\n", span.start, span.end)
     line_end = span.end if line_end == -1 else line_end
-    source = _OPENCV_SOURCE.search(span.text, span.line_start, span.start) or (
+    source = _OPENCV_SOURCE.search(span.text, span.line_lookback, span.start) or (
         _OPENCV_SOURCE_AFTER.search(span.text, span.start, line_end)
     )
     file = source["file"] if source else ""
@@ -473,12 +471,14 @@ def _cuda_location(span: Span, end: int) -> bool:
     """Whether a C++ file's "(N): out of memory" (ending at ``end``) is CUDA's: the file's
     path, its line, or the line before it ("terminate called after throwing an instance
     of 'CUDA::error'") names CUDA, Thrust or HIP."""
-    previous = line_start(span.text, max(0, span.line_start - 1))
+    begins = span.line_lookback
+    # The line before only where the match's own line is read from its start.
+    previous = line_lookback(span.text, max(0, begins - 1)) if begins == span.line_start else begins
     return _CUDA_CONTEXT.search(span.text, previous, end) is not None
 
 
 def _driver(span: Span) -> OomFacts | None:
-    begins = span.line_start
+    begins = span.line_lookback
     if _OTHER_FAMILY_BEFORE.search(span.text, begins, span.start):
         return None
     call = _DRIVER_CALL.search(span.text, begins, span.start)

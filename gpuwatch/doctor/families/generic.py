@@ -180,10 +180,12 @@ def says_failed_at(window: str, pos: int) -> bool:
     before = window.rfind("\n", 0, max(0, begin - 1)) + 1
     after = window.find("\n", end + 1)
     after = len(window) if after == -1 else after
-    previous = window[before : begin - 1] if begin else ""
-    following = window[end + 1 : after] if end < len(window) else ""
-    line = window[begin:end][:MAX_LINE_CHARS]
-    return _failure_at(line, previous[:MAX_LINE_CHARS], following[:MAX_LINE_CHARS]) is not None
+    # Each cut at MAX_LINE_CHARS as it is sliced: a copy of a 64 KiB line per match would
+    # cost the line's length for every match on it.
+    previous = window[before : min(begin - 1, before + MAX_LINE_CHARS)] if begin else ""
+    following = window[end + 1 : min(after, end + 1 + MAX_LINE_CHARS)] if end < len(window) else ""
+    line = window[begin : min(end, begin + MAX_LINE_CHARS)]
+    return _failure_at(line, previous, following) is not None
 
 
 def read_line(line: str, previous: str, following: str) -> OomFacts | None:

@@ -334,7 +334,7 @@ _ERROR_BEFORE = re.compile(r"error", re.IGNORECASE)
 
 def _reported(window: str, span: Span) -> bool:
     """Whether the line says an error before the match (Ollama's client prints its text)."""
-    return _ERROR_BEFORE.search(window, span.line_start, span.start) is not None
+    return _ERROR_BEFORE.search(window, span.line_lookback, span.start) is not None
 
 
 def _application(window: str, span: Span, match: re.Match[str]) -> OomFacts:

@@ -58,7 +58,9 @@ _LAST_ERROR_MEMORY = re.compile(
 )
 _OUT_OF_MEMORY = re.compile(r"out\s+of\s+memory", re.IGNORECASE)
 # "host:pid:tid [gpu]" right before the message on its line.
-_ORIGIN = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+\s+\[(?P<gpu>\d+)\]")
+# Matched from a name's first character only: tried from every character of a long word,
+# the pattern would cost the word's length squared.
+_ORIGIN = re.compile(r"(?<![\w.-])(?P<host>[\w.-]+):(?P<pid>\d+):\d+\s+\[(?P<gpu>\d+)\]")
 
 
 def find(window: str) -> list[Found]:
@@ -73,8 +75,7 @@ def find(window: str) -> list[Found]:
 
 
 def _origin(span: Span) -> tuple[str | None, int | None, int | None]:
-    begins = span.line_start
-    matches = list(_ORIGIN.finditer(span.text, begins, span.start))
+    matches = list(_ORIGIN.finditer(span.text, span.line_lookback, span.start))
     if not matches:
         return None, None, None
     last = matches[-1]
@@ -83,8 +84,7 @@ def _origin(span: Span) -> tuple[str | None, int | None, int | None]:
 
 def _amd(span: Span) -> bool:
     # RCCL prints the same "Cuda failure" text on AMD GPUs; its paths say hipify/rccl.
-    begins = span.line_start
-    line = span.text[begins : span.start].lower()
+    line = span.text[span.line_lookback : span.start].lower()
     return "rccl" in line or "hipify" in line or "HIP failure" in span.text[span.start : span.end]
 
 

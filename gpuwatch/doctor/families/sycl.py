@@ -22,7 +22,14 @@ from __future__ import annotations
 import re
 
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families.clauses import Found, exception_before, line_end, line_start, spans
+from gpuwatch.doctor.families.clauses import (
+    Found,
+    exception_before,
+    line_end,
+    line_lookback,
+    line_start,
+    spans,
+)
 
 _STATUS = re.compile(
     r"\b(?P<name>(?:UR_RESULT_ERROR|PI_ERROR|ZE_RESULT_ERROR)_OUT_OF_"
@@ -59,10 +66,11 @@ def _facts(window: str, start: int) -> OomFacts | None:
     assert match is not None
     what = match["what"] or match["cl_what"]
     begins = line_start(window, start)
-    around = window[max(0, begins - CONTEXT_LINES_CHARS) : start + CONTEXT_LINES_CHARS]
+    reads = line_lookback(window, start)  # where patterns read the line from
+    around = window[max(0, reads - CONTEXT_LINES_CHARS) : start + CONTEXT_LINES_CHARS]
     if what == "RESOURCES" and _LAUNCH_RESOURCE.search(around):
         return None
-    code = _NATIVE_API.search(window, begins, start)
+    code = _NATIVE_API.search(window, reads, start)
     status = match["name"] or match["cl"]
     message = window[begins : line_end(window, start)].strip()[:4000]
     if what == "HOST_MEMORY":

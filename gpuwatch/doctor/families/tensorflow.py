@@ -196,8 +196,7 @@ def _find_bfc(window: str) -> list[Found]:
         allocator = match["allocator"] or ""
         gpu = re.fullmatch(r"GPU_(\d+)_bfc", allocator)
         # XLA (JAX) runs the same BFC allocator; its log lines name XLA's source tree.
-        begins = span.line_start
-        xla = _XLA_SOURCE.search(window, begins, span.start) is not None
+        xla = _XLA_SOURCE.search(window, span.line_lookback, span.start) is not None
         facts = OomFacts(
             kind="xla" if xla else "tensorflow",
             category="xla_bfc_allocator_oom" if xla else "tensorflow_bfc_allocator_oom",

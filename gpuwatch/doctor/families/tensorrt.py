@@ -48,13 +48,13 @@ def find(window: str) -> list[Found]:
     for span in spans(window, _HEADER, limit=600):
         header = _HEADER.match(window, span.start)
         assert header is not None
-        begins = span.line_start
-        if header["requested"] and _WARNING_LINE.search(window, begins, span.start):
+        begins, reads = span.line_start, span.line_lookback
+        if header["requested"] and _WARNING_LINE.search(window, reads, span.start):
             continue  # the builder skipped a tactic; not the failure
         around = window[max(0, span.start - CONTEXT_CHARS) : span.start + CONTEXT_CHARS]
         sizes = [int(m["bytes"]) for m in _REQUESTED.finditer(around)]
         category, call = "tensorrt_out_of_memory", header["call"] or header["call2"]
-        source = _SOURCE.search(window, begins, span.start + 200)
+        source = _SOURCE.search(window, reads, span.start + 200)
         location = source["source"] if source else None
         if header["llm"] or header["kv"]:  # TensorRT-LLM names its own call and file
             category = (
