@@ -23,8 +23,8 @@ from gpuwatch.detectors.growth import (
     climbing_at_poll,
     floor_slope,
     growing_now,
-    growth_of,
     new_height,
+    passing_growth,
     points,
     recent_slope,
     stepped_now,
@@ -79,16 +79,14 @@ def detect_filling(
     ``horizon_seconds``, ``full_basis`` (``free`` or ``total``), ``gpu_free_bytes``,
     ``gpu_total_bytes`` and ``culprits``.
     """
-    growth = growth_of(
+    growth = passing_growth(
         samples,
         now=now,
         min_duration_seconds=min_duration_seconds,
+        min_slope_bytes_per_second=min_slope_bytes_per_second,
         already_open=already_open,
     )
-    if (
-        growth is None
-        or growth.failed_check(min_slope_bytes_per_second, already_open=already_open) is not None
-    ):
+    if growth is None:
         return None
     recent = recent_slope(samples, now=now, since=growth.window_start)
     if recent < min_slope_bytes_per_second:

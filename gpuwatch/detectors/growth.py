@@ -221,6 +221,24 @@ def growth_of(
     )
 
 
+def passing_growth(
+    samples: Sequence[Sample],
+    *,
+    now: float,
+    min_duration_seconds: float,
+    min_slope_bytes_per_second: float,
+    already_open: bool = False,
+) -> Growth | None:
+    """:func:`growth_of`, or None where :meth:`Growth.failed_check` finds evidence
+    against growth: the leak's and the filling-up verdict's shared first step."""
+    growth = growth_of(
+        samples, now=now, min_duration_seconds=min_duration_seconds, already_open=already_open
+    )
+    if growth is None or growth.failed_check(min_slope_bytes_per_second, already_open=already_open):
+        return None
+    return growth
+
+
 def _newest_floor_clears_oldest_peak(samples: Sequence[Sample], now: float) -> bool:
     """A necessary condition for any clearance: every split's floor(C) is at most the
     newest floor and its peak(E) at least the oldest peak (ties: the most favourable)."""

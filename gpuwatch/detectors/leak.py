@@ -27,8 +27,8 @@ from gpuwatch.detectors.growth import (
     MAX_SAMPLES,
     Growth,
     growing_now,
-    growth_of,
     new_height,
+    passing_growth,
     recent_slope,
 )
 from gpuwatch.detectors.types import Finding, Sample
@@ -77,16 +77,14 @@ def detect_leak(
     ``(gpu_total_bytes - held) / slope`` is given instead as an upper bound (other
     holders use memory too) and ``exhaust_basis`` says which one it is.
     """
-    growth = growth_of(
+    growth = passing_growth(
         samples,
         now=now,
         min_duration_seconds=min_duration_seconds,
+        min_slope_bytes_per_second=min_slope_bytes_per_second,
         already_open=already_open,
     )
-    if (
-        growth is None
-        or growth.failed_check(min_slope_bytes_per_second, already_open=already_open) is not None
-    ):
+    if growth is None:
         return None
     if recent_slope(samples, now=now, since=growth.window_start) < min_slope_bytes_per_second:
         return None  # it grew, but it has stopped: a load that has finished

@@ -19,32 +19,8 @@ import pytest
 from gpuwatch.doctor.architecture import from_model_config
 from gpuwatch.errors import ConfigError
 from tests.doctor.cli_run import model_config, run
+from tests.doctor.published_configs import GEMMA3_4B
 
-GEMMA3_4B: dict[str, Any] = {
-    "architectures": ["Gemma3ForConditionalGeneration"],
-    "model_type": "gemma3",
-    "text_config": {
-        "head_dim": 256,
-        "hidden_size": 2560,
-        "intermediate_size": 10240,
-        "model_type": "gemma3_text",
-        "num_attention_heads": 8,
-        "num_hidden_layers": 34,
-        "num_key_value_heads": 4,
-        "sliding_window": 1024,
-        "vocab_size": 262208,
-    },
-    "vision_config": {
-        "hidden_size": 1152,
-        "image_size": 896,
-        "intermediate_size": 4304,
-        "model_type": "siglip_vision_model",
-        "num_attention_heads": 16,
-        "num_hidden_layers": 27,
-        "patch_size": 14,
-        "vision_use_head": False,
-    },
-}
 # The language model at the top level, the ViT's width under embed_dim and the language
 # model's under hidden_size, in the same nested config.
 QWEN2_VL_7B: dict[str, Any] = {

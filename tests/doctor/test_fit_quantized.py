@@ -15,6 +15,7 @@ import pytest
 
 from gpuwatch.doctor.architecture import quantised_in_part, stored_dtype
 from tests.doctor.cli_run import model_config, run
+from tests.doctor.published_configs import GPT_OSS_20B
 
 LLAMA_70B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -98,34 +99,6 @@ def test_cli_an_explicit_dtype_and_full_training_are_not_overridden(
 
 # --- checkpoints quantised in part --------------------------------------------------------
 
-# openai/gpt-oss-20b's config.json: MXFP4 covers the experts; attention, routers,
-# embeddings and lm_head stay bf16 (quantization_config.modules_to_not_convert).
-GPT_OSS_20B: dict[str, Any] = {
-    "architectures": ["GptOssForCausalLM"],
-    "experts_per_token": 4,
-    "head_dim": 64,
-    "hidden_size": 2880,
-    "intermediate_size": 2880,
-    "layer_types": ["sliding_attention", "full_attention"] * 12,
-    "model_type": "gpt_oss",
-    "num_attention_heads": 64,
-    "num_experts_per_tok": 4,
-    "num_hidden_layers": 24,
-    "num_key_value_heads": 8,
-    "num_local_experts": 32,
-    "quantization_config": {
-        "modules_to_not_convert": [
-            "model.layers.*.self_attn",
-            "model.layers.*.mlp.router",
-            "model.embed_tokens",
-            "lm_head",
-        ],
-        "quant_method": "mxfp4",
-    },
-    "sliding_window": 128,
-    "tie_word_embeddings": False,
-    "vocab_size": 201088,
-}
 GPT_OSS_120B: dict[str, Any] = {
     **GPT_OSS_20B,
     "layer_types": ["sliding_attention", "full_attention"] * 18,
