@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from support.served_as import served_by
 
 from doctor.fake_agent_server import FakeAgent, shared_gpu_snapshot
 from gpuwatch.snapshot import HostSnapshot, ProcessOwner
@@ -92,44 +88,9 @@ def test_the_torch_reporter_prints_it_escaped(agent: FakeAgent) -> None:
     _assert_escaped(out.getvalue())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _snapshot_served_by(uid: int, body: bytes) -> Iterator[str]:
-    """A plain HTTP server, run as ``uid`` on 127.0.0.1, serving ``body`` at /snapshot
-    (a local user who bound a port while the agent was down): its URL."""
-    served = Path(tempfile.mkdtemp())
-    served.chmod(0o755)
-    (served / "snapshot").write_bytes(body)
-    (served / "snapshot").chmod(0o644)
-    port = _free_port()
-    server = subprocess.Popen(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
-         sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-         "--directory", str(served)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.kill()
-        server.wait(10)
-        shutil.rmtree(served)
-
-
 def test_a_snapshot_served_by_another_user_is_ignored() -> None:
     body = shared_gpu_snapshot().model_dump_json().encode()
-    with _snapshot_served_by(MALLORY, body) as url:
+    with served_by(MALLORY, {"snapshot": body}) as url:
         done = _explain(url)
     assert done.returncode == 0, done.stderr
     text = done.stdout.decode()
@@ -146,7 +107,7 @@ def test_the_torch_reporter_ignores_it_too() -> None:
     import gpuwatch.torch as gt
 
     body = shared_gpu_snapshot().model_dump_json().encode()
-    with _snapshot_served_by(MALLORY, body) as url:
+    with served_by(MALLORY, {"snapshot": body}) as url:
         explanation = gt.Reporter(agent_url=url).handle_oom(
             RuntimeError(STARVED), stream=io.StringIO()
         )

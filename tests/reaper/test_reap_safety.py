@@ -4,19 +4,14 @@ a child process, real victims, fake GPUs, a history served over HTTP."""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from reaper.rig import HistoryServer, Hold
 from reaper.test_reap_cli import _reap, _setup, reaping_as_alice
+from support.served_as import served_by
 
 
 @pytest.fixture
@@ -73,45 +68,11 @@ def test_idle_has_a_floor(rig, victims, agent, tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _history_served_by(uid: int, body: bytes) -> Iterator[str]:
-    """A plain HTTP server, run as ``uid``, serving ``body`` at /reaper/history: its URL."""
-    served = Path(tempfile.mkdtemp())
-    served.chmod(0o755)
-    (served / "reaper").mkdir(mode=0o755)
-    (served / "reaper" / "history").write_bytes(body)
-    port = _free_port()
-    server = subprocess.Popen(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
-         sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-         "--directory", str(served)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.kill()
-        server.wait(10)
-        shutil.rmtree(served)
-
-
 def test_a_history_served_by_another_user_is_refused(rig, victims, agent, tmp_path) -> None:
     # Finding 4: any local user could serve a made-up history ("idle for 3h").
     victim = victims()
     scenario = _setup(rig, agent, [Hold(victim.pid)])
-    with _history_served_by(4343, agent.body) as url:
+    with served_by(4343, {"reaper/history": agent.body}) as url:
         agent.url = url
         done = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", "--json")
     assert done.returncode == 22, done.stderr
@@ -129,11 +90,11 @@ def test_a_caller_who_may_stop_only_its_own_trusts_its_own_agent(
     mine, theirs = victims(uid=ALICE), victims(uid=BOB)
     scenario = _setup(rig, agent, [Hold(mine.pid), Hold(theirs.pid, gpu=1)])
     with reaping_as_alice(scenario) as reap_as_alice:
-        with _history_served_by(BOB, agent.body) as url:
+        with served_by(BOB, {"reaper/history": agent.body}) as url:
             refused = reap_as_alice(url)
         assert refused.returncode == 22, refused.stderr
         assert "nor by you" in refused.stderr and mine.alive()
-        with _history_served_by(ALICE, agent.body) as url:
+        with served_by(ALICE, {"reaper/history": agent.body}) as url:
             done = reap_as_alice(url)
     assert done.returncode == 0, done.stderr
     assert [r["outcome"] for r in json.loads(done.stdout)["results"]] == ["terminated"]
