@@ -99,7 +99,7 @@ EXIT_CODES: dict[int, str] = {
     22: "`gpuwatch reap`: refused before any signal (host PIDs not visible, not confirmed, audit log unwritable, --pid target not eligible)",
     126: "`gpuwatch fake-nvml exec`: the command was found but cannot be run (as a shell answers)",
     127: "`gpuwatch fake-nvml exec`: the command was not found",
-    130: "interrupted (Ctrl-C, SIGINT)",
+    130: "interrupted (Ctrl-C, SIGINT) before the command finished; `gpuwatch agent` and `gpuwatch demo` are stopped that way and exit 0 once stopped cleanly",
     141: "standard output was closed before everything was written (a reader such as `head -1` went away), as a shell reports SIGPIPE",
 }
 

@@ -21,7 +21,14 @@ from gpuwatch.cli.demo_watch import Seen, Watch, render
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _busy_watch() -> Watch:
+# As the demo's server words them: longer than an 80-column row.
+_LONG = (
+    "memory grew 3072.0 MiB/min for 20 s to 33.1 GiB, 460.8 MiB above its earlier peaks;"
+    " the GPU is full in 5.4 min at this rate"
+)
+
+
+def _busy_watch(summary: str = "finding number {i}") -> Watch:
     """A run two minutes in: three hosts, a dozen findings, a dozen notifications."""
     started = time.time() - 120
     events = [
@@ -32,7 +39,7 @@ def _busy_watch() -> Watch:
             "kind": "idle" if i % 2 else "orphaned",
             "reason": "idle" if i % 2 else "parent_exited",
             "user": "alice" if i % 2 else "carol",
-            "summary": f"finding number {i}",
+            "summary": summary.format(i=i),
             "open": True,
         }
         for i in range(12)
@@ -43,7 +50,9 @@ def _busy_watch() -> Watch:
         found={e["id"]: float(e["id"]) for e in events},
         notifications=[
             Notification(
-                started + 60 + i, "firing", (("gpu_filling_up_warning", "firing", f"n{i}"),)
+                started + 60 + i,
+                "firing",
+                (("gpu_filling_up_warning", "firing", f"n{i} " + summary.format(i=i)),),
             )
             for i in range(12)
         ],
@@ -53,16 +62,17 @@ def _busy_watch() -> Watch:
     )
 
 
+@pytest.mark.parametrize("summary", ["finding number {i}", "finding number {i}: " + _LONG])
 @pytest.mark.parametrize(("width", "height"), [(80, 24), (120, 40)])
 def test_the_live_view_fits_the_terminal_with_the_newest_findings_named(
-    width: int, height: int
+    width: int, height: int, summary: str
 ) -> None:
     stories = {
         name: "a story of what this host shows, long enough to wrap"
         for name in ("gpu-a", "gpu-b", "gpu-c")
     }
     console = Console(width=width, height=height, record=True, color_system=None)
-    console.print(render(_busy_watch(), stories=stories, width=width, height=height))
+    console.print(render(_busy_watch(summary), stories=stories, width=width, height=height))
     lines = console.export_text().splitlines()
     assert len(lines) < height, "\n".join(lines)  # Rich would cut the rest off ("...")
     text = "\n".join(lines)

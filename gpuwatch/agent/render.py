@@ -40,13 +40,17 @@ def format_bytes(n: int | None) -> str:
 def format_age(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "?"
-    minutes, _ = divmod(int(seconds), 60)
+    minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     days, hours = divmod(hours, 24)
     if days:
         return f"{days}d{hours}h"
     if hours:
         return f"{hours}h{minutes:02d}m"
+    # Seconds while they still matter: the reap table showed "1m" beside its own
+    # "no GPU activity for 111s".
+    if minutes < 10:
+        return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
     return f"{minutes}m"
 
 

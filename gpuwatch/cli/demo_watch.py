@@ -153,7 +153,9 @@ def _hosts_table(seen: Seen, stories: dict[str, str] | None) -> Table:
 
 
 def _found_lines(seen: Seen, shown: int = _SHOWN_LINES) -> Text:
-    text = Text("Found\n", style="bold")
+    # One row a line, cut at the terminal's width: a wrapped line took the rows the
+    # view had counted for the newest ones, and an 80 x 24 terminal lost the webhook's.
+    text = Text("Found\n", style="bold", no_wrap=True, overflow="ellipsis")
     by_id = {e["id"]: e for e in seen.events}
     recent = sorted(seen.found.items(), key=lambda item: item[1])[-shown:]
     for event_id, at in recent:
@@ -172,7 +174,9 @@ def _found_lines(seen: Seen, shown: int = _SHOWN_LINES) -> Text:
 
 
 def _sent_lines(seen: Seen, started: float, rejected: int, shown: int = _SHOWN_LINES) -> Text:
-    text = Text("Sent to the webhook (signature checked)\n", style="bold")
+    text = Text(
+        "Sent to the webhook (signature checked)\n", style="bold", no_wrap=True, overflow="ellipsis"
+    )
     for n in seen.notifications[-shown:]:
         rules = ", ".join(sorted({rule for rule, _, _ in n.alerts}))
         first = n.alerts[0][2] if n.alerts else ""

@@ -262,7 +262,12 @@ def _display_server(c: Candidate, p: Protections) -> str | None:
 
 def _unsafe(c: Candidate, caller_uid: int | None) -> tuple[str, str] | None:
     if not c.visible:
-        return "not_visible", "PID not visible from here (another PID namespace)"
+        # The sampler reports a PID gone from /proc as dead only at its second poll in a
+        # row, and a reap plans on one: a process that just exited is not visible yet.
+        return (
+            "not_visible",
+            "PID not in /proc here: another PID namespace, or it exited since NVML listed it",
+        )
     if not c.alive:
         return "not_alive", "already exited; NVML still lists its memory (a driver-side leak)"
     if c.uid is None or c.start_time is None:
