@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import http.server
 import os
-import shutil
 import socket
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from support.agent_sink import RecordingSink
+from support.headless import chromium_binary, dump_dom
 from support.snapshots import sample_snapshot
 
 from gpuwatch.agent.service import Agent
@@ -274,44 +273,13 @@ def _page_server(html: str, address: str) -> Iterator[str]:
         server.server_close()
 
 
-def _chromium() -> str:
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    if binary is None:
-        pytest.skip("chromium is not installed")
-    return binary
-
-
-def _dump_dom(url: str, profile: Path, *extra: str) -> str:
-    """The page's DOM after chromium headless ran its scripts (network included)."""
-    result = subprocess.run(
-        [
-            _chromium(),
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--disable-background-networking",
-            f"--user-data-dir={profile}",
-            "--virtual-time-budget=5000",
-            *extra,
-            "--dump-dom",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return result.stdout
-
-
 def test_a_page_from_another_origin_cannot_post_an_incident(agent, tmp_path: Path) -> None:
     """The audit's rebind_csrf.html, in chromium: the request reaches the agent (the
     page says "sent": no-cors hides the answer) and is refused."""
-    _chromium()
+    chromium_binary()
     _, sink, port = agent
     with _page_server(_CSRF_PAGE % port, "127.0.0.2") as page:
-        dom = _dump_dom(page, tmp_path / "chromium")
+        dom = dump_dom(page, tmp_path / "chromium")
     assert "sent" in dom, dom[-300:]
     assert sink.events == []
 
@@ -319,9 +287,9 @@ def test_a_page_from_another_origin_cannot_post_an_incident(agent, tmp_path: Pat
 def test_a_rebound_name_cannot_read_the_snapshot_in_a_browser(agent, tmp_path: Path) -> None:
     """The audit's rebind_demo.sh: chromium resolves evil.test to 127.0.0.1, as a
     rebinding DNS server makes it; the page at evil.test reads its own origin."""
-    _chromium()
+    chromium_binary()
     _, _, port = agent
-    dom = _dump_dom(
+    dom = dump_dom(
         f"http://evil.test:{port}/snapshot",
         tmp_path / "chromium",
         "--host-resolver-rules=MAP evil.test 127.0.0.1",

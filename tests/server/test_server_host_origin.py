@@ -9,9 +9,6 @@ it is installed.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support.headless import dump_dom
 
 from gpuwatch.server.app import create_app
 from gpuwatch.server.database import Database
@@ -199,38 +197,11 @@ def test_the_dashboard_login_works_from_its_own_page_only(settings, database, cl
 # -- in a real browser ----------------------------------------------------------------------
 
 
-def _dump_dom(url: str, profile: Path, *extra: str) -> str:
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    if binary is None:
-        pytest.skip("chromium is not installed")
-    result = subprocess.run(
-        [
-            binary,
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--disable-background-networking",
-            f"--user-data-dir={profile}",
-            "--virtual-time-budget=5000",
-            *extra,
-            "--dump-dom",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "HOME": str(profile)},
-    )
-    return result.stdout
-
-
 def test_a_rebound_name_cannot_read_the_history_in_a_browser(live, tmp_path: Path) -> None:
     """rebind_demo.sh: chromium resolves evil.test to 127.0.0.1, as a rebinding DNS
     server makes it after the attacker's page has loaded."""
     port = live.url.rsplit(":", 1)[1]
-    dom = _dump_dom(
+    dom = dump_dom(
         f"http://evil.test:{port}/api/v1/processes?limit=2",
         tmp_path / "chromium",
         "--host-resolver-rules=MAP evil.test 127.0.0.1",
