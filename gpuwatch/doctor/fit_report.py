@@ -34,6 +34,7 @@ from gpuwatch.doctor.gpus import GpuTarget, catalogue_target, local_targets, sma
 from gpuwatch.doctor.live import fetch_local_snapshot
 from gpuwatch.doctor.units import format_size
 from gpuwatch.errors import ConfigError
+from gpuwatch.terminal_text import printable
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,9 @@ class FitReport:
             lines.append("")
             lines.append(f"cannot tell: {self.unknown_because}")
         lines.extend(f"note: {note}" for note in b.notes)
-        return "\n".join(lines) + "\n"
+        # A model's name is its folder's, a GPU's the agent's: text from outside, shown
+        # with any control character escaped (as explain's report is).
+        return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def _kv_rows(split: KvSplit, context: int) -> list[str]:

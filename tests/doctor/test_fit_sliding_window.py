@@ -342,3 +342,15 @@ def test_gemma3_as_published_is_read_with_its_class_defaults(
     spelled_out = weighed(GEMMA3_4B, "gemma-3-4b-spelled-out")
     assert published["model"]["params"] == spelled_out["model"]["params"]
     assert published["kv_cache"] == spelled_out["kv_cache"]
+
+
+def test_a_model_folder_s_control_characters_are_shown_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # fit names the model after its folder, and the report goes to a terminal: a folder
+    # named with an ESC sequence and a newline must not clear the screen or forge a line.
+    path = model_config(tmp_path, "gpt-oss\x1b[2J\nFIX: it fits", GPT_OSS_20B)
+    code, out, err = run(["fit", "--config", path, "--gpu", "H100-80GB"], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and "gpt-oss\\x1b[2J\\nFIX: it fits" in out
+    assert not any(line.startswith("FIX") for line in out.splitlines())
