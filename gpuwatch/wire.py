@@ -213,6 +213,13 @@ PUSH_INTERVAL_HEADER = "Gpuwatch-Push-Interval"
 MAX_PUSH_INTERVAL_SECONDS = 3600.0
 
 
+def is_json_media_type(content_type: str | None) -> bool:
+    """True for a ``Content-Type`` of ``application/json``, with or without parameters
+    (``; charset=utf-8``): what the server's ingest and the agent's OOM reports take."""
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    return media_type == "application/json"
+
+
 def push_interval_of(value: str | None) -> float | None:
     """The push interval a :data:`PUSH_INTERVAL_HEADER` value states, or None when it is
     absent or not a number of seconds in (0, 3600]."""

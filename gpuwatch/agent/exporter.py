@@ -62,6 +62,7 @@ from gpuwatch.wire import (
     TORCH_PATH,
     OomIncident,
     TorchReport,
+    is_json_media_type,
 )
 
 if TYPE_CHECKING:
@@ -277,12 +278,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _is_json(content_type: str | None) -> bool:
-    """True for ``application/json``, with or without parameters (``; charset=utf-8``)."""
-    media_type = (content_type or "").split(";", 1)[0].strip().lower()
-    return media_type == "application/json"
-
-
 def _first_error(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -366,7 +361,7 @@ def _guarded(
                 # A browser can send text/plain (or a form) to another origin without
                 # asking first; application/json it must ask about (a CORS preflight,
                 # which this port does not answer). gpuwatch.torch sends JSON.
-                if not _is_json(self.headers.get("Content-Type")):
+                if not is_json_media_type(self.headers.get("Content-Type")):
                     self.close_connection = True
                     self._error(415, "an OOM incident must be sent as application/json")
                     return False

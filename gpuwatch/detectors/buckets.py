@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from itertools import pairwise
 
 from gpuwatch.detectors.types import Sample
 
@@ -20,6 +21,13 @@ def bucket_start(t: float, interval_seconds: float) -> float:
     The same float expression as the server's, so both agree on every edge.
     """
     return math.floor(t / interval_seconds) * interval_seconds
+
+
+def bucket_width(times: Iterable[float]) -> float:
+    """The narrowest step between consecutive ``times`` (oldest first): one bucket, for
+    the server's bucket samples (a missing bucket only widens a step), one poll
+    interval for raw polls; 0.0 for fewer than two distinct times."""
+    return min((b - a for a, b in pairwise(times) if b > a), default=0.0)
 
 
 class _Bucket:

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from gpuwatch.detectors.buckets import bucket_width
 from gpuwatch.detectors.types import Sample
 
 # Newest samples considered: far longer than any window the server asks about (17 h
@@ -288,8 +289,9 @@ def measure_growth(
     9 minutes, lapsed for a bucket in 1 trace of 20); opening still needs a split.
 
     An open verdict also tolerates a window one bucket short of ``min_duration_seconds``
-    (:func:`_bucket_width`): the server cuts the window at ``now - W - 2 B`` with ``now``
-    inside the open bucket, so a window with every bucket spans W exactly, and an empty
+    (:func:`~gpuwatch.detectors.buckets.bucket_width`): the server cuts the window at
+    ``now - W - 2 B`` with ``now`` inside the open bucket, so a window with every bucket
+    spans W exactly, and an empty
     oldest bucket (two pushes a bucket, two missed in a row) closed a steady leak's
     verdicts for a bucket and opened them again later. Opening still needs the whole W.
     """
@@ -299,7 +301,7 @@ def measure_growth(
     if end - start <= 0:
         return None
     if end - start < min_duration_seconds and not (
-        already_open and end - start + _bucket_width(pts) >= min_duration_seconds
+        already_open and end - start + bucket_width(t for t, _, _ in pts) >= min_duration_seconds
     ):
         return None
     split = _best_split(pts)
@@ -339,12 +341,6 @@ def measure_growth(
         reference_floor_bytes=reference_floor,
         reference_end=reference_end,
     )
-
-
-def _bucket_width(pts: list[_Point]) -> float:
-    """The narrowest step between consecutive samples: one bucket, for the server's
-    buckets (a missing bucket only widens a step); 0.0 for fewer than two times."""
-    return min((b[0] - a[0] for a, b in pairwise(pts) if b[0] > a[0]), default=0.0)
 
 
 def _best_split(pts: list[_Point]) -> tuple[int, int, int, float, float] | None:
@@ -493,7 +489,7 @@ def climbing_at_poll(
     # The bucket width: the narrowest step between the newest buckets (a gap in the
     # polls only widens a step). Whole widths since the newest bucket began, never more
     # than the time itself.
-    width = _bucket_width(pts[-1 - 2 * MIN_NOW_POINTS :])
+    width = bucket_width(t for t, _, _ in pts[-1 - 2 * MIN_NOW_POINTS :])
     whole = math.floor((now - start) / width) if width > 0 else 0
     elapsed = width * whole if whole >= 1 else now - start
     return now_bytes > floor + POLL_SHARE * rate * elapsed

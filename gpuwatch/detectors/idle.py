@@ -10,9 +10,9 @@ unknown time is never counted as idle.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import pairwise
 
 from gpuwatch.detectors._format import format_bytes, format_seconds
+from gpuwatch.detectors.buckets import bucket_width
 from gpuwatch.detectors.types import Finding, Sample
 
 
@@ -91,11 +91,7 @@ def _stamp_slack(known: Sequence[Sample], max_gap_seconds: float) -> float:
     polls give a poll interval), and never more than half of ``max_gap_seconds``,
     which the server sets to at least two buckets.
     """
-    width = min(
-        (b.t - a.t for a, b in pairwise(known) if b.t > a.t),
-        default=0.0,
-    )
-    return min(width, max_gap_seconds / 2)
+    return min(bucket_width(s.t for s in known), max_gap_seconds / 2)
 
 
 def _is_idle(sample: Sample, min_bytes: int) -> bool:

@@ -48,6 +48,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError, StatementError
 
 from gpuwatch.server.database.core import is_unavailable
+from gpuwatch.wire import is_json_media_type
 
 # Seconds a 503 asks the agent to wait: memory frees as soon as parses finish.
 BUSY_RETRY_AFTER_SECONDS = 1
@@ -216,8 +217,7 @@ def over_budget(budget_seconds: float) -> HTTPException:
 
 def require_json(request: Request) -> None:
     """415 unless the body is declared ``application/json``."""
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "application/json":
+    if not is_json_media_type(request.headers.get("content-type")):
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail="send application/json")
 
 
