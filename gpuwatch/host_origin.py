@@ -70,12 +70,12 @@ def bound_to_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     if not host or _ip(host) is not None:
-        return _is_loopback(host)
+        return is_loopback_address(host)
     try:
         found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return False
-    return bool(found) and all(_is_loopback(str(entry[4][0])) for entry in found)
+    return bool(found) and all(is_loopback_address(str(entry[4][0])) for entry in found)
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class RequestGuard:
         if parsed is None:
             return f"malformed Host header {_shown(host)}"
         name, _port = parsed
-        if name == "localhost" or _is_loopback(name) or name in self.names:
+        if name == "localhost" or is_loopback_address(name) or name in self.names:
             return None
         if not self.loopback and _ip(name) is not None:
             return None
@@ -203,7 +203,9 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-def _is_loopback(text: str) -> bool:
+def is_loopback_address(text: str) -> bool:
+    """Whether ``text`` is a loopback address, IPv4-mapped IPv6 included: a dual-stack
+    listener (``[::]``) sees a local IPv4 client as ``::ffff:127.0.0.1``."""
     address = _ip(text)
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped

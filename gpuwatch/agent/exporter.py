@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import gzip
 import hmac
-import ipaddress
 import json
 import logging
 import threading
@@ -54,7 +53,7 @@ from gpuwatch.agent.port import BoundedHTTPServer, PortPolicy
 from gpuwatch.agent.reaper.served import HISTORY_PATH
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
-from gpuwatch.host_origin import RequestGuard
+from gpuwatch.host_origin import RequestGuard, is_loopback_address
 from gpuwatch.wire import (
     INCIDENTS_OOM_PATH,
     MAX_INCIDENT_BODY,
@@ -170,7 +169,7 @@ def _handler_class(
 
         def _read_body(self, limit: int) -> bytes | None:
             """The request body, or ``None`` after answering with an error."""
-            if not _is_loopback(self.client_address[0]):
+            if not is_loopback_address(self.client_address[0]):
                 self._error(403, "only local processes may post to the agent")
                 return None
             length_header = self.headers.get("Content-Length")
@@ -271,13 +270,6 @@ def _handler_class(
 _PRIVATE_PATHS = ("/snapshot", "/reaper/history")
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _first_error(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -369,7 +361,7 @@ def _guarded(
             return True
 
         def _may_read_snapshot(self) -> bool:
-            if policy.snapshot_access == "open" or _is_loopback(self.client_address[0]):
+            if policy.snapshot_access == "open" or is_loopback_address(self.client_address[0]):
                 return True
             if policy.snapshot_access != "token" or not policy.snapshot_token:
                 return False

@@ -65,8 +65,8 @@ def tcp_peer_uid(
     would otherwise pass for root.
     """
     try:
-        local = ipaddress.ip_address(client[0])
-        remote = ipaddress.ip_address(server[0])
+        local = _unmapped(ipaddress.ip_address(client[0]))
+        remote = _unmapped(ipaddress.ip_address(server[0]))
     except ValueError:
         return None
     if local.version != remote.version:
@@ -93,6 +93,16 @@ def tcp_peer_uid(
 
 # /proc/net/tcp's ``st`` column for an open connection (include/net/tcp_states.h).
 _ESTABLISHED = "01"
+
+
+def _unmapped(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    # A dual-stack listener sees an IPv4 client as ::ffff:a.b.c.d, but the client's own
+    # socket is IPv4 and its row is in /proc/net/tcp under the plain address.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def _proc_net_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:

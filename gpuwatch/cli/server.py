@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import typer
 
 from gpuwatch.errors import ConfigError
+from gpuwatch.host_origin import bound_to_loopback
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         upgrade(database)
         database.dispose()
         host, port = parse_host_port(settings.listen)
-        if settings.read_token is None and not _is_loopback(host):
+        if settings.read_token is None and not bound_to_loopback(host):
             log.warning(
                 "listening on %s with no read_token: anyone who can reach it can read the "
                 "fleet's history; set GPUWATCH_SERVER_READ_TOKEN",
@@ -83,12 +83,3 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from err
     sock.set_inheritable(True)
     return sock
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -140,6 +140,18 @@ def test_a_wildcard_listener_answers_any_host_unless_names_are_set(tmp_path: Pat
         assert _get(port, "/metrics", f"evil.test:{port}").status_code == 421
 
 
+def test_a_dual_stack_listener_takes_local_ipv4_clients_as_local(tmp_path: Path) -> None:
+    """On ``[::]`` a local IPv4 client arrives as ``::ffff:127.0.0.1``: before the fix
+    the agent refused it /snapshot and gpuwatch.torch's OOM reports (403)."""
+    if not socket.has_dualstack_ipv6():
+        pytest.skip("this kernel has no dual-stack IPv6 sockets")
+    with running_agent(tmp_path, listen="[::]:0") as (_, sink, port):
+        assert _get(port, "/snapshot", f"127.0.0.1:{port}").status_code == 200
+        assert _post(port, INCIDENTS_OOM_PATH, json=INCIDENT).status_code == 202
+        [event] = sink.events
+        assert event.evidence["reporter_uid"] == os.getuid()
+
+
 # -- cross-site POSTs -----------------------------------------------------------------------
 
 
