@@ -23,6 +23,7 @@ from gpuwatch.detectors.growth import (
     climbing_at_poll,
     floor_slope,
     growing_now,
+    keeping_pace,
     new_height,
     passing_growth,
     points,
@@ -88,7 +89,7 @@ def detect_filling(
     )
     if growth is None:
         return None
-    recent = recent_slope(samples, now=now, since=growth.window_start)
+    recent = recent_slope(samples, now=now, since=growth.window_start, already_open=already_open)
     if recent < min_slope_bytes_per_second:
         return None  # it grew, but it has stopped: no longer filling up
     if not already_open and not _opens(samples, growth, now, now_bytes, held_before_bytes):
@@ -101,7 +102,7 @@ def detect_filling(
         return None
     # The window's fitted slope (robust to noise) times room; the recent rise is the gate.
     time_to_full = room / growth.slope
-    if time_to_full > horizon_seconds:
+    if time_to_full > horizon_seconds * (OPEN_HORIZON_SLACK if already_open else 1.0):
         return None
     culprits = _culprits(growth, processes, now=now)
     summary = (
@@ -131,6 +132,13 @@ def detect_filling(
     )
 
 
+# An open verdict continues while the GPU is full within this many horizons. The
+# window's slope moves a little at every bucket (a chunk enters, an old one leaves), so a
+# fill whose time to full sat near the horizon (2 GiB every 4 min onto an 80 GiB GPU:
+# 1.9 to 2.0 h) opened, closed and opened again as a new event every few minutes.
+OPEN_HORIZON_SLACK = 1.25
+
+
 # A process is named a culprit only for growth above this (and above the spread of its
 # own floors in the reference span): a flat process's lowest poll differs between two
 # spans by its noise alone, which named steady jobs beside the real grower in one
@@ -147,12 +155,20 @@ def _opens(
     held_before_bytes: int | None,
 ) -> bool:
     """Whether a verdict may open: the memory seen rising (over the newest stretches,
-    or by a step in the newest bucket), still climbing at the poll at hand (the closed
-    buckets of a warm-up rise for a minute or two after it levelled off), and above
-    every level it held before the window (a long cycle's rise)."""
+    or by a step in the newest bucket that keeps pace with the window's line: a
+    transient allocation on a plateau is a step too), still climbing at the poll at
+    hand (the closed buckets of a warm-up rise for a minute or two after it levelled
+    off), and above every level it held before the window (a long cycle's rise)."""
     slope = growth.slope
-    rising = growing_now(samples, now=now, slope=slope) or stepped_now(
-        samples, now=now, slope=slope, now_bytes=now_bytes
+    rising = growing_now(samples, now=now, slope=slope) or (
+        stepped_now(samples, now=now, slope=slope, now_bytes=now_bytes)
+        and keeping_pace(
+            samples,
+            now=now,
+            now_bytes=now_bytes,
+            slope=slope,
+            window_seconds=growth.window_seconds,
+        )
     )
     return (
         rising

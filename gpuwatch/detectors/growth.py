@@ -377,13 +377,16 @@ def _best_split(pts: list[_Point]) -> tuple[int, int, int, float, float] | None:
     return best
 
 
-# The recent rate is judged over the newest third of the window, and never over fewer
-# than this many buckets.
+# The recent rate is judged over the newest third of the window (the newest half for
+# a verdict already open, see recent_slope), and never over fewer than this many buckets.
 RECENT_SHARE = 1 / 3
+OPEN_RECENT_SHARE = 1 / 2
 MIN_RECENT_POINTS = 4
 
 
-def recent_slope(samples: Sequence[Sample], *, now: float, since: float) -> float:
+def recent_slope(
+    samples: Sequence[Sample], *, now: float, since: float, already_open: bool = False
+) -> float:
     """How fast the floor rose over the newest third of the window that starts at
     ``since`` (bytes/s; at least :data:`MIN_RECENT_POINTS` buckets): the floor level at
     its end minus the level at its start, over the time between.
@@ -392,11 +395,22 @@ def recent_slope(samples: Sequence[Sample], *, now: float, since: float) -> floa
     steps (flat, jump, flat) counts at its average rate; each level is the lowest floor
     of the first or last third of those buckets, so noise and breathing move neither
     end up.
+
+    For a verdict ``already_open`` the newest half of the window is judged instead. The
+    two levels are each their stretch's lowest, which for growth in steps is the level
+    at the stretch's start, so the rate sees only the steps between the two stretches'
+    starts: two thirds of the span apart. Over a third of the window that is 2W/9, and a
+    staircase with steps 9 or 10 minutes apart (W/3 at the defaults, which docs/
+    detection.md calls a leak) showed no step there for a bucket after each step: its
+    verdicts closed and opened again as a new event at every step, 13 times in 150
+    minutes. Over half the window the starts are W/3 apart, and a step always lies
+    between them. Opening keeps the third: a load that has stopped is not let in later.
     """
     pts = [p for p in points(samples, now=now) if p[0] >= since]
     if len(pts) < 2:
         return 0.0
-    cutoff = pts[-1][0] - (pts[-1][0] - pts[0][0]) * RECENT_SHARE
+    share = OPEN_RECENT_SHARE if already_open else RECENT_SHARE
+    cutoff = pts[-1][0] - (pts[-1][0] - pts[0][0]) * share
     recent = [p for p in pts if p[0] >= cutoff]
     if len(recent) < MIN_RECENT_POINTS:
         recent = pts[-MIN_RECENT_POINTS:]
@@ -515,9 +529,59 @@ def stepped_now(
     start, floor, peak = pts[-1]
     before = pts[-1 - 2 * MIN_NOW_POINTS : -1]
     width = start - before[-1][0]
-    usual = max(p - f for _, f, p in before)
     rise = peak - floor if now_bytes is None else max(peak - floor, now_bytes - peak)
-    return rise > max(CLEARANCE_MIN_BYTES, slope * width + 2 * usual)
+    return rise > max(CLEARANCE_MIN_BYTES, slope * width + 2 * _usual_rise(before, floor))
+
+
+def _usual_rise(before: list[_Point], newest_floor: int) -> int:
+    """The widest rise within the buckets ``before`` that did not last: each bucket's
+    highest poll over its floor, less what the floors after it (through the newest
+    bucket's, ``newest_floor``) kept of the rise.
+
+    Noise and breathing come back down; a step that stayed up is the growth itself. With
+    chunks four buckets apart, the chunk before always lay among the buckets before and
+    counted as their noise, so no chunk stood out: a GPU filled by a 2 GiB worker every
+    four minutes got no filling-up verdict at most alignments.
+    """
+    usual = 0
+    kept = newest_floor  # the lowest floor after the bucket at hand
+    for _, f, p in reversed(before):
+        usual = max(usual, p - max(f, kept))
+        kept = min(kept, f)
+    return usual
+
+
+def keeping_pace(
+    samples: Sequence[Sample],
+    *,
+    now: float,
+    now_bytes: int | None,
+    slope: float,
+    window_seconds: float,
+) -> bool:
+    """Whether the memory at hand (``now_bytes``, else the newest bucket's highest
+    poll) stands above every bucket floor of the last W/3 before ``now`` by at least
+    :data:`NOW_SHARE` of what ``slope`` adds over that time (W: ``window_seconds``).
+
+    A step in the newest bucket may open a filling-up verdict (:func:`stepped_now`), but
+    a step is also what a transient allocation looks like: an evaluation pass taking
+    3 GiB for two minutes, eight minutes after a warm-up levelled off, while the warm-up
+    still held the window's line and its recent rate up, opened a verdict on a flat GPU.
+    Growth that goes on in steps keeps up with its own line: steps at most W/3 apart
+    (the staircase the docs call growth) put at least one step's rise, the line's slope
+    times the spacing, between any of those floors and now, and twice the time's share
+    of it. A plateau's one step is short of the minutes of growth the window's slope
+    says should lie behind it once the plateau is a few buckets old.
+    """
+    pts = points(samples, now=now)
+    if not pts:
+        return True
+    level = pts[-1][2] if now_bytes is None else now_bytes
+    return all(
+        level - f >= NOW_SHARE * slope * (now - t)
+        for t, f, _ in pts
+        if now - t <= window_seconds / 3
+    )
 
 
 def highest_floor(samples: Sequence[Sample]) -> int | None:

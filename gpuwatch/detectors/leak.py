@@ -86,7 +86,8 @@ def detect_leak(
     )
     if growth is None:
         return None
-    if recent_slope(samples, now=now, since=growth.window_start) < min_slope_bytes_per_second:
+    recent = recent_slope(samples, now=now, since=growth.window_start, already_open=already_open)
+    if recent < min_slope_bytes_per_second:
         return None  # it grew, but it has stopped: a load that has finished
     if not already_open and not growing_now(samples, now=now, slope=growth.slope):
         return None  # it grew, but the newest bucket is flat: a load that has finished
