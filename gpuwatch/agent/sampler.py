@@ -10,13 +10,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwatch.agent.procinfo import ProcessFacts, ProcInfo
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.nvml.bounded import BoundedReader, DeviceTimeout
 from gpuwatch.nvml.gpm import GpmActivity
 from gpuwatch.nvml.health import HEALTH_FIELDS
-from gpuwatch.nvml.library import DeviceReading, NvmlSession, ProcessUsage
+from gpuwatch.nvml.library import (
+    UNKNOWN_UUID_PREFIX,
+    DeviceReading,
+    NvmlSession,
+    ProcessUsage,
+    unknown_uuid,
+)
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance, Profiling
 from gpuwatch.wire import NamedDevice
 
@@ -75,6 +82,9 @@ class Sampler:
         self._uptime: float | None = None
         self._confirm_gone = confirm_gone
         self._host_devices: tuple[NamedDevice, ...] = ()
+        # GPU index -> (uuid, name, PCI bus id) as last read: a GPU that falls off the
+        # bus, or whose read hangs, answers nothing, but it is still the board it was.
+        self._known: dict[int, tuple[str, str | None, str | None]] = {}
 
     def poll(self) -> HostSnapshot:
         started = time.perf_counter()
@@ -104,13 +114,26 @@ class Sampler:
             gpus=gpus,
         )
 
+    def _last_identity(self, index: int, reading: DeviceReading | None = None) -> dict[str, Any]:
+        """What identifies GPU ``index`` when this poll could not read it: what the
+        reading still has (a lost GPU may answer its UUID), else what it was last read
+        as, else a placeholder UUID. Without it a lost board was reported as
+        ``GPU-unknown-N`` with no name or bus id: the alert could not say which board to
+        pull, and the server listed it as a new GPU beside the real one."""
+        uuid, name, bus = self._known.get(index, (unknown_uuid(index), None, None))
+        if reading is not None and not reading.uuid.startswith(UNKNOWN_UUID_PREFIX):
+            if reading.uuid != uuid:  # another board at this index now: nothing carries
+                name = bus = None
+            uuid, name = reading.uuid, reading.name or name
+        return {"index": index, "uuid": uuid, "name": name, "pci_bus_id": bus}
+
     def _gpu(self, reading: DeviceReading | DeviceTimeout) -> Gpu:
         if isinstance(reading, DeviceTimeout):
-            return Gpu(
-                index=reading.index, uuid=f"GPU-unknown-{reading.index}", read_error="timeout"
-            )
+            return Gpu(**self._last_identity(reading.index), read_error="timeout")
         if reading.lost:
-            return Gpu(index=reading.index, uuid=reading.uuid, name=reading.name, lost=True)
+            return Gpu(**self._last_identity(reading.index, reading), lost=True)
+        if not reading.uuid.startswith(UNKNOWN_UUID_PREFIX):
+            self._known[reading.index] = (reading.uuid, reading.name, reading.pci_bus_id)
         processes = [self._process(reading, usage) for usage in reading.processes]
         coherent = reading.coherent_memory
         if coherent is None:  # older drivers: go by the model name

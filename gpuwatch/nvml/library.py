@@ -205,6 +205,15 @@ class DeviceReading:
     gpm: GpmActivity | None = None
 
 
+# The UUID a GPU is given when NVML would not say it (and it was never read before).
+UNKNOWN_UUID_PREFIX = "GPU-unknown-"
+
+
+def unknown_uuid(index: int) -> str:
+    """The placeholder UUID of GPU ``index`` whose UUID NVML would not give."""
+    return f"{UNKNOWN_UUID_PREFIX}{index}"
+
+
 def _to_str(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -339,7 +348,7 @@ class NvmlSession(HealthReads, GpmReads):
         Never raises for a device-level problem: a lost GPU comes back with
         ``lost=True``; an unreadable field is ``None``.
         """
-        reading = DeviceReading(index=index, uuid=f"GPU-unknown-{index}")
+        reading = DeviceReading(index=index, uuid=unknown_uuid(index))
         try:
             handle = self._handle(index)
             if handle is None:

@@ -207,10 +207,15 @@ def test_unknown_or_timeout_on_one_gpu_blanks_its_fields_and_the_others_report(
         assert_fresh(rig, i, 180)
 
 
+def _identity(gpu: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    return gpu["uuid"], gpu["name"], gpu["pci_bus_id"]
+
+
 def test_a_hung_call_is_bounded_and_the_gpu_is_served_as_timed_out_not_stale(rig: Rig) -> None:
     rig.at(HANG_AT - 60)
     rig.poll()
     assert_fresh(rig, 1, HANG_AT - 60)
+    board = _identity(rig.gpus()[1])
 
     rig.at(HANG_AT + 1)  # GPU 1's power reading now hangs for HANG real seconds
     took = rig.poll()
@@ -220,6 +225,7 @@ def test_a_hung_call_is_bounded_and_the_gpu_is_served_as_timed_out_not_stale(rig
     assert again < NVML_TIMEOUT  # no second wait for the stuck GPU
     gpus = rig.gpus()
     assert gpus[1]["read_error"] == "timeout" and gpus[1]["memory_used_bytes"] is None
+    assert _identity(gpus[1]) == board  # still the board it was, not GPU-unknown-1
     assert rig.gpu_metric("gpuwatch_gpu_up", 1) == 0
     assert rig.gpu_metric("gpuwatch_gpu_memory_used_bytes", 1) is None
     assert_fresh(rig, 0, HANG_AT + 1)
@@ -241,6 +247,8 @@ def test_a_gpu_lost_mid_poll_serves_nothing_read_before_the_loss(rig: Rig) -> No
     rig.at(LOST_AT - 60)
     rig.poll()
     assert_fresh(rig, 2, LOST_AT - 60)
+    board = _identity(rig.gpus()[2])
+    assert not board[0].startswith("GPU-unknown") and board[2]
 
     # GPU 2 falls off the bus between its memory read and its utilisation read, in
     # the middle of one poll: the scenario clock jumps past LOST_AT right there.
@@ -264,6 +272,15 @@ def test_a_gpu_lost_mid_poll_serves_nothing_read_before_the_loss(rig: Rig) -> No
     rig.at(LOST_AT + 60)  # later polls: still lost, the others still fresh
     rig.poll()
     assert rig.gpus()[2]["lost"] is True
+    # NVML no longer answers its UUID: the board is still named as it was read, so the
+    # alert says which one to pull and the server does not count a new GPU.
+    assert _identity(rig.gpus()[2]) == board
+    [info] = [
+        labels
+        for (n, labels) in rig.metrics()
+        if n == "gpuwatch_gpu_info" and ("gpu", "2") in labels
+    ]
+    assert ("uuid", board[0]) in info and ("pci_bus_id", board[2]) in info
     assert_fresh(rig, 0, LOST_AT + 60)
     assert rig.agent.state.poll_counts() == {"success": 3}
 
