@@ -198,6 +198,11 @@ class Profiling(_Strict):
     pcie_rx_bytes_per_second: BytesPerSecond | None = None
 
 
+# A GPU whose UUID NVML would not give, and that the agent never read before (a GPU lost
+# or hung since the agent started), is named this followed by its index.
+UNKNOWN_GPU_UUID_PREFIX = "GPU-unknown-"
+
+
 class MigInstance(_Strict):
     """A MIG GPU instance carved out of a physical GPU."""
 

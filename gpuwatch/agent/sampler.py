@@ -18,13 +18,19 @@ from gpuwatch.nvml.bounded import BoundedReader, DeviceTimeout
 from gpuwatch.nvml.gpm import GpmActivity
 from gpuwatch.nvml.health import HEALTH_FIELDS
 from gpuwatch.nvml.library import (
-    UNKNOWN_UUID_PREFIX,
     DeviceReading,
     NvmlSession,
     ProcessUsage,
     unknown_uuid,
 )
-from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance, Profiling
+from gpuwatch.snapshot import (
+    UNKNOWN_GPU_UUID_PREFIX,
+    Gpu,
+    GpuProcess,
+    HostSnapshot,
+    MigInstance,
+    Profiling,
+)
 from gpuwatch.wire import NamedDevice
 
 # GPUs whose memory is coherent with the CPU (Grace Hopper / Grace Blackwell): NVML's
@@ -121,7 +127,7 @@ class Sampler:
         ``GPU-unknown-N`` with no name or bus id: the alert could not say which board to
         pull, and the server listed it as a new GPU beside the real one."""
         uuid, name, bus = self._known.get(index, (unknown_uuid(index), None, None))
-        if reading is not None and not reading.uuid.startswith(UNKNOWN_UUID_PREFIX):
+        if reading is not None and not reading.uuid.startswith(UNKNOWN_GPU_UUID_PREFIX):
             if reading.uuid != uuid:  # another board at this index now: nothing carries
                 name = bus = None
             uuid, name = reading.uuid, reading.name or name
@@ -132,7 +138,7 @@ class Sampler:
             return Gpu(**self._last_identity(reading.index), read_error="timeout")
         if reading.lost:
             return Gpu(**self._last_identity(reading.index, reading), lost=True)
-        if not reading.uuid.startswith(UNKNOWN_UUID_PREFIX):
+        if not reading.uuid.startswith(UNKNOWN_GPU_UUID_PREFIX):
             self._known[reading.index] = (reading.uuid, reading.name, reading.pci_bus_id)
         processes = [self._process(reading, usage) for usage in reading.processes]
         coherent = reading.coherent_memory

@@ -35,6 +35,7 @@ from typing import Any, Literal, TypeVar
 from gpuwatch.errors import NvmlUnavailable
 from gpuwatch.nvml.gpm import GpmActivity, GpmReads, GpmState
 from gpuwatch.nvml.health import HealthReads, HealthState
+from gpuwatch.snapshot import UNKNOWN_GPU_UUID_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -205,13 +206,9 @@ class DeviceReading:
     gpm: GpmActivity | None = None
 
 
-# The UUID a GPU is given when NVML would not say it (and it was never read before).
-UNKNOWN_UUID_PREFIX = "GPU-unknown-"
-
-
 def unknown_uuid(index: int) -> str:
     """The placeholder UUID of GPU ``index`` whose UUID NVML would not give."""
-    return f"{UNKNOWN_UUID_PREFIX}{index}"
+    return f"{UNKNOWN_GPU_UUID_PREFIX}{index}"
 
 
 def _to_str(value: Any) -> str:

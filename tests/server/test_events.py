@@ -140,6 +140,31 @@ def test_lost_gpu_opens_gpu_lost_and_its_return_records_gpu_back(live: Live) -> 
     assert back["started_at"] == back["ended_at"] == T0 + 3 * 15
 
 
+def test_a_lost_gpu_the_agent_could_not_name_is_the_gpu_it_had_at_that_index(
+    live: Live,
+) -> None:
+    """An agent restarted after a GPU fell off the bus never read its UUID and sends
+    ``GPU-unknown-3``: that is the board the host had at index 3, not a new GPU."""
+    token = live.token("host-1")
+    ok = gpu(3, [process(1)])
+    lost = gpu(
+        3,
+        uuid="GPU-unknown-3",
+        name=None,
+        lost=True,
+        memory_used_bytes=None,
+        memory_free_bytes=None,
+        unattributed_bytes=None,
+    )
+    live.push(token, body(snapshot(0, [ok]), snapshot(1, [lost])))
+    host = live.client.get("/api/v1/hosts/host-1").json()
+    assert [(g["uuid"], g["name"], g["lost"]) for g in host["gpus"]] == [
+        (ok.uuid, ok.name, True)
+    ]
+    (open_lost,) = events(live, kind="gpu_lost", open="true")
+    assert ok.uuid in open_lost["summary"]
+
+
 def test_event_filters(live: Live) -> None:
     token1, token2 = live.token("host-1"), live.token("host-2")
     live.push(token1, body(snapshot(0, [gpu(0, [process(1, orphaned=True, user="ann")])])))

@@ -33,7 +33,7 @@ from gpuwatch.server.ingest import findings
 from gpuwatch.server.ingest.state import GpuRow, HostState, Identity, LifetimeRow
 from gpuwatch.server.processes import window
 from gpuwatch.settings import ServerSettings
-from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
+from gpuwatch.snapshot import UNKNOWN_GPU_UUID_PREFIX, Gpu, GpuProcess, HostSnapshot
 
 N = TypeVar("N", int, float)
 # A lifetime whose bucket just closed, with its GPU and the closed bucket's sample.
@@ -53,6 +53,7 @@ def apply_snapshot(
     ``at`` (default its ``collected_at``; ingest passes it clamped to the server's
     clock, see service.py)."""
     at = snapshot.collected_at if at is None else at
+    snapshot = _named_as_before(state, snapshot)
     host = state.host
     if host.boot_id is not None and snapshot.boot_id != host.boot_id:
         end_all_lifetimes(state)
@@ -143,6 +144,33 @@ def _reconcile_processes(
     for lifetime in [lt for lt in open_on_gpu if lt.id not in listed]:
         _end(state, lifetime, at=at)
     return due
+
+
+def _named_as_before(state: HostState, snapshot: HostSnapshot) -> HostSnapshot:
+    """``snapshot`` with each GPU the agent could not name (lost or hung since the agent
+    started, so never read: ``GPU-unknown-<index>``) given the UUID of the GPU this host
+    last had at its index. Without it a board that fell off the bus while its agent
+    restarted was listed as a new GPU beside itself, and its ``gpu_lost`` event named
+    neither."""
+    if not any(g.uuid.startswith(UNKNOWN_GPU_UUID_PREFIX) for g in snapshot.gpus):
+        return snapshot
+    named = {g.uuid for g in snapshot.gpus}
+    gpus = []
+    for gpu in snapshot.gpus:
+        if gpu.uuid.startswith(UNKNOWN_GPU_UUID_PREFIX):
+            known = [
+                row
+                for row in state.gpus.values()
+                if row.gpu_index == gpu.index
+                and row.uuid not in named
+                and not row.uuid.startswith(UNKNOWN_GPU_UUID_PREFIX)
+            ]
+            if known:
+                row = max(known, key=lambda r: r.last_seen_at)
+                gpu = gpu.model_copy(update={"uuid": row.uuid, "name": gpu.name or row.name})
+                named.add(row.uuid)
+        gpus.append(gpu)
+    return snapshot.model_copy(update={"gpus": gpus})
 
 
 def _upsert_gpu(
