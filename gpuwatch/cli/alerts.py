@@ -24,6 +24,7 @@ import typer
 from gpuwatch.cli.tables import print_json, print_table
 from gpuwatch.cli.times import epoch_or_iso
 from gpuwatch.errors import ConfigError, DeliveryFailed
+from gpuwatch.terminal_text import printable
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -148,7 +149,7 @@ def test_receiver(
         result = client.test_receiver(name)
     # The server's detail names the receiver and its answer, never the URL or secret:
     # "webhook receiver 'team-a': HTTP 404 no such hook".
-    detail = " ".join(result.detail.split())
+    detail = printable(" ".join(result.detail.split()))
     if result.outcome == "sent":
         typer.echo(f"test notification sent: {detail}")
         return

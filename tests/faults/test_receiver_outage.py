@@ -123,6 +123,39 @@ def test_slack_down_for_ten_minutes_gets_each_notification_once_after_it(
     assert all(b - a >= 1.0 for a, b in pairwise(times))
 
 
+def test_a_429_pauses_every_notification_to_that_webhook(
+    database: Database, settings: ServerSettings
+) -> None:
+    """Slack's limit is per webhook URL: after its 429 asked for 30 s, the other
+    notifications due to the same webhook wait too (before, four more were posted and
+    refused within seconds, then all five again at once)."""
+    clock = FakeClock(T0)
+    client = httpx.Client()
+    with slack(clock) as stub:
+        stub.answer = lambda at, _body: rate_limited(RETRY_AFTER) if at < T0 + 90 else OK
+        receiver = build_receiver(
+            ReceiverConfig(name="ops", type="slack", url=stub.url), client=client, clock=clock
+        )
+        engine = AlertEngine(
+            receivers={"ops": receiver}, clock=clock, sleep=clock.advance, rng=lambda: 0.5
+        )
+        hosts = [f"host-{n}" for n in range(1, 6)]
+        for host in hosts:
+            lose_a_gpu(database, settings, host, T0)
+        while clock.now <= T0 + 600:
+            engine.run(database=database, settings=settings, now=clock.now)
+            clock.now = max(clock.now, _next_tick(clock.now))
+        client.close()
+        posts = list(stub.posts)
+    refused = [p for p in posts if p.status == 429]
+    assert refused, "Slack never answered 429"
+    for post in refused:
+        during = [p for p in posts if post.at < p.at < post.at + RETRY_AFTER]
+        assert during == [], f"{len(during)} posts while Slack asked to wait"
+    delivered = sorted(h for p in posts if p.status == 200 for h in hosts if h in p.text)
+    assert delivered == hosts  # each host's group once, after the pause
+
+
 def _next_tick(now: float) -> float:
     return T0 + ((now - T0) // EVALUATION + 1) * EVALUATION
 

@@ -158,3 +158,15 @@ def test_texts() -> None:
     assert culprit_line(Culprit(pid=7, user="u", command="c " * 100, memory_bytes=0)).endswith(
         "… (0 B, pid 7)"
     )
+
+
+def test_a_receiver_s_answer_cannot_drive_the_terminal_it_is_shown_on() -> None:
+    """``alerts test-receiver`` prints a 2xx answer's text: an ESC in it set the window
+    title and cleared the screen. The reason is one line, its controls escaped."""
+    reply = Reply(
+        200, httpx.Headers(), b"\x1b]0;pwned\x07thanks\x1b[2J\r\nsecond line \xe2\x80\xae"
+    )
+    attempt = classify(reply, label="webhook 'x'", redact=Redactor([]), now=0.0)
+    assert attempt.outcome == "sent"
+    assert "\x1b" not in attempt.detail and "\u202e" not in attempt.detail
+    assert "\\x1b]0;pwned\\x07thanks\\x1b[2J second line \\u202e" in attempt.detail

@@ -8,7 +8,9 @@ import time
 import httpx
 import pytest
 
+from gpuwatch.server.alerts.rules import Candidate, describe
 from gpuwatch.server.notifications.config import ReceiverConfig
+from gpuwatch.server.notifications.model import Culprit
 from gpuwatch.server.notifications.receivers import build_receiver
 from gpuwatch.server.notifications.receivers.slack import SlackReceiver
 
@@ -173,6 +175,53 @@ def test_mrkdwn_control_characters_are_escaped(receiver_server, client, notifica
     section = message["blocks"][1]["text"]["text"]
     assert "a &lt;b&gt; &amp; `c`" in section
     assert "<!channel>" not in json.dumps(message)
+
+
+# A command line is anyone's to write: the audit's, which drew a bold fake alert, a
+# label line and a list of culprits on another host inside a real alert.
+FORGED = (
+    "python x.py\n*🔴 GPU 3 on gpu-node-7 jumped to 99% full*\n"
+    "`hostname=gpu-node-1` · *Culprits*\n• *bob* \u202eevil https://phish.example/"
+)
+
+
+def test_a_command_line_cannot_forge_lines_of_the_message(
+    receiver_server, client, notification, alert
+) -> None:
+    forger = Culprit(pid=66, user="mallory", command=FORGED, memory_bytes=2**30)
+    candidate = Candidate(
+        rule="gpu_filling_up",
+        severity="warning",
+        labels={"rule": "gpu_filling_up"},
+        summary=f"GPU 3 on gpu-node-7 fills up; growing: {describe(forger)}",
+        description=describe(forger),
+        culprits=[forger],
+    )
+    note = notification(
+        alert(summary=candidate.summary, description=candidate.description, culprits=[forger])
+    )
+    assert slack(receiver_server.url(HOOK), client).attempt(note).outcome == "sent"
+    message = json.loads(receiver_server.received[0].body)
+    texts = [b["text"] for b in message["blocks"] if b["type"] == "section"]
+    texts += [e for b in message["blocks"] if b["type"] == "context" for e in b["elements"]]
+    lines = [line for t in texts for line in t["text"].split("\n")]
+    assert not any(
+        line.startswith(("*🔴 GPU 3", "`hostname=gpu-node-1`", "• *bob*")) for line in lines
+    )
+    assert all("\u202e" not in t["text"] for t in texts) and "\\u202e" in texts[0]["text"]
+    # Slack links nothing by itself: no bare URL or channel name becomes a link.
+    assert all(t["verbatim"] is True for t in texts)
+    assert "\n" not in message["text"]
+
+
+def test_the_fallback_text_stays_within_slack_s_limit_once_escaped(
+    receiver_server, client, notification, alert
+) -> None:
+    many = [alert(fingerprint=f"f{i}", summary="<&>" * 200) for i in range(10)]
+    slack(receiver_server.url(HOOK), client).attempt(notification(*many))
+    text = json.loads(receiver_server.received[0].body)["text"]
+    assert len(text) <= 3000 and text.endswith("…")
+    assert "<" not in text and not text[:-1].endswith(("&", "&l", "&lt", "&a", "&am", "&amp"))
 
 
 def test_resolved_message(receiver_server, client, notification, alert) -> None:

@@ -23,8 +23,10 @@ What is promised, and why it holds:
   more when the lease ends.
 * **Receivers are never hammered.** One attempt per notification per try; retries
   back off with jitter (honouring ``Retry-After``) until the delivery deadline, sends
-  to one receiver are spaced by its ``min_interval_seconds`` (Slack: 1 s), and a
-  permanent refusal marks the notification ``broken`` instead of retrying.
+  to one receiver are spaced by its ``min_interval_seconds`` (Slack: 1 s), an endpoint
+  that asks to wait (429 or 503 with ``Retry-After``) gets nothing more from this
+  process until then, and a permanent refusal marks the notification ``broken``
+  instead of retrying.
   Alertmanager receivers get their due alerts in batched POSTs (:data:`BATCH_ALERTS`);
   a 400 to a batch is resent in halves, so only the notifications refused on their
   own are ``broken``.
@@ -180,6 +182,10 @@ class AlertEngine:
         self._on_outcome = on_outcome
         self._rng = rng
         self._last_sent: dict[str, float] = {}
+        # Endpoint -> when it said it would take requests again (Retry-After). Slack's
+        # limit is per webhook URL: waiting with only the notification it answered left
+        # the others to be sent, and refused, one after another.
+        self._paused_until: dict[str, float] = {}
 
     def run(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
         """Evaluate and dispatch at ``now``, then deliver what is due."""
@@ -313,6 +319,10 @@ class AlertEngine:
             started = time.monotonic()
             for index, unit in enumerate(units):
                 if index and time.monotonic() - started >= budget:
+                    self._release(database, [row for rest in units[index:] for row in rest])
+                    break
+                if self._paused_until.get(self._endpoint(unit[0].receiver), 0.0) > self._clock():
+                    # The endpoint asked us to wait: the rest go back, unattempted.
                     self._release(database, [row for rest in units[index:] for row in rest])
                     break
                 stale = [row for row in unit if row.deadline < self._clock()]
@@ -488,9 +498,7 @@ class AlertEngine:
         receiver = self.receivers.get(name)
         if receiver is None:
             return Attempt("broken", f"receiver {name!r} is no longer configured")
-        # Keyed by the endpoint (Slack's limit is per webhook URL), not the name: two
-        # receivers on one URL share its spacing.
-        key = getattr(receiver, "spacing_key", name)
+        key = self._endpoint(name)
         wait = self._last_sent.get(key, float("-inf")) + receiver.min_interval_seconds
         if wait > self._clock():
             self._sleep(wait - self._clock())
@@ -504,7 +512,14 @@ class AlertEngine:
             log.exception("receiver %s failed unexpectedly", name)
             attempt = Attempt("retry", f"receiver {name!r} failed: {type(err).__name__}")
         self._last_sent[key] = self._clock()
+        if attempt.outcome == "retry" and attempt.retry_after is not None:
+            self._paused_until[key] = self._clock() + attempt.retry_after
         return attempt
+
+    def _endpoint(self, name: str) -> str:
+        """What spacing and Retry-After apply to: the endpoint (Slack's limit is per
+        webhook URL), not the receiver's name, so two receivers on one URL share it."""
+        return getattr(self.receivers.get(name), "spacing_key", name)
 
     def _record(self, database: Database, rows: list[Claimed], attempt: Attempt) -> list[str]:
         """Write what ``attempt`` came to for each of ``rows``; the outcome of each."""

@@ -24,6 +24,7 @@ from gpuwatch.server.alerts.config import (
 )
 from gpuwatch.server.alerts.facts import EventFact, Facts, GpuFact, GpuHealth, Holder
 from gpuwatch.server.notifications.model import Culprit
+from gpuwatch.terminal_text import printable
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,13 @@ class Candidate:
     summary: str
     description: str = ""
     culprits: list[Culprit] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # The summary is one line, whatever an event's text held: an OOM message, a
+        # command line, a container name come from ordinary users, and a newline in
+        # one forged whole lines of a Slack alert (a fake alert, culprits on another
+        # host). The description's lines are made so where they are built.
+        object.__setattr__(self, "summary", printable(self.summary))  # frozen
 
     @property
     def fingerprint(self) -> str:
@@ -89,7 +97,8 @@ def culprit(holder: Holder, slope: float | None = None) -> Culprit:
 
 
 def describe(c: Culprit) -> str:
-    """``alice's pid 4242 (python train.py, pod 1a2b) holds 20.0 GiB, +1.0 GiB/min``."""
+    """``alice's pid 4242 (python train.py, pod 1a2b) holds 20.0 GiB, +1.0 GiB/min``:
+    one line, its user-given parts with control and bidi characters escaped."""
     where = [c.command or "?"]
     if c.container_id:
         where.append(f"container {c.container_id[:12]}")
@@ -97,7 +106,7 @@ def describe(c: Culprit) -> str:
         where.append(f"pod {c.pod_uid}")
     if c.slurm_job_id:
         where.append(f"Slurm job {c.slurm_job_id}")
-    text = f"{c.user or 'unknown user'}'s pid {c.pid} ({', '.join(where)})"
+    text = printable(f"{c.user or 'unknown user'}'s pid {c.pid} ({', '.join(where)})")
     if c.memory_bytes is not None:
         text += f" holds {format_bytes(c.memory_bytes)}"
     if c.slope_bytes_per_second:
@@ -262,7 +271,7 @@ def _reaped(facts: Facts, settings: AlertSettings, name: str, now: float) -> Ite
                 stage=stage,
             ),
             summary=event.summary,
-            description=str(event.evidence.get("detail") or ""),
+            description=printable(str(event.evidence.get("detail") or "")),
         )
 
 

@@ -39,6 +39,7 @@ import httpx
 from gpuwatch import __version__
 from gpuwatch.server.notifications.config import ReceiverConfig
 from gpuwatch.server.notifications.model import Attempt, Notification, NotifiedAlert
+from gpuwatch.terminal_text import printable
 
 Clock = Callable[[], float]
 
@@ -305,7 +306,9 @@ def reason(body: bytes, redact: Redactor) -> str:
             if isinstance(data.get(key), str):
                 text = data[key]
                 break
-    text = " ".join(redact(text).split())
+    # One line, its control characters escaped: the body is the receiver's to write,
+    # and the reason reaches terminals (``alerts test-receiver``) and the dashboard.
+    text = printable(" ".join(redact(text).split()))
     return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 1] + "…"
 
 

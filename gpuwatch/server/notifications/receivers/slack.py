@@ -121,7 +121,9 @@ def _fallback(title: str, alerts: list[NotifiedAlert]) -> str:
         if alert.culprits:
             part += f" — culprits: {culprits_text(alert.culprits[:MAX_CULPRITS], limit=500)}"
         parts.append(part)
-    return _escape(shorten(f"{title}: " + " | ".join(parts), FALLBACK_CHARS))
+    return _escaped_within(
+        shorten(f"{title}: " + " | ".join(parts), FALLBACK_CHARS), FALLBACK_CHARS
+    )
 
 
 def _alert_blocks(alert: NotifiedAlert) -> list[dict[str, Any]]:
@@ -155,11 +157,17 @@ def _culprit_mrkdwn(culprit: Culprit) -> str:
 def _section(text: str) -> dict[str, Any]:
     if len(text) > SECTION_CHARS:
         text = text[: SECTION_CHARS - 1] + "…"
-    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+    return {"type": "section", "text": _mrkdwn(text)}
 
 
 def _context(text: str) -> dict[str, Any]:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:SECTION_CHARS]}]}
+    return {"type": "context", "elements": [_mrkdwn(text[:SECTION_CHARS])]}
+
+
+def _mrkdwn(text: str) -> dict[str, Any]:
+    # verbatim: Slack does not turn a bare URL or channel name in a user's command line
+    # into a link; what gpuwatch writes as <...> (the date token) still works.
+    return {"type": "mrkdwn", "text": text, "verbatim": True}
 
 
 def _date(epoch: float) -> str:
@@ -171,6 +179,19 @@ def _date(epoch: float) -> str:
 def _escape(text: str) -> str:
     """Slack mrkdwn control characters (https://api.slack.com/reference/surfaces/formatting)."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _escaped_within(text: str, limit: int) -> str:
+    """``_escape(text)`` in at most ``limit`` characters: escaping lengthens the text
+    (``<`` is four characters more), so cutting before it overran Slack's limit."""
+    escaped = _escape(text)
+    if len(escaped) <= limit:
+        return escaped
+    cut = escaped[: limit - 1]
+    amp = cut.rfind("&")
+    if amp >= len(cut) - 4 and ";" not in cut[amp:]:
+        cut = cut[:amp]  # never half an entity
+    return cut + "…"
 
 
 def _code(text: str) -> str:

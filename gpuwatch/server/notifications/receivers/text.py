@@ -7,6 +7,7 @@ way a person reads ``nvidia-smi`` output, not bytes per second.
 from __future__ import annotations
 
 from gpuwatch.server.notifications.model import Culprit
+from gpuwatch.terminal_text import printable
 
 _UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 COMMAND_CHARS = 80
@@ -30,7 +31,10 @@ def format_rate(bytes_per_second: float) -> str:
 
 
 def shorten(text: str, limit: int) -> str:
-    text = " ".join(text.split())
+    """``text`` on one line of at most ``limit`` characters: whitespace runs (newlines
+    too) made one space, other control and bidi characters escaped (a command line
+    is anyone's to write)."""
+    text = printable(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
