@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwatch.doctor import remedies
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families import host
+from gpuwatch.doctor.families import host, tensorrt
 from gpuwatch.doctor.figures import Figures
 from gpuwatch.doctor.live import LiveGpu
 from gpuwatch.doctor.units import GIB, MIB, format_size
@@ -43,6 +43,8 @@ FRAGMENTATION_MIN_SHARE = 0.25  # of PyTorch's reserve sitting unallocated
 FRAGMENTATION_MIN_BYTES = 256 * MIB
 DOMINANT_SHARE = 0.5  # this process's tensors hold at least half the card
 LARGE_REQUEST_SHARE = 0.25  # one allocation of a quarter of the card is an activation
+# ... or, for llama.cpp, its weights: on a card of unknown size, one buffer this large is.
+GGML_WEIGHTS_SIZED_BYTES = 16 * GIB
 GROWTH_MIN_RATIO = 0.10  # allocated grew by a tenth across the history ...
 GROWTH_MIN_BYTES = 256 * MIB  # ... and by at least this much
 DECISIVE = 1.0  # score bonus: this cause alone would have let the request succeed
@@ -100,12 +102,15 @@ def diagnose(
     scored = [result for rule in _RULES if (result := rule(context)) is not None]
     scored.sort(key=lambda item: item[0], reverse=True)
     diagnoses = [diagnosis for _, diagnosis in scored]
-    # Messages without sizes only say where memory ran out; say that too.
-    if (
-        not diagnoses
-        or facts.kind in remedies.UNKNOWN_BY_KIND
-        or facts.category in remedies.UNKNOWN_BY_CATEGORY
-        or facts.category == "conv_workspace_insufficient"
+    # Messages without sizes only say where memory ran out; say that too (not where the
+    # message named what did not fit, with the card's figures).
+    if not diagnoses or (
+        (
+            facts.kind in remedies.UNKNOWN_BY_KIND
+            or facts.category in remedies.UNKNOWN_BY_CATEGORY
+            or facts.category == "conv_workspace_insufficient"
+        )
+        and facts.category != tensorrt.EXECUTOR_CATEGORY
     ):
         diagnoses.append(_unknown(context))
     return diagnoses
@@ -182,7 +187,7 @@ def _holder_commands(ctx: Context) -> list[str]:
         for p in ctx.figures.others
         if p.used_bytes >= 0.01 * capacity
     ]
-    return listed + remedies.FIND_HOLDERS
+    return listed + remedies.holders_of(ctx.facts.device_type)
 
 
 def _fragmentation(ctx: Context) -> tuple[float, Diagnosis] | None:
@@ -286,16 +291,58 @@ def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
     elif facts.prefill_tokens is not None:
         parts.append(f"the start-up warm-up could not run a {facts.prefill_tokens}-token prefill")
     score = max(_share(held, capacity), _share(requested, capacity), 0.05)
+    if facts.kind == "ggml" and facts.phase is None and _weights_sized(requested, capacity):
+        return score, _ggml_weights_sized(facts, parts)
     return (
         score,
         Diagnosis(
             fix="reduce_activations",
-            summary="This process's own working set is too big: smaller batch or sequence, "
-            "bf16, gradient checkpointing",
+            summary=_ACTIVATION_SUMMARIES.get(facts.kind, _ACTIVATION_SUMMARY),
             evidence="; ".join(parts) or "the allocation that failed was an activation",
             commands=_activation_commands(facts),
         ),
     )
+
+
+def _ggml_weights_sized(facts: OomFacts, parts: list[str]) -> Diagnosis:
+    """A llama.cpp buffer the size of weights, where the log does not say what it held."""
+    evidence = "; ".join(
+        [
+            *parts,
+            "a buffer that size holds the model's weights (or a long context's KV cache), "
+            "not one batch's compute buffers",
+        ]
+    )
+    return Diagnosis(
+        fix="model_too_large",
+        summary="llama.cpp's buffer is the size of a model's weights: offload fewer layers "
+        "(-ngl), or a smaller quantisation or context",
+        evidence=evidence,
+        commands=_GGML_WEIGHTS + _activation_commands(facts),
+    )
+
+
+def _weights_sized(requested: int | None, capacity: int | None) -> bool:
+    """Whether one llama.cpp buffer is as large as weights are: a quarter of the card, or
+    (the card not known) more than any batch's compute buffers take."""
+    if requested is None:
+        return False
+    if capacity:
+        return requested >= LARGE_REQUEST_SHARE * capacity
+    return requested >= GGML_WEIGHTS_SIZED_BYTES
+
+
+_ACTIVATION_SUMMARY = (
+    "This process's own working set is too big: smaller batch or sequence, bf16, gradient "
+    "checkpointing"
+)
+# Where the framework has its own words for it: llama.cpp only runs inference, on weights
+# already quantised, so bf16 and gradient checkpointing mean nothing there.
+_ACTIVATION_SUMMARIES = {
+    "ggml": "llama.cpp's buffers do not fit on the GPU: offload fewer layers (-ngl), or a "
+    "smaller context, batch or quantisation",
+}
+_GGML_WEIGHTS = ["llama.cpp: offload fewer layers (-ngl N), or a smaller quantisation (Q4_K_M)"]
 
 
 # What makes the working set smaller, where the framework has its own way to say it.
@@ -397,7 +444,7 @@ def _weights_commands(facts: OomFacts, loaded: int, capacity: int | None) -> lis
             "or a smaller quantisation (Q4_K_M)"
         ]
     if facts.kind == "ggml":
-        return ["llama.cpp: offload fewer layers (-ngl N), or a smaller quantisation (Q4_K_M)"]
+        return _GGML_WEIGHTS
     if not loaded:
         return remedies.FIND_HOLDERS
     return remedies.model_too_large(loaded, capacity)
@@ -467,14 +514,82 @@ def _vllm_startup(ctx: Context) -> tuple[float, Diagnosis]:
 
 
 def _kv_evidence(facts: OomFacts) -> str:
-    if facts.kv_cache_needed_bytes is not None and facts.kv_cache_available_bytes is not None:
-        return (
-            f"one {facts.max_model_len}-token sequence needs {format_size(facts.kv_cache_needed_bytes)} "
-            f"of KV cache; {format_size(facts.kv_cache_available_bytes)} is available"
+    """What the message's figures say about the KV cache; never more than they say."""
+    needed, available = facts.kv_cache_needed_bytes, facts.kv_cache_available_bytes
+    sequence = (
+        f"one {facts.max_model_len}-token sequence" if facts.max_model_len else "one sequence"
+    )
+    if needed is not None and available is not None:
+        evidence = f"{sequence} needs {format_size(needed)} of KV cache; {format_size(available)} is available"
+    elif available:
+        # The needed size was not read: say only what was.
+        evidence = f"{sequence} needs more KV cache than the {format_size(available)} available"
+    elif facts.max_model_len is not None and facts.kv_cache_tokens is not None:
+        evidence = f"max_model_len is {facts.max_model_len} tokens; the KV cache holds {facts.kv_cache_tokens}"
+    elif facts.category == "vllm_v1_kv_cache_insufficient":
+        evidence = f"the KV cache cannot hold {sequence}"
+    else:
+        return "after loading the weights and profiling, no memory was left for KV-cache blocks"
+    if facts.estimated_max_model_len:
+        evidence += f"; vLLM estimates that {facts.estimated_max_model_len} tokens fit"
+    return evidence
+
+
+# What the TensorRT-LLM executor's component that did not fit (lower case) makes the fix;
+# its temporary buffers and the rest of it are a working set.
+_EXECUTOR_FIXES: dict[str, tuple[Fix, str]] = {
+    "kv cache": (
+        "kv_cache",
+        "TensorRT-LLM's KV cache did not fit: give it a smaller share of the free memory, "
+        "or shard the model",
+    ),
+    "model": ("model_too_large", "The weights do not fit: shard them over more GPUs, or quantise"),
+    "draft model for speculative decoding": (
+        "model_too_large",
+        "The draft model's weights do not fit beside the model: shard, or quantise",
+    ),
+}
+_EXECUTOR_WORKING_SET: tuple[Fix, str] = (
+    "reduce_activations",
+    "TensorRT-LLM's working buffers did not fit: fewer tokens per batch (max_num_tokens) "
+    "or a shorter max_seq_len",
+)
+
+
+# The message cut before the line that names the component.
+_EXECUTOR_UNNAMED: tuple[Fix, str] = (
+    "unknown",
+    "TensorRT-LLM's executor did not fit: the line after its message names the component "
+    "that failed, and so the setting to lower",
+)
+
+
+def _tensorrt_llm_executor(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """TensorRT-LLM's executor names the component it could not create and what was free."""
+    facts, fig = ctx.facts, ctx.figures
+    if facts.category != tensorrt.EXECUTOR_CATEGORY:
+        return None
+    if facts.phase is None:
+        fix, summary = _EXECUTOR_UNNAMED
+    else:
+        fix, summary = _EXECUTOR_FIXES.get(facts.phase, _EXECUTOR_WORKING_SET)
+    what = f"its executor's {facts.phase}" if facts.phase else "one of its executor's components"
+    evidence = f"TensorRT-LLM could not create {what}"
+    if fig.free is not None and fig.total:
+        evidence += (
+            f" with {format_size(fig.free)} of the {format_size(fig.total)} card free before "
+            f"it; the model and the components created before it hold "
+            f"{format_size(max(0, fig.total - fig.free))}, other processes included"
         )
-    if facts.max_model_len is not None and facts.kv_cache_tokens is not None:
-        return f"max_model_len is {facts.max_model_len} tokens; the KV cache holds {facts.kv_cache_tokens}"
-    return "after loading the weights and profiling, no memory was left for KV-cache blocks"
+    return (
+        2.0,
+        Diagnosis(
+            fix=fix,
+            summary=summary,
+            evidence=evidence,
+            commands=remedies.tensorrt_llm_executor(facts.phase),
+        ),
+    )
 
 
 def _nvenc(ctx: Context) -> tuple[float, Diagnosis] | None:
@@ -550,7 +665,7 @@ def _unknown(ctx: Context) -> Diagnosis:
         ),
         evidence=evidence,
         commands=remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)
-        or remedies.find_holders(facts.device_type),
+        or remedies.find_holders(facts.device_type, facts.category, facts.kind),
     )
 
 
@@ -577,5 +692,6 @@ _RULES: tuple[Rule, ...] = (
     _held_across_steps,
     _model_too_large,
     _kv_cache,
+    _tensorrt_llm_executor,
     _nvenc,
 )

@@ -29,8 +29,9 @@ class OtherProcess(BaseModel):
 
     pid: int
     used_bytes: int
-    # True when its size matches this process's own memory: the same process seen
-    # under its host PID from inside a container (see figures.py).
+    # True when it is judged to be this process seen under its host PID from inside a
+    # container: its size matches PyTorch's own reserve, or the card could not hold it
+    # beside that reserve (see figures.py).
     probably_this_process: bool = False
 
 

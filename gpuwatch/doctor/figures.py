@@ -12,7 +12,11 @@ aside or derived one:
 * The pre-2.1 wording has no "reserved but unallocated": it is reserved - allocated.
 * A ``Process N`` entry whose size matches PyTorch's own reserve (plus a CUDA context)
   while "this process" is missing is most likely this very process seen under its
-  host PID (containers run in their own PID namespace), not a neighbour.
+  host PID (containers run in their own PID namespace), not a neighbour. So is one that
+  the card could not hold beside this process: where the listed processes plus PyTorch's
+  own reserve come to more than the card had in use (total - free), the list must
+  include this process, whatever its memory outside PyTorch (CUDA graphs, NCCL, an
+  engine's workspaces).
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES, GIB, MIB, NOT_AVAILABLE_
 CONTEXT_ALLOWANCE_BYTES = 512 * MIB
 # How much more than PyTorch's reserve a listed process may use and still be us.
 SELF_MATCH_SLACK_BYTES = 2 * GIB
+# How far the listed processes plus PyTorch's reserve may exceed what the card had in use
+# (total - free) before the list must hold this process: the figures are read at slightly
+# different moments, and sizes are printed rounded.
+IN_USE_TOLERANCE_BYTES = 256 * MIB
 
 
 @dataclass
@@ -120,24 +128,44 @@ def read_figures(facts: OomFacts) -> Figures:
 
 def _split_self(facts: OomFacts, figures: Figures) -> None:
     figures.others = list(facts.other_processes)
-    if figures.this_process is not None or figures.reserved is None or not figures.others:
+    reserved = figures.reserved
+    if figures.this_process is not None or reserved is None or not figures.others:
         return
-    fits = [
-        p
-        for p in figures.others
-        if figures.reserved <= p.used_bytes <= figures.reserved + SELF_MATCH_SLACK_BYTES
-    ]
+    listed = sum(p.used_bytes for p in figures.others)
+    in_use = _in_use(figures)
+    # Were this process not listed, the card would hold the listed processes and, apart
+    # from them, at least PyTorch's reserve: more than it had in use means it is listed.
+    listed_holds_us = in_use is not None and listed + reserved > in_use + IN_USE_TOLERANCE_BYTES
+    # Only a listed process that holds at least PyTorch's reserve can be this process.
+    fits = [p for p in figures.others if p.used_bytes >= reserved]
+    if not listed_holds_us:
+        fits = [p for p in fits if p.used_bytes <= reserved + SELF_MATCH_SLACK_BYTES]
     if not fits:
         return
-    me = min(fits, key=lambda p: p.used_bytes - (figures.reserved or 0))
+    # The least memory outside PyTorch is the likeliest: a neighbour's size is anything.
+    me = min(fits, key=lambda p: p.used_bytes - reserved)
     figures.self_pid = me.pid
     figures.this_process = me.used_bytes
     figures.others = [p for p in figures.others if p is not me]
+    if listed_holds_us:
+        why = (
+            f"the processes listed ({format_size(listed)}) plus PyTorch's own "
+            f"{format_size(reserved)} come to more than the card had in use "
+            f"({format_size(in_use or 0)}, total - free), so the list includes this process"
+        )
+    else:
+        why = f"it matches PyTorch's own {format_size(reserved)} plus a CUDA context"
     figures.notes.append(
-        f"Process {me.pid} ({format_size(me.used_bytes)}) matches PyTorch's own "
-        f"{format_size(figures.reserved)} plus a CUDA context: most likely this process "
-        "under its host PID (a container has its own PID namespace), not a neighbour"
+        f"Process {me.pid} ({format_size(me.used_bytes)}) is most likely this process under "
+        f"its host PID (a container has its own PID namespace), not a neighbour: {why}"
     )
+
+
+def _in_use(figures: Figures) -> int | None:
+    """What the card had in use, total - free, where both are printed and make sense."""
+    if figures.total is None or figures.free is None or figures.free > figures.total:
+        return None  # an APU's "free" is not a share of this total
+    return figures.total - figures.free
 
 
 def _estimate_others(facts: OomFacts, figures: Figures) -> None:

@@ -41,15 +41,56 @@ FIND_HOLDERS_BY_DEVICE = {
 }
 
 
-def find_holders(device_type: str | None) -> list[str]:
-    """The commands that show who else holds a device of ``device_type`` (on CUDA, and
-    when the message names no device, also how to find the call that really failed)."""
+# Who holds a GPU whose vendor the message does not name.
+ANY_VENDOR_HOLDERS = [
+    *(f"{command}   # NVIDIA GPUs" for command in FIND_HOLDERS),
+    "rocm-smi --showpids   # AMD GPUs",
+    "# another accelerator: its vendor's monitoring tool lists who holds its memory",
+]
+# APIs that run on any vendor's GPU (by kind, or by category where the kind is another
+# framework's: llama.cpp's Vulkan backend), with their own view of the device's limits.
+# CUDA's switches do nothing for them.
+_VULKAN_LIMITS = [
+    "vulkaninfo | grep -i -E 'heapSize|maxMemoryAllocationSize'   # the device's memory "
+    "heaps, and the largest single allocation its driver allows"
+]
+_API_TOOLS: dict[str, list[str]] = {
+    "vulkan": _VULKAN_LIMITS,
+    "ggml_vulkan_alloc_failed": _VULKAN_LIMITS,
+    "opencl": [
+        "clinfo | grep -i -E 'global memory size|max memory allocation'   # the device's "
+        "memory, and the largest single buffer it allows (CL_DEVICE_MAX_MEM_ALLOC_SIZE)"
+    ],
+    "wgpu_out_of_memory": [],
+    "opengl_out_of_memory": [],
+    "nvidia_opengl_out_of_memory": [],
+    "ggml": [],  # llama.cpp, its backend not named: CUDA, HIP, Vulkan, SYCL, Metal
+}
+
+
+def holders_of(device_type: str | None) -> list[str]:
+    """Who holds a device of ``device_type``: nvidia-smi only for NVIDIA's (or an unnamed)
+    device, that hardware's own tool for the others (ROCm, Ascend, ...)."""
     if device_type is None or device_type in NVIDIA_DEVICE_TYPES:
-        return [*FIND_HOLDERS, "CUDA_LAUNCH_BLOCKING=1 python ...   # find the real failing call"]
+        return FIND_HOLDERS
     return FIND_HOLDERS_BY_DEVICE.get(
         device_type,
         [f"the {device_type.upper()} vendor's monitoring tool lists who holds its memory"],
     )
+
+
+def find_holders(device_type: str | None, *apis: str) -> list[str]:
+    """The commands that show who else holds a device of ``device_type``. ``apis``: the
+    message's category and kind; where one is an API that runs on any vendor's GPU, that
+    API's own tool, and never CUDA's switches. Otherwise, on CUDA (or where the message
+    names no device), also how to find the call that really failed."""
+    nvidia = device_type is None or device_type in NVIDIA_DEVICE_TYPES
+    tools = next((_API_TOOLS[api] for api in apis if api in _API_TOOLS), None)
+    if tools is not None and nvidia:
+        return [*(ANY_VENDOR_HOLDERS if device_type is None else FIND_HOLDERS), *tools]
+    if nvidia:
+        return [*FIND_HOLDERS, "CUDA_LAUNCH_BLOCKING=1 python ...   # find the real failing call"]
+    return holders_of(device_type)
 
 
 def fragmentation(alloc_conf_var: str | None, *, legacy: bool) -> list[str]:
@@ -361,6 +402,45 @@ TENSORRT_LLM = [
     *FIND_HOLDERS,
 ]
 
+# TensorRT-LLM's executor (the PyTorch backend, trtllm-serve and the LLM API): what makes
+# the component that did not fit smaller, as the message's own list of options says.
+_TRTLLM_MAX_NUM_TOKENS = (
+    "trtllm-serve MODEL --max_num_tokens 4096   # LLM(max_num_tokens=...): the executor's "
+    "buffers grow with the tokens in one batch"
+)
+_TRTLLM_SHARD = [
+    "trtllm-serve MODEL --tp_size 2   # LLM(tensor_parallel_size=2), or --pp_size: each GPU holds part of the weights",
+    "a quantised checkpoint (FP8, NVFP4, INT4-AWQ): smaller weights",
+    _TRTLLM_MAX_NUM_TOKENS,
+]
+_TRTLLM_COMPONENT_KNOBS = {
+    "kv cache": [
+        "KvCacheConfig(free_gpu_memory_fraction=0.7)   # the KV cache's share of the memory free "
+        "after the model (trtllm-serve: --kv_cache_free_gpu_memory_fraction 0.7)",
+        "KvCacheConfig(max_tokens=...)   # or cap the tokens the KV cache holds",
+        "trtllm-serve MODEL --tp_size 2   # LLM(tensor_parallel_size=2): less of each GPU for the weights",
+    ],
+    "model": _TRTLLM_SHARD,
+    "draft model for speculative decoding": _TRTLLM_SHARD,
+    "sampler": [
+        "trtllm-serve MODEL --max_seq_len N   # the sampler's buffers grow with it "
+        "(and with max_attention_window_size)"
+    ],
+    "drafter": ["trtllm-serve MODEL --max_seq_len N   # or a smaller max_draft_len"],
+}
+
+
+def tensorrt_llm_executor(component: str | None) -> list[str]:
+    """The options for the executor's ``component`` that did not fit (lower case, as
+    the message names it); the temporary buffers' ``max_num_tokens`` for the others, and
+    the KV cache's and the weights' where the component is not named."""
+    if component is None:
+        knobs = [*_TRTLLM_COMPONENT_KNOBS["kv cache"][:1], *_TRTLLM_SHARD]
+    else:
+        knobs = _TRTLLM_COMPONENT_KNOBS.get(component, [_TRTLLM_MAX_NUM_TOKENS])
+    return [*knobs, *FIND_HOLDERS]
+
+
 MINDSPORE = [
     'mindspore.set_context(max_device_memory="30GB")   # the pool\'s size: up to what the card has free',
     "lower the batch size, or recompute activations: cell.recompute()",
@@ -466,11 +546,7 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         *FIND_HOLDERS,
     ],
     # families/generic.py, where the message names no vendor: any vendor's tool.
-    "device_out_of_memory": [
-        *FIND_HOLDERS,
-        "rocm-smi --showpids   # AMD GPUs",
-        "# another accelerator: its vendor's monitoring tool lists who holds its memory",
-    ],
+    "device_out_of_memory": ANY_VENDOR_HOLDERS,
     "exllama_autosplit_full": EXLLAMA,
     "exllama_split_too_small": EXLLAMA,
     "tensorrt_llm_out_of_memory": TENSORRT_LLM,

@@ -70,6 +70,7 @@ ANCHORS = (
     "insufficient vram",  # ExLlamaV2's loader
     "you tried to allocate",  # PyTorch's CPU allocator (host RAM)
     "pagedkvcache",  # TensorRT-LLM: maxTokensInPagedKvCache must be large enough
+    "executor creation failed",  # TensorRT-LLM: "... due to insufficient GPU memory"
     "memory isn't enough",  # MindSpore
     "more than total mem size",  # MindSpore's pool
     "not enough memory for",  # CatBoost's tree-ctr estimate
@@ -254,7 +255,7 @@ def weak_lines(text: str, keep: Callable[[str], bool]) -> list[tuple[str, str, s
         if len(pieces) == MAX_WEAK_LINES:
             break
         line = _line_at(text, start)
-        if not keep(line):
+        if not keep(separate_scripts(line)):
             continue
         # start - 1 is the newline that ends the line before.
         previous = _line_at(text, text.rfind("\n", 0, start - 1) + 1) if start else ""
@@ -303,7 +304,8 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def repair(text: str, *, join_hard_wraps: bool = True) -> str:
-    """Undo layout damage: line endings, literal ``\\n``, hard wraps, log prefixes."""
+    """Undo layout damage: line endings, literal ``\\n``, hard wraps, log prefixes, and
+    English glued to text in a script written without spaces (:func:`separate_scripts`)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     # Rust/JSON debug strings carry the newlines as the two characters "\n".
     text = text.replace("\\n", "\n").replace("\\t", " ")
@@ -311,7 +313,27 @@ def repair(text: str, *, join_hard_wraps: bool = True) -> str:
     lines = text.split("\n")
     if join_hard_wraps:
         lines = _join_hard_wraps(lines)
-    return "\n".join(_strip_prefixes(line) for line in lines)
+    return separate_scripts("\n".join(_strip_prefixes(line) for line in lines))
+
+
+# Letters of the scripts written without spaces between words: CJK ideographs (and their
+# radicals and compatibility forms), Japanese kana, Hangul syllables, Thai. Python's \b
+# counts them as word characters, so an English phrase glued to them ("训练出现exits with
+# return code = -9", "実行するとCUDA out of memoryが出ます") has no word boundary there.
+_SPACELESS_SCRIPT = (
+    "\u0e00-\u0e7f\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff"
+    "\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+)
+_GLUED = re.compile(
+    rf"(?<=[{_SPACELESS_SCRIPT}])(?=[A-Za-z0-9_])|(?<=[A-Za-z0-9_])(?=[{_SPACELESS_SCRIPT}])"
+)
+
+
+def separate_scripts(text: str) -> str:
+    """``text`` with a space wherever an ASCII letter or digit touches a letter of a script
+    written without spaces: the one boundary rule for every family's English phrases, so
+    each can keep ``\\b`` at its ends."""
+    return text if text.isascii() else _GLUED.sub(" ", text)
 
 
 _PUNCTUATION = str.maketrans(

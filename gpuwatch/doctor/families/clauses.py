@@ -247,9 +247,19 @@ def _asks(text: str, start: int) -> bool:
 
 def size_of(match: re.Match[str]) -> int:
     """Bytes of the ``SIZE`` group in ``match``; the exact count wins when printed."""
-    if match["exact"]:
-        return int(match["exact"])
+    exact = match.groupdict().get("exact")
+    if exact:
+        return int(exact)
     return size_to_bytes(match["num"], match["unit"])
+
+
+def table_row(label: str) -> re.Pattern[str]:
+    """A row ``Label (GiB): N`` of a table that prints its unit once, after the label
+    (TensorRT-LLM's ``Total GPU memory (GiB): 140.06``); ``label`` is regex source and may
+    be followed by more words (``Free GPU memory before component creation attempt``)."""
+    return re.compile(
+        label + r"[^\n:()]{0,80}?\(\s*(?P<unit>[KMGTPE]i?B)\s*\)\s*:\s*(?P<num>\d[\d,]*(?:\.\d+)?)"
+    )
 
 
 def compile_clause(before: str, after: str = "") -> re.Pattern[str]:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import re
 
-from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.facts import Kind, OomFacts
+from gpuwatch.doctor.families import tensorrt
 from gpuwatch.doctor.families.clauses import SIZE, Found, exception_before, forecast, size_of
 from gpuwatch.doctor.units import SIZE_PATTERN, size_to_bytes
 
@@ -126,6 +127,8 @@ _HANDLER_NAME = re.compile(
 _LEVEL = re.compile(
     r"(?:^|[\s\[|(])(?:WARN(?:ING)?|INFO|DEBUG|TRACE)\b|\b(?i:level=(?:warn\w*|info|debug))\b"
     r"|^\s*\[?[WwIi]\s?\d{4}\b"
+    # TensorRT's and TensorRT-LLM's one-letter levels: "[TRT] [W] ...", "[TRT-LLM] [I] ...".
+    r"|\[[WIVD]\]"
 )
 # "allocate 2.00 GiB", "allocating 512MB", "size = 0xc0fb4000", "size: 6529024".
 _REQUESTED = re.compile(
@@ -152,6 +155,13 @@ _VENDORS = tuple(
         ("mlu", r"mlu"),
         ("musa", r"musa"),
     )
+)
+# A framework's own tag on the line (or the one before) makes a wording this fallback reads
+# that framework's failure: "[TRT-LLM] [E] ... insufficient GPU memory" is TensorRT-LLM's,
+# whatever its words. (tag, kind, category, device type), the first tag found wins.
+_FRAMEWORK_TAGS: tuple[tuple[re.Pattern[str], Kind, str, str], ...] = (
+    (tensorrt.LLM_TAG, "tensorrt", "tensorrt_llm_out_of_memory", "cuda"),
+    (tensorrt.TAG, "tensorrt", "tensorrt_out_of_memory", "cuda"),
 )
 MAX_LINE_CHARS = 2000
 
@@ -254,10 +264,15 @@ def _facts(line: str, previous: str, exception: str | None) -> OomFacts:
     free = _FREE.search(line)
     index = _INDEX.search(line)
     device_type = next((name for name, pattern in _VENDORS if pattern.search(where)), None)
+    kind: Kind = "device"
+    # Without a vendor, whose tool lists the device's holders is not known either.
+    category = "device_out_of_memory_other_wording" if device_type else "device_out_of_memory"
+    tagged = next((tag[1:] for tag in _FRAMEWORK_TAGS if tag[0].search(where)), None)
+    if tagged is not None:
+        kind, category, device_type = tagged
     return OomFacts(
-        kind="device",
-        # Without a vendor, whose tool lists the device's holders is not known either.
-        category="device_out_of_memory_other_wording" if device_type else "device_out_of_memory",
+        kind=kind,
+        category=category,
         exception=exception,
         device_type=device_type,
         device_index=int(index[1]) if index else None,

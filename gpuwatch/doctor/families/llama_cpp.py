@@ -19,6 +19,12 @@ buffer, size = 19283.21 MiB`` (older builds, one buffer per named region), and
 17096.00 MiB``. Ollama passes the last on as ``llama runner process has terminated:
 error:failed to allocate buffer, size = 33074.89 MiB``: read where ggml's or llama's lines
 are around it, and as Metal's only where Metal is named.
+
+A HIP build names its devices ROCm (``ggml_cuda_init: found 1 ROCm devices``, ``ROCm0``)
+while its allocation line still says ``cudaMalloc``: the device is ``hip`` wherever the
+paste says so. ``--list-devices`` (``ROCm0: AMD Radeon(TM) Graphics (110511 MiB, 110357
+MiB free)``) and the loader (``using device CUDA0 (...) - 23306 MiB free``) print the
+device's memory before the load: read as the failing device's total and free.
 """
 
 from __future__ import annotations
@@ -33,10 +39,23 @@ from gpuwatch.doctor.families.clauses import (
     size_of,
     spans,
 )
+from gpuwatch.doctor.units import size_to_bytes
 
 _HEADER = compile_clause(
     r"allocating\s+",
     r"\s+on\s+device\s+(?P<device>\d+):\s+(?:cuda|hip)Malloc\s+failed:\s+out\s+of\s+memory",
+)
+# What says the build is HIP's, although its allocation line says cudaMalloc.
+_ROCM = re.compile(r"\bfound\s+\d+\s+ROCm\s+devices?\b|\bROCm\d+\b|\bhipMalloc\b")
+# The device's memory as llama.cpp lists it (MiB), before the load: "ROCm0: NAME (total MiB,
+# free MiB free)", and the loader's "using device CUDA0 (NAME) - free MiB free".
+_BACKEND_NAME = r"(?:CUDA|ROCm|Vulkan|SYCL)"
+_LISTED = re.compile(
+    rf"\b{_BACKEND_NAME}(?P<index>\d+):[^\n]{{0,120}}?\((?P<total>\d+)\s+MiB,\s+"
+    r"(?P<free>\d+)\s+MiB\s+free\)"
+)
+_USING = re.compile(
+    rf"\busing\s+device\s+{_BACKEND_NAME}(?P<index>\d+)\b[^\n]{{0,200}}?-\s+(?P<free>\d+)\s+MiB\s+free"
 )
 _EXACT = re.compile(
     r"failed\s+to\s+allocate\s+(?P<backend>CUDA|ROCm)\d+\s+buffer\s+of\s+size\s+(?P<bytes>\d+)"
@@ -83,12 +102,13 @@ def find(window: str) -> list[Found]:
         facts = OomFacts(
             kind="ggml",
             category="ggml_cuda_alloc_failed",
-            device_type="hip" if exact and exact["backend"] == "ROCm" else "cuda",
+            device_type="hip" if _ROCM.search(window) else "cuda",
             device_index=int(header["device"]),
             requested_bytes=int(exact["bytes"]) if exact else span.size(_HEADER),
             phase=_phase(window, span.start, span.end),
             message=span.snippet,
         )
+        facts.total_bytes, facts.free_bytes = _listed_memory(window, int(header["device"]))
         found.append(Found(span.start, facts))
     if found:
         return found
@@ -114,6 +134,19 @@ def find(window: str) -> list[Found]:
         )
         found.append(Found(span.start, facts))
     return found
+
+
+def _listed_memory(window: str, index: int) -> tuple[int | None, int | None]:
+    """The device's total and free memory as llama.cpp printed them before the load."""
+    for pattern in (_LISTED, _USING):
+        for match in pattern.finditer(window):
+            if int(match["index"]) == index:
+                total = match.groupdict().get("total")
+                return (
+                    size_to_bytes(total, "MiB") if total else None,
+                    size_to_bytes(match["free"], "MiB"),
+                )
+    return None, None
 
 
 def _phase(window: str, start: int, end: int) -> str | None:

@@ -34,6 +34,8 @@ from gpuwatch.doctor.families.clauses import (
     Span,
     compile_clause,
     exception_before,
+    line_end,
+    line_lookback,
     size_of,
     spans,
 )
@@ -73,12 +75,52 @@ _HEADER = re.compile(
 # Issue text also writes the device word and the rest in its own case ("CUDA OUT OF
 # MEMORY", a title's "Cuda Out of Memory"), and shortens it: "CUDA OOM", "Cuda oom error"
 # (users' name for the same exception; "OOM" alone, with no device word, is anyone's).
+#
+# PyTorch's qualified name, unlike the bare one (Java's too), names this failure wherever
+# it stands as a token: ComfyUI's error toast pasted as one line ("torch.OutOfMemoryError 3
+# KSampler torch.OutOfMemoryError Allocation on device"), "I get torch.OutOfMemoryError when
+# I run KSampler". Not where code handles it or prose describes the type (_NAME_IN_CODE_*,
+# _NAME_DESCRIBED_BEFORE, _NAME_DEFINED_AFTER), and not followed by a colon: then its
+# message says what it is, and is read for itself ("torch.cuda.OutOfMemoryError: CUDA o",
+# cut short, is no wording).
 _FIRST_LINE = re.compile(
     rf"(?<![A-Za-z0-9_])(?P<dev>(?i:{_DEVICE_WORDS}))\s+(?i:out\s+of\s+memory|(?P<oom>oom))(?![A-Za-z0-9_])"
     r"|(?P<name>(?:(?<![\w.])(?:torch\.(?:cuda\.)?)?|(?<=[^\x00-\x7f]))OutOfMemoryError)"
-    r"(?:[ \t]*$|[ \t]+Traceback\s+\(most\s+recent\s+call\s+last\))",
+    r"(?:[ \t]*$|[ \t]+Traceback\s+\(most\s+recent\s+call\s+last\))"
+    r"|(?P<qualified>(?<![\w.])torch\.(?:cuda\.)?OutOfMemoryError)(?![\w.]|[ \t]*:)",
     re.MULTILINE,
 )
+# The qualified name in code, or in prose about handling it: caught, tested for, raised by
+# hand, called, passed, assigned ("except (RuntimeError, torch.OutOfMemoryError) as e:",
+# "isinstance(e, torch.cuda.OutOfMemoryError)", "retry on torch.OutOfMemoryError").
+_NAME_IN_CODE_BEFORE = re.compile(
+    r"(?:\bexcept\b|\bcatch(?:es|ing)?\b|\bisinstance\s*\(|\braises?\b|\bpytest\.raises\b"
+    r"|\bhandl(?:e|es|ing)\b|\bretr(?:y|ies|ying)\s+on\b)[^\n]{0,40}$"
+    r"|[(,=\[][ \t]*[`'\"]?$",
+    re.IGNORECASE,
+)
+_NAME_IN_CODE_AFTER = re.compile(r"[`'\"]?[ \t]*(?:[(),=\]]|as\s+\w)")
+# The type described rather than met: after an article or a determiner ("it's a plain
+# `torch.cuda.OutOfMemoryError` a bit further down", a pull request's account of what users
+# see) or a relation between types ("an alias of torch.OutOfMemoryError"), or the subject
+# of a definition ("torch.OutOfMemoryError is a subclass of ..."); not where the teller met
+# it ("I get a torch.OutOfMemoryError", "it threw a ...").
+_NAME_DESCRIBED_BEFORE = re.compile(
+    r"\b(?:a|an|the|any|this|that|plain|clean|generic|proper"
+    r"|(?:alias|subclass|instance|type|kind|variant)\s+of|instead\s+of|in\s+favou?r\s+of"
+    r"|same\s+as|renamed\s+to)\s+[`'\"]?$",
+    re.IGNORECASE,
+)
+_NAME_MET_BEFORE = re.compile(
+    r"\b(?:get|gets|got|getting|hit|hits|hitting|see|saw|seeing|encounter(?:s|ed|ing)?"
+    r"|r[au]n(?:ning)?\s+into|throws|threw|raised|gives|gave|shows|showed|reported"
+    r"|(?:crash|fail)(?:s|ed|ing)?\s+with)\s+(?:\w+\s+){0,2}?[`'\"]?$",
+    re.IGNORECASE,
+)
+_NAME_DEFINED_AFTER = re.compile(
+    r"[`'\"]?\s+(?:is|are)\s+(?:a|an|the|now|just|also|only|not)\b", re.IGNORECASE
+)
+NAME_LOOKBACK_CHARS = 120
 _REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
 _ABSURD = re.compile(r"Tried\s+to\s+allocate\s+more\s+than\s+1EB")
 _SENTENCE_GPU = re.compile(r"\b[A-Z]{2,5}\s+(\d+)\s+has\s+(?:a\s+)?total\b")
@@ -127,7 +169,8 @@ def find(window: str) -> list[Found]:
 
 
 def find_first_line(window: str) -> list[Found]:
-    """The allocator's first line with nothing after it (a fallback: see _FIRST_LINE)."""
+    """The allocator's first line with nothing after it, or PyTorch's qualified name in
+    running text (a fallback: see _FIRST_LINE)."""
     found = []
     for span in spans(window, _FIRST_LINE, limit=400):
         header = _FIRST_LINE.match(window, span.start)
@@ -137,12 +180,31 @@ def find_first_line(window: str) -> list[Found]:
         # line as a failure (not a warning, a skipped batch, a retry, ...).
         if header["oom"] and not generic.says_failed_at(window, span.start):
             continue
+        if header["qualified"] and (
+            _name_not_met(window, span.start, header.end())
+            # A message after the name on its line ("torch.OutOfMemoryError - HIP out of
+            # memory") is read for itself: its device word, not the name, says where.
+            or _FIRST_LINE.search(window, header.end(), line_end(window, header.end()))
+        ):
+            continue
         device_type = (header["dev"] or "cuda").lower()
         facts = _caching_facts(span, device_type, cut=True)
-        if header["name"] and facts.exception is None:
-            facts.exception = header["name"]  # a Jupyter traceback's header
+        name = header["name"] or header["qualified"]
+        if name and facts.exception is None:
+            facts.exception = name  # a Jupyter traceback's header, a name in running text
         found.append(Found(span.start, facts))
     return found
+
+
+def _name_not_met(window: str, start: int, end: int) -> bool:
+    """Whether the qualified name at ``window[start:end]`` is code or a description of the
+    type rather than a failure met (see _FIRST_LINE)."""
+    before = window[max(line_lookback(window, start), start - NAME_LOOKBACK_CHARS) : start]
+    if _NAME_IN_CODE_BEFORE.search(before) or _NAME_IN_CODE_AFTER.match(window, end):
+        return True
+    if _NAME_DEFINED_AFTER.match(window, end):
+        return True
+    return bool(_NAME_DESCRIBED_BEFORE.search(before)) and not _NAME_MET_BEFORE.search(before)
 
 
 def _find_caching(window: str) -> list[Found]:

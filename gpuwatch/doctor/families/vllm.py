@@ -8,7 +8,9 @@ that cache cannot hold one sequence of ``max_model_len`` tokens:
   can be stored in KV cache (3664).`` and ``No available memory for the cache blocks.``
 * V1: ``To serve at least one request with the model's max seq len (131072), (16.00 GiB
   KV cache is needed, which is larger than the available KV cache memory (0.71 GiB).
-  Based on the available memory, the estimated maximum model length is 5632.``
+  Based on the available memory, the estimated maximum model length is 5632.``; later
+  versions drop the stray ``(`` before the needed size and end with ``Estimated maximum
+  model length is 57344.``
 * ``CUDA out of memory occurred when warming up sampler with 1024 dummy requests.``
   (what is left after the KV reservation is too small for ``max_num_seqs``).
 * 0.9+: ``Free memory on device cuda:1 (19.77/22.05 GiB) on startup is less than desired
@@ -36,9 +38,13 @@ _V1 = re.compile(
     r"To\s+serve\s+at\s+least\s+one\s+request\s+with\s+the\s+models?'s\s+max\s+seq\s+len"
     r"\s+\((?P<len>\d+)\)"
 )
-_V1_NEEDED = compile_clause(r"\(\s*", r"\s+KV\s+cache\s+is\s+needed")
+# The needed size with vLLM's stray parenthesis before it, "(16.00 GiB KV cache is
+# needed", or without it since vLLM fixed that, "3.09 GiB KV cache is needed".
+_V1_NEEDED = compile_clause(r"(?:\(\s*)?", r"\s+KV\s+cache\s+is\s+needed")
 _V1_AVAILABLE = compile_clause(r"available\s+KV\s+cache\s+memory\s+\(\s*", r"\s*\)")
-_V1_ESTIMATE = re.compile(r"estimated\s+maximum\s+model\s+length\s+is\s+(\d+)")
+# "the estimated maximum model length is 5632" within a sentence, or a sentence of its own
+# in later versions: "Estimated maximum model length is 57344." (digits may be grouped).
+_V1_ESTIMATE = re.compile(r"estimated\s+maximum\s+model\s+length\s+is\s+(\d[\d,]*)", re.IGNORECASE)
 _SAMPLER = re.compile(
     r"CUDA\s+out\s+of\s+memory\s+occurred\s+when\s+warming\s+up\s+sampler\s+with\s+(?P<n>\d+)"
     r"\s+dummy\s+requests"
