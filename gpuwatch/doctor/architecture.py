@@ -28,6 +28,8 @@ import dataclasses
 import itertools
 import json
 import re
+import stat
+from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -35,12 +37,20 @@ from typing import Any
 
 from gpuwatch.errors import ConfigError
 
-# Families whose MLP is up -> activation -> down (two matrices), not gated (three).
+# Families whose MLP is up -> activation -> down (two matrices), not gated (three), by
+# their modelling code: transformers decides it by model class, not by a config field
+# (Gemma's gelu MLP is gated, Nemotron's relu2 one is not). GPT-2, GPT-Neo, GPT-BigCode
+# and StarCoder2 (c_fc, c_proj), GPT-NeoX, Persimmon and BLOOM (dense_h_to_4h,
+# dense_4h_to_h), GPT-J and CodeGen (fc_in, fc_out), OPT, Phi, BioGPT and XGLM (fc1,
+# fc2), Falcon, MPT, CTRL, GPT-1, and Nemotron, Arcee and Apertus (up_proj, down_proj).
 # RefinedWeb* are Falcon's model types from before transformers had FalconConfig.
 _NON_GATED = {
     "gpt2",
+    "gpt_neo",
     "gpt_neox",
+    "gpt_neox_japanese",
     "gptj",
+    "codegen",
     "opt",
     "bloom",
     "falcon",
@@ -48,8 +58,19 @@ _NON_GATED = {
     "RefinedWebModel",
     "phi",
     "gpt_bigcode",
+    "starcoder2",
     "mpt",
+    "persimmon",
+    "nemotron",
+    "arcee",
+    "apertus",
+    "biogpt",
+    "xglm",
+    "ctrl",
+    "openai-gpt",
 }
+# Qwen (v1, remote code): QWenMLP's w1 and w2 are intermediate_size // 2 wide each.
+_HALVED_INTERMEDIATE = {"qwen"}
 # A config without ``tie_word_embeddings`` gets its config class's default. That is
 # PretrainedConfig's True (GPT-2, Gemma, Falcon, OPT, BLOOM, ...) except for the classes
 # below, whose __init__ defaults it to False.
@@ -82,6 +103,9 @@ _UNTIED_BY_DEFAULT = {
     "gpt_oss",
     "qwen2_vl",
     "qwen2_5_vl",
+    "qwen",
+    # ChatGLM's output_layer is its own Linear, never tied to the embedding.
+    "chatglm",
 }
 # Expert counts under the names fit reads (Mixtral, Qwen-MoE, DeepSeek-MoE, Llama 4).
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -104,9 +128,55 @@ _MOE_FIELDS_KNOWN = {
 # Llama 4: text_config; InternVL: llm_config; DeepSeek-VL2: language_config).
 _LANGUAGE_CONFIGS = ("text_config", "llm_config", "language_config")
 # What a config class fills in where its published config.json leaves a field out
-# (transformers' __init__ defaults). google/gemma-3-4b-it's text_config names only its
-# width, depth and window: its heads, head size and vocabulary are Gemma3TextConfig's.
+# (transformers' __init__ defaults). A nested text_config is saved without the values
+# equal to its class's defaults (transformers' recursive_diff_dict): google/gemma-3-4b-it's
+# names only its width, depth and window, llava-hf/llava-1.5-7b-hf's Llama one only its
+# vocabulary. Llama and Mistral leave num_key_value_heads and head_dim to be derived.
+_LLAMA_7B = {
+    "vocab_size": 32_000,
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+}
 _CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    "llama": {**_LLAMA_7B, "intermediate_size": 11_008},
+    "mistral": {
+        **_LLAMA_7B,
+        "intermediate_size": 14_336,
+        "num_key_value_heads": 8,
+        "sliding_window": 4096,
+    },
+    "mixtral": {
+        **_LLAMA_7B,
+        "intermediate_size": 14_336,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+    },
+    "qwen2": {
+        **_LLAMA_7B,
+        "vocab_size": 151_936,
+        "intermediate_size": 22_016,
+        "num_key_value_heads": 32,
+    },
+    "gemma": {
+        "vocab_size": 256_000,
+        "hidden_size": 3072,
+        "intermediate_size": 24_576,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+    },
+    "gemma2": {
+        "vocab_size": 256_000,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "sliding_window": 4096,
+    },
     "gemma3_text": {
         "vocab_size": 262_208,
         "hidden_size": 2304,
@@ -194,6 +264,23 @@ class Architecture:
     # KV cache then counts every layer at the full context (an over-count, said so).
     window_unread: str | None = None
     window_unread_size: int | None = None
+    # Layers that keep a KV cache where not every layer does (linear-attention layers and
+    # attention-free blocks keep none), and the cache's elements per token over them where
+    # a layer's are not 2*kv_heads*head_dim (multi-head latent attention keeps one
+    # compressed latent; per-layer head counts differ): ``None`` for the uniform formula.
+    kv_layers: int | None = None
+    kv_elements: int | None = None
+    # Bytes of fixed recurrent state per sequence (linear-attention layers), whatever the
+    # context: part of the cache at inference.
+    state_bytes: int = 0
+    # Sum over every attention projection of (inputs + outputs), where the layers' shapes
+    # are not the uniform q/k/v/o (LoRA's adapter size): ``None`` for the formula.
+    attention_adapter_width: int | None = None
+    # What reading the config wants said in the report (a null read as its default).
+    notes: tuple[str, ...] = ()
+    # A quantization_config that says the checkpoint is quantised but gives no weight size
+    # fit can read (its method): weighed at no dtype without --dtype (refused).
+    quantization_unread: str | None = None
 
     @property
     def kept_params(self) -> int:
@@ -224,10 +311,12 @@ class Architecture:
             return None
         h, d, layers = self.hidden or 0, self.head_dim or 0, self.layers or 0
         q_out, kv_out = (self.heads) * d, (self.kv_heads or 0) * d
-        attention = rank * ((h + q_out) * 2 + (h + kv_out) * 2)
+        width = self.attention_adapter_width
+        if width is None:
+            width = ((h + q_out) * 2 + (h + kv_out) * 2) * layers
         mlps = self.mlps or ((self.intermediate, layers),)
         per_mlp = rank * (3 if self.gated_mlp else 2)
-        return attention * layers + sum(per_mlp * (h + i) * count for i, count in mlps)
+        return rank * width + sum(per_mlp * (h + i) * count for i, count in mlps)
 
 
 # The largest models have a few trillion parameters; a count past this is a typo, and
@@ -260,15 +349,37 @@ def parse_param_count(text: str) -> int:
     return count
 
 
+# A config.json is a few KiB (DeciLM's per-layer block_configs: about 50 KiB); reading
+# stops past this, so /dev/zero or a log given by mistake fails at once.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
 def load_hf_config(path: Path) -> Architecture:
     """:func:`from_hf_config` of a ``config.json`` file. Raises ``ConfigError``."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read_config(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"cannot read model config {path}: {err}") from err
+    except RecursionError:
+        raise ConfigError(f"cannot read model config {path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return from_model_config(data, name=path.parent.name)
+
+
+def _read_config(path: Path) -> str:
+    """The text of a regular file of at most :data:`MAX_CONFIG_BYTES` (a FIFO or a device
+    would block or never end). Raises ``OSError``, ``UnicodeDecodeError``, ``ConfigError``."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise ConfigError(f"cannot read model config {path}: not a regular file")
+    with path.open("rb") as stream:
+        raw = stream.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"cannot read model config {path}: larger than {MAX_CONFIG_BYTES >> 20} MiB,"
+            " which no config.json is"
+        )
+    return raw.decode("utf-8")
 
 
 def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Architecture:
@@ -291,17 +402,7 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
         language = {**_CLASS_DEFAULTS[family], **language}
     arch = from_hf_config(language, name=name, family=family)
     quantization = config.get("quantization_config") or language.get("quantization_config")
-    quantized = stored_dtype(quantization)
-    if quantized is not None:
-        bits, kept, unplaced = quantised_in_part(quantization)
-        arch = dataclasses.replace(
-            arch,
-            stored_dtype=quantized[0],
-            stored_as=quantized[1],
-            stored_bits=bits,
-            kept_unquantised=kept,
-            unplaced_unquantised=unplaced,
-        )
+    arch = _with_quantization(arch, quantization)
     encoders = sum(
         encoder_params(sub, key=key, output_width=arch.hidden)
         for key, sub in config.items()
@@ -309,7 +410,33 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
     )
     if not encoders:
         return arch
+    _refuse_absurd(arch.params + encoders)
     return dataclasses.replace(arch, params=arch.params + encoders, encoder_params=encoders)
+
+
+def _refuse_absurd(params: int) -> None:
+    """Refuse a count past :data:`MAX_PARAMS` (the float arithmetic after it overflows)."""
+    if params > MAX_PARAMS:
+        shown = f"{Decimal(params):.3g}"  # a float cannot hold a 400-digit count
+        raise ConfigError(f"model config describes {shown} parameters, beyond any model")
+
+
+def _with_quantization(arch: Architecture, quantization: Any) -> Architecture:
+    """``arch`` weighed as its ``quantization_config`` stores it, or marked unread when
+    the config says it is quantised but gives no size fit can read."""
+    quantized = stored_dtype(quantization)
+    if quantized is None:
+        unread = _unread_quantization(quantization)
+        return dataclasses.replace(arch, quantization_unread=unread) if unread else arch
+    bits, kept, unplaced = quantised_in_part(quantization)
+    return dataclasses.replace(
+        arch,
+        stored_dtype=quantized[0],
+        stored_as=quantized[1],
+        stored_bits=bits or _stored_bits(quantization, arch),
+        kept_unquantised=kept,
+        unplaced_unquantised=unplaced,
+    )
 
 
 # Weight bits by quantisation method where the config names no bits: bitsandbytes says
@@ -330,6 +457,11 @@ def stored_dtype(quantization: Any) -> tuple[str, str] | None:
         return None
     method = str(quantization.get("quant_method") or "").lower()
     bits = quantization.get("bits", quantization.get("w_bit"))
+    fraction = _fractional_bits(quantization, method)
+    if fraction is not None:
+        # EXL2's average bits a weight (4.25), AQLM's code bits: weighed at exactly that
+        # (:func:`_stored_bits`); named int4 or int8 for the advice.
+        return ("int4" if fraction <= 5 else "int8"), f"{method}, {fraction:g} bits a weight"
     if method == "bitsandbytes" or "load_in_4bit" in quantization:
         if quantization.get("load_in_4bit"):
             return "nf4", "bitsandbytes 4-bit"
@@ -350,6 +482,74 @@ def stored_dtype(quantization: Any) -> tuple[str, str] | None:
         return None
     described = f"{method or 'quantised'}, {bits}-bit"
     return ("int8", described) if bits > 4 else ("int4", described)
+
+
+def _fractional_bits(quantization: dict[str, Any], method: str) -> float | None:
+    """Bits a weight where the format gives them as a fraction: EXL2's ``bits`` (an
+    average such as 4.25), or AQLM's codes, ``num_codebooks * nbits_per_codebook`` bits
+    for each ``in_group_size * out_group_size`` weights (1x16 over 8: 2 bits)."""
+    if method == "aqlm":
+        sizes = [_aqlm_field(quantization, name) for name in _AQLM_FIELDS]
+        if None in sizes:
+            return None
+        codebooks, code_bits, group_in, group_out = (int(v or 0) for v in sizes)
+        bits = codebooks * code_bits / (group_in * group_out)
+    else:
+        value = quantization.get("bits")
+        if not isinstance(value, float) or value.is_integer():
+            return None
+        bits = value
+    return bits if 1 <= bits <= 16 else None
+
+
+_AQLM_FIELDS = ("num_codebooks", "nbits_per_codebook", "in_group_size", "out_group_size")
+
+
+def _aqlm_field(quantization: dict[str, Any], name: str) -> int | None:
+    value = quantization.get(name)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 64:
+        return value
+    return None
+
+
+def _stored_bits(quantization: Any, arch: Architecture) -> float | None:
+    """The bits a quantised weight takes for a format that gives them as a fraction
+    (:func:`_fractional_bits`). AQLM adds its codebooks: ``num_codebooks`` tables of
+    ``2**nbits_per_codebook`` fp16 groups for each linear layer (1 MiB each for 1x16),
+    spread over the quantised weights."""
+    if not isinstance(quantization, dict):
+        return None
+    method = str(quantization.get("quant_method") or "").lower()
+    bits = _fractional_bits(quantization, method)
+    if bits is None or method != "aqlm":
+        return bits
+    codebooks, code_bits, group_in, group_out = (
+        _aqlm_field(quantization, name) or 0 for name in _AQLM_FIELDS
+    )
+    per_layer = codebooks * 2**code_bits * group_in * group_out * 16
+    linears = (arch.layers or 0) * 4 + sum(
+        count * (3 if arch.gated_mlp else 2) for _, count in arch.mlps
+    )
+    quantised = max(1, arch.params - arch.embedding_params)
+    return bits + per_layer * linears / quantised
+
+
+def _unread_quantization(quantization: Any) -> str | None:
+    """The method of a ``quantization_config`` that says the weights are quantised but
+    gives no size fit reads (HQQ, EETQ, torchao, a ``bits`` that is not a number); None
+    without one, or for one that says they are not (16 bits, bitsandbytes without a
+    load_in flag)."""
+    if quantization is None or quantization in ({}, []):
+        return None
+    if not isinstance(quantization, dict):
+        return "a quantization_config that is not an object"
+    bits = quantization.get("bits")
+    if isinstance(bits, int) and not isinstance(bits, bool) and bits >= 16:
+        return None
+    method = str(quantization.get("quant_method") or "").lower()
+    if method == "bitsandbytes" or "load_in_4bit" in quantization:
+        return None
+    return method or "no quant_method"
 
 
 # Bits a quantised weight takes where the format fixes them beyond the dtype fit names:
@@ -431,9 +631,14 @@ def encoder_params(config: dict[str, Any], *, key: str, output_width: int | None
     The width is ``embed_dim`` before ``hidden_size``: Qwen2-VL's vision config names
     its ViT's width ``embed_dim`` and the language model's ``hidden_size``.
     """
-    width = _key(config, "embed_dim", "hidden_size", "width", "d_model", "n_embd", default=0)
+    width = _key(
+        config, "embed_dim", "hidden_size", "width", "d_model", "n_embd", default=0, strict=False
+    )
     layers = _key(
-        config, "num_hidden_layers", "depth", "num_layers", "encoder_layers", "n_layer", default=0
+        config,
+        *("num_hidden_layers", "depth", "num_layers", "encoder_layers", "n_layer"),
+        default=0,
+        strict=False,
     )
     if not width or not layers:
         raise ConfigError(
@@ -449,25 +654,71 @@ def encoder_params(config: dict[str, Any], *, key: str, output_width: int | None
         default=round(ratio * width)
         if isinstance(ratio, int | float) and not isinstance(ratio, bool) and ratio > 0
         else 4 * width,
+        strict=False,
     )
     gated = config.get("hidden_act") in _GATED_ACTIVATIONS or config.get("model_type") == "pixtral"
     per_layer = 4 * width * width + (3 if gated else 2) * width * inner + 4 * width
-    patch = _key(config, "patch_size", default=0)
-    image = _key(config, "image_size", default=0)
-    embeddings = patch * patch * _key(config, "num_channels", default=3) * width if patch else 0
+    patch = _key(config, "patch_size", default=0, strict=False)
+    image = _key(config, "image_size", default=0, strict=False)
+    embeddings = (
+        patch * patch * _key(config, "num_channels", default=3, strict=False) * width
+        if patch
+        else 0
+    )
     if patch and image:
         embeddings += (image // patch) ** 2 * width
     return layers * per_layer + embeddings + width * (output_width or width)
 
 
-def _key(config: dict[str, Any], *names: str, default: int | None = None) -> int:
+# Fields whose null transformers' config classes read as "derive it": head_dim (hidden
+# / heads), GPT-2's n_inner (4 x hidden), Qwen-MoE's mlp_only_layers (none), and the
+# expert counts (DeepseekV2Config's n_routed_experts=None is a dense model). A null
+# elsewhere (DeciLM's intermediate_size, which varies per layer) is no size at all, and
+# is refused rather than read as a default that changes the answer. num_key_value_heads'
+# null is one per attention head, as every config class reads it, and is said so.
+_NULL_MEANS_DEFAULT = {
+    "head_dim",
+    "n_inner",
+    "num_key_value_heads",
+    "q_lora_rank",
+    *_EXPERT_COUNTS,
+}
+
+
+def _key(
+    config: dict[str, Any], *names: str, default: int | None = None, strict: bool = True
+) -> int:
+    """The first of ``names`` the config has, as a positive integer, else ``default``.
+
+    ``strict``: a field that is there but null (outside :data:`_NULL_MEANS_DEFAULT`),
+    zero, negative or not an integer is refused, never passed over for the default: a
+    ``num_key_value_heads`` of 0 read as "one per head" changed the answer silently.
+    """
     for name in names:
-        value = config.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+        if name not in config:
+            continue
+        value = config[name]
+        if _positive_int(value):
+            return int(value)
+        if not strict or (value is None and name in _NULL_MEANS_DEFAULT):
+            continue
+        raise ConfigError(
+            f"model config's {name!r} is {_shown(value)}, not a positive integer;"
+            " use --params with the published parameter count"
+        )
     if default is not None:
         return default
     raise ConfigError(f"model config lacks a positive integer {names[0]!r}")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _shown(value: Any) -> str:
+    """A config value for an error line, cut short (a 400-digit number, a long list)."""
+    text = json.dumps(value) if isinstance(value, str | type(None)) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _count(config: dict[str, Any], name: str, default: int) -> int:
@@ -479,17 +730,30 @@ def _count(config: dict[str, Any], name: str, default: int) -> int:
 
 
 def _kv_heads(config: dict[str, Any], heads: int) -> int:
-    """KV heads, as transformers' Falcon and GPT-BigCode attention reads them.
+    """KV heads, as transformers' Falcon and GPT-BigCode attention and ChatGLM's remote
+    code read them.
 
     ``multi_query`` means one KV head (Falcon-7B, StarCoder), unless Falcon's
     ``new_decoder_architecture`` (40B, 180B) says to use ``num_kv_heads`` instead.
     FalconConfig defaults ``multi_query`` to True; the RefinedWeb remote code used
-    ``n_head_kv``.
+    ``n_head_kv``. ChatGLM (GLM-4, ChatGLM2/3): ``multi_query_attention`` with
+    ``multi_query_group_num`` KV heads (default 1), else one per head. A count that is
+    not a divisor of the heads is refused, as the attention's reshape would be.
     """
-    multi_query = config.get("multi_query", config.get("model_type") == "falcon")
-    if multi_query is True and not config.get("new_decoder_architecture"):
-        return 1
-    return _key(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+    if config.get("multi_query_attention") is True:
+        kv_heads = _key(config, "multi_query_group_num", default=1)
+    elif config.get("multi_query", config.get("model_type") == "falcon") is True and not (
+        config.get("new_decoder_architecture")
+    ):
+        kv_heads = 1
+    else:
+        kv_heads = _key(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+    if kv_heads > heads or heads % kv_heads:
+        raise ConfigError(
+            f"model config has {kv_heads} KV heads for {heads} attention heads, which do not"
+            " divide them; use --params with the published parameter count"
+        )
+    return kv_heads
 
 
 def _tied(config: dict[str, Any]) -> bool:
@@ -503,34 +767,46 @@ def _tied(config: dict[str, Any]) -> bool:
 # chunks of it (Gemma 2/3, Mistral, Llama 4 list them in ``layer_types``).
 _ATTENTION_LAYERS = {"full_attention", "sliding_attention", "chunked_attention", "attention"}
 # Fields of state-space and other recurrent layers (Mamba, Jamba, Zamba, Nemotron-H,
-# RecurrentGemma, RWKV): layers the formula would count as attention.
+# RecurrentGemma, RWKV, and vLLM's and Jamba's ``layers_block_type``): layers the
+# formula would count as attention.
 _RECURRENT_FIELDS = re.compile(
     r"^(mamba_|ssm_|rwkv|conv_kernel|d_state$|state_size$|time_step|attn_layer_period$"
-    r"|attn_layer_offset$|hybrid_override_pattern$|block_types$|lru_width$|linear_)"
+    r"|attn_layer_offset$|hybrid_override_pattern$|block_types$|layers_block_type$"
+    r"|lru_width$|linear_)"
 )
+# What the refusals of models fit does not model suggest, honest about what --params
+# then estimates: a typical decoder's KV cache, every layer attention.
+_USE_PARAMS = (
+    "use --params with the published parameter count (its KV cache is then a typical"
+    " decoder's, every layer attention: an over-count for this model)"
+)
+
+
+def _layer_kinds(config: dict[str, Any]) -> list[str] | None:
+    """``layer_types`` as a list of names (``None`` without one); refused when it is
+    not a list of strings (a string, objects, nested lists)."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        return None
+    if not isinstance(kinds, list) or not all(isinstance(kind, str) for kind in kinds):
+        raise ConfigError(
+            f"model config's 'layer_types' is {_shown(kinds)}, not a list of layer kinds;"
+            " use --params with the published parameter count"
+        )
+    return kinds
 
 
 def _refuse_unmodelled(config: dict[str, Any], experts: int) -> None:
     """Refuse what the formula would silently get wrong, rather than miscount it."""
-    kinds = config.get("layer_types")
-    other = sorted(
-        {str(kind) for kind in kinds if kind not in _ATTENTION_LAYERS}
-        if isinstance(kinds, list)
-        else set()
-    )
+    kinds = _layer_kinds(config) or []
+    other = sorted({kind for kind in kinds if kind not in _ATTENTION_LAYERS})
     recurrent = sorted(key for key in config if _RECURRENT_FIELDS.match(key))
     if other or recurrent:
         what = ", ".join(other) if other else ", ".join(recurrent)
         raise ConfigError(
             f"model config has layers that are not attention ({what}: a state-space,"
             " recurrent or linear-attention hybrid), whose weights and state fit does not"
-            " model; use --params with the published parameter count"
-        )
-    if _count(config, "kv_lora_rank", 0):
-        raise ConfigError(
-            "model config uses multi-head latent attention (kv_lora_rank: DeepSeek-V2/V3), "
-            "whose weights and KV cache fit does not model; use --params with the "
-            "published parameter count"
+            f" model; {_USE_PARAMS}"
         )
     # An expert count under another name would be counted as one dense MLP per layer;
     # a layout field fit does not read (which layers have experts, how wide, how many
@@ -653,40 +929,62 @@ def sliding_layout(config: dict[str, Any], layers: int, family: Any = None) -> S
     )
 
 
-def _is_moe_layer(config: dict[str, Any], index: int) -> bool:
-    """Whether layer ``index`` has experts (every layer for Mixtral).
+def _int_list(config: dict[str, Any], name: str) -> list[int]:
+    """A list of layer indices (``moe_layers``, ``mlp_only_layers``); null is none, and
+    anything else that is not a list of integers is refused."""
+    value = config.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(item, int) and not isinstance(item, bool) for item in value
+    ):
+        raise ConfigError(
+            f"model config's {name!r} is {_shown(value)}, not a list of layer numbers;"
+            " use --params with the published parameter count"
+        )
+    return value
+
+
+def _moe_layers(config: dict[str, Any], layers: int) -> int:
+    """How many layers have experts (every layer for Mixtral).
 
     Qwen-MoE: not in ``mlp_only_layers`` and every ``decoder_sparse_step``-th layer.
     DeepSeek-MoE: from ``first_k_dense_replace`` on, every ``moe_layer_freq``-th layer.
     Llama 4: the layers listed in ``moe_layers``, or by default every
     ``interleave_moe_layer_step``-th (Scout: all of them; Maverick: every second).
+    A step of 0 is refused (transformers divides by it).
     """
-    listed = config.get("moe_layers")
-    if isinstance(listed, list) and listed:
-        return index in listed
+    if listed := set(_int_list(config, "moe_layers")):
+        return sum(1 for index in range(layers) if index in listed)
     if (every_nth := _key(config, "interleave_moe_layer_step", default=1)) > 1:
-        return (index + 1) % every_nth == 0
-    dense_only = config.get("mlp_only_layers") or []
+        return sum(1 for index in range(layers) if (index + 1) % every_nth == 0)
+    dense_only = set(_int_list(config, "mlp_only_layers"))
     step = _key(config, "decoder_sparse_step", default=1)
     first = _count(config, "first_k_dense_replace", 0)
     every = _key(config, "moe_layer_freq", default=1)
-    return (
-        index not in dense_only
-        and (index + 1) % step == 0
-        and index >= first
-        and index % every == 0
+    return sum(
+        1
+        for index in range(layers)
+        if index not in dense_only and (index + 1) % step == 0 and index >= first
+        if index % every == 0
     )
+
+
+def _expert_count(config: dict[str, Any]) -> int:
+    """Experts per MoE layer; 1 for a dense model (no count, or a null or 0 one)."""
+    given = {key: config[key] for key in _EXPERT_COUNTS if config.get(key) not in (None, 0)}
+    return _key(given, *_EXPERT_COUNTS, default=1)
 
 
 def _mlps(
     config: dict[str, Any], layers: int, hidden: int, intermediate: int
 ) -> tuple[tuple[tuple[int, int], ...], int]:
     """Every MLP as (inner size, count), and the router and gate parameters."""
-    experts = _key(config, *_EXPERT_COUNTS, default=1)
+    experts = _expert_count(config)
     _refuse_unmodelled(config, experts)
     if experts == 1:
         return ((intermediate, layers),), 0
-    sparse = sum(1 for index in range(layers) if _is_moe_layer(config, index))
+    sparse = _moe_layers(config, layers)
     # Mixtral's and Llama 4's experts are intermediate_size wide; Qwen-MoE's and
     # DeepSeek's are not. Llama 4's dense layers are intermediate_size_mlp wide.
     expert_size = _key(config, "moe_intermediate_size", default=intermediate)
@@ -706,6 +1004,200 @@ def _mlps(
     return tuple((size, count) for size, count in mlps if count), routers
 
 
+@dataclass(frozen=True)
+class _Attention:
+    """Every layer's attention, as :func:`from_hf_config` sums it: its parameters, the
+    layer norms' (outside the attention module, so never in a kept-unquantised
+    ``self_attn``), its KV cache (:class:`Architecture`'s ``kv_layers``, ``kv_elements``
+    and ``state_bytes``; ``None``: the uniform formula) and LoRA width."""
+
+    params: int
+    norms: int
+    kv_layers: int | None = None
+    kv_elements: int | None = None
+    state_bytes: int = 0
+    adapter_width: int | None = None
+    kv_heads: int | None = None
+
+
+def _attention(
+    config: dict[str, Any], layers: int, hidden: int, heads: int, head_dim: int
+) -> _Attention:
+    """q, k, v, o for every layer, or the layout a config names instead of it:
+    multi-head latent attention (``kv_lora_rank``), MiniMax's ``attn_type_list``."""
+    if "kv_lora_rank" in config:
+        return _latent_attention(config, layers, hidden, heads)
+    kv_heads = _kv_heads(config, heads)
+    if "attn_type_list" in config:
+        return _lightning_attention(config, layers, hidden, heads, kv_heads, head_dim)
+    per_layer = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    return _Attention(layers * per_layer, layers * 2 * hidden, kv_heads=kv_heads)
+
+
+def _latent_attention(config: dict[str, Any], layers: int, hidden: int, heads: int) -> _Attention:
+    """DeepSeek-V2/V3's multi-head latent attention, as their modelling code builds it:
+    q from ``q_lora_rank`` (null: one h x n*(nope+rope) projection), ``kv_a_proj`` to the
+    ``kv_lora_rank`` latent plus the shared rope key, ``kv_b_proj`` from the latent to
+    every head's key and value, and ``o_proj``. The cache keeps the latent and the rope
+    key, ``kv_lora_rank + qk_rope_head_dim`` elements a token a layer, as vLLM stores it
+    (DeepSeek-V2-Lite: 576 x 27 layers x 2 bytes = 31,104 bytes a token)."""
+    rank = _key(config, "kv_lora_rank")
+    rope = _key(config, "qk_rope_head_dim")
+    q_width = heads * (_key(config, "qk_nope_head_dim") + rope)
+    kv_width = heads * (_key(config, "qk_nope_head_dim") + _key(config, "v_head_dim"))
+    out_width = heads * _key(config, "v_head_dim")
+    q_rank = _key(config, "q_lora_rank", default=0)
+    # (inputs, outputs) of every projection; q_a's norm and kv_a's norm are the ranks.
+    shapes = [(hidden, rank + rope), (rank, kv_width), (out_width, hidden)]
+    shapes += [(hidden, q_rank), (q_rank, q_width)] if q_rank else [(hidden, q_width)]
+    per_layer = sum(i * o for i, o in shapes) + rank + q_rank
+    return _Attention(
+        layers * per_layer,
+        layers * 2 * hidden,
+        kv_layers=layers,
+        kv_elements=layers * (rank + rope),
+        adapter_width=layers * sum(i + o for i, o in shapes),
+        kv_heads=_key(config, "num_key_value_heads", default=heads),
+    )
+
+
+def _lightning_attention(
+    config: dict[str, Any], layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int
+) -> _Attention:
+    """MiniMax-Text-01 and M1: ``attn_type_list`` marks each layer softmax attention (1,
+    q/k/v/o with a KV cache) or lightning linear attention (0: ``qkv_proj``,
+    ``output_gate`` and ``out_proj`` over heads x head_dim, no KV cache, and a fixed
+    heads x head_dim x head_dim fp32 state a sequence whatever the context)."""
+    kinds = config["attn_type_list"]
+    if (
+        not isinstance(kinds, list)
+        or len(kinds) != layers
+        or not all(kind in (0, 1) and not isinstance(kind, bool) for kind in kinds)
+    ):
+        raise ConfigError(
+            f"model config's 'attn_type_list' is {_shown(kinds)}, not a 0 or 1 for each of"
+            f" its {layers} layers; {_USE_PARAMS}"
+        )
+    softmax = sum(1 for kind in kinds if kind == 1)
+    linear = layers - softmax
+    inner, kv = heads * head_dim, kv_heads * head_dim
+    gqa = (2 * hidden * inner + 2 * hidden * kv, (hidden + inner) * 2 + (hidden + kv) * 2)
+    lightning = (5 * hidden * inner + inner, (hidden + 3 * inner) + (hidden + inner) * 2)
+    return _Attention(
+        softmax * gqa[0] + linear * lightning[0],
+        layers * 2 * hidden,
+        kv_layers=softmax,
+        state_bytes=linear * heads * head_dim * head_dim * 4,
+        adapter_width=softmax * gqa[1] + linear * lightning[1],
+        kv_heads=kv_heads,
+    )
+
+
+# DeciLM block fields fit reads; one of the others set (a window, sink tokens, sparsity)
+# changes the layer in a way the count does not follow.
+_BLOCK_FIELDS = {"n_heads_in_group", "no_op", "replace_with_linear", "ffn_mult"}
+
+
+def _blocks(
+    config: dict[str, Any], layers: int, hidden: int, heads: int, head_dim: int
+) -> tuple[_Attention, tuple[tuple[int, int], ...], int]:
+    """DeciLM / Llama-Nemotron NAS (``block_configs``): each layer has its own attention
+    (``n_heads_in_group`` query heads per KV head, or ``no_op``: none, or
+    ``replace_with_linear``: one h x h matrix) and its own gated MLP of
+    ``ffn_mult`` (DeciLM's _ffn_mult_to_intermediate_size: 2/3 x ffn_mult x h, up to a
+    multiple of 256), so the top-level num_key_value_heads and intermediate_size are
+    null. Returns the attention, the MLPs and the h x h linear layers' parameters."""
+    blocks = config["block_configs"]
+    if not isinstance(blocks, list) or len(blocks) != layers:
+        given = f"{len(blocks)} blocks" if isinstance(blocks, list) else _shown(blocks)
+        raise ConfigError(
+            f"model config's 'block_configs' is {given} for {layers} layers, not one block"
+            " a layer; use --params with the published parameter count"
+        )
+    params = norms = width = kv_elements = kv_layers = linear = max_kv = 0
+    sizes: Counter[int] = Counter()
+    for block in blocks:
+        attention, ffn = _block_parts(block)
+        if attention.get("replace_with_linear") is True:
+            linear += hidden * hidden + hidden
+        elif attention.get("no_op") is not True:
+            group = _key(attention, "n_heads_in_group")
+            kv_heads = heads // group
+            if kv_heads * group != heads:
+                raise ConfigError(
+                    f"model config's block n_heads_in_group {group} does not divide its"
+                    f" {heads} heads; use --params with the published parameter count"
+                )
+            inner, kv = heads * head_dim, kv_heads * head_dim
+            params += 2 * hidden * inner + 2 * hidden * kv
+            norms += hidden
+            width += (hidden + inner) * 2 + (hidden + kv) * 2
+            kv_layers += 1
+            kv_elements += 2 * kv
+            max_kv = max(max_kv, kv_heads)
+        if ffn.get("replace_with_linear") is True:
+            linear += hidden * hidden + hidden
+        elif ffn.get("no_op") is not True:
+            sizes[_ffn_mult_size(ffn, hidden)] += 1
+            norms += hidden
+    return (
+        _Attention(
+            params,
+            norms,
+            kv_layers=kv_layers,
+            kv_elements=kv_elements,
+            adapter_width=width,
+            kv_heads=max_kv or heads,
+        ),
+        tuple(sorted(sizes.items())),
+        linear,
+    )
+
+
+def _block_parts(block: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A DeciLM block's attention and ffn configs; refused where it sets what fit does
+    not model."""
+    found = [block.get(part) if isinstance(block, dict) else None for part in ("attention", "ffn")]
+    parts = [part for part in found if isinstance(part, dict)]
+    unmodelled = sorted(
+        key
+        for part in parts
+        for key, value in part.items()
+        if key not in _BLOCK_FIELDS and value not in (None, False)
+    )
+    if len(parts) != len(found) or unmodelled:
+        what = ", ".join(unmodelled) or "a block that is not {attention, ffn}"
+        raise ConfigError(
+            f"model config's block_configs have {what}, which fit does not model;"
+            " use --params with the published parameter count"
+        )
+    return parts[0], parts[1]
+
+
+def _ffn_mult_size(ffn: dict[str, Any], hidden: int) -> int:
+    mult = ffn.get("ffn_mult")
+    if not isinstance(mult, int | float) or isinstance(mult, bool) or not 0 < mult < 1000:
+        raise ConfigError(
+            f"model config's block ffn_mult is {_shown(mult)}, not a positive number;"
+            " use --params with the published parameter count"
+        )
+    size = int(2 * mult * hidden / 3)
+    return -(-size // 256) * 256
+
+
+def _required(config: dict[str, Any], *names: str) -> int:
+    """A size every decoder config gives; its absence names the model type."""
+    if any(name in config for name in names):
+        return _key(config, *names)
+    kind = config.get("model_type")
+    raise ConfigError(
+        f"model config lacks a positive integer {names[0]!r}"
+        f"{f' ({kind})' if isinstance(kind, str) else ''}: fit reads the configs of"
+        " decoder-only transformers (Llama, Mistral, Qwen, Gemma, GPT-2, Falcon and"
+        " their kin); use --params with the published parameter count"
+    )
+
+
 def from_hf_config(
     config: dict[str, Any], *, name: str | None = None, family: Any = None
 ) -> Architecture:
@@ -713,51 +1205,57 @@ def from_hf_config(
 
     Reads ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
     ``num_key_value_heads`` (default: = heads; ``multi_query``, ``num_kv_heads`` and
-    ``n_head_kv`` for Falcon and GPT-BigCode), ``head_dim`` (default: hidden/heads),
-    ``vocab_size``, ``intermediate_size`` (default 4*hidden), ``tie_word_embeddings``
+    ``n_head_kv`` for Falcon and GPT-BigCode, ``multi_query_group_num`` for ChatGLM),
+    ``head_dim`` (``kv_channels``; default: hidden/heads), ``vocab_size``
+    (``padded_vocab_size`` first), ``intermediate_size`` (default 4*hidden), ``tie_word_embeddings``
     (default: the config class's, as transformers applies it), and the mixture-of-experts
-    fields of Mixtral, Qwen-MoE and DeepSeek-MoE; GPT-2 style names (``n_layer``,
-    ``n_embd``, ``n_head``) too; and which layers attend through a sliding window
-    (:func:`sliding_layout`, by ``family``: the config's model_type, or its model's for
-    a nested language config without one). Raises ``ConfigError`` when a required field
-    is missing or the config describes something the formula would miscount.
+    fields of Mixtral, Qwen-MoE and DeepSeek-MoE; GPT-2 and ChatGLM names too; the
+    layouts :func:`_attention` and :func:`_blocks` read; and which layers attend through a
+    sliding window (:func:`sliding_layout`, by ``family``: the config's model_type, or its
+    model's for a nested language config without one). Raises ``ConfigError`` when a
+    required field is missing or the config describes something the formula would
+    miscount.
     """
-    try:
-        layers = _key(config, "num_hidden_layers", "n_layer", "num_layers")
-        hidden = _key(config, "hidden_size", "n_embd", "d_model")
-        heads = _key(config, "num_attention_heads", "n_head")
-        vocab = _key(config, "vocab_size")
-    except ConfigError as err:
-        kind = config.get("model_type")
-        raise ConfigError(
-            f"{err}{f' ({kind})' if isinstance(kind, str) else ''}: fit reads the configs of"
-            " decoder-only transformers (Llama, Mistral, Qwen, Gemma, GPT-2, Falcon and"
-            " their kin); use --params with the published parameter count"
-        ) from None
+    family = str(family or config.get("model_type") or "")
+    layers = _required(config, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = _required(config, "hidden_size", "n_embd", "d_model")
+    heads = _required(config, "num_attention_heads", "n_head")
+    vocab = _required(config, "padded_vocab_size", "vocab_size")
     if "head_dim" not in config and heads > hidden:
         raise ConfigError(f"model config has more attention heads ({heads}) than hidden units")
-    kv_heads = _kv_heads(config, heads)
-    head_dim = _key(config, "head_dim", default=hidden // heads)
-    intermediate = _key(
-        config, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden
-    )
-    gated = config.get("model_type") not in _NON_GATED
+    head_dim = _key(config, "head_dim", "kv_channels", default=hidden // heads)
+    notes: tuple[str, ...] = ()
+    linear = 0
+    if "block_configs" in config:
+        attention, mlps, linear = _blocks(config, layers, hidden, heads, head_dim)
+        _refuse_unmodelled(config, _expert_count(config))
+        routers, intermediate = 0, max(size for size, _ in mlps) if mlps else hidden
+    else:
+        intermediate = _key(
+            config, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden
+        )
+        if family in _HALVED_INTERMEDIATE:
+            intermediate //= 2
+        mlps, routers = _mlps(config, layers, hidden, intermediate)
+        attention = _attention(config, layers, hidden, heads, head_dim)
+        if "num_key_value_heads" in config and config["num_key_value_heads"] is None:
+            notes = (
+                "num_key_value_heads is null: read as one KV head per attention head,"
+                " as transformers' config classes read it",
+            )
+    gated = family not in _NON_GATED
     tied = _tied(config)
-    mlps, routers = _mlps(config, layers, hidden, intermediate)
-
-    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
     mlp = sum(hidden * size * (3 if gated else 2) * count for size, count in mlps)
     embeddings = vocab * hidden * (1 if tied else 2)
-    params = layers * (attention + 2 * hidden) + mlp + routers + embeddings + hidden
-    if params > MAX_PARAMS:
-        raise ConfigError(f"model config describes {params:.3g} parameters, beyond any model")
+    params = attention.params + attention.norms + linear + mlp + routers + embeddings + hidden
+    _refuse_absurd(params)
     sliding = sliding_layout(config, layers, family)
     return Architecture(
         params=params,
         layers=layers,
         hidden=hidden,
         heads=heads,
-        kv_heads=kv_heads,
+        kv_heads=attention.kv_heads or heads,
         head_dim=head_dim,
         vocab=vocab,
         intermediate=intermediate,
@@ -765,12 +1263,17 @@ def from_hf_config(
         gated_mlp=gated,
         mlps=mlps,
         name=name,
-        attention_params=layers * attention,
+        attention_params=attention.params,
         router_params=routers,
         sliding_layers=sliding.sliding_layers,
         window=sliding.window,
         window_unread=sliding.unread,
         window_unread_size=sliding.unread_size,
+        kv_layers=attention.kv_layers,
+        kv_elements=attention.kv_elements,
+        state_bytes=attention.state_bytes,
+        attention_adapter_width=attention.adapter_width,
+        notes=notes,
     )
 
 

@@ -42,6 +42,7 @@ offered as making it fit only when the whole range fits after it (:func:`options
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Literal, get_args
 
 from gpuwatch.doctor.architecture import Architecture, shape_variants, typical_shape
@@ -90,6 +91,12 @@ class KvSplit:
     full_layers_bytes: int
     sliding_layers_bytes: int
     full_context_bytes: int
+    # Linear-attention layers' fixed state, whatever the context (MiniMax).
+    state_bytes: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.full_layers_bytes + self.sliding_layers_bytes + self.state_bytes
 
     def as_dict(self) -> dict[str, int | None]:
         return {
@@ -99,6 +106,7 @@ class KvSplit:
             "full_layers_bytes": self.full_layers_bytes,
             "sliding_layers_bytes": self.sliding_layers_bytes,
             "full_context_bytes": self.full_context_bytes,
+            "state_bytes": self.state_bytes,
         }
 
 
@@ -179,8 +187,18 @@ class Breakdown:
         }
 
 
+# Tokens in flight past any workload (the longest contexts are a few million tokens): a
+# count past it is a typo, and the float arithmetic after it would overflow.
+MAX_TOKENS = 10**12
+
+
 def validate(workload: Workload) -> Workload:
     """Check the combination; raises ``ConfigError`` for one that cannot be trained."""
+    if workload.context * workload.batch > MAX_TOKENS:
+        raise ConfigError(
+            f"--context x --batch: {Decimal(workload.context * workload.batch):.3g} tokens is"
+            f" beyond any workload (at most {MAX_TOKENS:.0e})"
+        )
     if workload.dtype not in get_args(Dtype):
         raise ConfigError(f"--dtype must be one of {', '.join(get_args(Dtype))}")
     if workload.mode not in get_args(Mode):
@@ -197,12 +215,22 @@ def validate(workload: Workload) -> Workload:
 def kv_bytes_per_token(arch: Architecture, dtype: Dtype) -> int | None:
     """2 (K and V) x layers x kv_heads x head_dim x element bytes; ``None`` without a shape.
 
-    The cache stays 16-bit for quantised weights (fp32 only for an fp32 model).
+    Only the layers that keep a cache count (``kv_layers``), and where the config gives
+    another layout its elements a token (``kv_elements``: multi-head latent attention's
+    latent, per-layer head counts). The cache stays 16-bit for quantised weights (fp32
+    only for an fp32 model).
     """
     if not arch.has_shape:
         return None
     element = 4 if dtype == "fp32" else 2
-    return 2 * (arch.layers or 0) * (arch.kv_heads or 0) * (arch.head_dim or 0) * element
+    layers = _kv_layers(arch)
+    if arch.kv_elements is not None:
+        return arch.kv_elements * element
+    return 2 * layers * (arch.kv_heads or 0) * (arch.head_dim or 0) * element
+
+
+def _kv_layers(arch: Architecture) -> int:
+    return arch.layers or 0 if arch.kv_layers is None else arch.kv_layers
 
 
 def kv_split(arch: Architecture, dtype: Dtype, context: int, batch: int) -> KvSplit | None:
@@ -211,17 +239,19 @@ def kv_split(arch: Architecture, dtype: Dtype, context: int, batch: int) -> KvSp
     per_token = kv_bytes_per_token(arch, dtype)
     if per_token is None:
         return None
-    layers = arch.layers or 0
-    sliding = arch.sliding_layers if arch.window else 0
+    layers = _kv_layers(arch)
+    sliding = min(arch.sliding_layers, layers) if arch.window else 0
     per_layer = per_token // layers if layers else 0
     held = min(context, arch.window) if arch.window else context
+    state = arch.state_bytes * batch
     return KvSplit(
         full_layers=layers - sliding,
         sliding_layers=sliding,
         window=arch.window if sliding else None,
         full_layers_bytes=per_layer * (layers - sliding) * context * batch,
         sliding_layers_bytes=per_layer * sliding * held * batch,
-        full_context_bytes=per_token * context * batch,
+        full_context_bytes=per_token * context * batch + state,
+        state_bytes=state,
     )
 
 
@@ -303,11 +333,11 @@ def _estimate_shaped(workload: Workload) -> Breakdown:
     per_token = kv_bytes_per_token(arch, dtype)
     kv_cache = None
     split = None
-    notes: list[str] = []
+    notes: list[str] = list(arch.notes)
     if mode == "inference" and per_token is not None:
         split = kv_split(arch, dtype, workload.context, workload.batch)
         if split is not None:
-            kv_cache = split.full_layers_bytes + split.sliding_layers_bytes
+            kv_cache = split.total
         unread = arch.window_unread
         if unread and (
             arch.window_unread_size is None or workload.context > arch.window_unread_size

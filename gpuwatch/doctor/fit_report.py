@@ -176,6 +176,11 @@ class FitReport:
             lines.append(_row(label, value, b.spread.get(part)))
             if part == "kv_cache" and b.kv_split is not None and b.kv_split.sliding_layers:
                 lines.extend(_kv_rows(b.kv_split, w.context))
+            if part == "kv_cache" and b.kv_split is not None and b.kv_split.state_bytes:
+                # Linear-attention layers keep a fixed state instead of a cache.
+                stateful = (w.arch.layers or 0) - b.kv_split.full_layers - b.kv_split.sliding_layers
+                label = f"  {stateful} linear-attention state"
+                lines.append(_row(label, b.kv_split.state_bytes, None))
         total_range = None
         if b.low_total is not None and b.high_total is not None:
             total_range = (b.low_total, b.high_total)
@@ -296,11 +301,22 @@ def run_fit(
 def _default_dtype(arch: Architecture, mode: str) -> str:
     """QLoRA's nf4; else, for inference and LoRA, the size a quantised checkpoint stores
     its weights in (a GPTQ config weighed at bf16 was four times too heavy, and said
-    "does not fit"); else bf16. Full fine-tuning trains in bf16 whatever was stored."""
+    "does not fit"); else bf16. Full fine-tuning trains in bf16 whatever was stored.
+
+    A checkpoint whose quantization_config gives no size fit reads (HQQ, EETQ, a bits
+    that is not a number) is refused without --dtype: weighed at bf16 it came out
+    several times too heavy, and the advice was to quantise it.
+    """
     if mode == "qlora":
         return "nf4"
     if mode in ("inference", "lora") and arch.stored_dtype is not None:
         return arch.stored_dtype
+    if mode in ("inference", "lora") and arch.quantization_unread:
+        raise ConfigError(
+            f"model config's quantization_config ({arch.quantization_unread}) gives no weight"
+            " size fit reads: pass --dtype with the size its weights are stored in"
+            " (e.g. --dtype int4 for 4-bit)"
+        )
     return "bf16"
 
 

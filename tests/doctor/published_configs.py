@@ -3,6 +3,7 @@ trimmed to the keys fit reads."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 # google/gemma-3-4b-it: the text config names no sliding_window_pattern (Gemma3TextConfig's
@@ -61,3 +62,259 @@ GPT_OSS_20B: dict[str, Any] = {
     "tie_word_embeddings": False,
     "vocab_size": 201088,
 }
+
+
+# --- `gpuwatch fit` accuracy audit: published configs as fit met them -----------------
+# Each was copied from a public GitHub copy of the file the comment names, trimmed of
+# fields no count reads (token ids, dropout, norms' epsilons, rope).
+# https://huggingface.co/THUDM/glm-4-9b-chat/blob/main/config.json (ChatGLM remote code)
+GLM_4_9B_CHAT: dict[str, Any] = {
+    "add_bias_linear": False,
+    "add_qkv_bias": True,
+    "apply_query_key_layer_scaling": True,
+    "apply_residual_connection_post_layernorm": False,
+    "architectures": ["ChatGLMModel"],
+    "attention_softmax_in_fp32": True,
+    "bias_dropout_fusion": True,
+    "classifier_dropout": None,
+    "ffn_hidden_size": 13696,
+    "fp32_residual_connection": False,
+    "hidden_size": 4096,
+    "kv_channels": 128,
+    "model_type": "chatglm",
+    "multi_query_attention": True,
+    "multi_query_group_num": 2,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 40,
+    "num_layers": 40,
+    "original_rope": True,
+    "padded_vocab_size": 151552,
+    "post_layer_norm": True,
+    "rmsnorm": True,
+    "rope_ratio": 500,
+    "seq_length": 131072,
+    "tie_word_embeddings": False,
+    "vocab_size": 151552,
+}
+# https://huggingface.co/bigcode/starcoder2-3b/blob/main/config.json
+STARCODER2_3B: dict[str, Any] = {
+    "architectures": ["Starcoder2ForCausalLM"],
+    "model_type": "starcoder2",
+    "vocab_size": 49152,
+    "hidden_size": 3072,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 16384,
+    "sliding_window": 4096,
+    "use_bias": True,
+    "hidden_act": "gelu_pytorch_tanh",
+}
+# https://huggingface.co/bigcode/starcoder2-15b/blob/main/config.json
+STARCODER2_15B: dict[str, Any] = {
+    "architectures": ["Starcoder2ForCausalLM"],
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_size": 6144,
+    "intermediate_size": 24576,
+    "max_position_embeddings": 16384,
+    "mlp_type": "default",
+    "model_type": "starcoder2",
+    "num_attention_heads": 48,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 4,
+    "sliding_window": 4096,
+    "use_bias": True,
+    "vocab_size": 49152,
+}
+# https://huggingface.co/nvidia/Nemotron-Mini-4B-Instruct/blob/main/config.json
+NEMOTRON_MINI_4B: dict[str, Any] = {
+    "architectures": ["NemotronForCausalLM"],
+    "hidden_act": "relu2",
+    "hidden_size": 3072,
+    "intermediate_size": 9216,
+    "max_position_embeddings": 4096,
+    "model_type": "nemotron",
+    "num_attention_heads": 24,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "partial_rotary_factor": 0.5,
+    "tie_word_embeddings": False,
+    "vocab_size": 256000,
+    "kv_channels": 128,
+}
+# https://huggingface.co/Qwen/Qwen-7B-Chat/blob/main/config.json (Qwen v1 remote code)
+QWEN_7B_CHAT: dict[str, Any] = {
+    "architectures": ["QWenLMHeadModel"],
+    "bf16": False,
+    "fp16": False,
+    "fp32": False,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "kv_channels": 128,
+    "layer_norm_epsilon": 1e-06,
+    "max_position_embeddings": 32768,
+    "model_type": "qwen",
+    "no_bias": True,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "onnx_safe": None,
+    "rotary_emb_base": 10000,
+    "rotary_pct": 1.0,
+    "scale_attn_weights": True,
+    "seq_length": 8192,
+    "tie_word_embeddings": False,
+    "tokenizer_class": "QWenTokenizer",
+    "use_dynamic_ntk": True,
+    "use_flash_attn": "auto",
+    "use_logn_attn": True,
+    "vocab_size": 151936,
+}
+# https://huggingface.co/llava-hf/llava-1.5-7b-hf/blob/main/config.json: as published, its
+# text_config leaves every field equal to LlamaConfig's default out
+LLAVA_15_7B_HF: dict[str, Any] = {
+    "architectures": ["LlavaForConditionalGeneration"],
+    "ignore_index": -100,
+    "image_token_index": 32000,
+    "model_type": "llava",
+    "projector_hidden_act": "gelu",
+    "text_config": {
+        "_name_or_path": "lmsys/vicuna-7b-v1.5",
+        "architectures": ["LlamaForCausalLM"],
+        "max_position_embeddings": 4096,
+        "model_type": "llama",
+        "rms_norm_eps": 1e-05,
+        "torch_dtype": "float16",
+        "vocab_size": 32064,
+    },
+    "tie_word_embeddings": False,
+    "vision_config": {
+        "hidden_size": 1024,
+        "image_size": 336,
+        "intermediate_size": 4096,
+        "model_type": "clip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+        "projection_dim": 768,
+        "vocab_size": 32000,
+    },
+    "vision_feature_layer": -2,
+    "vision_feature_select_strategy": "default",
+    "vocab_size": 32064,
+}
+# https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json
+DEEPSEEK_V2_LITE: dict[str, Any] = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "attention_bias": False,
+    "aux_loss_alpha": 0.001,
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "norm_topk_prob": False,
+    "num_attention_heads": 16,
+    "num_experts_per_tok": 6,
+    "num_hidden_layers": 27,
+    "num_key_value_heads": 16,
+    "pretraining_tp": 1,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "routed_scaling_factor": 1.0,
+    "scoring_func": "softmax",
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "v_head_dim": 128,
+    "vocab_size": 102400,
+}
+# https://huggingface.co/bartowski/magnum-12b-v2.5-kto-exl2/blob/4_25/config.json
+# (its quantization_config; the model fields are Mistral-Nemo-12B's)
+MAGNUM_12B_EXL2_425: dict[str, Any] = {
+    "architectures": ["MistralForCausalLM"],
+    "hidden_size": 5120,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 40,
+    "vocab_size": 131072,
+    "max_position_embeddings": 1024000,
+    "head_dim": 128,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "model_type": "mistral",
+    "quantization_config": {
+        "quant_method": "exl2",
+        "version": "0.1.8",
+        "bits": 4.25,
+        "head_bits": 6,
+    },
+}
+# https://huggingface.co/BlackSamorez/Llama-2-7b-AQLM-2Bit-1x16-hf/blob/main/config.json
+LLAMA2_7B_AQLM_1X16: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 4096,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "pretraining_tp": 1,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "vocab_size": 32000,
+    "quantization_config": {
+        "in_group_size": 8,
+        "nbits_per_codebook": 16,
+        "num_codebooks": 1,
+        "out_group_size": 1,
+        "quant_method": "aqlm",
+        "linear_weights_not_to_quantize": ["model.embed_tokens.weight", "lm_head.weight"],
+    },
+}
+# https://huggingface.co/MiniMaxAI/MiniMax-M1-80k/blob/main/config.json (attn_type_list:
+# seven lightning-attention layers, then one softmax layer, ten times)
+MINIMAX_M1_80K: dict[str, Any] = {
+    **{
+        "architectures": ["MiniMaxM1ForCausalLM"],
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 6144,
+        "intermediate_size": 9216,
+        "max_position_embeddings": 10240000,
+        "model_type": "minimax_m1",
+        "num_attention_heads": 64,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 80,
+        "num_key_value_heads": 8,
+        "num_local_experts": 32,
+        "output_router_logits": False,
+        "postnorm": True,
+        "rotary_dim": 64,
+        "router_aux_loss_coef": 0.001,
+        "router_jitter_noise": 0.0,
+        "shared_intermediate_size": 0,
+        "shared_moe_mode": "sigmoid",
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "vocab_size": 200064,
+    },
+    "attn_type_list": ([0] * 7 + [1]) * 10,
+}
+# https://huggingface.co/nvidia/Llama-3_3-Nemotron-Super-49B-v1/blob/main/config.json, as
+# NVIDIA's Megatron-Bridge tests copy it (all 80 block_configs): a fixture file.
+NEMOTRON_SUPER_49B_PATH = (
+    Path(__file__).parent / "fixtures" / "nemotron-super-49b-v1" / "config.json"
+)

@@ -285,9 +285,12 @@ def test_lora_on_moe_adapts_every_expert_at_its_own_size() -> None:
     assert arch.lora_params(16) == (attention + experts) * 24
 
 
-def test_multi_head_latent_attention_is_refused_not_miscounted() -> None:
-    with pytest.raises(ConfigError, match="latent attention"):
-        from_hf_config(DEEPSEEK_V3)
+def test_multi_head_latent_attention_is_counted_from_its_latent_shapes() -> None:
+    # Was refused; now DeepSeek-V3's published 671B and its compressed latent cache
+    # (kv_lora_rank + qk_rope_head_dim a token a layer, as vLLM keeps it).
+    arch = from_hf_config(DEEPSEEK_V3)
+    assert arch.params == 671_026_404_352
+    assert arch.kv_elements == 61 * (512 + 64)
 
 
 def test_expert_fields_it_cannot_read_are_refused() -> None:

@@ -168,6 +168,7 @@ def test_sliding_layers_hold_only_their_window(
         "full_layers_bytes": per_layer * full * context,
         "sliding_layers_bytes": per_layer * sliding * window,
         "full_context_bytes": per_layer * (full + sliding) * context,
+        "state_bytes": 0,
         "window_not_applied": None,
     }
     # The per-token figure stays every layer's, as before.
