@@ -96,7 +96,7 @@ EXIT_CODES: dict[int, str] = {
     11: "`gpuwatch fit`: cannot tell; the answer depends on an input not given (e.g. --config)",
     20: "`gpuwatch reap`: nothing to do, no process qualifies (0: every chosen process was stopped, or a dry run chose some)",
     21: "`gpuwatch reap`: partial, some chosen processes were not stopped (not permitted, identity changed, unkillable, active again)",
-    22: "`gpuwatch reap`: refused before any signal (host PIDs not visible, not confirmed, audit log unwritable, --pid target not eligible)",
+    22: "`gpuwatch reap`: refused before any signal (host PIDs not visible, not confirmed, audit log unwritable, history not served by this host's agent or `--agent` naming another host, --pid target not eligible)",
     126: "`gpuwatch fake-nvml exec`: the command was found but cannot be run (as a shell answers)",
     127: "`gpuwatch fake-nvml exec`: the command was not found",
     130: "interrupted (Ctrl-C, SIGINT) before the command finished; `gpuwatch agent` and `gpuwatch demo` are stopped that way and exit 0 once stopped cleanly",

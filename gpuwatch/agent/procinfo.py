@@ -561,6 +561,8 @@ def _process_owner(
         pod_qos=cgroup.pod_qos,
         # The cgroup is the kernel's word; the environment is inherited and can be stale
         # (a process started inside one allocation that outlives it), so it only fills a gap.
+        # It is for attribution only: the process sets its own environment, so the reaper
+        # protects a job on the cgroup's word alone (reaper.policy.protection).
         slurm_job_id=cgroup.slurm_job_id or env_job_id,
         systemd_unit=cgroup.systemd_unit,
         cgroup=cgroup.cgroup,

@@ -163,6 +163,17 @@ def _reap_settings(
     from gpuwatch.agent.reaper.settings import ReapSettings
     from gpuwatch.errors import ConfigError
 
+    option = {
+        "idle_seconds": "--idle",
+        "grace_seconds": "--grace",
+        "min_memory_bytes": "--min-memory",
+    }
+    for key, duration in (("idle_seconds", idle), ("grace_seconds", grace)):
+        if duration is not None and not duration.strip():
+            # An empty duration gets the message of any other malformed one.
+            raise ConfigError(
+                f"{option[key]}: expected a duration such as 90s, 10m or 1h30m, got {duration!r}"
+            )
     values = base.model_dump()
     for key, value in (
         ("idle_seconds", idle),
@@ -177,11 +188,6 @@ def _reap_settings(
         return ReapSettings.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
-        option = {
-            "idle_seconds": "--idle",
-            "grace_seconds": "--grace",
-            "min_memory_bytes": "--min-memory",
-        }
         where = option.get(str(first["loc"][0]), str(first["loc"][0]))
         raise ConfigError(f"{where}: {str(first['msg']).removeprefix('Value error, ')}") from None
 
@@ -297,6 +303,7 @@ class _Session:
                 caller_uid=self.caller_uid,
                 notes=self.notes,
                 server=server,
+                held_on=history.gpus_for if history is not None else None,
             )
         used = server.summary() if server is not None else None
         if used is not None:

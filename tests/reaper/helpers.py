@@ -13,7 +13,7 @@ from gpuwatch.agent.reaper.events import Actor
 from gpuwatch.agent.reaper.execute import Executor
 from gpuwatch.agent.reaper.history import ProcessHistory
 from gpuwatch.agent.reaper.killer import Killer
-from gpuwatch.agent.reaper.plan import IdleRule, Plan, make_plan
+from gpuwatch.agent.reaper.plan import HeldLookup, IdleRule, Plan, make_plan
 from gpuwatch.agent.reaper.policy import Protections, Selection
 from gpuwatch.agent.reaper.procfs import ProcReader
 from gpuwatch.agent.sampler import Sampler
@@ -59,6 +59,7 @@ def plan_over(
     window: float = HOUR,
     caller_uid: int | None = None,
     protections: Protections | None = None,
+    held_on: HeldLookup | None = None,
     **selection: object,
 ) -> Plan:
     return make_plan(
@@ -69,6 +70,7 @@ def plan_over(
         selection=Selection(window_seconds=window, min_memory_bytes=256 * MiB, **selection),  # type: ignore[arg-type]
         protections=protections or Protections(),
         caller_uid=caller_uid,
+        held_on=held_on,
     )
 
 

@@ -17,6 +17,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from support.clock import FakeClock
 
@@ -56,11 +57,22 @@ class Victim:
         return -self.process.wait(timeout)
 
 
-def start_victim(*, uid: int = ALICE, stubborn: bool = False) -> Victim:
-    command = [sys.executable, "-c", _STUBBORN if stubborn else _COOPERATIVE]
+def start_victim(
+    *,
+    uid: int = ALICE,
+    stubborn: bool = False,
+    name: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Victim:
+    """A real process of ``uid``; ``name`` sets its comm (PR_SET_NAME, as any process
+    may), ``env`` its environment."""
+    script = _STUBBORN if stubborn else _COOPERATIVE
+    if name is not None:
+        script = f"import ctypes; ctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0); {script}"
+    command = [sys.executable, "-c", script]
     if uid != os.geteuid():
         command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *command]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd="/")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd="/", env=env)
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"  # handlers are installed
     return Victim(process, uid)
@@ -69,8 +81,8 @@ def start_victim(*, uid: int = ALICE, stubborn: bool = False) -> Victim:
 def victims_fixture() -> Iterator[Callable[..., Victim]]:
     started: list[Victim] = []
 
-    def start(*, uid: int = ALICE, stubborn: bool = False) -> Victim:
-        victim = start_victim(uid=uid, stubborn=stubborn)
+    def start(*, uid: int = ALICE, stubborn: bool = False, **kw: Any) -> Victim:
+        victim = start_victim(uid=uid, stubborn=stubborn, **kw)
         started.append(victim)
         return victim
 
@@ -189,9 +201,11 @@ def run_cli(
 
 
 class HistoryServer:
-    """Serves a history body at ``GET /reaper/history``, as an agent would."""
+    """Serves a history body at ``GET /reaper/history``, as an agent would (any path:
+    as an HTTP proxy it answers every request with the same body), on ``host``:``port``
+    (``0``: a free port)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -211,8 +225,9 @@ class HistoryServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self.port = int(self._server.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.01,), daemon=True
         )

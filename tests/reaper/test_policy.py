@@ -61,13 +61,22 @@ def test_an_idle_ordinary_process_is_reaped_and_a_busy_one_spared() -> None:
     assert one(candidate(evidence=BUSY)) == ("spare", "active")
 
 
+POD_A = "0f1e2d3c-aaaa-4bbb-8ccc-123456789abc"
+POD_B = "9a8b7c6d-1111-4222-8333-444455556666"
+# A user's own service manager: the user names every directory below it.
+DELEGATED = "/user.slice/user-4242.slice/user@4242.service"
+JOB_99 = "/system.slice/slurmstepd.scope/job_99/step_0"
+IN_POD_A = f"/kubepods/burstable/pod{POD_A}/ctr"
+
+
 def test_each_protection() -> None:
     p = Protections(
+        system_uid_max=99,  # so that uid 500 reaches the display-server check
         users=frozenset({"u5000"}),
         commands=(re.compile(r"important\.py"),),
         cgroups=(re.compile(r"slurm/uid_\d+/job_77/"),),
         slurm_jobs=frozenset({"99"}),
-        pods=frozenset({"pod-a"}),
+        pods=frozenset({POD_A}),
         display_servers=frozenset({"Xorg"}),
         self_pids=frozenset({777}),
     )
@@ -75,21 +84,78 @@ def test_each_protection() -> None:
         "protected_pid1": candidate(pid=1),
         "protected_self": candidate(pid=777),
         "protected_root": candidate(uid=0),
-        "protected_system_user": candidate(uid=120),
-        "protected_display_server": candidate(name="Xorg"),
+        "protected_system_user": candidate(uid=42),
+        "protected_display_server": candidate(uid=500, name="Xorg"),
         "protected_user": candidate(uid=5000),
         "protected_command": candidate(command="python important.py"),
         "protected_cgroup": candidate(
             owner=ProcessOwner(cgroup="/system.slice/slurmstepd.scope/slurm/uid_1/job_77/step_0")
         ),
-        "protected_job": candidate(owner=ProcessOwner(slurm_job_id="99")),
+        "protected_job": candidate(owner=ProcessOwner(slurm_job_id="99", cgroup=JOB_99)),
     }
     for reason, c in cases.items():
         assert one(c, protections=p) == ("spare", reason), reason
-    assert one(candidate(owner=ProcessOwner(pod_uid="pod-a")), protections=p) == (
+    assert one(candidate(owner=ProcessOwner(pod_uid=POD_A, cgroup=IN_POD_A)), protections=p) == (
         "spare",
         "protected_job",
     )
+
+
+def test_a_protection_an_ordinary_user_can_claim_protects_nothing() -> None:
+    # Reaper audit findings 3 and 4: a name, the environment, or directories the user
+    # creates below its own service manager are the user's to choose.
+    p = Protections(
+        cgroups=(re.compile(r"inference"),),
+        slurm_jobs=frozenset({"99"}),
+        pods=frozenset({POD_A}),
+        display_servers=frozenset({"Xorg"}),
+    )
+    claims = [
+        # SLURM_JOB_ID=99 in its own environment, outside any Slurm cgroup.
+        candidate(owner=ProcessOwner(slurm_job_id="99", cgroup="/user.slice/user-4242.slice")),
+        candidate(owner=ProcessOwner(slurm_job_id="99")),
+        # A Slurm job's and a pod's cgroup names, made up below the user's manager.
+        candidate(owner=ProcessOwner(slurm_job_id="99", cgroup=DELEGATED + JOB_99)),
+        candidate(owner=ProcessOwner(pod_uid=POD_A, cgroup=DELEGATED + IN_POD_A)),
+        candidate(owner=ProcessOwner(cgroup=DELEGATED + "/inference.service")),
+        # An ordinary user's process named Xorg, where the executable is not known.
+        candidate(uid=1000, name="Xorg"),
+        candidate(uid=4242, name="Xorg"),
+    ]
+    for c in claims:
+        assert one(c, protections=p) == ("reap", "idle"), c
+    # What the user cannot name still protects: the manager itself, a system account.
+    by_manager = Protections(cgroups=(re.compile(r"user@4242\.service$"),))
+    assert one(candidate(owner=ProcessOwner(cgroup=DELEGATED)), protections=by_manager) == (
+        "spare",
+        "protected_cgroup",
+    )
+    assert one(
+        candidate(owner=ProcessOwner(cgroup=DELEGATED + "/app.slice")), protections=by_manager
+    ) == ("spare", "protected_cgroup")
+    system = Protections(system_uid_max=99, display_servers=frozenset({"Xorg"}))
+    assert one(candidate(uid=999, name="Xorg"), protections=system) == (
+        "spare",
+        "protected_display_server",
+    )
+    # UID_MIN from login.defs moves the line.
+    high = Protections(system_uid_max=99, display_servers=frozenset({"Xorg"}), login_uid_min=500)
+    assert one(candidate(uid=499, name="Xorg"), protections=high)[1] == "protected_display_server"
+    assert one(candidate(uid=500, name="Xorg"), protections=high) == ("reap", "idle")
+
+
+def test_force_does_not_act_on_a_gpu_that_cannot_be_read() -> None:
+    lost = Holding(
+        1,
+        "GPU-1",
+        None,
+        IdleEvidence(False, "unknown", "it also held GPU 1, which cannot be read now"),
+        readable=False,
+    )
+    two = (Holding(0, "GPU-0", 8 * GiB, BUSY), lost)
+    forced = Selection(window_seconds=7200, min_memory_bytes=0, pid=4242, force=True)
+    assert one(candidate(holdings=two), forced) == ("spare", "unknown")
+    assert one(candidate(holdings=two[:1]), forced) == ("reap", "forced")
     # gpuwatch is protected by PID, never by a command line anyone can choose (audit
     # finding 9: these were protected_self before).
     for evasive in ("python /home/alice/gpuwatch train.py", "python -m gpuwatch.mytrain"):
@@ -145,13 +211,31 @@ def test_busy_on_any_gpu_spares_the_process() -> None:
 evidence = st.sampled_from(
     [IDLE, BUSY, IdleEvidence(False, "coverage", "gaps"), IdleEvidence(False, "no_history", "none")]
 )
+# cgroup -> (its Slurm job, its pod, the part of it the user cannot name): what may protect.
+CGROUPS: dict[str | None, tuple[str | None, str | None, str]] = {
+    None: (None, None, ""),
+    IN_POD_A: (None, POD_A, IN_POD_A),
+    f"/kubepods/burstable/pod{POD_B}/ctr": (None, POD_B, f"/kubepods/burstable/pod{POD_B}/ctr"),
+    JOB_99: ("99", None, JOB_99),
+    "/system.slice/slurmstepd.scope/job_100/step_0": (
+        "100",
+        None,
+        "/system.slice/slurmstepd.scope/job_100/step_0",
+    ),
+    DELEGATED + JOB_99: (None, None, DELEGATED),
+    DELEGATED + IN_POD_A: (None, None, DELEGATED),
+    "/user.slice/user-4242.slice/session-1.scope": (
+        None,
+        None,
+        "/user.slice/user-4242.slice/session-1.scope",
+    ),
+}
 owners = st.builds(
     ProcessOwner,
+    # The reported job and pod may be anything (the environment): only the cgroup counts.
     slurm_job_id=st.sampled_from([None, "99", "100"]),
-    pod_uid=st.sampled_from([None, "pod-a", "pod-b"]),
-    cgroup=st.sampled_from(
-        [None, "/kubepods/pod-a/x", "/user.slice/user-4242.slice/session-1.scope"]
-    ),
+    pod_uid=st.sampled_from([None, POD_A, POD_B]),
+    cgroup=st.sampled_from(list(CGROUPS)),
 )
 candidates = st.builds(
     lambda pid, uid, name, command, ev, memory, owner, alive, orphaned: candidate(
@@ -189,7 +273,7 @@ protection_sets = st.builds(
     commands=st.sampled_from([(), (re.compile("important"),)]),
     cgroups=st.sampled_from([(), (re.compile("kubepods"),)]),
     slurm_jobs=st.frozensets(st.sampled_from(["99", "100"])),
-    pods=st.frozensets(st.sampled_from(["pod-a", "pod-b"])),
+    pods=st.frozensets(st.sampled_from([POD_A, POD_B])),
     display_servers=st.just(frozenset({"Xorg", "gnome-shell", "sway"})),
     self_pids=st.frozensets(st.sampled_from([777, 4100])),
 )
@@ -206,17 +290,19 @@ selections = st.builds(
 
 
 def _protected(c: Candidate, p: Protections) -> bool:
+    job, pod, undelegated = CGROUPS[c.owner.cgroup]
     return (
         c.pid == 1
         or c.pid in p.self_pids
         or (c.uid is not None and c.uid <= p.system_uid_max)
-        or c.name in p.display_servers
+        # By name alone (no executable lookup here): only a system account's process.
+        or (c.name in p.display_servers and c.uid is not None and c.uid < p.login_uid_min)
         or c.user in p.users
         or str(c.uid) in p.users
         or any(r.search(c.command or "") for r in p.commands)
-        or any(r.search(c.owner.cgroup or "") for r in p.cgroups)
-        or c.owner.slurm_job_id in p.slurm_jobs
-        or c.owner.pod_uid in p.pods
+        or any(r.search(undelegated) for r in p.cgroups)
+        or job in p.slurm_jobs
+        or pod in p.pods
     )
 
 
@@ -232,8 +318,12 @@ def test_protected_processes_are_never_chosen(cs, protections, selection, caller
     assert len(decisions) == len(cs)
     for d in decisions:
         c = d.candidate
+        # Protected exactly when something the user cannot choose says so: a display
+        # server's name, the environment's job id, a pod or pattern named below the
+        # user's own service manager protect nothing (reaper audit findings 3 and 4).
+        assert (d.reason in PROTECTED_REASONS) == _protected(c, protections), (c, d)
         if _protected(c, protections):
-            assert d.verdict == "spare" and d.reason in PROTECTED_REASONS, (c, d)
+            assert d.verdict == "spare", (c, d)
         if d.verdict == "reap":
             assert c.alive and c.uid is not None and c.uid > protections.system_uid_max
             assert caller_uid is None or c.uid == caller_uid

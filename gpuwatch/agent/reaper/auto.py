@@ -20,7 +20,9 @@ stop:
    kernel, 11.0 GiB on gpu1) will be stopped in 30m unless it becomes active".
 3. **Spared on activity**: at every check a warned process is planned again; if it
    ran anything on the GPU (its idle stretch restarts), its GPU is no longer
-   contended, or it exited, the warning is withdrawn (``stage: withdrawn``).
+   contended, it exited, or a GPU it held memory on can no longer be read (lost, an
+   NVML error, not listed: ``gpu_unreadable``), the warning is withdrawn (``stage:
+   withdrawn``).
 4. **Stopped** at the first check after ``warn_before`` if it still qualifies and the
    rate caps allow (``max_per_host_per_hour``, ``max_per_user_per_hour``; a capped
    stop waits for the next check), by the same executor as ``gpuwatch reap``, in a
@@ -47,7 +49,7 @@ from gpuwatch.agent.reaper.events import describe
 from gpuwatch.agent.reaper.evidence import format_duration
 from gpuwatch.agent.reaper.execute import Executor, decision_row
 from gpuwatch.agent.reaper.history import ProcessHistory
-from gpuwatch.agent.reaper.plan import CURRENT_POLLS, IdleRule, Plan, make_plan
+from gpuwatch.agent.reaper.plan import CURRENT_POLLS, IdleRule, Plan, make_plan, unreadable_gpus
 from gpuwatch.agent.reaper.policy import Decision, Protections, Selection
 from gpuwatch.agent.reaper.server_cache import CachedServerHistory
 from gpuwatch.agent.reaper.settings import ReapSettings
@@ -209,6 +211,7 @@ class AutoReaper:
             protections=self._protections,
             caller_uid=self._caller_uid,
             server=None if self.server is None else self.server.for_check(snapshot.hostname),
+            held_on=self._history.gpus_for,
         )
 
     def _contended(self, snapshot: HostSnapshot, decision: Decision, now: float) -> str | None:
@@ -302,9 +305,10 @@ class AutoReaper:
             if not warning.issued:
                 continue
             current = decisions.get(key)
-            unreadable = _unreadable(snapshot, warning.decision.candidate.gpus)
-            if current is None and unreadable:
-                # Not in the plan because its GPU cannot be read, not because it left.
+            unreadable = _unreadable(snapshot, warning.decision, current)
+            if unreadable:
+                # Spared, or not in the plan at all, because a GPU it held memory on
+                # cannot be read: not because it left or woke up.
                 reason = "gpu_unreadable"
                 why = f"gpu{unreadable[0]} cannot be read now (lost, or an NVML error)"
             elif current is None:
@@ -377,11 +381,15 @@ class AutoReaper:
             self._worker.join(timeout)
 
 
-def _unreadable(snapshot: HostSnapshot, indexes: list[int]) -> list[int]:
-    """Which of the GPUs ``indexes`` this snapshot could not read (lost, read error)."""
-    bad = {g.index for g in snapshot.gpus if g.lost or g.read_error is not None}
-    present = {g.index for g in snapshot.gpus}
-    return [i for i in indexes if i in bad or i not in present]
+def _unreadable(snapshot: HostSnapshot, warned: Decision, current: Decision | None) -> list[int]:
+    """The GPUs the warned process held memory on that this snapshot cannot read (lost,
+    a read error, not listed), as the warning saw them or as the plan now does."""
+    now = (
+        []
+        if current is None
+        else [h.gpu_index for h in current.candidate.holdings if not h.readable]
+    )
+    return sorted(set(unreadable_gpus(snapshot, warned.candidate.holdings)) | set(now))
 
 
 def _key(decision: Decision) -> Key:

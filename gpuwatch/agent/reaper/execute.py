@@ -23,7 +23,7 @@ from gpuwatch.agent.reaper.audit import AuditLog
 from gpuwatch.agent.reaper.events import Actor, describe, reaped_event
 from gpuwatch.agent.reaper.history import classify
 from gpuwatch.agent.reaper.killer import GONE, Killer, KillReport, Target
-from gpuwatch.agent.reaper.plan import Plan
+from gpuwatch.agent.reaper.plan import Plan, unreadable_gpus
 from gpuwatch.agent.reaper.policy import Candidate, Decision, Protections, protection
 from gpuwatch.agent.reaper.procfs import same_start
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
@@ -245,6 +245,14 @@ class Executor:
         snapshot = self._observer.observe()
         if snapshot is None:
             return "no fresh NVML reading to confirm it is still idle"
+        # Every GPU it held memory on at plan time, not only those still listing it: on
+        # one lost since, it may be busy and its memory there could never be seen freed.
+        unreadable = unreadable_gpus(snapshot, c.holdings)
+        if unreadable:
+            return (
+                f"gpu{unreadable[0]} cannot be read now (lost, an NVML error, or no longer "
+                "listed): nothing is done on what cannot be seen"
+            )
         entries = _entries(snapshot, c, alive_only=True)
         if not entries:
             return "NVML no longer lists it: it holds no GPU memory now"

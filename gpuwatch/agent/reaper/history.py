@@ -18,7 +18,11 @@ Downsampling and bounds (docs/reaper.md, "History"):
   before it too.
 * At most ``max_runs`` runs per process and GPU (oldest dropped: a shorter history
   can only make a process *less* idle), runs older than ``history_seconds`` are
-  dropped, and a process not seen for ``max_gap_seconds`` is forgotten.
+  dropped, and a process not seen for ``max_gap_seconds`` on a GPU the agent read is
+  forgotten. On a GPU it cannot read (lost, an NVML error, no longer listed) nothing
+  is seen, so nothing there is forgotten either: the track stays (its runs end at the
+  last poll that read the GPU) and says that the process held memory there, which
+  spares it for as long as the GPU cannot be read (:meth:`ProcessHistory.gpus_for`).
 
 Measured by ``bench/reaper.py``: a day of 8 GPUs x 200 processes costs well under
 10 MiB. The history lives in memory: an agent restart starts it afresh, so no
@@ -173,7 +177,7 @@ class ProcessHistory:
                     )
                     self._tracks[key] = track
                 self._add(track, t, activity, ratio, process, cpu.get(process.pid))
-            self._expire(t)
+            self._expire(t, {g.uuid for g in snapshot.gpus if not g.lost and g.read_error is None})
 
     def _add(
         self,
@@ -219,10 +223,16 @@ class ProcessHistory:
         if len(runs) > self._max_runs:
             del runs[: len(runs) - self._max_runs]
 
-    def _expire(self, now: float) -> None:
+    def _expire(self, now: float, read: set[str]) -> None:
+        """Forget processes not seen for ``max_gap`` on a GPU this poll ``read`` (UUIDs);
+        on any other GPU not seeing them proves nothing (module docstring)."""
         horizon = now - self.history_seconds
         stale = now - self.max_gap_seconds
-        gone = [key for key, track in self._tracks.items() if track.last_t < stale]
+        gone = [
+            key
+            for key, track in self._tracks.items()
+            if track.last_t < stale and track.gpu_uuid in read
+        ]
         for key in gone:
             del self._tracks[key]
         for track in self._tracks.values():
@@ -259,6 +269,16 @@ class ProcessHistory:
                 )
                 for r in track.runs
             ]
+
+    def gpus_for(self, pid: int, start_time: float | None) -> list[tuple[int, str]]:
+        """The GPUs ``(index, uuid)`` this history has that process on (start times
+        matched as in :meth:`runs_for`; an unknown one matches nothing)."""
+        with self._lock:
+            return sorted(
+                (t.gpu_index, t.gpu_uuid)
+                for (_, p, s), t in self._tracks.items()
+                if p == pid and same_start(s, start_time)
+            )
 
     def __len__(self) -> int:
         with self._lock:

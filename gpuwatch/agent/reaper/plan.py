@@ -31,6 +31,8 @@ from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 # (gpu uuid, pid, start time) -> runs, or None when there is no history of it.
 RunsLookup = Callable[[str, int, float | None], list[Run] | None]
+# (pid, start time) -> the GPUs (index, uuid) the history has that process on.
+HeldLookup = Callable[[int, float | None], list[tuple[int, str]]]
 
 ISOLATED = (
     "this gpuwatch runs in a PID namespace that cannot see the host's processes (a "
@@ -86,15 +88,19 @@ def make_plan(
     caller_uid: int | None,
     notes: list[str] | None = None,
     server: ServerLookup | None = None,
+    held_on: HeldLookup | None = None,
 ) -> Plan:
     """Decide for every GPU process of ``snapshot``. Raises :class:`ReapRefused` when
     the host's PIDs are not visible here, or the ``--pid`` target holds no GPU memory.
 
     ``server`` (the central server's history) is asked about the processes spared
-    only because ``runs_for`` starts inside the window; see the module docstring."""
+    only because ``runs_for`` starts inside the window; see the module docstring.
+    ``held_on`` (the same history's GPUs per process) finds the GPUs a process held
+    memory on that this snapshot cannot read or does not list, whatever UUID the
+    snapshot gives them (:func:`candidates_from`)."""
     if snapshot.pid_namespace_isolated:
         raise ReapRefused(ISOLATED)
-    candidates = candidates_from(snapshot, runs_for, now=now, rule=rule)
+    candidates = candidates_from(snapshot, runs_for, now=now, rule=rule, held_on=held_on)
     if selection.pid is not None:
         candidates = [c for c in candidates if c.pid == selection.pid]
         if not candidates:
@@ -130,7 +136,12 @@ def make_plan(
 
 
 def candidates_from(
-    snapshot: HostSnapshot, runs_for: RunsLookup | None, *, now: float, rule: IdleRule
+    snapshot: HostSnapshot,
+    runs_for: RunsLookup | None,
+    *,
+    now: float,
+    rule: IdleRule,
+    held_on: HeldLookup | None = None,
 ) -> list[Candidate]:
     """One candidate per PID, holding one entry per GPU, each with its idle evidence.
 
@@ -139,6 +150,8 @@ def candidates_from(
 
     Activity in ``snapshot`` itself vetoes, whatever the history says: the history can
     lag this poll by up to a poll interval, and this poll is the newest look at the GPU.
+    A GPU it held memory on that this poll cannot read is an unreadable holding
+    (:func:`_unreadable_holdings`), which spares it.
     """
     first: dict[int, GpuProcess] = {}
     # pid -> GPU index -> (GPU UUID, bytes held, MIG GPU instance id)
@@ -186,7 +199,7 @@ def candidates_from(
                 ),
             )
             for index, (uuid, used, instance) in sorted(gpus.items())
-        ) + _unreadable_holdings(unreadable, runs_for, process)
+        ) + _unreadable_holdings(snapshot, unreadable, runs_for, held_on, process)
         out.append(
             Candidate(
                 pid=pid,
@@ -214,28 +227,58 @@ def _active_now(ratio: float | None) -> IdleEvidence | None:
 
 
 def _unreadable_holdings(
-    unreadable: list[Gpu], runs_for: RunsLookup | None, process: GpuProcess
+    snapshot: HostSnapshot,
+    unreadable: list[Gpu],
+    runs_for: RunsLookup | None,
+    held_on: HeldLookup | None,
+    process: GpuProcess,
 ) -> tuple[Holding, ...]:
-    """GPUs that cannot be read now (lost, read error) where the history has this
-    process: it may still hold memory and be busy there, and nobody can tell, so each
-    is a holding whose idleness is unknown (which spares the process)."""
+    """GPUs where the history has this process and that this poll cannot read: lost
+    or with a read error (by the UUID the snapshot gives them), or, by the history's
+    own list (``held_on``), any GPU of its that is not a readable GPU of this poll: one
+    that only a placeholder UUID names (``GPU-unknown-N``: never read by this reader,
+    as after a restart) or that the poll no longer lists at all. It may still hold
+    memory and be busy there, and nobody can tell, so each is an unreadable holding
+    (idleness unknown), which spares the process."""
     if runs_for is None:
         return ()
+    places = {
+        gpu.index: gpu.uuid
+        for gpu in unreadable
+        if runs_for(gpu.uuid, process.pid, process.start_time)
+    }
+    if held_on is not None:
+        readable = readable_uuids(snapshot)
+        for index, uuid in held_on(process.pid, process.start_time):
+            if uuid not in readable:
+                places.setdefault(index, uuid)
     return tuple(
         Holding(
-            gpu_index=gpu.index,
-            gpu_uuid=gpu.uuid,
+            gpu_index=index,
+            gpu_uuid=uuid,
             used_bytes=None,
+            readable=False,
             evidence=IdleEvidence(
                 False,
                 "unknown",
-                f"it also held GPU {gpu.index}, which cannot be read now: its activity "
-                "there is unknown",
+                f"it also held GPU {index}, which cannot be read now (lost, an NVML "
+                "error, or no longer listed): its memory and activity there are unknown",
             ),
         )
-        for gpu in unreadable
-        if runs_for(gpu.uuid, process.pid, process.start_time)
+        for index, uuid in sorted(places.items())
     )
+
+
+def readable_uuids(snapshot: HostSnapshot) -> set[str]:
+    """The UUIDs of the GPUs ``snapshot`` could read (listed, not lost, no read error)."""
+    return {g.uuid for g in snapshot.gpus if not g.lost and g.read_error is None}
+
+
+def unreadable_gpus(snapshot: HostSnapshot, holdings: tuple[Holding, ...]) -> list[int]:
+    """The indexes of ``holdings`` whose GPU (by UUID) ``snapshot`` cannot read now:
+    lost, a read error, or not listed. Nothing is done on what cannot be seen."""
+    readable = readable_uuids(snapshot)
+    return sorted({h.gpu_index for h in holdings if h.gpu_uuid not in readable})
 
 
 def _evidence(

@@ -17,7 +17,12 @@ strongest one:
    ``--only-orphans``, ``--min-memory``.
 4. **Idleness**, on *every* GPU the process holds (stopping it frees all of them, so
    one busy GPU spares it): the verdict of :func:`~gpuwatch.agent.reaper.evidence.idle_evidence`.
-   ``--force`` (only with ``--pid``) skips this step and no other.
+   ``--force`` (only with ``--pid``) skips this step and no other, except on a GPU
+   that cannot be read now: there nothing is known, so nothing is done.
+
+A protection rests only on what an ordinary user cannot forge: the executable (not the
+name) of a display server, the part of the cgroup path the user cannot name (not the
+environment, nor directories below the user's own service manager).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from gpuwatch.agent.cgroup import parse_cgroup
 from gpuwatch.agent.reaper.evidence import IdleEvidence
-from gpuwatch.agent.reaper.procfs import Executable, executable
+from gpuwatch.agent.reaper.procfs import Executable, executable, login_uid_min
 from gpuwatch.agent.reaper.settings import ReapSettings
 from gpuwatch.snapshot import ProcessOwner
 
@@ -38,6 +44,10 @@ Verdict = Literal["reap", "spare"]
 
 # gpuwatch itself is protected by PID (this command, its parent, the agent), never by
 # its command line or name: any user can name a process "gpuwatch" or "Xorg".
+
+# A user's own systemd instance: systemd delegates the cgroup tree below it to the user,
+# who may create and name directories there at will.
+_USER_MANAGER = re.compile(r"/user@\d{1,10}\.service(?=/|$)")
 
 # Reason codes, documented in docs/reaper.md. Protections first.
 PROTECTED_REASONS = (
@@ -58,13 +68,16 @@ class Holding:
     """What a process holds on one GPU, and what the history says about it there.
 
     ``gpu_instance_id`` is the MIG GPU instance it runs in on that GPU (NVML's id, as
-    ``MigInstance.gpu_instance_id``); ``None`` off MIG, or where NVML did not say."""
+    ``MigInstance.gpu_instance_id``); ``None`` off MIG, or where NVML did not say.
+    ``readable`` is False for a GPU the history has it on that cannot be read now
+    (lost, an NVML error, no longer listed): what it holds and does there is unknown."""
 
     gpu_index: int
     gpu_uuid: str
     used_bytes: int | None
     evidence: IdleEvidence
     gpu_instance_id: int | None = None
+    readable: bool = True
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,9 @@ class Protections:
     # pid -> its executable (procfs.executable); None: judge display servers by name
     # alone (pure callers and tests with no real processes).
     executable: Callable[[int], Executable | None] | None = None
+    # UID_MIN of /etc/login.defs: uids below it are root and system accounts, which an
+    # ordinary user cannot run a process as.
+    login_uid_min: int = 1000
 
     @classmethod
     def from_settings(
@@ -146,6 +162,7 @@ class Protections:
             pods=frozenset(settings.protected_pods),
             display_servers=frozenset(settings.display_servers),
             self_pids=frozenset(self_pids),
+            login_uid_min=login_uid_min(),
         )
 
 
@@ -239,25 +256,40 @@ def protection(c: Candidate, p: Protections) -> tuple[str, str] | None:
     for pattern in p.commands:
         if pattern.search(command):
             return "protected_command", f"command matches protected pattern {pattern.pattern!r}"
-    cgroup = c.owner.cgroup or ""
+    cgroup = _undelegated(c.owner.cgroup or "")
     for pattern in p.cgroups:
         if pattern.search(cgroup):
             return "protected_cgroup", f"cgroup matches protected pattern {pattern.pattern!r}"
-    if c.owner.slurm_job_id is not None and c.owner.slurm_job_id in p.slurm_jobs:
-        return "protected_job", f"Slurm job {c.owner.slurm_job_id} is protected"
-    if c.owner.pod_uid is not None and c.owner.pod_uid in p.pods:
-        return "protected_job", f"pod {c.owner.pod_uid} is protected"
+    # The job and pod as the cgroup says, never as the owner reports them: the owner's
+    # Slurm job id may come from the environment, which the process sets itself.
+    owner = parse_cgroup(f"0::{cgroup}") if cgroup else None
+    if owner is not None and owner.slurm_job_id is not None and owner.slurm_job_id in p.slurm_jobs:
+        return "protected_job", f"Slurm job {owner.slurm_job_id} is protected"
+    if owner is not None and owner.pod_uid is not None and owner.pod_uid in p.pods:
+        return "protected_job", f"pod {owner.pod_uid} is protected"
     return None
+
+
+def _undelegated(cgroup: str) -> str:
+    """The part of a cgroup path that its process's user cannot choose: all of it, or
+    up to the user's own service manager (``user@<uid>.service``), below which the user
+    names directories at will (a protected pod's uid or a protected pattern included)."""
+    match = _USER_MANAGER.search(cgroup)
+    return cgroup[: match.end()] if match else cgroup
 
 
 def _display_server(c: Candidate, p: Protections) -> str | None:
     """The display server ``c`` is, or ``None``. The name (comm) is the process's to
     set (PR_SET_NAME), so where its executable can be read, that decides: a system
-    binary named like a display server. Unreadable: the name decides (sparing it)."""
+    binary named like a display server. Where it cannot be read (the policy runs
+    without the right to read other users' executables), the name counts only for a
+    process of root or a system account (uid below ``login_uid_min``), which an
+    ordinary user cannot run a process as: otherwise anyone could claim it."""
     exe = None if p.executable is None else p.executable(c.pid)
-    if exe is None:
-        return c.name if c.name is not None and c.name in p.display_servers else None
-    return exe.name if exe.system and exe.name in p.display_servers else None
+    if exe is not None:
+        return exe.name if exe.system and exe.name in p.display_servers else None
+    system_account = c.uid is not None and c.uid < p.login_uid_min
+    return c.name if system_account and c.name in p.display_servers else None
 
 
 def _unsafe(c: Candidate, caller_uid: int | None) -> tuple[str, str] | None:
@@ -298,9 +330,10 @@ def _filtered(c: Candidate, s: Selection) -> tuple[str, str] | None:
 
 
 def _not_idle(c: Candidate, s: Selection) -> tuple[str, str] | None:
-    if s.force:
-        return None
-    for h in c.holdings:
+    # --force waives the proof of idleness, not sight: on a GPU that cannot be read its
+    # memory and activity are unknown, and whether a stop freed anything cannot be seen.
+    holdings = [h for h in c.holdings if not h.readable] if s.force else c.holdings
+    for h in holdings:
         if not h.evidence.idle:
             where = f"gpu{h.gpu_index}: " if len(c.holdings) > 1 else ""
             return h.evidence.reason, where + h.evidence.detail

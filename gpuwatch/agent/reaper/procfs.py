@@ -175,3 +175,27 @@ def executable(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> Executable | No
         return None
     system = binary.st_uid == 0 and directory.st_uid == 0 and not directory.st_mode & 0o022
     return Executable(os.path.basename(path.removesuffix(" (deleted)")), system)
+
+
+LOGIN_DEFS = Path("/etc/login.defs")
+DEFAULT_UID_MIN = 1000  # shadow-utils' default when login.defs does not say
+
+
+def login_uid_min(path: Path = LOGIN_DEFS) -> int:
+    """``UID_MIN`` from ``login.defs``: the lowest uid of an ordinary user (the default
+    when the file or the key is missing or malformed). Below it are root and the system
+    accounts, which an ordinary user cannot run a process as."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return DEFAULT_UID_MIN
+    for line in text.splitlines():
+        fields = line.split()
+        if (
+            len(fields) >= 2
+            and fields[0] == "UID_MIN"
+            and fields[1].isascii()
+            and fields[1].isdigit()
+        ):
+            return int(fields[1])
+    return DEFAULT_UID_MIN

@@ -97,6 +97,15 @@ class HistoryReport(_Strict):
                 return [r.to_run() for r in track.runs]
         return None
 
+    def gpus_for(self, pid: int, start_time: float | None) -> list[tuple[int, str]]:
+        """The GPUs ``(index, uuid)`` the agent has that process on (start times matched
+        as in :meth:`runs_for`)."""
+        return sorted(
+            (t.gpu_index, t.gpu_uuid)
+            for t in self.tracks
+            if t.pid == pid and same_start(t.start_time, start_time)
+        )
+
 
 def fetch_history(
     url: str,
@@ -115,7 +124,10 @@ def fetch_history(
     target = url.rstrip("/") + HISTORY_PATH
     params = {"pid": str(pid)} if pid is not None else None
     try:
-        with httpx.Client(timeout=timeout, transport=transport) as client:
+        # Never through a proxy (HTTP_PROXY and friends): the history must come from the
+        # socket on this host that the caller checked (verify_agent), not from whoever
+        # the proxy reaches.
+        with httpx.Client(timeout=timeout, transport=transport, trust_env=False) as client:
             response = client.get(target, params=params)
     except (httpx.HTTPError, httpx.InvalidURL) as err:
         raise RemoteError(f"no gpuwatch agent at {url} ({type(err).__name__})") from err
@@ -197,8 +209,12 @@ def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 def listeners(port: int, addresses: set[str], proc_root: Path = Path("/proc")) -> list[Listener]:
     """The sockets listening on ``port`` that a connection to one of ``addresses``
-    could reach: bound to one of them or to the wildcard address."""
+    could reach: bound to one of them, or to the wildcard address when one of them is
+    an address of this host (:func:`is_local`). A wildcard listener takes connections
+    to this host's own addresses only: for any other address the connection goes to
+    another host, whatever listens here on that port."""
     found = []
+    local: bool | None = None  # whether one of ``addresses`` is local; asked when needed
     for table in ("tcp", "tcp6"):
         try:
             lines = (proc_root / "net" / table).read_text().splitlines()[1:]
@@ -213,9 +229,41 @@ def listeners(port: int, addresses: set[str], proc_root: Path = Path("/proc")) -
                 continue
             address = _address(hex_address)
             mapped = getattr(address, "ipv4_mapped", None)
-            if address.is_unspecified or str(address) in addresses or str(mapped) in addresses:
+            if address.is_unspecified and local is None:
+                local = any(is_local(a) for a in addresses)
+            named = str(address) in addresses or str(mapped) in addresses
+            if named or (address.is_unspecified and local):
                 found.append(Listener(uid=int(fields[7]), inode=int(fields[9])))
     return found
+
+
+def is_local(address: str) -> bool:
+    """True when ``address`` (an IP address, IPv6 with its ``%scope``) is a loopback
+    address or one assigned to this host: one a socket can be bound to here. A bind to
+    anything else fails with EADDRNOTAVAIL; ``ip_nonlocal_bind`` would let it succeed,
+    so then the address must also be what the kernel routes to as its own (the source
+    it picks to reach it is the address itself)."""
+    import socket
+
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return False
+    if ip.is_loopback:
+        return True
+    if ip.is_unspecified or ip.is_multicast:
+        return False
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        info = socket.getaddrinfo(address, 0, family, socket.SOCK_DGRAM, 0, socket.AI_NUMERICHOST)
+        sockaddr = info[0][4]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind(sockaddr)
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((sockaddr[0], 9, *sockaddr[2:]))  # UDP: nothing is sent
+            return ipaddress.ip_address(str(probe.getsockname()[0]).partition("%")[0]) == ip
+    except OSError:  # EADDRNOTAVAIL: not ours; or no route to it at all
+        return False
 
 
 def trusted_uids(caller_uid: int | None = None) -> set[int]:
@@ -251,15 +299,6 @@ def url_addresses(url: str) -> tuple[set[str], int]:
         return set(), port
 
 
-def listeners_behind(url: str, proc_root: Path = Path("/proc")) -> list[Listener]:
-    """The sockets on this host listening where a connection to ``url`` would go (its
-    host's addresses and port); empty when nothing listens there on this host, or the
-    host does not resolve. Raises :class:`ValueError` when ``url`` is not a URL with a
-    host. Who owns them is for the caller to judge (:func:`trusted_uids`)."""
-    addresses, port = url_addresses(url)
-    return listeners(port, addresses, proc_root) if addresses else []
-
-
 def verify_agent(
     url: str, proc_root: Path = Path("/proc"), *, caller_uid: int | None = None
 ) -> list[Listener]:
@@ -268,18 +307,29 @@ def verify_agent(
     Anyone can listen on a free local port and serve a made-up history, and hostname
     and boot id are public, so the history is used only when the socket serving it
     belongs to root or the agent's service user, which an unprivileged user cannot
-    fake, or to ``caller_uid`` (a caller that may signal only its own processes). Raises :class:`~gpuwatch.agent.reaper.errors.ReapRefused` when a listener
-    belongs to anyone else. An empty list: nothing listens there on this host (the
-    caller must not use an answer from such a URL).
-    """
+    fake, or to ``caller_uid`` (a caller that may signal only its own processes).
+    Raises :class:`~gpuwatch.agent.reaper.errors.ReapRefused` when a listener belongs
+    to anyone else, or when the URL's host resolves to an address that is not this
+    host's (:func:`is_local`: a wildcard listener here says nothing about it). An empty
+    list: nothing listens there on this host (the caller must not use an answer from
+    such a URL)."""
     from gpuwatch.agent.reaper.errors import ReapRefused
 
     try:
-        found = listeners_behind(url, proc_root)
+        addresses, port = url_addresses(url)
     except _NoHost:
         raise ReapRefused(f"--agent {url}: not a URL with a host") from None
     except ValueError as err:
         raise ReapRefused(f"--agent {url}: not a URL ({err})") from None
+    # Every address the name resolves to must be this host's: a connection may go to
+    # any of them, and one elsewhere is another host's word, not this agent's.
+    elsewhere = sorted(a for a in addresses if not is_local(a))
+    if elsewhere:
+        raise ReapRefused(
+            f"--agent {url}: {elsewhere[0]} is not an address of this host, and only this "
+            "host's agent may say what is idle here; refusing"
+        )
+    found = listeners(port, addresses, proc_root) if addresses else []
     trusted = trusted_uids(caller_uid)
     for listener in found:
         if listener.uid not in trusted:
