@@ -8,6 +8,7 @@ from gpuwatch import docs
 from gpuwatch.agent.collectors import agent, dcgm, gpu, process
 from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.state import AgentState
+from gpuwatch.snapshot import MigInstance
 
 
 def test_generated_docs_are_current() -> None:
@@ -19,8 +20,27 @@ def test_every_family_a_collector_yields_is_declared() -> None:
     state.record_poll(sample_snapshot())
     state.nvml_errors.add("nvmlDeviceGetPowerUsage", "not_supported")
     source = lambda: state.latest  # noqa: E731
+    # The sample has no GPU in MIG mode: one more GPU with an instance, for its series.
+    sample = sample_snapshot()
+    mig_gpu = sample.gpus[0].model_copy(
+        update={
+            "index": 1,
+            "uuid": "GPU-11111111-1111-1111-1111-111111111111",
+            "mig_instances": [
+                MigInstance(
+                    index=0,
+                    uuid="MIG-1",
+                    gpu_instance_id=1,
+                    profile="3g.40gb",
+                    memory_total_bytes=40 * 2**30,
+                    memory_used_bytes=2**30,
+                )
+            ],
+        }
+    )
+    with_mig = sample.model_copy(update={"gpus": [*sample.gpus, mig_gpu]})
     cases = [
-        (gpu.GpuCollector(source), gpu.METRICS),
+        (gpu.GpuCollector(lambda: with_mig), gpu.METRICS),
         (process.ProcessCollector(source, enabled=True, max_series=1), process.METRICS),
         (dcgm.DcgmCompatCollector(source), dcgm.METRICS),
         (

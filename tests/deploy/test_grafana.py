@@ -231,9 +231,11 @@ def test_the_dashboards_show_what_the_brief_promises() -> None:
         "gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_free_bytes",
         "gpuwatch_gpu_memory_unattributed_bytes", "gpuwatch_gpu_memory_dead_process_bytes",
         "gpuwatch_gpu_memory_orphaned_bytes", "gpuwatch_gpu_process_memory_used_bytes",
-        "gpuwatch_gpu_process_sm_ratio",
-        # activity and health
-        "gpuwatch_gpu_utilization_ratio", "gpuwatch_gpu_temperature_celsius",
+        "gpuwatch_gpu_process_sm_ratio", "gpuwatch_mig_memory_used_bytes",
+        "gpuwatch_mig_memory_total_bytes",
+        # activity (GPM's stands in where NVML gives none: MIG) and health
+        "gpuwatch_gpu_utilization_ratio", "gpuwatch_gpu_activity_ratio",
+        "gpuwatch_gpu_pcie_bytes_per_second", "gpuwatch_gpu_temperature_celsius",
         "gpuwatch_gpu_power_watts", "gpuwatch_gpu_energy_joules_total", "gpuwatch_gpu_clock_hertz",
         "gpuwatch_gpu_fan_ratio", "gpuwatch_gpu_throttle_reasons", "gpuwatch_gpu_ecc_errors_total",
         "gpuwatch_gpu_remapped_rows", "gpuwatch_gpu_xid_errors_total",
@@ -614,6 +616,39 @@ def test_mig_instances_get_their_own_dcgm_series(prometheus: Prometheus) -> None
     # The 3g.40gb instance holds the fine-tuning run's 31 GiB.
     (big,) = [s for s in used if s["metric"]["GPU_I_PROFILE"] == "3g.40gb"]
     assert float(big["value"][1]) == 31 * 1024
+
+
+def test_mig_instances_get_their_own_native_memory_series(prometheus: Prometheus) -> None:
+    """gpuwatch_mig_memory_*: one series per instance, labelled as the GPU's series plus
+    gpu_instance_id and profile; the rules' GPU-or-instance series carry them too, and a
+    process in an instance says which (empty off MIG)."""
+    query = 'gpuwatch_mig_memory_total_bytes{profile!=""}'
+    assert not _until_settled(lambda: [] if len(prometheus.query(query)) >= 5 else [query])
+    total = prometheus.query(
+        f'{query} and on (instance) gpuwatch_gpu_info{{name=~"NVIDIA A100.*"}}'
+    )
+    assert sorted((s["metric"]["profile"], s["metric"]["gpu_instance_id"]) for s in total) == [
+        ("2g.20gb", "2"), ("2g.20gb", "3"), ("3g.40gb", "1"),
+    ]  # fmt: skip
+    assert {s["metric"]["gpu"] for s in total} == {"0"}
+    assert all(s["metric"]["uuid"].startswith("GPU-") for s in total)  # the GPU's, as elsewhere
+    (big,) = [s for s in total if s["metric"]["profile"] == "3g.40gb"]
+    (instance,) = {s["metric"]["instance"] for s in total}
+    used = prometheus.query(
+        f'gpuwatch_mig_memory_used_bytes{{instance="{instance}", gpu_instance_id="1"}}'
+    )
+    assert float(used[0]["value"][1]) == 31 * 2**30  # the fine-tuning run's 31 GiB
+    allocatable = prometheus.query(
+        f'gpuwatch:memory_allocatable_bytes{{instance="{instance}", gpu_instance_id="1"}}'
+    )
+    assert float(allocatable[0]["value"][1]) == float(big["value"][1])
+    ids = {  # Prometheus drops empty labels: a process off MIG has none
+        s["metric"].get("gpu_instance_id", "")
+        for s in prometheus.query(
+            f'gpuwatch_gpu_process_memory_used_bytes{{instance="{instance}"}}'
+        )
+    }
+    assert "1" in ids and ids <= {"", "1", "2", "3"}, ids
 
 
 def test_health_alerts_fire_on_what_the_agent_exports(prometheus: Prometheus) -> None:

@@ -1,6 +1,7 @@
 """Per-GPU metrics: memory, activity, power, and who (or nothing) accounts for the memory,
-plus the health series declared in :mod:`gpuwatch.agent.collectors.health` and the GPM
-profiling series declared in :mod:`gpuwatch.agent.collectors.profiling`.
+plus the health series declared in :mod:`gpuwatch.agent.collectors.health`, the GPM
+profiling series declared in :mod:`gpuwatch.agent.collectors.profiling` and the MIG
+instances' memory declared in :mod:`gpuwatch.agent.collectors.mig`.
 
 ``nvidia-smi --query-gpu=memory.total,memory.used,memory.free,utilization.gpu,...``
 """
@@ -11,11 +12,16 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.metrics_core import Metric
 
-from gpuwatch.agent.collectors import health, profiling
+from gpuwatch.agent.collectors import health, mig, profiling
 from gpuwatch.metricspec import Families, MetricSpec
 from gpuwatch.snapshot import Gpu, HostSnapshot
 
 _L = ("gpu", "uuid")
+# Every reading is absent while the GPU is lost or unreadable (gpuwatch_gpu_up 0), and
+# on its own when NVML does not answer for it: never "always".
+_READ = "while gpuwatch_gpu_up is 1 and NVML reports it"
+# Memory is the one whose absence from a readable GPU the shipped rules alert on.
+_MEMORY = _READ + "; a readable GPU without it raises the GpuMemoryNotReported alert"
 
 INFO = MetricSpec(
     "gpuwatch_gpu",
@@ -33,16 +39,25 @@ LOST = MetricSpec(
     "gpuwatch_gpu_lost", "gauge", "1 if NVML reports the GPU lost (fallen off the bus).", _L
 )
 MEMORY_TOTAL = MetricSpec(
-    "gpuwatch_gpu_memory_total_bytes", "gauge", "Total framebuffer memory.", _L
+    "gpuwatch_gpu_memory_total_bytes",
+    "gauge",
+    "Total framebuffer memory.",
+    _L,
+    availability=_MEMORY,
 )
 MEMORY_USED = MetricSpec(
     "gpuwatch_gpu_memory_used_bytes",
     "gauge",
     "Framebuffer memory in use (excludes the driver's reserved memory on the v2 API).",
     _L,
+    availability=_MEMORY,
 )
 MEMORY_FREE = MetricSpec(
-    "gpuwatch_gpu_memory_free_bytes", "gauge", "Framebuffer memory free for new allocations.", _L
+    "gpuwatch_gpu_memory_free_bytes",
+    "gauge",
+    "Framebuffer memory free for new allocations.",
+    _L,
+    availability=_MEMORY,
 )
 MEMORY_RESERVED = MetricSpec(
     "gpuwatch_gpu_memory_reserved_bytes",
@@ -63,39 +78,48 @@ MEMORY_DEAD = MetricSpec(
     "gauge",
     "Memory NVML attributes to PIDs that no longer exist on this host.",
     _L,
+    availability=_READ + ", when the agent can see the processes",
 )
 MEMORY_ORPHANED = MetricSpec(
     "gpuwatch_gpu_memory_orphaned_bytes",
     "gauge",
     "Memory held by processes whose parent died (reparented) or Jupyter kernels whose server is gone.",
     _L,
+    availability=_READ + ", when the agent can see the processes",
 )
 UTILIZATION = MetricSpec(
     "gpuwatch_gpu_utilization_ratio",
     "gauge",
     "Fraction of the last sample period a kernel was running (0-1).",
     _L,
+    availability=_READ + "; not in MIG mode (gpuwatch_gpu_activity_ratio has it per instance)",
 )
 MEMORY_BUSY = MetricSpec(
     "gpuwatch_gpu_memory_busy_ratio",
     "gauge",
     "Fraction of the last sample period the memory controller was busy (0-1); not occupancy.",
     _L,
+    availability=_READ + "; not in MIG mode",
 )
-TEMPERATURE = MetricSpec("gpuwatch_gpu_temperature_celsius", "gauge", "GPU core temperature.", _L)
-POWER = MetricSpec("gpuwatch_gpu_power_watts", "gauge", "Power draw.", _L)
-POWER_LIMIT = MetricSpec("gpuwatch_gpu_power_limit_watts", "gauge", "Enforced power limit.", _L)
+TEMPERATURE = MetricSpec(
+    "gpuwatch_gpu_temperature_celsius", "gauge", "GPU core temperature.", _L, availability=_READ
+)
+POWER = MetricSpec("gpuwatch_gpu_power_watts", "gauge", "Power draw.", _L, availability=_READ)
+POWER_LIMIT = MetricSpec(
+    "gpuwatch_gpu_power_limit_watts", "gauge", "Enforced power limit.", _L, availability=_READ
+)
 PROCESSES = MetricSpec(
     "gpuwatch_gpu_processes",
     "gauge",
     "Processes with a context on the GPU (compute, graphics and MPS).",
     _L,
+    availability=_READ,
 )
 
 METRICS = (
     INFO, UP, LOST, MEMORY_TOTAL, MEMORY_USED, MEMORY_FREE, MEMORY_RESERVED, MEMORY_UNATTRIBUTED,
     MEMORY_DEAD, MEMORY_ORPHANED, UTILIZATION, MEMORY_BUSY, TEMPERATURE, POWER, POWER_LIMIT, PROCESSES,
-    *health.METRICS, *profiling.METRICS,
+    *health.METRICS, *profiling.METRICS, *mig.METRICS,
 )  # fmt: skip
 
 
@@ -144,3 +168,4 @@ def _add_gpu(f: Families, gpu: Gpu) -> None:
     f.add(PROCESSES, labels, len({p.pid for p in gpu.processes}))
     health.add_health(f, gpu)
     profiling.add_profiling(f, gpu)
+    mig.add_mig_memory(f, gpu)

@@ -21,7 +21,9 @@ from gpuwatch.metricspec import Families, MetricSpec
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 # `slurm_job`, not `job`: Prometheus reserves `job` for the scrape target.
-_L = ("gpu", "uuid", "pid", "user", "name", "container", "pod", "slurm_job")
+# `gpu_instance_id`: the MIG instance the process runs in, as on the MIG and profiling
+# series (empty off MIG), so a MIG instance's holders can be told from its neighbours'.
+_L = ("gpu", "uuid", "gpu_instance_id", "pid", "user", "name", "container", "pod", "slurm_job")
 _OPT_IN = "opt-in: process_metrics"
 _TORCH = "processes running gpuwatch.torch"
 
@@ -124,6 +126,7 @@ def _labels(gpu: Gpu, proc: GpuProcess) -> tuple[str, ...]:
     return (
         str(gpu.index),
         gpu.uuid,
+        "" if proc.gpu_instance_id is None else str(proc.gpu_instance_id),
         str(proc.pid),
         owner.user or "",
         (proc.name or "")[:32],
