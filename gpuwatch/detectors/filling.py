@@ -28,7 +28,7 @@ from gpuwatch.detectors.growth import (
     passing_growth,
     points,
     recent_slope,
-    stepped_now,
+    step_held,
 )
 from gpuwatch.detectors.types import Finding, Sample
 
@@ -89,11 +89,17 @@ def detect_filling(
     )
     if growth is None:
         return None
-    recent = recent_slope(samples, now=now, since=growth.window_start, already_open=already_open)
+    opening = None if already_open else _opening(samples, growth, now, now_bytes, held_before_bytes)
+    if not already_open and opening is None:
+        return None
+    # A step that has held is growth going on, as an open verdict's is: its rate is
+    # judged over the newest half (see recent_slope; over a third, a chunk W/3 after the
+    # last lay between neither stretch's start, and it never opened).
+    recent = recent_slope(
+        samples, now=now, since=growth.window_start, already_open=opening != "rising"
+    )
     if recent < min_slope_bytes_per_second:
         return None  # it grew, but it has stopped: no longer filling up
-    if not already_open and not _opens(samples, growth, now, now_bytes, held_before_bytes):
-        return None
     if free_bytes is not None:
         basis, room = "free", free_bytes
     elif total_bytes is not None:
@@ -147,21 +153,30 @@ OPEN_HORIZON_SLACK = 1.25
 CULPRIT_MIN_BYTES = CLEARANCE_MIN_BYTES
 
 
-def _opens(
+def _opening(
     samples: Sequence[Sample],
     growth: Growth,
     now: float,
     now_bytes: int | None,
     held_before_bytes: int | None,
-) -> bool:
-    """Whether a verdict may open: the memory seen rising (over the newest stretches,
-    or by a step in the newest bucket that keeps pace with the window's line: a
-    transient allocation on a plateau is a step too), still climbing at the poll at
-    hand (the closed buckets of a warm-up rise for a minute or two after it levelled
-    off), and above every level it held before the window (a long cycle's rise)."""
+) -> str | None:
+    """Whether a verdict may open: the memory seen rising over the newest stretches
+    and still climbing at the poll at hand (the closed buckets of a warm-up rise for a
+    minute or two after it levelled off), or a step that has held for a bucket and
+    keeps pace with the window's line (a transient allocation is a step too); and
+    above every level it held before the window (a long cycle's rise). ``"rising"`` or
+    ``"step"``, by which way it opens; None where it may not."""
+    if not new_height(growth, held_before_bytes):
+        return None
     slope = growth.slope
-    rising = growing_now(samples, now=now, slope=slope) or (
-        stepped_now(samples, now=now, slope=slope, now_bytes=now_bytes)
+    if growing_now(samples, now=now, slope=slope) and climbing_at_poll(
+        samples, now=now, now_bytes=now_bytes, slope=slope
+    ):
+        return "rising"
+    # A chunk: held for a bucket, climbing from the bucket it came in, in pace.
+    stepped = (
+        step_held(samples, now=now, slope=slope, now_bytes=now_bytes)
+        and climbing_at_poll(samples, now=now, now_bytes=now_bytes, slope=slope, buckets_back=2)
         and keeping_pace(
             samples,
             now=now,
@@ -170,11 +185,7 @@ def _opens(
             window_seconds=growth.window_seconds,
         )
     )
-    return (
-        rising
-        and climbing_at_poll(samples, now=now, now_bytes=now_bytes, slope=slope)
-        and new_height(growth, held_before_bytes)
-    )
+    return "step" if stepped else None
 
 
 def _culprits(

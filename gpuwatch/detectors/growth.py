@@ -467,7 +467,12 @@ OWN_RATE_CAP = 2.0
 
 
 def climbing_at_poll(
-    samples: Sequence[Sample], *, now: float, now_bytes: int | None, slope: float
+    samples: Sequence[Sample],
+    *,
+    now: float,
+    now_bytes: int | None,
+    slope: float,
+    buckets_back: int = 1,
 ) -> bool:
     """Whether the poll at hand (``now_bytes`` at ``now``, the first of a bucket not yet
     closed) stands above the newest bucket's floor by :data:`POLL_SHARE` of what growth
@@ -493,8 +498,12 @@ def climbing_at_poll(
     a ripple the polls alias, moves two floors apart by more than growth does. A load
     that stops within the last quarter of that time cannot be told from one that goes
     on.
+
+    ``buckets_back`` 2 judges from the bucket before the newest instead: where a step
+    came in (:func:`step_held`), which the newest bucket's floor is already past.
     """
     pts = points(samples, now=now)
+    pts = pts[: len(pts) - (buckets_back - 1)]
     if now_bytes is None or len(pts) < 2:
         return True
     (before, before_floor, _), (start, floor, _) = pts[-2], pts[-1]
@@ -509,28 +518,37 @@ def climbing_at_poll(
     return now_bytes > floor + POLL_SHARE * rate * elapsed
 
 
-def stepped_now(
+def step_held(
     samples: Sequence[Sample], *, now: float, slope: float, now_bytes: int | None = None
 ) -> bool:
-    """Whether the memory just stepped up: the newest bucket's own rise (highest poll over
-    lowest), or the poll at hand's rise over that bucket's highest poll (``now_bytes``,
-    for a step after the bucket's last poll), exceeds what ``slope`` adds in a bucket
-    plus twice the widest rise of the buckets just before (their noise, or their
-    breathing), and :data:`CLEARANCE_MIN_BYTES`.
+    """Whether the memory stepped up in the bucket before the newest (or between the
+    two) and stayed up: the newest bucket's lowest poll, and the poll at hand
+    (``now_bytes``), stand above that bucket's floor by more than what ``slope`` adds in
+    a bucket plus twice the widest rise of the buckets before it that did not last
+    (their noise, or their breathing), and :data:`CLEARANCE_MIN_BYTES`.
 
     An allocator that grows in chunks is flat between them, and the stretches
     :func:`growing_now` compares see a chunk only two or three buckets later, when the
-    poll at hand is as flat as after a load that stopped; the chunk itself is where such
-    growth shows as growth.
+    poll at hand is as flat as after a load that stopped; the chunk is where such growth
+    shows as growth. But a step is also what a transient allocation looks like: an
+    evaluation pass taking 8 GiB for 90 s, minutes after a warm-up levelled off, opened
+    filling-up on a flat GPU when the step was judged in the bucket it came in. One that
+    has held for a whole bucket, and still holds, is a chunk; a transient that lasts
+    longer than that cannot be told from one until it ends. The memory must also have
+    been flat in the bucket before the step's: a warm-up that stopped half a bucket ago
+    passed for a held step.
     """
     pts = points(samples, now=now)
-    if len(pts) < 1 + MIN_NOW_POINTS:
+    if len(pts) < 2 + MIN_NOW_POINTS:
         return False
-    start, floor, peak = pts[-1]
-    before = pts[-1 - 2 * MIN_NOW_POINTS : -1]
+    (start, floor, _), (_, newest_floor, _) = pts[-2], pts[-1]
+    before = pts[-2 - 2 * MIN_NOW_POINTS : -2]
     width = start - before[-1][0]
-    rise = peak - floor if now_bytes is None else max(peak - floor, now_bytes - peak)
-    return rise > max(CLEARANCE_MIN_BYTES, slope * width + 2 * _usual_rise(before, floor))
+    held = newest_floor if now_bytes is None else min(newest_floor, now_bytes)
+    bar = max(CLEARANCE_MIN_BYTES, slope * width + 2 * _usual_rise(before, floor))
+    # Flat before it: the end of a climb (a warm-up's last bucket) is not a step, and
+    # growing_now and the poll at hand judge a climb more closely.
+    return held - floor > bar and floor - before[-1][1] <= bar
 
 
 def _usual_rise(before: list[_Point], newest_floor: int) -> int:
@@ -559,28 +577,38 @@ def keeping_pace(
     slope: float,
     window_seconds: float,
 ) -> bool:
-    """Whether the memory at hand (``now_bytes``, else the newest bucket's highest
-    poll) stands above every bucket floor of the last W/3 before ``now`` by at least
-    :data:`NOW_SHARE` of what ``slope`` adds over that time (W: ``window_seconds``).
+    """Whether the memory at hand (the highest poll of the newest stretch, or
+    ``now_bytes``, the poll at hand, if higher) stands above every bucket floor of the
+    W/3 before that stretch by at least :data:`NOW_SHARE` of what ``slope`` adds since
+    (W: ``window_seconds``).
 
-    A step in the newest bucket may open a filling-up verdict (:func:`stepped_now`), but
-    a step is also what a transient allocation looks like: an evaluation pass taking
-    3 GiB for two minutes, eight minutes after a warm-up levelled off, while the warm-up
-    still held the window's line and its recent rate up, opened a verdict on a flat GPU.
-    Growth that goes on in steps keeps up with its own line: steps at most W/3 apart
-    (the staircase the docs call growth) put at least one step's rise, the line's slope
-    times the spacing, between any of those floors and now, and twice the time's share
-    of it. A plateau's one step is short of the minutes of growth the window's slope
-    says should lie behind it once the plateau is a few buckets old.
+    A verdict opens only where the growth keeps up with its own line. A warm-up that
+    levelled off holds the window's line, its clearance and its recent rate up for
+    many minutes after, and then whatever rises next reads as growth going on: an
+    evaluation pass taking 3 GiB for two minutes (a step in the newest bucket), or
+    memory that breathes 1 GiB every 8 minutes (its rise over the stretch before),
+    opened filling-up and leak verdicts 6 to 16 minutes after the memory stopped
+    rising. Growth that goes on keeps pace: a steady leak by its slope, steps at most
+    W/3 apart (the staircase the docs call growth) by at least one step's rise, the
+    line's slope times the spacing, between any of those floors and now. A plateau's
+    pass or breath is short of the minutes of growth the window's slope says should lie
+    behind it once the plateau is a few buckets old.
     """
     pts = points(samples, now=now)
-    if not pts:
+    if len(pts) < 2 * MIN_NOW_POINTS:
         return True
-    level = pts[-1][2] if now_bytes is None else now_bytes
+    # The level: the highest poll of the newest stretch (as growing_now cuts it), or
+    # the poll at hand if higher, timed (leniently) at the newest bucket's start. A
+    # highest poll, so memory that breathes under its growth is judged at its tops.
+    start = pts[-1][0] - (pts[-1][0] - pts[0][0]) / SPANS
+    k = max(MIN_NOW_POINTS, sum(1 for t, _, _ in pts if t >= start))
+    level = max(max(peak for _, _, peak in pts[-k:]), now_bytes or 0)
+    at = pts[-1][0] if now_bytes is None else now
+    # The floors before that stretch, back to W/3 before ``at``.
     return all(
-        level - f >= NOW_SHARE * slope * (now - t)
-        for t, f, _ in pts
-        if now - t <= window_seconds / 3
+        level - f >= NOW_SHARE * slope * (at - t)
+        for t, f, _ in pts[:-k]
+        if at - t <= window_seconds / 3
     )
 
 
