@@ -101,8 +101,16 @@ class Sampler:
         # Every GPU and MIG instance: a UUID a torch report gives is resolved among them all.
         self._host_devices = _host_devices(readings)
         gpus = [self._gpu(reading) for reading in readings]
-        self._gone_before, self._gone_now = self._gone_now, set()
-        self._listed_since = {k: v for k, v in self._listed_since.items() if k in self._listed_now}
+        # A GPU this poll could not read listed nothing, which says nothing of its
+        # processes: what was known of them carries over. Forgetting when a context was
+        # first listed let the next poll take a process that had since been given a
+        # dead owner's PID for the context's owner (blamed, then idle for an hour).
+        unread = {r.index for r in readings if isinstance(r, DeviceTimeout) or r.lost}
+        self._gone_before = self._gone_now | {k for k in self._gone_before if k[0] in unread}
+        self._gone_now = set()
+        self._listed_since = {
+            k: v for k, v in self._listed_since.items() if k in self._listed_now or k[0] in unread
+        }
         self._listed_now = set()
         self._sequence += 1
         return HostSnapshot(

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.clock import FakeClock
 
 from gpuwatch.agent.procinfo import ProcInfo
 from gpuwatch.agent.sampler import HostIdentity, Sampler
@@ -126,3 +128,34 @@ def test_the_owner_that_started_before_the_listing_stays_the_owner(setup) -> Non
     for uptime in (1000.0, 1015.0, 1030.0):
         proc.now(uptime)
         assert _listed(sampler)[:2] == (True, True)
+
+
+def test_a_poll_that_could_not_read_the_gpu_does_not_forget_when_a_context_was_listed(
+    tmp_path: Path,
+) -> None:
+    """GPU 0 falls off the bus for one poll after the owner died and its PID went to a
+    later process: a poll that lists nothing says nothing of the context. Before, the
+    next poll took the later process for the owner (blamed, then idle for an hour)."""
+    path = tmp_path / "scenario.toml"
+    path.write_text(
+        SCENARIO + '\n[[fault]]\ngpu = 0\nkind = "gpu_lost"\nat = "60s"\nduration = "10s"\n'
+    )
+    clock = FakeClock(time.time())
+    host = fake.install(path, runtime_dir=tmp_path / "runtime", clock=clock)
+    try:
+        proc = Proc(tmp_path / "proc")
+        proc.now(1000.0)
+        sampler = _sampler(proc)
+        proc.process(started=None)  # the job crashed: its context stays listed
+        _listed(sampler)
+        assert _listed(sampler)[:2] == (False, True)
+        proc.now(4600.0)
+        proc.process(started=4500.0)  # the PID goes to someone's editor
+        clock.now = host.state.epoch + 65  # one poll with the GPU off the bus
+        assert sampler.poll().gpus[0].lost
+        clock.now = host.state.epoch + 75
+        alive, _, command = _listed(sampler)
+        assert not alive and command is None  # still the dead job's context
+    finally:
+        fake.uninstall()
+        host.stop()
