@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from gpuwatch.snapshot import MigInstance
 from server.factories import GIB, T0, body, gpu, process, snapshot
 from server.harness import Live
 
@@ -121,6 +122,32 @@ def test_leak_is_detected_over_the_leak_window(live: Live) -> None:
     assert leak["evidence"]["slope_bytes_per_second"] == pytest.approx(6 * 2**20 / 15, rel=0.2)
 
 
+def test_a_leak_in_a_mig_instance_is_full_when_its_instance_is(live: Live) -> None:
+    """100 MiB/min inside a 10 GiB instance of an 80 GiB board: the instance is what
+    fills (before, the time to full was the whole board's free memory over the slope)."""
+    token = live.token("host-1")
+    snaps = []
+    for seq in range(160):
+        used = 2 + seq * 25 / 1024  # GiB: +25 MiB a 15 s poll
+        leaking = process(5, used_gib=used, gpu_instance_id=7)
+        mig = MigInstance(
+            index=0,
+            uuid="MIG-aaaaaaaa-0000-0000-0000-000000000000",
+            gpu_instance_id=7,
+            profile="1g.10gb",
+            memory_total_bytes=10 * GIB,
+            memory_used_bytes=int(used * GIB),
+        )
+        snaps.append(snapshot(seq, [gpu(0, [leaking], mig_instances=[mig])]))
+    live.push(token, body(*snaps))
+    (leak,) = [e for e in events(live, kind="runaway") if e["reason"] == "leak"]
+    free = 10 * GIB - int((2 + 159 * 25 / 1024) * GIB)
+    slope = leak["evidence"]["slope_bytes_per_second"]
+    assert leak["evidence"]["gpu_total_bytes"] == 10 * GIB
+    assert leak["evidence"]["time_to_exhaust_seconds"] == pytest.approx(free / slope, rel=0.05)
+    assert leak["evidence"]["time_to_exhaust_seconds"] < 3600  # the board: 12 h
+
+
 def test_lost_gpu_opens_gpu_lost_and_its_return_records_gpu_back(live: Live) -> None:
     token = live.token("host-1")
     ok = gpu(3, [process(1)])
@@ -158,9 +185,7 @@ def test_a_lost_gpu_the_agent_could_not_name_is_the_gpu_it_had_at_that_index(
     )
     live.push(token, body(snapshot(0, [ok]), snapshot(1, [lost])))
     host = live.client.get("/api/v1/hosts/host-1").json()
-    assert [(g["uuid"], g["name"], g["lost"]) for g in host["gpus"]] == [
-        (ok.uuid, ok.name, True)
-    ]
+    assert [(g["uuid"], g["name"], g["lost"]) for g in host["gpus"]] == [(ok.uuid, ok.name, True)]
     (open_lost,) = events(live, kind="gpu_lost", open="true")
     assert ok.uuid in open_lost["summary"]
 

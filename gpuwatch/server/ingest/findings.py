@@ -83,6 +83,19 @@ def check_process(
         book.clear(lifetime_key("idle", lifetime), at=at)
 
 
+def _memory_around(gpu: Gpu, pid: int) -> tuple[int | None, int | None]:
+    """The total and free memory a process on ``gpu`` can grow into: its MIG
+    instance's where it runs in one (a leak in a 10 GiB instance fills it in minutes,
+    not when the whole board is full: "9.5 h" was said of one full in 37 min), else
+    the GPU's."""
+    instance = next((p.gpu_instance_id for p in gpu.processes if p.pid == pid), None)
+    mig = next((m for m in gpu.mig_instances if m.gpu_instance_id == instance), None)
+    if instance is None or mig is None or mig.memory_total_bytes is None:
+        return gpu.memory_total_bytes, gpu.memory_free_bytes
+    used = mig.memory_used_bytes
+    return mig.memory_total_bytes, None if used is None else mig.memory_total_bytes - used
+
+
 def check_trend(
     book: EventBook,
     *,
@@ -111,11 +124,12 @@ def check_trend(
     runaway = lifetime_key("runaway", lifetime)
     leak = None
     if not orphaned and _leak_possible(book, recent, newest, lifetime, settings=settings, at=at):
+        total, free = _memory_around(gpu, lifetime.pid)
         leak = detect_leak(
             window.samples_since(recent, _leak_since(settings, at)),
             now=at,
-            gpu_total_bytes=gpu.memory_total_bytes,
-            gpu_free_bytes=gpu.memory_free_bytes,
+            gpu_total_bytes=total,
+            gpu_free_bytes=free,
             min_slope_bytes_per_second=settings.leak_min_slope_bytes_per_second,
             min_duration_seconds=settings.leak_min_duration_seconds,
             already_open=book.open_reason(runaway) == "leak",
