@@ -90,7 +90,8 @@ def gpu_warnings(gpu: Gpu) -> list[str]:
         )
     if not gpu.processes_visible:
         warnings.append(
-            "processes not visible: the agent runs in another PID namespace (use hostPID)"
+            "processes not visible: the agent runs in another PID namespace (use hostPID),"
+            " or NVML could not list them this poll"
         )
     return warnings
 

@@ -152,7 +152,11 @@ class Sampler:
         coherent = reading.coherent_memory
         if coherent is None:  # older drivers: go by the model name
             coherent = any(marker in (reading.name or "") for marker in _COHERENT_MARKERS)
-        visible = not self._isolated or any(p.visible for p in processes)
+        # Not visible: another PID namespace, or NVML would not list them this poll
+        # (then what it listed is not all there is, and no process ended).
+        visible = (not self._isolated or any(p.visible for p in processes)) and not (
+            reading.processes_unlisted
+        )
         return Gpu(
             index=reading.index,
             uuid=reading.uuid,

@@ -63,6 +63,10 @@ _ERROR_NAMES = {
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_NOT_SUPPORTED = 3
+# Answers that mean "no such list here" (a GPU without graphics or MPS contexts, an
+# older driver), not a failure to list: the list is then empty.
+_NO_SUCH_LIST = frozenset({0, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND})
 # gpuInstanceId of a process on a GPU not in MIG mode (0xFFFFFFFF in nvml.h).
 _NO_INSTANCE = 0xFFFFFFFF
 # What nvmlDeviceGetMemoryInfo_v2 answers on a driver without it: missing symbol, the
@@ -195,6 +199,9 @@ class DeviceReading:
     # driver cannot say (nvmlDeviceGetAddressingMode needs R570 or newer).
     coherent_memory: bool | None = None
     processes: list[ProcessUsage] = field(default_factory=list)
+    # True when NVML failed to list this GPU's processes (UNKNOWN, TIMEOUT, ...):
+    # ``processes`` is then what it could list, not all there are.
+    processes_unlisted: bool = False
     # The process list read just before the memory figures (``processes`` is read just
     # after them), so a reader can tell whether the two describe the same moment.
     processes_before_memory: list[ProcessUsage] | None = None
@@ -360,7 +367,7 @@ class NvmlSession(HealthReads, GpmReads):
             # Processes, memory, processes again, back to back: see processes_before_memory.
             reading.processes_before_memory = self._read_processes(handle)
             self._read_memory(handle, reading)
-            reading.processes = self._read_processes(handle)
+            reading.processes = self._read_processes(handle, reading)
             self._read_activity(handle, reading)
             self._read_health(index, handle, reading)
             reading.process_sm = self._read_process_sm(index, handle)
@@ -432,7 +439,11 @@ class NvmlSession(HealthReads, GpmReads):
         limit = self._call("nvmlDeviceGetEnforcedPowerLimit", handle)
         reading.power_limit_watts = None if limit is None else limit / 1000.0
 
-    def _read_processes(self, handle: Any) -> list[ProcessUsage]:
+    def _read_processes(
+        self, handle: Any, reading: DeviceReading | None = None
+    ) -> list[ProcessUsage]:
+        """Compute, graphics and MPS contexts on the GPU; ``reading.processes_unlisted``
+        set when a list failed (one the GPU or driver does not have is no failure)."""
         rows: dict[tuple[int, str], ProcessUsage] = {}
         kinds: tuple[tuple[Literal["compute", "graphics", "mps"], str], ...] = (
             ("compute", "nvmlDeviceGetComputeRunningProcesses"),
@@ -440,7 +451,10 @@ class NvmlSession(HealthReads, GpmReads):
             ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
         )
         for kind, base in kinds:
-            for proc in self._process_list(base, handle) or ():
+            listed, code = self._process_list(base, handle)
+            if code not in _NO_SUCH_LIST and reading is not None:
+                reading.processes_unlisted = True
+            for proc in listed or ():
                 used = proc.usedGpuMemory  # pynvml maps NVML_VALUE_NOT_AVAILABLE to None
                 instance = getattr(proc, "gpuInstanceId", None)  # v2 and later
                 rows[(int(proc.pid), kind)] = ProcessUsage(
@@ -453,18 +467,19 @@ class NvmlSession(HealthReads, GpmReads):
                 )
         return list(rows.values())
 
-    def _process_list(self, base: str, handle: Any) -> list[Any] | None:
+    def _process_list(self, base: str, handle: Any) -> tuple[list[Any] | None, int]:
+        """The list and NVML's return code (0, or the error: see :data:`_NO_SUCH_LIST`)."""
         # Probe v3 once, then v2; remember which one this driver has.
         known = self._proc_version.get(base)
         for suffix in [known] if known else ["_v3", "_v2"]:
             name = base + suffix
             if name in self._missing:
                 continue
-            result = self._call(name, handle)
+            result, code = self._attempt(name, handle)
             if name not in self._missing:
                 self._proc_version[base] = suffix
-                return result  # type: ignore[no-any-return]
-        return None
+                return result, code
+        return None, NVML_ERROR_FUNCTION_NOT_FOUND
 
     def _read_process_sm(self, index: int, handle: Any) -> dict[int, float] | None:
         """Busy ratio per PID over the samples newer than the previous poll.

@@ -313,3 +313,24 @@ def test_an_error_on_the_first_memory_read_does_not_cost_every_gpu_its_v2_figure
     for i in range(3):
         assert rig.gpus()[i]["memory_reserved_bytes"] is not None
         assert_fresh(rig, i, 120)
+
+
+@pytest.mark.parametrize(("code", "name"), [(999, "unknown"), (10, "timeout")])
+def test_a_process_list_nvml_would_not_give_is_unknown_not_empty(
+    rig: Rig, code: int, name: str
+) -> None:
+    """The list failing is not "no processes": that read every context's memory as held
+    by no visible process, and to the server every process on the GPU as ended (its
+    lifetimes closed, reopened a poll later as new ones). Its processes are not visible
+    this poll; the memory is still read."""
+    rig.at(60)
+    rig.poll()
+    assert rig.gpus()[1]["processes"]
+    rig.nvml.rules.append(Rule("nvmlDeviceGetComputeRunningProcesses", gpu=1, code=code))
+    rig.at(120)
+    rig.poll()
+    gpu1 = rig.gpus()[1]
+    assert gpu1["processes_visible"] is False and gpu1["unattributed_bytes"] is None
+    assert gpu1["memory_used_bytes"] is not None and gpu1["read_error"] is None
+    assert rig.nvml_errors(name) >= 1
+    assert_fresh(rig, 0, 120)
