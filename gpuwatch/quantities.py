@@ -60,18 +60,19 @@ def parse_seconds(value: object) -> float:
 
     Raises ValueError for negative numbers and anything that is not a duration.
     """
+    shape = f"expected a duration such as 90s, 10m or 1h30m, got {value!r}"
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 10m, got {value!r}")
+        raise ValueError(shape)
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str) and value.strip():
         text = value.strip()
         parts = _DURATION_PART.findall(text)
         if "".join(number + unit for number, unit in parts) != text:
-            raise ValueError(f"expected a duration such as 90s, 10m or 1h30m, got {value!r}")
+            raise ValueError(shape)
         seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
-    else:
-        raise ValueError(f"expected a duration such as 10m, got {value!r}")
+    else:  # not a number, or an empty string
+        raise ValueError(shape)
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"duration must be a finite number >= 0, got {value!r}")
     return seconds

@@ -168,12 +168,6 @@ def _reap_settings(
         "grace_seconds": "--grace",
         "min_memory_bytes": "--min-memory",
     }
-    for key, duration in (("idle_seconds", idle), ("grace_seconds", grace)):
-        if duration is not None and not duration.strip():
-            # An empty duration gets the message of any other malformed one.
-            raise ConfigError(
-                f"{option[key]}: expected a duration such as 90s, 10m or 1h30m, got {duration!r}"
-            )
     values = base.model_dump()
     for key, value in (
         ("idle_seconds", idle),
