@@ -18,6 +18,9 @@ from gpuwatch.snapshot import Gpu, ThrottleReason
 _L = ("gpu", "uuid")
 THROTTLE_REASONS: tuple[str, ...] = get_args(ThrottleReason)
 
+# Absent while the GPU is lost or its read timed out, and where NVML has no answer.
+_READ = "while the GPU is read (gpuwatch_gpu_up 1) and NVML reports it"
+
 MEMORY_TEMPERATURE = MetricSpec(
     "gpuwatch_gpu_memory_temperature_celsius", "gauge",
     "HBM temperature (nvidia-smi: Memory Current Temp).", _L,
@@ -31,6 +34,7 @@ ENERGY = MetricSpec(
 CLOCK = MetricSpec(
     "gpuwatch_gpu_clock_hertz", "gauge",
     "Current clock, by clock (sm, memory): nvidia-smi clocks.sm, clocks.mem.", ("gpu", "uuid", "clock"),
+    _READ,
 )  # fmt: skip
 FAN = MetricSpec(
     "gpuwatch_gpu_fan_ratio", "gauge", "Speed of the first fan as a fraction of its maximum (0-1).",
@@ -38,17 +42,17 @@ FAN = MetricSpec(
 )  # fmt: skip
 ENCODER = MetricSpec(
     "gpuwatch_gpu_encoder_utilization_ratio", "gauge",
-    "Fraction of the last sample period the video encoder was busy (0-1).", _L,
+    "Fraction of the last sample period the video encoder was busy (0-1).", _L, _READ,
 )  # fmt: skip
 DECODER = MetricSpec(
     "gpuwatch_gpu_decoder_utilization_ratio", "gauge",
-    "Fraction of the last sample period the video decoder was busy (0-1).", _L,
+    "Fraction of the last sample period the video decoder was busy (0-1).", _L, _READ,
 )  # fmt: skip
 THROTTLE = MetricSpec(
     "gpuwatch_gpu_throttle_reasons", "gauge",
     "1 while this reason holds the clocks down, else 0 (nvidia-smi -q: Clocks Event Reasons). "
     f"Reasons: {', '.join(THROTTLE_REASONS)}. sw_power_cap is normal at full load.",
-    ("gpu", "uuid", "reason"),
+    ("gpu", "uuid", "reason"), _READ,
 )  # fmt: skip
 ECC = MetricSpec(
     "gpuwatch_gpu_ecc_errors", "counter",
@@ -90,7 +94,7 @@ XID_LAST = MetricSpec(
 )  # fmt: skip
 PCIE_REPLAYS = MetricSpec(
     "gpuwatch_gpu_pcie_replays", "counter",
-    "PCIe packet replays (link retries) since the driver loaded.", _L,
+    "PCIe packet replays (link retries) since the driver loaded.", _L, _READ,
 )  # fmt: skip
 
 METRICS = (
