@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from reaper.central_rig import Central, central_fixture
-from reaper.rig import Rig, Victim, rig_fixture, victims_fixture
+from reaper.rig import HistoryServer, Rig, Victim, rig_fixture, victims_fixture
 from support.clock import FakeClock
 
 
@@ -33,3 +33,11 @@ def rig(tmp_path: Path, clock: FakeClock) -> Iterator[Rig]:
 def central(tmp_path: Path) -> Iterator[Central]:
     """A live gpuwatch server (SQLite) this host's agent token may push to."""
     yield from central_fixture(tmp_path)
+
+
+@pytest.fixture
+def agent() -> Iterator[HistoryServer]:
+    """A stand-in for this host's agent serving the reaper's history (``agent.serve``)."""
+    server = HistoryServer()
+    yield server
+    server.close()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -126,3 +128,8 @@ def executor(
         report=events.append if events is not None else None,
         monotonic=time.monotonic,
     )
+
+
+def by_pid(done: subprocess.CompletedProcess[str]) -> dict[int, tuple[str, str]]:
+    """``gpuwatch reap --json``'s candidates: pid -> (decision, reason)."""
+    return {c["pid"]: (c["decision"], c["reason"]) for c in json.loads(done.stdout)["candidates"]}

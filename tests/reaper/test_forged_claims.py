@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from reaper.helpers import by_pid
 from reaper.rig import ALICE, BOB, REPO_ROOT, HistoryServer, Hold, write_config
 from reaper.test_reap_cli import _env, _reap, _setup
 
@@ -23,17 +24,6 @@ from gpuwatch.agent.reaper.errors import ReapRefused
 from gpuwatch.agent.reaper.served import is_local, listeners, verify_agent
 
 ELSEWHERE = "203.0.113.7"  # TEST-NET-3: an address of no host here
-
-
-@pytest.fixture
-def agent() -> Iterator[HistoryServer]:
-    server = HistoryServer()
-    yield server
-    server.close()
-
-
-def _by_pid(done: subprocess.CompletedProcess[str]) -> dict[int, tuple[str, str]]:
-    return {c["pid"]: (c["decision"], c["reason"]) for c in json.loads(done.stdout)["candidates"]}
 
 
 def _wildcard_port() -> int:
@@ -100,7 +90,7 @@ def test_the_history_never_comes_through_a_proxy(rig, victims, agent, tmp_path) 
     finally:
         forger.close()
     assert done.returncode == 20, done.stderr
-    assert _by_pid(done) == {idle.pid: ("spare", "idle_too_short")}
+    assert by_pid(done) == {idle.pid: ("spare", "idle_too_short")}
     assert forger.requests == [] and agent.requests
 
 
@@ -137,7 +127,7 @@ def test_a_display_server_name_protects_only_a_system_account(rig, victims, agen
         config.chmod(0o644)
         done = _reap_with_cap_kill(shared, scenario, agent.url, config)
     assert done.returncode == 0, done.stderr
-    assert _by_pid(done) == {
+    assert by_pid(done) == {
         users.pid: ("reap", "idle"),
         system.pid: ("spare", "protected_display_server"),
         plain.pid: ("reap", "idle"),

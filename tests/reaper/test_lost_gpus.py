@@ -16,13 +16,12 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from reaper.helpers import HOUR, Signals, drive, executor, history, plan_over
 from reaper.policy_rig import Events, policy_agent, run_polls
-from reaper.rig import REPO_ROOT, HistoryServer, Hold, Rig, Victim, scenario_text
+from reaper.rig import REPO_ROOT, Hold, Rig, Victim, scenario_text
 from reaper.test_reap_cli import _audit, _env, _reap, _setup
 
 from gpuwatch.agent.reaper.audit import AuditLog
@@ -34,13 +33,6 @@ def lost(gpu: int, at: str) -> str:
 
 def both_gpus(pid: int, memory: str = "12GiB") -> list[Hold]:
     return [Hold(pid, gpu=0, memory=memory), Hold(pid, gpu=1, memory=memory)]
-
-
-@pytest.fixture
-def agent() -> Iterator[HistoryServer]:
-    server = HistoryServer()
-    yield server
-    server.close()
 
 
 # -- the automatic policy ------------------------------------------------------------------

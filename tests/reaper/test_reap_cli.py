@@ -23,13 +23,6 @@ from support.clock import FakeClock
 from support.sink import sink
 
 
-@pytest.fixture
-def agent() -> Iterator[HistoryServer]:
-    server = HistoryServer()
-    yield server
-    server.close()
-
-
 def _env(tmp_path: Path, config: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     env["XDG_RUNTIME_DIR"] = str(tmp_path / "cli-runtime")

@@ -4,25 +4,12 @@ a child process, real victims, fake GPUs, a history served over HTTP."""
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from reaper.rig import HistoryServer, Hold
+from reaper.helpers import by_pid
+from reaper.rig import Hold
 from reaper.test_reap_cli import _reap, _setup, reaping_as_alice
 from support.served_as import served_by
-
-
-@pytest.fixture
-def agent() -> Iterator[HistoryServer]:
-    server = HistoryServer()
-    yield server
-    server.close()
-
-
-def _by_pid(done: subprocess.CompletedProcess[str]) -> dict[int, tuple[str, str]]:
-    return {c["pid"]: (c["decision"], c["reason"]) for c in json.loads(done.stdout)["candidates"]}
 
 
 def test_activity_in_the_commands_own_poll_vetoes(rig, victims, agent, tmp_path: Path) -> None:
@@ -34,7 +21,7 @@ def test_activity_in_the_commands_own_poll_vetoes(rig, victims, agent, tmp_path:
     scenario.write_text(scenario.read_text().replace("sm_percent = 0", "sm_percent = 60"))
     done = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", "--json")
     assert done.returncode == 20, done.stderr
-    assert _by_pid(done) == {victim.pid: ("spare", "active")}
+    assert by_pid(done) == {victim.pid: ("spare", "active")}
     assert victim.alive()
 
 
@@ -51,7 +38,7 @@ def test_a_history_that_stopped_updating_is_not_current(rig, victims, agent, tmp
     agent.body = json.dumps(body).encode()
     done = _reap(tmp_path, agent, scenario, "--idle", "2h", "--yes", "--json")
     assert done.returncode == 20, done.stderr
-    assert _by_pid(done) == {victim.pid: ("spare", "unknown")}
+    assert by_pid(done) == {victim.pid: ("spare", "unknown")}
     assert victim.alive()
 
 

@@ -15,7 +15,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,6 @@ from gpuwatch.snapshot import HostSnapshot
 
 MINUTE = 60.0
 HOUR = 3600.0
-
-
-@pytest.fixture
-def agent() -> Iterator[HistoryServer]:
-    server = HistoryServer()
-    yield server
-    server.close()
 
 
 def _record(

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from reaper.rig import ALICE, HistoryServer, Hold
+from reaper.rig import ALICE, Hold
 from reaper.test_reap_cli import _audit, _reap, _setup
 
 # Clear the screen, an OSC 8 hyperlink, CR/LF then a forged line of advice; then a
@@ -44,13 +44,6 @@ class Hostile:
 
     def alive(self) -> bool:
         return self.process.poll() is None
-
-
-@pytest.fixture
-def agent() -> Iterator[HistoryServer]:
-    server = HistoryServer()
-    yield server
-    server.close()
 
 
 @pytest.fixture
