@@ -96,7 +96,7 @@ def detect_filling(
     # judged over the newest half (see recent_slope; over a third, a chunk W/3 after the
     # last lay between neither stretch's start, and it never opened).
     recent = recent_slope(
-        samples, now=now, since=growth.window_start, already_open=opening != "rising"
+        samples, now=now, since=growth.window_start, already_open=already_open or opening == "step"
     )
     if recent < min_slope_bytes_per_second:
         return None  # it grew, but it has stopped: no longer filling up

@@ -582,17 +582,16 @@ def keeping_pace(
     W/3 before that stretch by at least :data:`NOW_SHARE` of what ``slope`` adds since
     (W: ``window_seconds``).
 
-    A verdict opens only where the growth keeps up with its own line. A warm-up that
-    levelled off holds the window's line, its clearance and its recent rate up for
-    many minutes after, and then whatever rises next reads as growth going on: an
-    evaluation pass taking 3 GiB for two minutes (a step in the newest bucket), or
-    memory that breathes 1 GiB every 8 minutes (its rise over the stretch before),
-    opened filling-up and leak verdicts 6 to 16 minutes after the memory stopped
-    rising. Growth that goes on keeps pace: a steady leak by its slope, steps at most
-    W/3 apart (the staircase the docs call growth) by at least one step's rise, the
-    line's slope times the spacing, between any of those floors and now. A plateau's
-    pass or breath is short of the minutes of growth the window's slope says should lie
-    behind it once the plateau is a few buckets old.
+    What a step must show to open a filling-up verdict (:func:`step_held`). A warm-up
+    that levelled off holds the window's line, its clearance and its recent rate up for
+    many minutes after, and then a step reads as growth going on: an evaluation pass
+    taking 3 GiB for two minutes opened filling-up minutes after the memory stopped
+    rising. Growth in steps keeps pace with its line: steps at most W/3 apart (the
+    staircase the docs call growth) put at least one step's rise, the line's slope
+    times the spacing, between any of those floors and now. A plateau's pass is short
+    of the minutes of growth the window's slope says should lie behind it once the
+    plateau is a few buckets old. (Memory that breathes after a warm-up is a documented
+    gap of the leak's rule 3: a breath's tops would pass this too.)
     """
     pts = points(samples, now=now)
     if len(pts) < 2 * MIN_NOW_POINTS:
