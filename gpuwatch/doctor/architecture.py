@@ -177,6 +177,8 @@ _CLASS_DEFAULTS: dict[str, dict[str, int]] = {
         "head_dim": 256,
         "sliding_window": 4096,
     },
+    # Llama4TextConfig: chunked attention over 8,192-token chunks (:func:`_chunked_layout`).
+    "llama4_text": {"attention_chunk_size": 8192},
     "gemma3_text": {
         "vocab_size": 262_208,
         "hidden_size": 2304,
@@ -190,6 +192,38 @@ _CLASS_DEFAULTS: dict[str, dict[str, int]] = {
 # Nested configs of encoders whose weights load with the language model and count in
 # its memory: a vision tower (SigLIP, CLIP, Qwen2-VL's ViT), an audio encoder.
 _ENCODER_CONFIG = re.compile(r"(vision|visual|image|audio|speech)\w*config$", re.IGNORECASE)
+# Any key that names such a part, whatever its suffix (Phi-3.5-vision's img_processor,
+# Phi-4-multimodal's embd_layer, audio_processor, vision_lora, speech_lora): counted when
+# it can be sized, refused when not (:func:`_encoder_configs`).
+_ENCODER_PART = re.compile(r"vision|visual|image|img|audio|speech|embd_layer", re.IGNORECASE)
+# Encoder-only families: bidirectional, no KV cache, two-matrix MLPs (ModernBERT's gated),
+# position and token-type tables, by model_type; a ``*ForMaskedLM`` architecture too.
+_ENCODER_ONLY = {
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "distilbert",
+    "modernbert",
+    "camembert",
+    "electra",
+    "albert",
+    "deberta",
+    "deberta-v2",
+    "mpnet",
+    "ernie",
+    "nomic_bert",
+    "megatron-bert",
+    "rembert",
+    "roformer",
+    "xlm",
+    "flaubert",
+    "mobilebert",
+    "squeezebert",
+    "esm",
+    "data2vec-text",
+    "jina_bert",
+}
 # Encoder-decoder families: two stacks and cross-attention, and a KV cache of another
 # shape, none of which the decoder-only arithmetic models.
 _ENCODER_DECODER = {
@@ -229,6 +263,10 @@ class Architecture:
     head_dim: int | None = None
     vocab: int | None = None
     intermediate: int | None = None
+    # The MLP width a token passes through, averaged over the layers, where it is not
+    # ``intermediate``: a mixture of experts' routed experts and shared expert (Mixtral:
+    # 2 x 14,336). ``None``: ``intermediate``. Sizes the training activations.
+    active_intermediate: int | None = None
     tied_embeddings: bool = False
     gated_mlp: bool = True
     # (inner size, how many of them in the whole model) for every MLP, experts included;
@@ -260,6 +298,9 @@ class Architecture:
     # last ``window`` tokens of KV cache (0: every layer keeps the whole context).
     sliding_layers: int = 0
     window: int | None = None
+    # True when those layers are chunked (Llama 4: each attends within its chunk of
+    # ``window`` tokens), not sliding: the same cache, named as the config names it.
+    window_chunked: bool = False
     # A window the config names but fit could not place with confidence, and why: the
     # KV cache then counts every layer at the full context (an over-count, said so).
     window_unread: str | None = None
@@ -393,6 +434,7 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
             f"model config describes an encoder-decoder model ({model_type or 'unnamed'}),"
             " which fit does not model; use --params with the published parameter count"
         )
+    _refuse_encoder_only(config)
     language = next(
         (config[key] for key in _LANGUAGE_CONFIGS if isinstance(config.get(key), dict)), config
     )
@@ -403,15 +445,114 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
     arch = from_hf_config(language, name=name, family=family)
     quantization = config.get("quantization_config") or language.get("quantization_config")
     arch = _with_quantization(arch, quantization)
+    counted = _encoder_configs(config, language)
     encoders = sum(
-        encoder_params(sub, key=key, output_width=arch.hidden)
-        for key, sub in config.items()
-        if isinstance(sub, dict) and _ENCODER_CONFIG.search(key)
+        encoder_params(sub, key=key, output_width=arch.hidden) for key, sub in counted.items()
     )
+    uncounted = _uncounted_model_configs(config, [language, *counted.values()])
+    if uncounted:
+        arch = dataclasses.replace(
+            arch,
+            notes=(
+                *arch.notes,
+                f"config also describes {', '.join(uncounted)}, which fit does not count: if"
+                " its weights load with the model, the count is under by them",
+            ),
+        )
     if not encoders:
         return arch
     _refuse_absurd(arch.params + encoders)
     return dataclasses.replace(arch, params=arch.params + encoders, encoder_params=encoders)
+
+
+def _refuse_encoder_only(config: dict[str, Any]) -> None:
+    """Refuse BERT and its kin: an encoder keeps no KV cache, and its MLPs, position and
+    token-type tables are not the decoder's (:data:`_ENCODER_ONLY`)."""
+    model_type = config.get("model_type")
+    names = config.get("architectures")
+    masked = isinstance(names, list) and any(
+        isinstance(name, str) and name.endswith("ForMaskedLM") for name in names
+    )
+    if model_type in _ENCODER_ONLY or masked:
+        raise ConfigError(
+            f"model config describes an encoder-only model ({model_type or 'unnamed'}:"
+            " bidirectional, no KV cache), which fit's decoder arithmetic does not model;"
+            f" {_USE_PARAMS}"
+        )
+
+
+def _encoder_configs(config: dict[str, Any], language: dict[str, Any]) -> dict[str, Any]:
+    """The nested configs of encoders and adapters loaded beside the language model, by
+    key. A key named for a vision, image, audio or speech part (:data:`_ENCODER_PART`)
+    counts when its object is an encoder config (``vision_config``) or gives a width and
+    a layer count; one fit cannot size (Phi-3.5-vision's ``img_processor``, whose CLIP
+    tower is named, not described; Phi-4-multimodal's ``embd_layer``, ``audio_processor``
+    and its ``vision_lora``/``speech_lora`` adapters) is refused, never left out: it was
+    31 % of Phi-4-multimodal."""
+    parts = {
+        key: sub
+        for key, sub in config.items()
+        if isinstance(sub, dict) and sub is not language and _ENCODER_PART.search(key)
+    }
+    unsized = [
+        key
+        for key, sub in parts.items()
+        if not _ENCODER_CONFIG.search(key) and _model_shape(sub) is None
+    ]
+    if unsized:
+        raise ConfigError(
+            f"model config's {', '.join(unsized)} describe encoders or adapters that load with"
+            " the model but give no width and layer count fit can size; use --params with the"
+            " published parameter count"
+        )
+    return parts
+
+
+# Widths and layer counts by the names model configs give them: what makes a nested
+# object look like a model's config (:func:`_model_shape`).
+_WIDTH_NAMES = (
+    "embed_dim",
+    "hidden_size",
+    "width",
+    "d_model",
+    "n_embd",
+    "n_embed",
+    "hidden_dim",
+    "attention_dim",
+)
+_DEPTH_NAMES = (
+    "num_hidden_layers",
+    "depth",
+    "num_layers",
+    "encoder_layers",
+    "n_layer",
+    "n_layers",
+    "num_blocks",
+)
+
+
+def _model_shape(config: dict[str, Any]) -> tuple[int, int] | None:
+    """(width, layers) where a nested object gives both (it then looks like a model's
+    config), else ``None``."""
+    width = _key(config, *_WIDTH_NAMES, default=0, strict=False)
+    layers = _key(config, *_DEPTH_NAMES, default=0, strict=False)
+    return (width, layers) if width and layers else None
+
+
+def _uncounted_model_configs(config: dict[str, Any], counted: list[dict[str, Any]]) -> list[str]:
+    """Nested objects, two levels deep, that look like model configs and are neither the
+    language model nor an encoder fit counts (DeepSeek-VL2's ``projector_config``, an
+    encoder under a name fit does not know): named, with their shape, for a note."""
+    found = []
+    for key, sub in config.items():
+        if not isinstance(sub, dict) or any(sub is c for c in counted):
+            continue
+        inner = [(f"{key}.{k}", v) for k, v in sub.items() if isinstance(v, dict)]
+        for path, value in [(key, sub), *inner]:
+            if any(value is c for c in counted) or (shape := _model_shape(value)) is None:
+                continue
+            found.append(f"{path} (width {shape[0]:,}, {shape[1]} layers)")
+    return found
 
 
 def _refuse_absurd(params: int) -> None:
@@ -861,6 +1002,7 @@ class SlidingLayout:
 
     sliding_layers: int = 0
     window: int | None = None
+    chunked: bool = False
     # A window named but not placed with confidence (every layer then counts the full
     # context), why, and its size (the note matters only for longer contexts).
     unread: str | None = None
@@ -879,15 +1021,6 @@ def sliding_layout(config: dict[str, Any], layers: int, family: Any = None) -> S
     if family in _USE_SLIDING_WINDOW and config.get("use_sliding_window") is not True:
         return SlidingLayout()  # transformers sets the window to None: full attention
     chunk = _count(config, "attention_chunk_size", 0)
-    chunked = (
-        SlidingLayout(
-            unread=f"attention_chunk_size {chunk}: chunked-attention layers are counted at"
-            " the full context (fit does not model chunked attention; an over-count)",
-            unread_size=chunk,
-        )
-        if chunk
-        else SlidingLayout()
-    )
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         kinds = config.get("layer_types")
         if isinstance(kinds, list) and "sliding_attention" in kinds:
@@ -895,7 +1028,7 @@ def sliding_layout(config: dict[str, Any], layers: int, family: Any = None) -> S
                 unread="layer_types lists sliding layers but the config gives no"
                 " sliding_window: every layer is counted at the full context"
             )
-        return chunked
+        return _chunked_layout(config, layers, chunk, family) if chunk else SlidingLayout()
     kinds = config.get("layer_types")
     if isinstance(kinds, list):
         if len(kinds) != layers:
@@ -927,6 +1060,46 @@ def sliding_layout(config: dict[str, Any], layers: int, family: Any = None) -> S
         " if some of them slide)",
         unread_size=window,
     )
+
+
+def _chunked_layout(config: dict[str, Any], layers: int, chunk: int, family: str) -> SlidingLayout:
+    """Chunked attention (Llama 4's ``attention_chunk_size``): a chunked layer attends
+    within its chunk of ``chunk`` tokens, so its cache holds at most that many, as a
+    sliding window's does. Which layers are chunked is transformers' Llama4TextConfig
+    rule: ``layer_types`` when given (``chunked_attention``), else ``no_rope_layers``
+    (1: a RoPE layer, chunked; 0: a NoPE layer, full attention), else, when that list is
+    empty or absent, every layer but each ``no_rope_layer_interval``-th (default 4)."""
+    kinds = _layer_kinds(config)
+    if kinds is None:
+        kinds = _rope_layer_kinds(config, layers, family)
+    if kinds is None or len(kinds) != layers:
+        return SlidingLayout(
+            unread=f"attention_chunk_size {chunk}: fit cannot tell which layers are chunked"
+            " (no layer_types or no_rope_layers for its layers): every layer is counted at"
+            " the full context (an over-count)",
+            unread_size=chunk,
+        )
+    chunked = sum(1 for kind in kinds if kind in ("chunked_attention", "sliding_attention"))
+    return SlidingLayout(chunked, chunk if chunked else None, chunked=chunked > 0)
+
+
+def _rope_layer_kinds(config: dict[str, Any], layers: int, family: str) -> list[str] | None:
+    """Llama 4's layer kinds from ``no_rope_layers``, or from ``no_rope_layer_interval``
+    for a Llama 4 config whose list is empty or absent; ``None`` otherwise."""
+    flags = config.get("no_rope_layers")
+    if isinstance(flags, list) and flags:
+        if not all(flag in (0, 1) and not isinstance(flag, float) for flag in flags):
+            raise ConfigError(
+                f"model config's 'no_rope_layers' is {_shown(flags)}, not a 0 or 1 for each"
+                f" layer; {_USE_PARAMS}"
+            )
+        return ["chunked_attention" if flag else "full_attention" for flag in flags]
+    if not family.startswith("llama4") and "no_rope_layer_interval" not in config:
+        return None
+    every = _key(config, "no_rope_layer_interval", default=4)
+    return [
+        "chunked_attention" if (index + 1) % every else "full_attention" for index in range(layers)
+    ]
 
 
 def _int_list(config: dict[str, Any], name: str) -> list[int]:
@@ -978,12 +1151,13 @@ def _expert_count(config: dict[str, Any]) -> int:
 
 def _mlps(
     config: dict[str, Any], layers: int, hidden: int, intermediate: int
-) -> tuple[tuple[tuple[int, int], ...], int]:
-    """Every MLP as (inner size, count), and the router and gate parameters."""
+) -> tuple[tuple[tuple[int, int], ...], int, int | None]:
+    """Every MLP as (inner size, count), the router and gate parameters, and the MLP
+    width a token passes through averaged over the layers (``None`` when dense)."""
     experts = _expert_count(config)
     _refuse_unmodelled(config, experts)
     if experts == 1:
-        return ((intermediate, layers),), 0
+        return ((intermediate, layers),), 0, None
     sparse = _moe_layers(config, layers)
     # Mixtral's and Llama 4's experts are intermediate_size wide; Qwen-MoE's and
     # DeepSeek's are not. Llama 4's dense layers are intermediate_size_mlp wide.
@@ -1001,7 +1175,59 @@ def _mlps(
         # Llama 4: every expert layer has one shared expert, as wide as an expert, and
         # its config has no field that says so.
         mlps.append((expert_size, sparse))
-    return tuple((size, count) for size, count in mlps if count), routers
+    # A token goes through its top-k experts and the shared ones (mlps[2:]) in each MoE
+    # layer; a config without a top-k is read as one.
+    routed = _key(config, "num_experts_per_tok", "experts_per_token", default=1, strict=False)
+    per_sparse = routed * expert_size + sum(size for size, _ in mlps[2:])
+    active = round((dense_size * (layers - sparse) + per_sparse * sparse) / layers)
+    return tuple((size, count) for size, count in mlps if count), routers, active
+
+
+# Families whose config class makes an MLP 4 x hidden when the config gives no width
+# (GPT2Config's n_inner=None, FalconConfig's ffn_hidden_size=None, GPTNeoConfig's
+# intermediate_size=None, BLOOM's and GPT-1's fixed 4 x hidden).
+_MLP_4H_BY_DEFAULT = {
+    "gpt2",
+    "gpt_neo",
+    "gptj",
+    "codegen",
+    "gpt_bigcode",
+    "bloom",
+    "falcon",
+    "RefinedWeb",
+    "RefinedWebModel",
+    "openai-gpt",
+}
+# Where configs give the MLP width: Phi-3-small names it ff_intermediate_size (its
+# gegelu up_proj is 2 x that wide, a gated MLP of it).
+_INTERMEDIATE_NAMES = (
+    "intermediate_size",
+    "n_inner",
+    "ffn_dim",
+    "ffn_hidden_size",
+    "ff_intermediate_size",
+)
+
+
+def _intermediate(config: dict[str, Any], hidden: int, family: str) -> tuple[int, tuple[str, ...]]:
+    """The MLP width and a note where it is not the config's own: 4 x hidden only where
+    the config class makes it so (said so); a config of another family without a width
+    is refused, never given a default that changes the count."""
+    if any(config.get(name) is not None for name in _INTERMEDIATE_NAMES):
+        size = _key(config, *_INTERMEDIATE_NAMES)
+        return (size // 2 if family in _HALVED_INTERMEDIATE else size), ()
+    for name in _INTERMEDIATE_NAMES:
+        _key(config, name, default=1)  # a null outside _NULL_MEANS_DEFAULT is refused
+    if family not in _MLP_4H_BY_DEFAULT:
+        raise ConfigError(
+            "model config gives no MLP width (intermediate_size or another name fit reads)"
+            f" and fit does not know its config class's default ({family or 'no model_type'});"
+            " use --params with the published parameter count"
+        )
+    return 4 * hidden, (
+        f"MLP width {4 * hidden:,} (4 x hidden): the config gives none, and that is its"
+        f" config class's default ({family})",
+    )
 
 
 @dataclass(frozen=True)
@@ -1207,7 +1433,7 @@ def from_hf_config(
     ``num_key_value_heads`` (default: = heads; ``multi_query``, ``num_kv_heads`` and
     ``n_head_kv`` for Falcon and GPT-BigCode, ``multi_query_group_num`` for ChatGLM),
     ``head_dim`` (``kv_channels``; default: hidden/heads), ``vocab_size``
-    (``padded_vocab_size`` first), ``intermediate_size`` (default 4*hidden), ``tie_word_embeddings``
+    (``padded_vocab_size`` first), ``intermediate_size`` (:func:`_intermediate`), ``tie_word_embeddings``
     (default: the config class's, as transformers applies it), and the mixture-of-experts
     fields of Mixtral, Qwen-MoE and DeepSeek-MoE; GPT-2 and ChatGLM names too; the
     layouts :func:`_attention` and :func:`_blocks` read; and which layers attend through a
@@ -1230,16 +1456,13 @@ def from_hf_config(
         attention, mlps, linear = _blocks(config, layers, hidden, heads, head_dim)
         _refuse_unmodelled(config, _expert_count(config))
         routers, intermediate = 0, max(size for size, _ in mlps) if mlps else hidden
+        active = None
     else:
-        intermediate = _key(
-            config, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden
-        )
-        if family in _HALVED_INTERMEDIATE:
-            intermediate //= 2
-        mlps, routers = _mlps(config, layers, hidden, intermediate)
+        intermediate, notes = _intermediate(config, hidden, family)
+        mlps, routers, active = _mlps(config, layers, hidden, intermediate)
         attention = _attention(config, layers, hidden, heads, head_dim)
         if "num_key_value_heads" in config and config["num_key_value_heads"] is None:
-            notes = (
+            notes += (
                 "num_key_value_heads is null: read as one KV head per attention head,"
                 " as transformers' config classes read it",
             )
@@ -1259,6 +1482,7 @@ def from_hf_config(
         head_dim=head_dim,
         vocab=vocab,
         intermediate=intermediate,
+        active_intermediate=active,
         tied_embeddings=tied,
         gated_mlp=gated,
         mlps=mlps,
@@ -1267,6 +1491,7 @@ def from_hf_config(
         router_params=routers,
         sliding_layers=sliding.sliding_layers,
         window=sliding.window,
+        window_chunked=sliding.chunked,
         window_unread=sliding.unread,
         window_unread_size=sliding.unread_size,
         kv_layers=attention.kv_layers,

@@ -16,12 +16,16 @@ The formulas and their sources are in docs/doctor.md. In short, in bytes:
   (fp32 master weights and two moments) = 16 bytes per parameter (ZeRO, Rajbhandari
   et al. 2020); in fp32: 4 + 4 + 8 = 16 as well.
 * LoRA/QLoRA: the frozen base at its dtype plus 16 bytes per trainable adapter
-  parameter (fp32 adapter weights, gradients, two Adam moments).
-* activations, training: 34 x seq x batch x hidden bytes per layer at 16-bit with
-  fused (flash) attention, Korthikanti et al. 2022; 2 x seq x batch x hidden per
-  layer plus one layer's full set with gradient checkpointing, all doubled in fp32;
-  plus per logit the logits at the training dtype and one fp32 tensor for the loss
-  (6 bytes at 16-bit, 8 in fp32). Inference: one layer's
+  parameter (fp32 adapter weights, gradients, two Adam moments); QLoRA's embeddings and
+  lm_head at fp32, as peft.prepare_model_for_kbit_training casts them.
+* activations, training: what a Hugging Face layer saves for its backward, per token
+  at 16-bit 12h (norms) + 4 x (q + kv) (attention) + 8i (a gated MLP; 4i two-matrix),
+  45h for Llama-3.1-8B, every layer; with gradient checkpointing each layer's input
+  (2h, 4h for QLoRA's fp32 stream) plus one layer's set; the layer's backward adds 4i
+  (2i); all doubled in fp32. Plus per logit the 16-bit logits and three fp32 tensors
+  of their size for the loss (14 bytes; 12 in fp32). The longest QLoRA context this
+  gives comes within 2-7 % of Unsloth's published HF+FA2 limits on 16-80 GB cards (the
+  derivation is above :data:`NORM_BYTES`). Inference: one layer's
   working set during prefill, (4h + 2i) x seq x batch x 2 bytes, plus the last
   token's fp32 logits.
 * overhead: 1 GiB for the CUDA context, cuBLAS/cuDNN workspaces and allocator slack.
@@ -64,12 +68,34 @@ BITS_PER_PARAM: dict[str, float] = {
 QUANTISED = ("int8", "int4", "nf4")
 FOUR_BIT = ("int4", "nf4")
 ADAM_BYTES_PER_TRAINABLE = 16
-TRAINING_ACTIVATION_BYTES = 34  # per layer per token per hidden unit, 16-bit (Korthikanti)
-CHECKPOINT_BYTES = 2  # the layer input kept per layer with checkpointing
-# Per logit when training: the logits at the training dtype (2 or 4 bytes) plus the
-# fp32 tensor the loss works in (the upcast copy at 16-bit, log-softmax's output in
-# fp32, where ``.float()`` copies nothing): 6 bytes at 16-bit, 8 in fp32.
-LOSS_BYTES_PER_LOGIT = 4
+# Training activations, in bytes a token at 16-bit, as a Hugging Face decoder layer
+# (RMSNorm, RoPE, FlashAttention-2, no dropout) saves them for its backward:
+# * each of its two norms keeps its fp32 upcast input (4h) and its output (2h): 12h;
+# * attention keeps q and k after RoPE, v, and its output: 2 x (2*q + 2*kv), with q the
+#   query width (heads x head dim) and kv the key/value width (KV heads x head dim);
+# * a gated MLP (SwiGLU, GeGLU) keeps gate, up, act(gate) and their product: 4 x 2i; a
+#   two-matrix one keeps up and act(up): 2 x 2i.
+# Llama-3.1-8B (q = h, kv = h/4, i = 3.5h): 12h + 4h + h + 28h = 45h, where Korthikanti
+# et al.'s 34h is a GPT layer with a 4h two-matrix MLP. The layer's backward holds two
+# more MLP-wide gradients at once (gated: of act(gate) and up; else one).
+# Checked against Unsloth's published HF+FA2 QLoRA limits (rank 32, batch 1, gradient
+# checkpointing; unsloth.ai/blog/llama3-3): Llama-3.3-70B 6,916 tokens on 80 GB (this
+# gives 7,042), Llama-3.1-8B 28,454 on 80 GB (29,544) and 2,551 on 16 GB (2,717).
+NORM_BYTES = 12
+ATTENTION_BYTES = 4  # x (q + kv): each of q, k, v and the output at 2 bytes
+MLP_BYTES = {True: 8, False: 4}  # x i, gated or not
+MLP_BACKWARD_BYTES = {True: 4, False: 2}  # x i
+# With gradient checkpointing each layer keeps only its input, the residual stream: 2h,
+# but 4h for QLoRA, whose embeddings peft.prepare_model_for_kbit_training (which TRL's
+# SFTTrainer calls) casts to fp32, so the stream they start is fp32 throughout.
+CHECKPOINT_BYTES = 2
+# The loss: transformers' ForCausalLMLoss upcasts the logits (logits.float()) and
+# cross-entropy keeps log-softmax's fp32 output; at most three fp32 tensors of the
+# logits' size live at once (forward, transformers 4.46-4.49: the upcast, the shifted
+# .contiguous() copy and log-softmax's output; backward: that output, the gradient
+# nll_loss hands it and the gradient it returns), beside the 16-bit logits: 14 bytes a
+# logit at 16-bit, 12 in fp32, where the logits are the upcast.
+LOSS_FP32_COPIES = 3
 OVERHEAD_BYTES = 1 * GIB
 FITS_HEADROOM = 0.15  # leave 15 %: the longest batch peaks above the first steps
 TIGHT_HEADROOM = 0.10
@@ -93,6 +119,8 @@ class KvSplit:
     full_context_bytes: int
     # Linear-attention layers' fixed state, whatever the context (MiniMax).
     state_bytes: int = 0
+    # The windowed layers are chunked (Llama 4), not sliding: the same arithmetic.
+    chunked: bool = False
 
     @property
     def total(self) -> int:
@@ -107,6 +135,7 @@ class KvSplit:
             "sliding_layers_bytes": self.sliding_layers_bytes,
             "full_context_bytes": self.full_context_bytes,
             "state_bytes": self.state_bytes,
+            "chunked": self.chunked,
         }
 
 
@@ -252,6 +281,7 @@ def kv_split(arch: Architecture, dtype: Dtype, context: int, batch: int) -> KvSp
         sliding_layers_bytes=per_layer * sliding * held * batch,
         full_context_bytes=per_token * context * batch + state,
         state_bytes=state,
+        chunked=arch.window_chunked and sliding > 0,
     )
 
 
@@ -328,6 +358,10 @@ def _estimate_shaped(workload: Workload) -> Breakdown:
     elif mode in ("lora", "qlora"):
         trainable = arch.lora_params(workload.lora_rank) or 0
         weights += trainable * 4
+        if mode == "qlora":
+            # peft.prepare_model_for_kbit_training casts what stays 16-bit beside the
+            # 4-bit layers (embeddings, lm_head) to fp32: 2 more bytes a parameter.
+            weights += arch.embedding_params * 2
         gradients = trainable * 4
         optimizer = trainable * (ADAM_BYTES_PER_TRAINABLE - 8)
     per_token = kv_bytes_per_token(arch, dtype)
@@ -386,14 +420,31 @@ def _activations(workload: Workload) -> int | None:
         intermediate = arch.intermediate or 4 * hidden
         one_layer = tokens * (4 * hidden + 2 * intermediate) * 2
         return one_layer + workload.batch * vocab * 4
-    scale = 2 if workload.dtype == "fp32" else 1
-    full_layer = TRAINING_ACTIVATION_BYTES * tokens * hidden * scale
+    # fp32 doubles every element (the norms' upcasts then copy nothing: a small over-count).
+    fp32 = workload.dtype == "fp32"
+    scale = 2 if fp32 else 1
+    saved, backward = _layer_activations(arch)
     if workload.checkpointing:
-        stored = CHECKPOINT_BYTES * tokens * hidden * scale * layers + full_layer
+        # Every layer's input, plus the one layer recomputed in the backward.
+        stream = CHECKPOINT_BYTES * (2 if fp32 or workload.mode == "qlora" else 1)
+        per_token = stream * hidden * layers + (saved + backward) * scale
     else:
-        stored = full_layer * layers
-    per_logit = (4 if workload.dtype == "fp32" else 2) + LOSS_BYTES_PER_LOGIT
-    return stored + tokens * vocab * per_logit
+        per_token = (saved * layers + backward) * scale
+    per_logit = LOSS_FP32_COPIES * 4 + (0 if fp32 else 2)
+    return tokens * (per_token + vocab * per_logit)
+
+
+def _layer_activations(arch: Architecture) -> tuple[int, int]:
+    """Bytes a token one layer saves for its backward at 16-bit, and what its backward
+    holds beside them (the module's table above): the norms, q/k/v and the attention
+    output at the model's widths, and the MLP at the width a token passes through (a
+    mixture of experts': its routed and shared experts)."""
+    hidden = arch.hidden or 0
+    width = arch.active_intermediate or arch.intermediate or 4 * hidden
+    query = (arch.heads or 0) * (arch.head_dim or 0) or hidden
+    kv = (arch.kv_heads or 0) * (arch.head_dim or 0)
+    saved = NORM_BYTES * hidden + ATTENTION_BYTES * (query + kv) + MLP_BYTES[arch.gated_mlp] * width
+    return saved, MLP_BACKWARD_BYTES[arch.gated_mlp] * width
 
 
 def verdict(needed: int, capacity: int) -> Verdict:

@@ -213,15 +213,16 @@ def _kv_rows(split: KvSplit, context: int) -> list[str]:
     if split.full_layers:
         label = f"  {split.full_layers} full-attention layers"
         rows.append(_row(label, split.full_layers_bytes, None))
-    label = f"  {split.sliding_layers} sliding (window {window})"
+    kind, span = ("chunked", "chunk") if split.chunked else ("sliding", "window")
+    label = f"  {split.sliding_layers} {kind} ({span} {window})"
     rows.append(_row(label, split.sliding_layers_bytes, None))
     if held < context:
         rows.append(
-            f"    (sliding layers hold {held:,} of {context:,} tokens; every layer at the full"
+            f"    ({kind} layers hold {held:,} of {context:,} tokens; every layer at the full"
             f" context would be {format_size(split.full_context_bytes)})"
         )
     else:
-        rows.append(f"    (context {context:,} is within the {window:,}-token window: no saving)")
+        rows.append(f"    (context {context:,} is within the {window:,}-token {span}: no saving)")
     return rows
 
 

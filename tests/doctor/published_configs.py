@@ -318,3 +318,143 @@ MINIMAX_M1_80K: dict[str, Any] = {
 NEMOTRON_SUPER_49B_PATH = (
     Path(__file__).parent / "fixtures" / "nemotron-super-49b-v1" / "config.json"
 )
+
+# meta-llama/Llama-3.3-70B-Instruct (config.json, trimmed): Llama-3.1-8B's fields at 70B's
+# sizes.
+LLAMA_33_70B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "model_type": "llama",
+    "num_attention_heads": 64,
+    "num_hidden_layers": 80,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "vocab_size": 128256,
+}
+
+# meta-llama/Llama-4-Scout-17B-16E text config as published: chunked attention over
+# 8,192-token chunks, and an empty no_rope_layers (Llama4TextConfig then makes every 4th
+# layer a full-attention NoPE layer). The vision tower as test_fit_multimodal.py has it.
+LLAMA4_SCOUT_TEXT: dict[str, Any] = {
+    "attention_chunk_size": 8192,
+    "head_dim": 128,
+    "hidden_size": 5120,
+    "interleave_moe_layer_step": 1,
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "max_position_embeddings": 10485760,
+    "model_type": "llama4_text",
+    "no_rope_layers": [],
+    "num_attention_heads": 40,
+    "num_experts_per_tok": 1,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 8,
+    "num_local_experts": 16,
+    "vocab_size": 202048,
+}
+LLAMA4_SCOUT_PUBLISHED: dict[str, Any] = {
+    "architectures": ["Llama4ForConditionalGeneration"],
+    "model_type": "llama4",
+    "text_config": LLAMA4_SCOUT_TEXT,
+    "vision_config": {
+        "hidden_act": "gelu",
+        "hidden_size": 1408,
+        "image_size": 336,
+        "intermediate_size": 5632,
+        "model_type": "llama4_vision_model",
+        "num_channels": 3,
+        "num_hidden_layers": 34,
+        "patch_size": 14,
+    },
+}
+
+# microsoft/Phi-4-multimodal-instruct (trimmed): the Phi-4-mini language model at the top
+# level, its SigLIP and Conformer encoders under embd_layer and audio_processor (their
+# sizes are in the modelling code, not the config), and the LoRA adapters that load with it.
+PHI4_MULTIMODAL: dict[str, Any] = {
+    "architectures": ["Phi4MMForCausalLM"],
+    "audio_processor": {
+        "config": {
+            "attention_dim": 1024,
+            "attention_heads": 16,
+            "linear_units": 1536,
+            "num_blocks": 24,
+        },
+        "name": "cascades",
+    },
+    "embd_layer": {
+        "audio_embd_layer": {"embedding_cls": "audio", "projection_cls": "mlp"},
+        "embedding_cls": "image_audio",
+        "image_embd_layer": {"crop_size": 448, "embedding_cls": "tune_image"},
+    },
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "model_type": "phi4mm",
+    "num_attention_heads": 24,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "speech_lora": {"dp": 0.01, "lora_alpha": 640, "r": 320},
+    "tie_word_embeddings": True,
+    "vision_lora": {"dp": 0.0, "lora_alpha": 512, "r": 256},
+    "vocab_size": 200064,
+}
+
+# microsoft/Phi-3.5-vision-instruct (trimmed): its CLIP tower is named, not described.
+PHI35_VISION: dict[str, Any] = {
+    "architectures": ["Phi3VForCausalLM"],
+    "embd_layer": {"embedding_cls": "image", "projection_cls": "mlp", "use_hd_transform": True},
+    "hidden_size": 3072,
+    "img_processor": {
+        "image_dim_out": 1024,
+        "model_name": "openai/clip-vit-large-patch14-336",
+        "name": "clip_vision_model",
+        "num_img_tokens": 144,
+    },
+    "intermediate_size": 8192,
+    "model_type": "phi3_v",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32064,
+}
+
+# microsoft/Phi-3-small-8k-instruct (trimmed): its MLP width is ff_intermediate_size (a
+# gegelu up_proj 2 x that wide, then down_proj: a gated MLP of 14,336).
+PHI3_SMALL_8K: dict[str, Any] = {
+    "architectures": ["Phi3SmallForCausalLM"],
+    "dense_attention_every_n_layers": 2,
+    "ff_dim_multiplier": None,
+    "ff_intermediate_size": 14336,
+    "hidden_act": "gegelu",
+    "hidden_size": 4096,
+    "model_type": "phi3small",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 100352,
+}
+
+# google-bert/bert-base-uncased (config.json as published).
+BERT_BASE_UNCASED: dict[str, Any] = {
+    "architectures": ["BertForMaskedLM"],
+    "attention_probs_dropout_prob": 0.1,
+    "gradient_checkpointing": False,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "hidden_size": 768,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "model_type": "bert",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "pad_token_id": 0,
+    "position_embedding_type": "absolute",
+    "transformers_version": "4.6.0.dev0",
+    "type_vocab_size": 2,
+    "use_cache": True,
+    "vocab_size": 30522,
+}

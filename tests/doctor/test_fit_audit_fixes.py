@@ -321,14 +321,16 @@ def test_inference_that_fits_nowhere_is_told_tensor_parallelism() -> None:
 
 
 def test_fp32_training_counts_fp32_logits() -> None:
-    tokens, hidden, layers, vocab = 1024, 4096, 32, 128_256
-    per_layer = 34 * tokens * hidden
+    tokens, hidden, layers, vocab, mlp = 1024, 4096, 32, 128_256, 14_336
+    # Llama-3.1-8B's layer saves 45h a token (fit.py's table), its backward 4i more.
+    per_layer = tokens * (12 * hidden + 4 * (hidden + hidden // 4) + 8 * mlp)
+    backward = tokens * 4 * mlp
     bf16 = estimate(Workload(LLAMA, dtype="bf16", mode="full", context=tokens)).activations
     fp32 = estimate(Workload(LLAMA, dtype="fp32", mode="full", context=tokens)).activations
-    # 16-bit: bf16 logits + the fp32 copy the loss uses (6 B); fp32: fp32 logits + the
-    # fp32 log-softmax the loss keeps (8 B). The per-layer terms double.
-    assert bf16 == per_layer * layers + tokens * vocab * 6
-    assert fp32 == 2 * per_layer * layers + tokens * vocab * 8
+    # 16-bit: bf16 logits + three fp32 tensors of their size (14 B); fp32: the logits are
+    # the upcast, so three fp32 tensors (12 B). The per-layer terms double.
+    assert bf16 == per_layer * layers + backward + tokens * vocab * 14
+    assert fp32 == 2 * (per_layer * layers + backward) + tokens * vocab * 12
 
 
 def test_breakdown_worst_part_is_the_top_of_its_range() -> None:

@@ -348,9 +348,8 @@ def test_qwen_v1_mlp_matrices_are_half_its_intermediate_size(
             "beyond",
         ),
         (
-            '{"hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"vocab_size":1'
-            + "0" * 400
-            + "}",
+            '{"hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,'
+            '"num_attention_heads":32,"vocab_size":1' + "0" * 400 + "}",
             "beyond any model",
         ),
         ('{"text_config":' * 100_000 + "{}" + "}" * 100_000, "nested too deeply"),

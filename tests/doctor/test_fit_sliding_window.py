@@ -169,6 +169,7 @@ def test_sliding_layers_hold_only_their_window(
         "sliding_layers_bytes": per_layer * sliding * window,
         "full_context_bytes": per_layer * (full + sliding) * context,
         "state_bytes": 0,
+        "chunked": False,
         "window_not_applied": None,
     }
     # The per-token figure stays every layer's, as before.
