@@ -48,6 +48,12 @@ GGML_WEIGHTS_SIZED_BYTES = 16 * GIB
 GROWTH_MIN_RATIO = 0.10  # allocated grew by a tenth across the history ...
 GROWTH_MIN_BYTES = 256 * MIB  # ... and by at least this much
 DECISIVE = 1.0  # score bonus: this cause alone would have let the request succeed
+# Free memory covers a request when it exceeds it by this much: a card with just the
+# request free is full (the driver rounds allocations up and keeps some for itself).
+FREE_COVER_MARGIN_BYTES = 64 * MIB
+ROOMY_FREE_RATIO = 2  # free this many times the request: the card did not run out
+LIMIT_MIN_SCORE = 0.05
+PADDING_MIN_SHARE = 0.25  # a TPU program's padding worth reshaping for, of what it needs
 
 
 class Diagnosis(BaseModel):
@@ -102,18 +108,27 @@ def diagnose(
     scored = [result for rule in _RULES if (result := rule(context)) is not None]
     scored.sort(key=lambda item: item[0], reverse=True)
     diagnoses = [diagnosis for _, diagnosis in scored]
-    # Messages without sizes only say where memory ran out; say that too (not where the
-    # message named what did not fit, with the card's figures).
-    if not diagnoses or (
-        (
-            facts.kind in remedies.UNKNOWN_BY_KIND
-            or facts.category in remedies.UNKNOWN_BY_CATEGORY
-            or facts.category == "conv_workspace_insufficient"
-        )
-        and facts.category != tensorrt.EXECUTOR_CATEGORY
-    ):
+    if _wants_unknown(facts, diagnoses):
         diagnoses.append(_unknown(context))
     return diagnoses
+
+
+def _wants_unknown(facts: OomFacts, diagnoses: list[Diagnosis]) -> bool:
+    """Whether the general "look at ..." diagnosis joins ``diagnoses``: where nothing else
+    was found, or where the message has no sizes and only says where memory ran out (not
+    where it named what did not fit, with the card's figures)."""
+    if any(d.fix == "unknown" for d in diagnoses):
+        return False  # a rule already said what to look at
+    if not diagnoses:
+        return True
+    # A program that did not compile had no memory yet: nobody else held any of it.
+    if facts.category == tensorrt.EXECUTOR_CATEGORY or facts.phase == "compile":
+        return False
+    return (
+        facts.kind in remedies.UNKNOWN_BY_KIND
+        or facts.category in remedies.UNKNOWN_BY_CATEGORY
+        or facts.category == "conv_workspace_insufficient"
+    )
 
 
 def _share(part: int | None, whole: int | None) -> float:
@@ -199,6 +214,10 @@ def _fragmentation(ctx: Context) -> tuple[float, Diagnosis] | None:
         or ctx.facts.kind not in ("pytorch_allocator", "hip")
     ):
         return None
+    if _free_covered(fig):
+        # cudaMalloc would have served the request from free memory without touching the
+        # cache: whatever failed, splitting the cached blocks was not it.
+        return None
     pool = (fig.allocated or 0) + unallocated
     large = unallocated >= requested or (
         unallocated >= FRAGMENTATION_MIN_BYTES and unallocated >= FRAGMENTATION_MIN_SHARE * pool
@@ -228,6 +247,50 @@ def _fragmentation(ctx: Context) -> tuple[float, Diagnosis] | None:
             commands=remedies.fragmentation(ctx.facts.alloc_conf_var, legacy=legacy),
         ),
     )
+
+
+# Kinds whose messages name the limit that ran out, apart from the card's free memory.
+_OWN_LIMITS = {"hami", "catboost", "mindspore", "vllm_kv_cache", "tgi", "tensorrt"}
+
+
+def _limit_not_card(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """Free memory covered the request and the allocation still failed: a limit other
+    than the card's free memory refused it, whatever else the figures say."""
+    facts, fig = ctx.facts, ctx.figures
+    if not _free_covered(fig) or facts.device_type in ("host", "cpu"):
+        return None
+    if facts.category in remedies.UNKNOWN_BY_CATEGORY or facts.kind in _OWN_LIMITS:
+        return None  # the wording names the limit itself (a pool's cap, a pod's share)
+    evidence = (
+        f"{format_size(fig.free or 0)} was free for a {format_size(fig.requested or 0)} "
+        f"request and it still failed, so {remedies.FREE_COVERED_CAUSES}"
+    )
+    # Free many times the request leaves nothing else to blame; a request nearly as large
+    # as what was free is itself the likelier story (one allocation over a per-allocation
+    # cap, the weights of a model), so the rules for it go first.
+    roomy = (fig.free or 0) >= ROOMY_FREE_RATIO * (fig.requested or 0)
+    return (
+        DECISIVE if roomy else LIMIT_MIN_SCORE,
+        Diagnosis(
+            fix="unknown",
+            summary="Free memory covered the request: look at what limits this process, not "
+            "at the card's free memory",
+            evidence=evidence,
+            commands=[
+                *remedies.free_covered(facts.device_type),
+                *remedies.find_holders(facts.device_type, facts.category, facts.kind),
+            ],
+        ),
+    )
+
+
+def _free_covered(fig: Figures) -> bool:
+    """Whether the card's free memory alone, as printed, covered the request with room to
+    spare (and the free figure is a share of the total, not an APU's whole pool)."""
+    free, requested = fig.free, fig.requested
+    if free is None or requested is None or free < requested + FREE_COVER_MARGIN_BYTES:
+        return False
+    return fig.total is None or free <= fig.total
 
 
 _LOADING = ("model load", "model weights")
@@ -446,7 +509,10 @@ def _weights_commands(facts: OomFacts, loaded: int, capacity: int | None) -> lis
     if facts.kind == "ggml":
         return _GGML_WEIGHTS
     if not loaded:
-        return remedies.FIND_HOLDERS
+        # No sizes to do the arithmetic with: the ways to smaller weights, and who else
+        # holds the device (any vendor's tool where the message names none).
+        holders = remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)
+        return [*remedies.WEIGHTS_UNSIZED, *(holders or remedies.holders_of(facts.device_type))]
     return remedies.model_too_large(loaded, capacity)
 
 
@@ -592,6 +658,35 @@ def _tensorrt_llm_executor(ctx: Context) -> tuple[float, Diagnosis] | None:
     )
 
 
+def _tile_padding(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """XLA on a TPU pads a tensor's two minor dimensions to the chip's tiles (8 x 128): a
+    small minor dimension multiplies its size, and reshaping it, not the batch, is the fix."""
+    facts, fig = ctx.facts, ctx.figures
+    padding, needed = facts.padding_bytes, fig.requested
+    if padding is None or needed is None:
+        return None
+    over = needed - fig.total if fig.total is not None else None
+    if padding < PADDING_MIN_SHARE * needed and (over is None or padding < over):
+        return None
+    evidence = (
+        f"of the {format_size(needed)} the compiled program needs, its largest allocation "
+        f"alone has {format_size(padding)} of padding: the TPU lays a tensor's two minor "
+        "dimensions out in tiles of 8 x 128, so a small minor dimension is padded up to them"
+    )
+    if over is not None and over > 0 and padding >= over:
+        evidence += f"; without it the program would fit ({format_size(over)} over)"
+    return (
+        _share(padding, ctx.capacity) + (DECISIVE if over is not None and padding >= over else 0.0),
+        Diagnosis(
+            fix="reduce_activations",
+            summary="XLA pads a tensor to the TPU's tiles: reshape it so its small dimensions "
+            "are not the last two, before cutting the batch",
+            evidence=evidence,
+            commands=remedies.TPU_TILE_PADDING,
+        ),
+    )
+
+
 def _nvenc(ctx: Context) -> tuple[float, Diagnosis] | None:
     """NVENC's NV_ENC_ERR_OUT_OF_MEMORY: first the session cap, which returns the same
     status on GeForce cards, then video memory."""
@@ -628,6 +723,13 @@ def _unknown(ctx: Context) -> Diagnosis:
             f"the card was full ({format_size(fig.free)} free of {format_size(fig.total)}) but the "
             "message does not say who holds the rest"
         )
+    look_at = remedies.UNKNOWN_LOOK_AT_BY_CATEGORY.get(
+        facts.category,
+        "what holds system RAM" if facts.device_type in ("host", "cpu") else "who holds the GPU",
+    )
+    commands = remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category) or remedies.find_holders(
+        facts.device_type, facts.category, facts.kind
+    )
     if facts.category in remedies.UNKNOWN_BY_CATEGORY:
         evidence = remedies.UNKNOWN_BY_CATEGORY[facts.category]
     if (
@@ -656,16 +758,9 @@ def _unknown(ctx: Context) -> Diagnosis:
         )
     return Diagnosis(
         fix="unknown",
-        summary="Not enough numbers to pick a fix: look at "
-        + remedies.UNKNOWN_LOOK_AT_BY_CATEGORY.get(
-            facts.category,
-            "what holds system RAM"
-            if facts.device_type in ("host", "cpu")
-            else "who holds the GPU",
-        ),
+        summary=f"Not enough numbers to pick a fix: look at {look_at}",
         evidence=evidence,
-        commands=remedies.UNKNOWN_COMMANDS_BY_CATEGORY.get(facts.category)
-        or remedies.find_holders(facts.device_type, facts.category, facts.kind),
+        commands=commands,
     )
 
 
@@ -686,6 +781,7 @@ def _oom_killer_evidence(facts: OomFacts, general: str) -> str:
 
 
 _RULES: tuple[Rule, ...] = (
+    _limit_not_card,
     _other_processes,
     _fragmentation,
     _reduce_activations,
@@ -693,5 +789,6 @@ _RULES: tuple[Rule, ...] = (
     _model_too_large,
     _kv_cache,
     _tensorrt_llm_executor,
+    _tile_padding,
     _nvenc,
 )

@@ -120,6 +120,9 @@ class OomFacts(BaseModel):
     source_location: str | None = None  # e.g. "THCStorage.cu:66", "csrc/pythonInterface.c"
     source_line: int | None = None
     phase: str | None = None  # e.g. "model weights" when the text says the model was loading
+    # XLA on a TPU: the extra memory its largest allocation takes for padding to the
+    # chip's tiles ("Extra memory due to padding: 31.00G (32.0x expansion)").
+    padding_bytes: int | None = None
     # Tensor shape and dtype (TensorFlow), kept as printed.
     tensor_shape: str | None = None
     dtype: str | None = None

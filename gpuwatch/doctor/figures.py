@@ -7,6 +7,9 @@ aside or derived one:
 * 2**64 bytes (``17179869184.00 GiB``) is NVML's / the allocator's "not available" or
   "no limit", and ``this process has 0 bytes`` next to gigabytes allocated is NVML
   failing to attribute memory: both become ``None``.
+* A figure about a device's memory over 2 TiB (CuPy's "allocated so far: 7,250,273,780,736
+  bytes") is more than any accelerator has: a running total or a corrupt value, set
+  aside with a note. System RAM (``host``) is not bounded so.
 * A request of 1 EiB or more is no memory anyone has: a corrupt (negative or
   overflowed) size, a bug. It is set aside rather than compared with the card.
 * The pre-2.1 wording has no "reserved but unallocated": it is reserved - allocated.
@@ -35,6 +38,9 @@ SELF_MATCH_SLACK_BYTES = 2 * GIB
 # (total - free) before the list must hold this process: the figures are read at slightly
 # different moments, and sizes are printed rounded.
 IN_USE_TOLERANCE_BYTES = 256 * MIB
+# More memory than any one accelerator has (the largest hold a few hundred GiB, unified
+# memory included): a figure over it is a running total or a corrupt value.
+MAX_DEVICE_BYTES = 2048 * GIB
 
 
 @dataclass
@@ -79,6 +85,22 @@ def _real(value: int | None, what: str, notes: list[str]) -> int | None:
     return value
 
 
+def _on_a_device(
+    value: int | None, what: str, notes: list[str], device_type: str | None
+) -> int | None:
+    """``value`` unless it is more memory than any one accelerator has (a counter that is
+    not memory in use, or a corrupt figure); system RAM (``host``) can be that large."""
+    value = _real(value, what, notes)
+    if value is not None and value > MAX_DEVICE_BYTES and device_type not in ("host", "cpu"):
+        notes.append(
+            f"{what} printed as {format_size(value)}, more than any one accelerator holds "
+            f"(over {format_size(MAX_DEVICE_BYTES)}): not memory in use (a running total or a "
+            "corrupt figure), ignored"
+        )
+        return None
+    return value
+
+
 def _requested(value: int | None, notes: list[str]) -> int | None:
     if value is not None and value >= ABSURD_REQUEST_BYTES:
         notes.append(
@@ -92,16 +114,19 @@ def _requested(value: int | None, notes: list[str]) -> int | None:
 def read_figures(facts: OomFacts) -> Figures:
     """Trusted figures from ``facts``, with a note for every value set aside or derived."""
     notes: list[str] = []
-    allocated = _real(facts.allocated_bytes, "allocated", notes)
-    this_process = _real(facts.process_in_use_bytes, "this process's memory", notes)
+    device = facts.device_type
+    allocated = _on_a_device(facts.allocated_bytes, "allocated", notes, device)
+    this_process = _on_a_device(facts.process_in_use_bytes, "this process's memory", notes, device)
     if this_process == 0 and allocated:
         notes.append(
             "NVML reported 0 bytes for this process next to PyTorch's allocations: ignored"
         )
         this_process = None
     limit = _real(facts.allowed_bytes, "the allowed limit", notes)
-    unallocated = facts.reserved_unallocated_bytes
-    reserved = facts.reserved_bytes
+    unallocated = _on_a_device(
+        facts.reserved_unallocated_bytes, "reserved but unallocated", notes, device
+    )
+    reserved = _on_a_device(facts.reserved_bytes, "reserved", notes, device)
     if unallocated is None and reserved is not None and allocated is not None:
         unallocated = max(0, reserved - allocated)
         notes.append(
@@ -111,8 +136,8 @@ def read_figures(facts: OomFacts) -> Figures:
         reserved = allocated + unallocated
     figures = Figures(
         requested=_requested(facts.requested_bytes, notes),
-        total=_real(facts.total_bytes, "total", notes),
-        free=_real(facts.free_bytes, "free", notes),
+        total=_on_a_device(facts.total_bytes, "total", notes, device),
+        free=_on_a_device(facts.free_bytes, "free", notes, device),
         this_process=this_process,
         allocated=allocated,
         reserved_unallocated=unallocated,

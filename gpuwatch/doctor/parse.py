@@ -30,6 +30,14 @@ _LOADING = re.compile(
     r"|load_checkpoint|in _apply\b|load_tensors|error loading model"
 )
 LOADING_LOOKBACK_CHARS = 3000
+# ... or the failure's own sentence saying what the memory was for: "Insufficient GPU
+# memory to load model", "out of memory while loading the weights", "during model loading".
+_LOADING_PURPOSE = re.compile(
+    r"\b(?:to|while|when|during)\s+(?:(?:load(?:ing)?|mov(?:e|ing))\s+(?:the\s+|a\s+|this\s+|"
+    r"your\s+)?(?:model|weights|checkpoint)|(?:the\s+)?model\s+load(?:ing)?)\b",
+    re.IGNORECASE,
+)
+LOADING_PURPOSE_CHARS = 200
 
 # Fields that identify a message; the rest (message text, exception name) may differ
 # between two printings of the same failure.
@@ -71,18 +79,29 @@ def find_all(text: str) -> list[OomFacts]:
             continue
         added.add(window)
         for start, facts in sorted(readings_found[window][0], key=lambda f: f.start):
-            if facts.phase is None and _LOADING.search(
-                window, max(0, start - LOADING_LOOKBACK_CHARS), start
-            ):
+            if facts.phase is None and _loading(window, start):
                 facts.phase = "model load"
             _add(messages, facts)
     if not messages:
         # A wording without any known anchor word: read line by line (families/generic.py).
-        for previous, line, following in weak_lines(text, generic.says_failure):
-            read = generic.read_line(line, previous, following)
+        for previous, line, following, around in weak_lines(text, generic.says_failure):
+            read = generic.read_line(line, previous, following, around)
+            if read is not None and read.phase is None and _LOADING_PURPOSE.search(line):
+                read.phase = "model load"
             if read is not None:
                 _add(messages, read)
     return messages
+
+
+def _loading(window: str, start: int) -> bool:
+    """Whether the message at ``start`` failed while a model was loaded: a loading frame
+    before it, or its own line saying so after it."""
+    if _LOADING.search(window, max(0, start - LOADING_LOOKBACK_CHARS), start):
+        return True
+    end = window.find("\n", start, start + LOADING_PURPOSE_CHARS)
+    return bool(
+        _LOADING_PURPOSE.search(window, start, end if end != -1 else start + LOADING_PURPOSE_CHARS)
+    )
 
 
 def _find_in(window: str) -> tuple[str, list[Found]]:

@@ -146,6 +146,14 @@ def model_too_large(needed_bytes: int, capacity_bytes: int | None) -> list[str]:
     return commands
 
 
+# The weights did not fit and the message gives no sizes to work out by how much.
+WEIGHTS_UNSIZED = [
+    "a quantised (8-bit or 4-bit) or smaller model",
+    'offload part of it to the CPU (device_map="auto", or the application\'s low-VRAM / '
+    "CPU-offload setting)",
+]
+
+
 # What a message without sizes still says, by kind (the "unknown" diagnosis's evidence).
 UNKNOWN_BY_KIND = {
     "driver": "CUDA itself failed to allocate and printed no sizes; at start-up this usually "
@@ -217,6 +225,13 @@ UNKNOWN_BY_CATEGORY = {
     "nccl_host_alloc_failed": "NCCL could not allocate pinned host memory (system RAM)",
     "nccl_unhandled_cuda_error": "NCCL hit a CUDA error it does not name; out of memory is the "
     "usual cause; NCCL_DEBUG=WARN prints the CUDA failure",
+    "cuda_managed_memory_oom": "a CUDA managed (unified) memory allocation failed: on Linux "
+    "managed memory may outgrow the GPU and page to system RAM, but under WSL2 and Windows "
+    "it cannot (no oversubscription), so there it fails once the GPU's own memory is full (on "
+    "Linux it fails only when system RAM is short too)",
+    "nccl_last_warning_oom": "NCCL failed with a CUDA error it does not name; the last warning "
+    "it logged was CUDA's out of memory, which the message itself says may be unrelated: "
+    "likely no headroom was left for NCCL's buffers, but NCCL_DEBUG=WARN shows the failure",
     "cublas_handle_oom_suspect": "cuBLAS could not create its handle (CUBLAS_STATUS_NOT_INITIALIZED): "
     "almost always the GPU had no memory left for it",
     "cudnn_status_oom_suspect": "cuDNN failed with a status that in practice usually means no "
@@ -504,15 +519,65 @@ OOM_KILLER = [
     "more swap, or a machine with more RAM, if the job's working set really needs it",
 ]
 
+# Free memory covered the request and the allocation still failed: something other than
+# the card's free memory refused it.
+FREE_COVERED_CAUSES = (
+    "the card's free memory was not what ran out: a per-process cap (a memory fraction, "
+    "a container's, MIG or vGPU slice's limit), a cap on one allocation (Intel GPUs allow "
+    "4 GiB without large-allocation support), on Windows the system's commit limit (RAM "
+    "plus the page file back every GPU allocation under WDDM), or memory other processes "
+    "took between the failure and the reading"
+)
+_WINDOWS_COMMIT = (
+    "Windows: System > Advanced system settings > Performance > Virtual memory   # a larger "
+    "page file, or close programs holding RAM: WDDM backs GPU memory with the commit limit"
+)
+
+
+def free_covered(device_type: str | None) -> list[str]:
+    """Where to look when free memory covered the request: the commit limit, and on an
+    NVIDIA card what its driver says is free to this process (a MIG or vGPU slice's)."""
+    if device_type is None or device_type in NVIDIA_DEVICE_TYPES:
+        return [
+            _WINDOWS_COMMIT,
+            "nvidia-smi -q -d MEMORY   # what the driver reports free; a MIG or vGPU slice shows its own size",
+        ]
+    return [_WINDOWS_COMMIT]
+
+
 # What to look at, where a limit rather than the machine's RAM or the GPU ran out (the
 # summary's "look at ..." otherwise names system RAM or the GPU's holders).
 UNKNOWN_LOOK_AT_BY_CATEGORY = {
+    "xla_tpu_memory_space_exhausted": "the program's own memory on the TPU (a compile-time "
+    "message lists its largest allocations), not other processes",
+    "xla_compile_aborted_not_enough_memory": "what the compiled program needs, not other processes",
     "cgroup_oom_killer": "the memory cgroup's limit (the container, pod or job)",
     "compiler_out_of_memory": "the build's parallel jobs (MAX_JOBS), not the GPU",
     "jvm_heap_exhausted": "the JVM's heap limit (-Xmx), not the machine's RAM",
     "jvm_off_heap_exhausted": "the JVM's limits outside its heap",
     "lmcache_buffer_full": "LMCache's CPU buffer (max_local_cpu_size)",
 }
+
+# A TPU program that does not fit when XLA compiles it, in each framework's words.
+TPU_COMPILE = [
+    "reduce the per-core batch, or rematerialise activations (jax.checkpoint, "
+    "tf.recompute_grad, torch_xla's checkpoint)",
+    "shard parameters and activations over more TPU cores (jax.sharding / pjit, Mesh "
+    "TensorFlow's layout rules, torch_xla SPMD)",
+]
+# ... where the padding to the chip's tiles is what does not fit.
+TPU_TILE_PADDING = [
+    "find the allocation in the message's 'Largest program allocations': its Shape (e.g. "
+    "s32[8388608,8,4]) and the op that made it",
+    "reshape or transpose it so a large dimension is minor (last): [N, 8, 4] as [8, 4, N], "
+    "or flattened to [N * 32]; small trailing dimensions are padded to 8 x 128",
+    *TPU_COMPILE,
+]
+
+_NCCL_UNNAMED = [
+    "export NCCL_DEBUG=WARN   # prints the CUDA failure behind 'unhandled cuda error'",
+    *FIND_HOLDERS,
+]
 
 UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
     "rmm_pool_exhausted": RMM_POOL,
@@ -531,14 +596,17 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "df -h /dev/shm",
         "export NCCL_SHM_DISABLE=1   # last resort: slower inter-GPU transport",
     ],
-    "nccl_unhandled_cuda_error": [
-        "export NCCL_DEBUG=WARN   # prints the CUDA failure behind 'unhandled cuda error'",
+    "nccl_unhandled_cuda_error": _NCCL_UNNAMED,
+    "cuda_managed_memory_oom": [
+        "smaller chunks, partitions or batches: under WSL2 and Windows managed memory holds no "
+        "more than the GPU",
+        "LocalCUDACluster(device_memory_limit=..., jit_unspill=True)   # dask-cuda: spill to "
+        "host memory yourself before the GPU fills",
         *FIND_HOLDERS,
     ],
-    "xla_tpu_memory_space_exhausted": [
-        "reduce the per-device batch, or wrap blocks in jax.checkpoint (rematerialisation)",
-        "shard parameters and activations over more TPU cores (jax.sharding / pjit)",
-    ],
+    "nccl_last_warning_oom": _NCCL_UNNAMED,
+    "xla_tpu_memory_space_exhausted": TPU_COMPILE,
+    "xla_compile_aborted_not_enough_memory": TPU_COMPILE,
     "tensorrt_out_of_memory": [
         "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)   # cap the builder's workspace",
         "trtexec --onnx=model.onnx --memPoolSize=workspace:1024   # the same, in MiB",

@@ -125,13 +125,18 @@ def _headline(explanation: Explanation) -> str:
     return f"Out of memory{where}: {what}{raised}"
 
 
+# Categories whose "requested" is a compiled program's whole footprint, not one request.
+_PROGRAM_TOTALS = {"xla_tpu_memory_space_exhausted", "xla_compile_aborted_not_enough_memory"}
+
+
 def _figures(explanation: Explanation) -> list[str]:
     def size(value: int | None) -> str | None:
         return None if value is None else format_size(value)
 
     first = []
     if explanation.requested_bytes is not None:
-        first.append(f"requested {size(explanation.requested_bytes)}")
+        label = "program needs" if explanation.category in _PROGRAM_TOTALS else "requested"
+        first.append(f"{label} {size(explanation.requested_bytes)}")
     if explanation.free_bytes is not None:
         of_total = (
             f" of {size(explanation.total_bytes)}" if explanation.total_bytes is not None else ""

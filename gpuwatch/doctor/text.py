@@ -18,6 +18,8 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
+from gpuwatch.doctor.families.clauses import CONTEXT_LINES
+
 # Lower-case words at least one of which every recognised message contains. Finding
 # them with str.find keeps a 10 MB log to a handful of linear scans.
 ANCHORS = (
@@ -101,8 +103,9 @@ ANCHORS = (
     "npu oom",
     "musa oom",
     "mlu oom",
-    # XLA on a TPU in words: "Getting out of hbm memory error on TPU".
+    # XLA on a TPU in words: "Getting out of hbm memory error on TPU", "failed with hbm oom".
     "out of hbm",
+    "hbm oom",
     # Compilation refused before it ran out: "Aborting compilation early because it's
     # unlikely to have enough memory. Requires 3.47E, has 14.49G available."
     "unlikely to have enough memory",
@@ -192,6 +195,8 @@ MIN_WRAP_WIDTH = 60
 MAX_WEAK_LINES = 1024
 MAX_WEAK_HITS_PER_ANCHOR = 4096
 MAX_WEAK_LINE_CHARS = 1000
+# The lines read on each side of a weak line for the device it is about.
+WEAK_CONTEXT_LINES = CONTEXT_LINES
 
 _LINE_PREFIXES = tuple(
     re.compile(p)
@@ -234,9 +239,10 @@ def windows(text: str) -> list[list[str]]:
     return readings
 
 
-def weak_lines(text: str, keep: Callable[[str], bool]) -> list[tuple[str, str, str]]:
+def weak_lines(text: str, keep: Callable[[str], bool]) -> list[tuple[str, str, str, str]]:
     """Each line with a weak anchor on it that ``keep`` accepts as it stands, with the
-    lines before and after it, each repaired; in text order. ``keep`` is asked first (it
+    lines before and after it, each repaired, and the :data:`WEAK_CONTEXT_LINES` lines on
+    each side of it (one text, repaired); in text order. ``keep`` is asked first (it
     spares the repairs of the lines it turns down), and its refusals do not count
     against the bounds: the first :data:`MAX_WEAK_HITS_PER_ANCHOR` lines of each anchor
     word are looked at, and at most :data:`MAX_WEAK_LINES` are returned."""
@@ -250,7 +256,7 @@ def weak_lines(text: str, keep: Callable[[str], bool]) -> list[tuple[str, str, s
             hits += 1
             end = text.find("\n", pos)
             pos = -1 if end == -1 else lowered.find(anchor, end)
-    pieces: list[tuple[str, str, str]] = []
+    pieces: list[tuple[str, str, str, str]] = []
     for start in sorted(starts):
         if len(pieces) == MAX_WEAK_LINES:
             break
@@ -261,8 +267,29 @@ def weak_lines(text: str, keep: Callable[[str], bool]) -> list[tuple[str, str, s
         previous = _line_at(text, text.rfind("\n", 0, start - 1) + 1) if start else ""
         after = text.find("\n", start)
         following = _line_at(text, after + 1) if after != -1 else ""
-        pieces.append((repair(previous), repair(line), repair(following)))
+        around = _lines_before(text, start) + _lines_after(text, after)
+        pieces.append(
+            (repair(previous), repair(line), repair(following), repair("\n".join(around)))
+        )
     return pieces
+
+
+def _lines_before(text: str, start: int) -> list[str]:
+    """The :data:`WEAK_CONTEXT_LINES` lines before the line that begins at ``start``."""
+    lines: list[str] = []
+    while start and len(lines) < WEAK_CONTEXT_LINES:
+        start = text.rfind("\n", 0, start - 1) + 1
+        lines.insert(0, _line_at(text, start))
+    return lines
+
+
+def _lines_after(text: str, end: int) -> list[str]:
+    """The :data:`WEAK_CONTEXT_LINES` lines after the newline at ``end`` (-1: none)."""
+    lines: list[str] = []
+    while end != -1 and len(lines) < WEAK_CONTEXT_LINES:
+        lines.append(_line_at(text, end + 1))
+        end = text.find("\n", end + 1)
+    return lines
 
 
 def _line_at(text: str, start: int) -> str:

@@ -333,6 +333,29 @@ def line_end(text: str, pos: int) -> int:
     return len(text) if end == -1 else end
 
 
+# How many lines on each side of a failure may name the device it is about: a report
+# names it in a header, a title or an issue template's "GPU:" field a few lines away.
+CONTEXT_LINES = 3
+# ... each side cut at this many characters, so a long line costs no more.
+MAX_CONTEXT_CHARS = 6000
+
+
+def lines_around(text: str, begin: int, end: int) -> str:
+    """The :data:`CONTEXT_LINES` lines before the line ``text[begin:end]`` and after it
+    (without it), each side cut at :data:`MAX_CONTEXT_CHARS`."""
+    low = begin
+    for _ in range(CONTEXT_LINES):
+        low = text.rfind("\n", 0, max(0, low - 1)) + 1 if low else 0
+    high = end
+    for _ in range(CONTEXT_LINES):
+        if high < len(text):
+            high = line_end(text, high + 1)
+    return (
+        text[max(low, begin - MAX_CONTEXT_CHARS) : begin]
+        + text[end : min(high, end + MAX_CONTEXT_CHARS)]
+    )
+
+
 # The last text lowered by :func:`mentions`, and its lowered copy: every family is
 # handed the same window object, so it is lowered once, not once per family.
 _lowered: tuple[str, str] = ("", "")

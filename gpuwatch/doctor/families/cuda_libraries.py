@@ -318,7 +318,9 @@ def _runtime(span: Span) -> OomFacts | None:
         )
     return OomFacts(
         kind="driver",
-        category="host_pinned_memory_oom" if host else "cuda_runtime_error_oom",
+        category="host_pinned_memory_oom"
+        if host
+        else _device_category(span, "cuda_runtime_error_oom"),
         exception=exception_before(span.text, span.start),
         device_type="host" if host else "hip" if hip else "cuda",
         requested_bytes=span.integer(_RUNTIME_REQUESTED),
@@ -574,6 +576,23 @@ def _miopen(span: Span) -> OomFacts:
     )
 
 
+# CUDA managed (unified) memory: RMM's managed_memory_resource, cudaMallocManaged. On
+# Linux it can outgrow the GPU and page to system RAM; under WSL2 and Windows it cannot.
+_MANAGED = re.compile(
+    r"managed_memory_resource|cudaMallocManaged|cuMemAllocManaged|\bmanaged\s+memory\b",
+    re.IGNORECASE,
+)
+MANAGED_CATEGORY = "cuda_managed_memory_oom"
+
+
+def _device_category(span: Span, category: str) -> str:
+    """``category``, or the managed-memory one where the message's line allocates
+    managed memory."""
+    end = span.text.find("\n", span.start, span.end)
+    managed = _MANAGED.search(span.text, span.line_lookback, end if end != -1 else span.end)
+    return MANAGED_CATEGORY if managed else category
+
+
 def _rmm(span: Span) -> OomFacts:
     # The type's name may open the message, its text (with the resource) on the next line
     # (what() after "terminate called ..."): read to the end of that line.
@@ -584,7 +603,7 @@ def _rmm(span: Span) -> OomFacts:
     resource = _RMM_RESOURCE.search(span.text, span.start, reach)
     pool_full = _RMM_POOL_FULL.search(span.text, span.start, reach) is not None
     host = resource is not None and _RMM_HOST_RESOURCE.search(resource["resource"]) is not None
-    category = "rmm_pool_exhausted" if pool_full else "rmm_out_of_memory"
+    category = "rmm_pool_exhausted" if pool_full else _device_category(span, "rmm_out_of_memory")
     requested = _RMM_REQUESTED.search(span.text, span.start, reach)
     return OomFacts(
         kind="driver",

@@ -5,6 +5,8 @@ before any allocation fails, and says so in its own words:
 
 * ``Insufficient VRAM for model and cache``: the automatic split (``load_autosplit``)
   filled every GPU and the weights plus the KV cache for ``max_seq_len`` still did not fit.
+  ExLlamaV3 (TabbyAPI) words it ``Insufficient VRAM in split for model and cache``: a few
+  words inside the phrase are read as the same refusal.
 * ``Insufficient space in device allocation``: a manual ``gpu_split`` gave the GPUs less
   than the layers need.
 
@@ -19,8 +21,10 @@ import re
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families.clauses import Found, exception_before, spans
 
+# A few words may sit inside the fixed phrase: ExLlamaV3 says "Insufficient VRAM in split
+# for model and cache".
 _HEADER = re.compile(
-    r"Insufficient\s+VRAM\s+for\s+model\s+and\s+cache"
+    r"Insufficient\s+VRAM\s+(?:[\w-]+\s+){0,3}?for\s+model\s+and\s+cache"
     r"|(?P<split>Insufficient\s+space\s+in\s+device\s+allocation)"
 )
 

@@ -29,27 +29,40 @@ Only figures the wording makes unambiguous are read: the size after
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 
 from gpuwatch.doctor.facts import Kind, OomFacts
 from gpuwatch.doctor.families import tensorrt
-from gpuwatch.doctor.families.clauses import SIZE, Found, exception_before, forecast, size_of
+from gpuwatch.doctor.families.clauses import (
+    CONTEXT_LINES,
+    SIZE,
+    Found,
+    exception_before,
+    forecast,
+    lines_around,
+    size_of,
+)
 from gpuwatch.doctor.units import SIZE_PATTERN, size_to_bytes
 
 # Memory said to be short, in words.
 # The GPU's memory called RAM: "GPU RAM", "video RAM" ("Not enough GPU RAM free (3686MB
 # free, need at least 4122MB)"). RAM alone is the host's.
 _GPU_RAM = r"(?:gpu|video|graphics)[\s_-]?ram"
+# ... and its memory abbreviated after an accelerator word ("Not enough GPU mem!", "out of
+# VRAM mem", "insufficient device mem"): "mem" alone is any memory.
+_GPU_MEM = r"(?:gpu|video|graphics|vram|device|cuda|card)[\s_-]?mem\b"
 _SHORT = re.compile(
     # Not "memoryless"; "OutOfMemoryError", "OutOfDeviceMemory", "OUTOFVIDEOMEMORY" are
     # the same words, and the last two say where.
     r"out[\s_-]?of[\s_-]?(?P<where>(?:device|gpu|video|graphics|vram|hbm)[\s_-]?)?memory(?-i:(?![a-z]))"
-    rf"|out[\s_-]of[\s_-](?P<where_ram>{_GPU_RAM})\b"
+    rf"|out[\s_-]of[\s_-](?P<where_ram>{_GPU_RAM}|{_GPU_MEM})\b"
     # "OOM" also right after text in another script ("在evaluate阶段会出现OOM"), where \b sees
     # no boundary: only an ASCII letter or digit around it disqualifies it.
     r"|(?<![A-Za-z0-9_])OOM(?![A-Za-z0-9_])"
-    rf"|(?:\bnot|n't)\s+(?:have\s+|had\s+)?enough\s+(?:[\w-]+\s+){{0,3}}?(?:memory|vram|hbm|{_GPU_RAM})\b"
-    rf"|\binsufficient\s+(?:[\w-]+\s+){{0,3}}?(?:memory|vram|hbm|{_GPU_RAM})\b"
-    rf"|\b(?:memory|vram|{_GPU_RAM})\s+(?:is\s+|was\s+)?(?:insufficient|exhausted|full)\b"
+    rf"|(?:\bnot|n't)\s+(?:have\s+|had\s+)?enough\s+(?:[\w-]+\s+){{0,3}}?(?:memory|vram|hbm|{_GPU_RAM}|{_GPU_MEM})\b"
+    rf"|\binsufficient\s+(?:[\w-]+\s+){{0,3}}?(?:memory|vram|hbm|{_GPU_RAM}|{_GPU_MEM})\b"
+    rf"|\b(?:memory|vram|{_GPU_RAM}|{_GPU_MEM})\s+(?:is\s+|was\s+)?(?:insufficient|exhausted|full)\b"
     r"|\bexhausted\s+(?:[\w-]+\s+){0,2}?memory\b"
     r"|显存不足|显存不够|显存溢出|内存不足|内存不够",
     re.IGNORECASE,
@@ -86,6 +99,8 @@ _ACCELERATOR = re.compile(
         r"gpus?|cuda|vram|hbm|npus?|tpus?|xpus?|dcu|mlu|ipu|hpu|musa|rocm|hip|nvidia|geforce"
         r"|radeon|tesla|metal|mps|vulkan|opencl|sycl|oneapi|directml|dml|direct3d|d3d\d*|w(?:eb)?gpu"
         r"|directx|directdraw|dderr|optix|accelerator|graphics\s+card|video\s+memory"
+        # A card named by its model, as users write it: "gtx 1660ti", "RTX4090", "rx 6800".
+        r"|gtx|rtx|quadro|rx\s?\d{3,4}"
     )
     + r"|(?<![A-Za-z])vk(?=[A-Z])|gmem|显存|显卡"
 )
@@ -100,6 +115,25 @@ _ELSEWHERE = re.compile(
     r"\bpinned\b|_host_|\b(?:host|system|CPU)\s+(?:memory|RAM)\b|for\s+an\s+array\s+with\s+shape"
     r"|oom[\s_-]?kill|\bcgroup|shared\s+memory",
     re.IGNORECASE,
+)
+# A fixed region, arena or plan too small for what was put in it: a capacity check, not
+# the device's memory running out ("storage allocation failure, attempted to allocate
+# 16785408 at offset 0 in region that is 16777216bytes", "Check failed: (offset +
+# needed_size <= this->buffer.size) is false", DeepSpeed's "num_elems 1024 > buffer 512").
+_PLANNED_REGION = re.compile(
+    r"\bin\s+(?:a\s+|the\s+)?(?:region|buffer|arena|pool|slab|chunk)\s+(?:that\s+is|of(?:\s+size)?)\s+\d"
+    r"|\bat\s+offset\s+\d+\s+in\b"
+    r"|Check\s+failed:\s*\([^()\n]{0,120}<=?[^()\n]{0,80}\b(?:size|capacity|len)\w*\s*\)"
+    r"|\bnum_elems\s+\d+\s*>\s*buffer\b",
+    re.IGNORECASE,
+)
+# A line a program printed for an error: it opens with the error's label or its type
+# ("Fail: Unexpected error: matxException (...)", "Uncaught exception: Could not allocate
+# memory: ...", "RuntimeError: ...", "[ERROR] ...").
+_ERROR_LINE = re.compile(
+    r"\W{0,4}(?:[\w.:]*(?:Error|Exception|Failure)\b"
+    r"|(?i:error|exception|uncaught|unhandled|fatal|critical|fail(?:ed|ure)?|abort(?:ed|ing)?"
+    r"|panic|terminate)\b)"
 )
 # The program said it went on: a warning, a fallback, a retry.
 _WENT_ON = re.compile(
@@ -147,8 +181,11 @@ _INDEX = re.compile(
 _VENDORS = tuple(
     (name, re.compile(_words(words)))
     for name, words in (
-        ("cuda", r"cuda|nvidia|geforce|tesla|cuda:\d+"),
-        ("hip", r"rocm|hip|radeon|amd"),
+        (
+            "cuda",
+            r"cuda|nvidia|geforce|tesla|cuda:\d+|gtx|rtx|quadro|[ahv]100|[hb]200|a[4-6]000|l40s?",
+        ),
+        ("hip", r"rocm|hip|radeon|amd|rx\s?\d{3,4}"),
         ("npu", r"npu|ascend"),
         ("tpu", r"tpu"),
         ("xpu", r"xpu"),
@@ -174,10 +211,10 @@ def find(window: str) -> list[Found]:
         start, offset = offset, offset + len(line) + 1
         previous = lines[n - 1] if n else ""
         following = lines[n + 1] if n + 1 < len(lines) else ""
-        at = _failure_at(line, previous, following)
+        at = _failure_at(line, previous, following, partial(_around, lines, n))
         if at is not None:
             exception = exception_before(window, start + at)
-            return [Found(start, _facts(line, previous, exception))]
+            return [Found(start, _facts(line, previous, exception, _around(lines, n)))]
     return []
 
 
@@ -195,23 +232,31 @@ def says_failed_at(window: str, pos: int) -> bool:
     previous = window[before : min(begin - 1, before + MAX_LINE_CHARS)] if begin else ""
     following = window[end + 1 : min(after, end + 1 + MAX_LINE_CHARS)] if end < len(window) else ""
     line = window[begin : min(end, begin + MAX_LINE_CHARS)]
-    return _failure_at(line, previous, following) is not None
+    return (
+        _failure_at(line, previous, following, lambda: lines_around(window, begin, end)) is not None
+    )
 
 
-def read_line(line: str, previous: str, following: str) -> OomFacts | None:
+def _around(lines: list[str], n: int) -> str:
+    """The :data:`CONTEXT_LINES` lines before ``lines[n]`` and after it."""
+    return "\n".join(lines[max(0, n - CONTEXT_LINES) : n] + lines[n + 1 : n + 1 + CONTEXT_LINES])
+
+
+def read_line(line: str, previous: str, following: str, around: str = "") -> OomFacts | None:
     """``line``, between the lines around it, as a message, or None (the parser's read
-    of a line whose only anchor words are weak ones: text.py, ``weak_lines``)."""
+    of a line whose only anchor words are weak ones: text.py, ``weak_lines``; ``around``:
+    the :data:`CONTEXT_LINES` lines on each side)."""
     line, previous = line[:MAX_LINE_CHARS], previous[:MAX_LINE_CHARS]
-    at = _failure_at(line, previous, following[:MAX_LINE_CHARS])
+    at = _failure_at(line, previous, following[:MAX_LINE_CHARS], lambda: around)
     if at is None:
         return None
     exception = exception_before(f"{previous}\n{line}", len(previous) + 1 + at)
-    return _facts(line, previous, exception)
+    return _facts(line, previous, exception, around)
 
 
 # Every line _SHORT or _ALLOC_FAILED matches holds one of these (lower-cased): a
 # substring test spares the patterns most lines of a long log.
-_KEYWORDS = ("memory", "alloc", "oom", "vram", "hbm", "ram", "显存", "内存")
+_KEYWORDS = ("mem", "alloc", "oom", "vram", "hbm", "ram", "显存", "内存")
 
 
 def says_failure(line: str) -> bool:
@@ -228,10 +273,15 @@ def _failure(line: str) -> re.Match[str] | None:
     return _SHORT.search(line) or _ALLOC_FAILED.search(line)
 
 
-def _failure_at(line: str, previous: str, following: str) -> int | None:
-    """Where in ``line`` it says the device's memory ran out, or None when it does not."""
+def _failure_at(line: str, previous: str, following: str, around: Callable[[], str]) -> int | None:
+    """Where in ``line`` it says the device's memory ran out, or None when it does not.
+    ``around``: the lines near it, asked for only where the line and the one before
+    name no accelerator."""
     failure = _failure(line)
     if failure is None or (failure.re is _ALLOC_FAILED and _OTHER_ERROR.search(line)):
+        return None
+    named = failure.re is _SHORT and (failure["where"] or failure["where_ram"])
+    if not named and _PLANNED_REGION.search(line):
         return None
     if any(p.search(line) for p in (_WENT_ON, _LEVEL, _PYTORCH_NAME, _ELSEWHERE, _YOUR_HARDWARE)):
         return None
@@ -246,7 +296,6 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
         return None
     if _HANDLER_NAME.search(line, max(0, failure.start() - 80), failure.start()):
         return None
-    named = failure.re is _SHORT and (failure["where"] or failure["where_ram"])
     if named or _ACCELERATOR.search(line) or _ACCELERATOR.search(previous):
         return failure.start()
     # "device" (a weak word) on the line, or on the line before ("In Device::create_buffer"
@@ -255,15 +304,24 @@ def _failure_at(line: str, previous: str, following: str) -> int | None:
         _HOST.search(text) for text in (line, previous)
     ):
         return failure.start()
+    # A device named a few lines away (a benchmark's header, "GPU: RTX 3060" in an issue
+    # template), where the line is an error a program printed (prose about OOMs names
+    # GPUs around it too) and does not speak of the host.
+    if _ERROR_LINE.match(line) and not _HOST.search(line) and _ACCELERATOR.search(around()):
+        return failure.start()
     return None
 
 
-def _facts(line: str, previous: str, exception: str | None) -> OomFacts:
+def _facts(line: str, previous: str, exception: str | None, around: str) -> OomFacts:
     where = line + "\n" + previous
     requested = _REQUESTED.search(line) or _NEEDED.search(line)
     free = _FREE.search(line)
     index = _INDEX.search(line)
-    device_type = next((name for name, pattern in _VENDORS if pattern.search(where)), None)
+    # The vendor the line names, or else one the lines around it name.
+    device_type = next(
+        (name for text in (where, around) for name, pattern in _VENDORS if pattern.search(text)),
+        None,
+    )
     kind: Kind = "device"
     # Without a vendor, whose tool lists the device's holders is not known either.
     category = "device_out_of_memory_other_wording" if device_type else "device_out_of_memory"

@@ -5,6 +5,8 @@ Wordings (from NCCL's ``checks.h`` / ``alloc.h`` / ``shmutils.cc`` and PyTorch's
 
 * ``NCCL WARN Cuda failure 'out of memory'``; NCCL >= 2.19 adds the CUDA error number
   (``Cuda failure 2 'out of memory'``). RCCL prints the same "Cuda failure" text on AMD.
+  NCCL 2.x before the tag printed ``host:pid:tid [gpu] init.cu:218 WARN Cuda failure
+  'out of memory'``: its WARN level, with or without the tag, is where it logs failures.
 * ``NCCL WARN Failed to CUDA calloc 6291456 bytes`` (also ``CUDA host alloc``, pinned RAM).
 * ``NCCL WARN Error while creating shared memory segment /dev/shm/nccl-XXXX (size N)`` and
   ``failed to extend /dev/shm/nccl-XXXX to N bytes``: /dev/shm (a container's 64 MiB
@@ -29,11 +31,14 @@ from collections.abc import Callable
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families.clauses import Found, Span, exception_before, spans
 
-_CUDA_FAILURE_OOM = re.compile(
-    r"NCCL\s+WARN\s+(?:Cuda|HIP)\s+failure\s+(?:\d+\s+)?'out\s+of\s+memory'"
-)
+# NCCL logs its fatal errors at its WARN level: "NCCL WARN ...", and in NCCL 2.x before
+# the tag (and under PyTorch's old THD) "host:pid:tid [gpu] init.cu:218 WARN ...". WARN
+# there is where NCCL prints what failed, not a warning that the program went on.
+_WARN = r"(?:NCCL\s+WARN|(?<![\w-])WARN|\[WARN\])\s+"
+_CUDA_FAILURE_OOM = re.compile(_WARN + r"(?:Cuda|HIP)\s+failure\s+(?:\d+\s+)?'out\s+of\s+memory'")
 _CALLOC = re.compile(
-    r"NCCL\s+WARN\s+Failed\s+to\s+CUDA\s+(?P<host>host\s+)?(?:calloc|alloc|malloc)\s+(?P<bytes>\d+)\s+bytes"
+    _WARN
+    + r"Failed\s+to\s+CUDA\s+(?P<host>host\s+)?(?:calloc|alloc|malloc)\s+(?P<bytes>\d+)\s+bytes"
 )
 _SHM = re.compile(
     r"(?:Error\s+while\s+creating\s+shared\s+memory\s+segment\s+(?P<segment>/\S+)\s+\(size\s+(?P<size>\d+)\)"
@@ -57,6 +62,11 @@ _LAST_ERROR_MEMORY = re.compile(
     r"Last\s+error:[^\n]{0,200}\n?[^\n]{0,200}?Failed\s+to\s+CUDA\s+(?:calloc|alloc|malloc)\b"
 )
 _OUT_OF_MEMORY = re.compile(r"out\s+of\s+memory", re.IGNORECASE)
+# XLA relays NCCL's last logged warning with a caveat: "Last NCCL warning(error) log entry
+# (may be unrelated) 'Cuda failure 2 'out of memory''". An out-of-memory named only there
+# is a likely cause, not a certain one.
+_MAY_BE_UNRELATED = re.compile(r"\(may\s+be\s+unrelated\)[^\n]{0,40}$")
+UNRELATED_CATEGORY = "nccl_last_warning_oom"
 # "host:pid:tid [gpu]" right before the message on its line.
 # Matched from a name's first character only: tried from every character of a long word,
 # the pattern would cost the word's length squared.
@@ -137,28 +147,30 @@ def _shm(span: Span) -> OomFacts:
     )
 
 
-def _named_failure(span: Span) -> bool | None:
-    """Whether the CUDA failure NCCL names around the unhandled error is an out-of-memory
-    (``None``: none is named)."""
+def _named_failure(span: Span) -> str | None:
+    """The category of the CUDA failure NCCL names around the unhandled error: an
+    out-of-memory, one only in a log entry the message says may be unrelated, ``""`` for
+    another error, ``None`` where none is named."""
     # Both header wordings appear in one message; look past the span for "Last error".
     low = max(0, span.start - CUDA_FAILURE_LOOKBACK_CHARS)
     high = span.start + LAST_ERROR_LOOKAHEAD_CHARS
     named = list(_CUDA_FAILURE.finditer(span.text, low, high))
-    if any(f["code"] == "2" or _OUT_OF_MEMORY.fullmatch(f["what"]) for f in named):
-        return True
-    if _LAST_ERROR_MEMORY.search(span.text, span.start, high):
-        return True
-    return False if named else None
+    oom = [f for f in named if f["code"] == "2" or _OUT_OF_MEMORY.fullmatch(f["what"])]
+    if oom and all(_MAY_BE_UNRELATED.search(span.text, low, f.start()) for f in oom):
+        return UNRELATED_CATEGORY
+    if oom or _LAST_ERROR_MEMORY.search(span.text, span.start, high):
+        return "nccl_cuda_oom"
+    return "" if named else None
 
 
 def _unhandled(span: Span) -> OomFacts | None:
-    oom = _named_failure(span)
-    if oom is False:
+    named = _named_failure(span)
+    if named == "":
         return None  # the CUDA failure is named, and it is not memory
     host, pid, gpu = _origin(span)
     return OomFacts(
         kind="nccl",
-        category="nccl_cuda_oom" if oom else "nccl_unhandled_cuda_error",
+        category=named or "nccl_unhandled_cuda_error",
         exception=exception_before(span.text, span.start),
         device_type="cuda",
         device_index=gpu,

@@ -12,7 +12,9 @@ Wordings (XLA's ``Status`` texts; the prefix is ``RESOURCE_EXHAUSTED:`` since 20
   CUDA: Free memory/Total memory: F/T``.
 * TPU, at compile time: ``Ran out of memory in memory space hbm. Used 9.08G of 7.48G
   hbm. Exceeded hbm capacity by 1.60G.`` (also ``vmem``, on-chip vector memory), with
-  ``XLA:TPU compile permanent error.`` in newer releases.
+  ``XLA:TPU compile permanent error.`` in newer releases. The program's largest
+  allocations follow, the first with ``Extra memory due to padding: 31.00G (32.0x
+  expansion)`` where the tensor's two minor dimensions are padded to the chip's tiles.
 * TPU, at run time: ``Attempting to reserve 3.95G at the bottom of memory. That was not
   possible. There are 1.92G free, 0B reserved, and 1.92G reservable.`` (or ``Attempting
   to allocate 180.59M. ...``), sometimes followed by ``HBM capacity 8.00G``.
@@ -31,6 +33,8 @@ from gpuwatch.doctor.families.clauses import (
     Span,
     compile_clause,
     exception_before,
+    line_end,
+    lines_around,
     name_near,
     size_of,
     spans,
@@ -58,6 +62,10 @@ _TPU_NOT_POSSIBLE = re.compile(
 _TPU_WANTED = compile_clause(r"Attempting\s+to\s+(?:reserve|allocate)\s+")
 _TPU_FREE = compile_clause(r"There\s+are\s+", r"\s+free")
 _HBM_CAPACITY = compile_clause(r"HBM\s+capacity\s+")
+# The largest allocation listed after a TPU's compile-time OOM, padded to the chip's tiles.
+_PADDING = compile_clause(r"Extra\s+memory\s+due\s+to\s+padding:\s+")
+# How far the listing of the program's largest allocations reaches after the message.
+TPU_LISTING_CHARS = 3000
 # Compilation refused up front, newer releases: "Compilation failure: Aborting compilation
 # early because it's unlikely to have enough memory. Requires 3.47E, has 14.49G
 # available." (the program's need, then what the device has).
@@ -68,8 +76,10 @@ _ABORTED = re.compile(
 _ABORTED_NEEDS = compile_clause(r"Requires\s+")
 _ABORTED_HAS = compile_clause(r"has\s+", r"\s+available")
 # A TPU's HBM said to have run out in words (an issue title: "Getting out of hbm memory
-# error on TPU"), where the line names the TPU or XLA: HBM alone is also a GPU's memory.
-_HBM_IN_WORDS = re.compile(r"(?i:\bout\s+of\s+(?:TPU\s+)?HBM\b)(?=[^\n]*(?:\bTPU|\bXLA))")
+# error on TPU", "it failed with hbm oom"), where the line or the lines around it name the
+# TPU, XLA or a TPU slice ("v3-8", "v5e-16", "v5litepod-8"): HBM alone is also a GPU's.
+_HBM_IN_WORDS = re.compile(r"(?i:\bout\s+of\s+(?:TPU\s+)?HBM\b|\bHBM\s+OOM\b)")
+_TPU_NAMED = re.compile(r"\bTPU|\bXLA|(?<![\w.-])v[2-9][a-z]*-\d{1,4}\b", re.IGNORECASE)
 _BFC_LIMIT = re.compile(r"(?:^|\n)\s*Limit:\s+(\d+)")
 _BFC_IN_USE = re.compile(r"(?:^|\n)\s*InUse:\s+(\d+)")
 _TPU = re.compile(r"\bTPU\b|\bHBM|\bhbm\b")
@@ -83,16 +93,26 @@ def find(window: str) -> list[Found]:
     for header in (_OOM, _REQUEST, _ASYNC):
         for span in spans(window, header, limit=1500):
             found.append(Found(span.start, _gpu_facts(span, header)))
-    for span in spans(window, _TPU_SPACE, limit=600):
+    for span in spans(window, _TPU_SPACE, limit=TPU_LISTING_CHARS):
         found.append(Found(span.start, _tpu_space(span)))
     for span in spans(window, _TPU_NOT_POSSIBLE, limit=600):
         found.append(Found(span.start, _tpu_not_possible(span)))
     for span in spans(window, _ABORTED, limit=300, needs=("aborting compilation",)):
         found.append(Found(span.start, _aborted(span)))
     if not found:
-        for span in spans(window, _HBM_IN_WORDS, limit=300, needs=("out of hbm", "out of tpu"))[:1]:
-            found.append(Found(span.start, _hbm_in_words(span)))
+        hbm = spans(window, _HBM_IN_WORDS, limit=300, needs=("out of hbm", "out of tpu", "hbm oom"))
+        on_a_tpu = [span for span in hbm if _on_a_tpu(span)]
+        found.extend(Found(span.start, _hbm_in_words(span)) for span in on_a_tpu[:1])
     return found
+
+
+def _on_a_tpu(span: Span) -> bool:
+    """Whether the line of ``span``, or the lines around it, name a TPU or XLA."""
+    begin, end = span.line_start, line_end(span.text, span.start)
+    return bool(
+        _TPU_NAMED.search(span.text, begin, end)
+        or _TPU_NAMED.search(lines_around(span.text, begin, end))
+    )
 
 
 def _aborted(span: Span) -> OomFacts:
@@ -164,6 +184,7 @@ def _tpu_space(span: Span) -> OomFacts:
         device_type="tpu",
         requested_bytes=span.size(_TPU_USED),
         total_bytes=span.size(_TPU_CAPACITY),
+        padding_bytes=span.size(_PADDING),
         phase="compile",
         message=span.snippet,
     )
