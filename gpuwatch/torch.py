@@ -24,11 +24,13 @@ What it does:
    interval. Each report names its GPU by UUID: PyTorch's device ordinal is not NVML's
    index (``CUDA_VISIBLE_DEVICES``, CUDA's fastest-first order).
 2. On ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``) or an older
-   ``RuntimeError("CUDA out of memory...")``, through ``sys.excepthook`` (chained to
-   the previous hook) or :func:`guard`, it prints the ``gpuwatch explain`` diagnosis to
-   stderr, posts an incident (a :class:`gpuwatch.wire.OomIncident`) to
-   ``POST {agent_url}/incidents/oom`` (the agent adds who was on the GPU and forwards
-   it to the central server) and lets the exception go on.
+   ``RuntimeError("CUDA out of memory...")``, through ``sys.excepthook`` and
+   ``threading.excepthook`` (each chained to the previous hook) or :func:`guard`, it
+   prints the ``gpuwatch explain`` diagnosis to stderr, with the live view of the GPU
+   the reporter resolved (not PyTorch's ordinal the message prints), posts an incident
+   (a :class:`gpuwatch.wire.OomIncident`) to ``POST {agent_url}/incidents/oom`` (the
+   agent adds who was on the GPU and forwards it to the central server) and lets the
+   exception go on.
 
 The agent URL is ``agent_url``, else the environment variable ``GPUWATCH_AGENT_URL``,
 else ``http://127.0.0.1:9402``. This is the one place outside gpuwatch.settings that
@@ -39,7 +41,12 @@ non-default agent without editing training scripts. (It also reads CUDA's own
 
 Nothing here may break the training process: a missing or CPU-only torch, an invalid
 agent URL or a failing allocator read is logged and skipped, and the OOM handler never
-replaces the user's exception with its own.
+replaces the user's exception with its own. Nor hold or grow it, whatever listens on
+the agent's port: every exchange has a deadline on the whole of it and a bound on the
+answer, never goes through a proxy, and goes only to a listener owned by root, the
+agent's service user or this user (:func:`gpuwatch.doctor.live.agent_exchange`); an
+OOM'ing process is held at most SNAPSHOT_TIMEOUT_SECONDS + INCIDENT_TIMEOUT_SECONDS.
+Nor write into its logs: nothing per request (httpx's INFO line is never emitted).
 
 ``torch`` is imported lazily (at :func:`install`, or first use), and nothing in the
 base package imports this module. The allocator source is injectable
@@ -50,6 +57,8 @@ be tested without a GPU.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import os
 import re
 import sys
@@ -68,11 +77,19 @@ from pydantic import BaseModel, ValidationError
 from gpuwatch.doctor import DEFAULT_AGENT_URL
 from gpuwatch.doctor.explain import Explanation, explain_facts
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.live import fetch_local_snapshot
+from gpuwatch.doctor.live import (
+    MAX_POST_ANSWER_BYTES,
+    AgentExchangeError,
+    AgentRefused,
+    agent_exchange,
+    agent_url_problem,
+    fetch_local_snapshot,
+)
 from gpuwatch.doctor.parse import parse_oom
 from gpuwatch.doctor.report import render
 from gpuwatch.doctor.units import format_size
 from gpuwatch.errors import NotRecognized
+from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import (
     INCIDENTS_OOM_PATH,
     MAX_DEVICE_UUID_CHARS,
@@ -101,8 +118,19 @@ log = logging.getLogger(__name__)
 
 AGENT_URL_ENV = "GPUWATCH_AGENT_URL"
 VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+# Each is the deadline of a whole exchange (gpuwatch.doctor.live.agent_exchange), so an
+# OOM'ing process is held at most SNAPSHOT + INCIDENT seconds by whatever listens.
 REPORT_TIMEOUT_SECONDS = 0.5
+SNAPSHOT_TIMEOUT_SECONDS = 0.5
 INCIDENT_TIMEOUT_SECONDS = 2.0
+# Above this the interval could not be waited on (threading's timeout overflows near
+# 1e10 s), and reports a day apart are long stale at the agent anyway.
+MAX_INTERVAL_SECONDS = 86400.0
+# After an agent refused device_uuid (it predates it), the index alone is sent for this
+# long, then the UUID again: what answered may have been something else on the port.
+UUID_RETRY_SECONDS = 600.0
+# How long the periodic reports trust a listener found trusted, while it keeps answering.
+LISTENER_RECHECK_SECONDS = 60.0
 HISTORY_LENGTH = 360  # an hour of reports at the default 10 s
 LOW_HEADROOM = 0.10
 
@@ -210,8 +238,13 @@ def cuda_device_ref(ordinal: int) -> DeviceRef:
     uuid = _torch_uuid(ordinal)
     if uuid is None and entry is not None and entry.upper().startswith(("GPU-", "MIG-")):
         uuid = _clean_uuid(entry)
-    index = int(entry) if entry is not None and entry.isdigit() else ordinal
-    return DeviceRef(index=index, uuid=uuid)
+    number = _DEVICE_NUMBER.fullmatch(entry) if entry is not None else None
+    return DeviceRef(index=int(number.group()) if number else ordinal, uuid=uuid)
+
+
+# A CUDA_VISIBLE_DEVICES index: ASCII digits only ("²".isdigit() is True, int() refuses
+# it), and short enough for int() (which refuses 4,300 digits and more).
+_DEVICE_NUMBER = re.compile(r"[0-9]{1,9}")
 
 
 def _visible_entry(ordinal: int) -> str | None:
@@ -269,17 +302,6 @@ def on_cuda_device(facts: OomFacts) -> bool:
     return facts.device_type is None or facts.device_type in _CUDA_DEVICE_TYPES
 
 
-def agent_url_problem(url: str) -> str | None:
-    """Why ``url`` cannot reach an agent (``None``: it may)."""
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError) as err:
-        return str(err)
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        return "not an http(s) URL with a host"
-    return None
-
-
 def is_oom(exc: BaseException) -> bool:
     """True for ``torch.OutOfMemoryError`` and any RuntimeError holding an OOM message.
 
@@ -328,8 +350,7 @@ class Reporter:
         reset_peak_each_report: bool = False,
         identify: Callable[[int], DeviceRef] | None = None,
     ) -> None:
-        if interval_seconds <= 0:
-            raise ValueError("interval_seconds must be positive")
+        _check_interval(interval_seconds)
         self.agent_url = agent_url.rstrip("/")
         # Checked once here: httpx raises InvalidURL (not an HTTPError) at every post.
         self.url_problem = agent_url_problem(self.agent_url)
@@ -347,9 +368,13 @@ class Reporter:
         self._epoch_peak: dict[int, int] = {}
         self._lock = threading.Lock()
         self._warned_unreachable = False
+        self._warned_refused = False
         self._warned_stats = False
-        # Set when the agent refused ``device_uuid`` (it predates it): sent no more.
-        self._agent_lacks_uuid = False
+        # When (monotonic) an agent refused ``device_uuid`` and took the index alone: it
+        # predates it, and is sent the index alone until UUID_RETRY_SECONDS later.
+        self._uuid_refused_at: float | None = None
+        # When (monotonic) the agent's listener was last found trusted; None: check it.
+        self._listener_trusted_at: float | None = None
 
     def start(self) -> None:
         """Start the reporting thread (idempotent; not with an unusable agent URL)."""
@@ -371,34 +396,29 @@ class Reporter:
             self._thread = None
 
     def _run(self) -> None:
-        with httpx.Client(timeout=REPORT_TIMEOUT_SECONDS, transport=self._transport) as client:
-            while not self._stop.wait(self.interval_seconds):
-                try:
-                    self.report_once(client)
-                except Exception as err:  # a report must never end the reporting
-                    self._stats_failed(err)
+        while not self._stop.wait(self.interval_seconds):
+            try:
+                self.report_once()
+            except Exception as err:  # a report must never end the reporting
+                self._stats_failed(err)
 
     def _devices(self) -> list[int]:
         return [self.device] if self.device is not None else self.stats.devices()
 
-    def report_once(self, client: httpx.Client | None = None) -> int:
-        """Sample every device and post one report each; returns how many the agent took."""
+    def report_once(self) -> int:
+        """Sample every device and post one report each; returns how many the agent
+        took. Never raises, and each post ends within REPORT_TIMEOUT_SECONDS."""
         try:
             samples = self._samples()
         except Exception as err:  # CUDA torn down at exit, a lost GPU, no torch at all
             self._stats_failed(err)
             return 0
         posted = 0
-        own = client or httpx.Client(timeout=REPORT_TIMEOUT_SECONDS, transport=self._transport)
-        try:
-            for sample in samples:
-                self._remember(sample)
-                report = self._report(sample)
-                if report is not None:
-                    posted += self._post(own, TORCH_PATH, report, quiet=True)
-        finally:
-            if client is None:
-                own.close()
+        for sample in samples:
+            self._remember(sample)
+            report = self._report(sample)
+            if report is not None:
+                posted += self._post(TORCH_PATH, report, quiet=True, seconds=REPORT_TIMEOUT_SECONDS)
         return posted
 
     def _samples(self) -> list[AllocatorSample]:
@@ -418,13 +438,18 @@ class Reporter:
 
     def device_ref(self, ordinal: int) -> DeviceRef:
         """Which GPU PyTorch's device ``ordinal`` is, for the agent (cached once known)."""
+        ref = self._device(ordinal)
+        refused = self._uuid_refused_at
+        if refused is not None and time.monotonic() - refused < UUID_RETRY_SECONDS:
+            return DeviceRef(index=ref.index)
+        return ref
+
+    def _device(self, ordinal: int) -> DeviceRef:
         ref = self._refs.get(ordinal)
         if ref is None:
             ref = self._identify(ordinal)
             if ref.uuid is not None:  # before CUDA is initialised it may not be known yet
                 self._refs[ordinal] = ref
-        if self._agent_lacks_uuid:
-            return DeviceRef(index=ref.index)
         return ref
 
     def _report(self, sample: AllocatorSample) -> TorchReport | None:
@@ -454,35 +479,77 @@ class Reporter:
             peak = max(self._epoch_peak.get(sample.device_index, 0), sample.peak_held_bytes)
             self._epoch_peak[sample.device_index] = peak
 
-    def _post(self, client: httpx.Client, path: str, body: BaseModel, *, quiet: bool) -> int:
+    def _post(self, path: str, body: BaseModel, *, quiet: bool, seconds: float) -> int:
+        """POST ``body``; 1 when the agent took it. Never raises, and returns within
+        ``seconds`` whatever listens (:func:`~gpuwatch.doctor.live.agent_exchange`)."""
         if self.url_problem is not None:
             self._unreachable(path, self.url_problem, quiet=quiet)
             return 0
-        try:
-            response = client.post(
-                self.agent_url + path,
-                # Unset optional fields are left out, so an agent that predates one
-                # (its bodies are strict) still takes the body.
-                content=body.model_dump_json(exclude_none=True).encode(),
-                headers={"Content-Type": "application/json"},
-            )
-            if response.status_code == 422 and getattr(body, "device_uuid", None) is not None:
-                # An agent older than device_uuid: say it by index, as it understands.
-                self._agent_lacks_uuid = True
-                return self._post(
-                    client, path, body.model_copy(update={"device_uuid": None}), quiet=quiet
-                )
-            response.raise_for_status()
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as err:
-            self._unreachable(path, err, quiet=quiet)
+        deadline = time.monotonic() + seconds
+        status = self._send(path, body, quiet=quiet, seconds=seconds)
+        if status == 422 and getattr(body, "device_uuid", None) is not None:
+            # Perhaps an agent older than device_uuid: say it by index, as it understands.
+            # Only if that is taken is the UUID held back (for a while): a 422 to both is
+            # something else answering, and says nothing about UUIDs.
+            left = deadline - time.monotonic()
+            without = body.model_copy(update={"device_uuid": None})
+            status = self._send(path, without, quiet=quiet, seconds=left) if left > 0 else None
+            if status is not None and 200 <= status < 300:
+                self._uuid_refused_at = time.monotonic()
+        if status is None:
+            return 0
+        if not 200 <= status < 300:
+            self._unreachable(path, f"HTTP {status}", quiet=quiet)
             return 0
         return 1
+
+    def _send(self, path: str, body: BaseModel, *, quiet: bool, seconds: float) -> int | None:
+        """The status the agent answered ``body`` with; ``None`` (logged) for none.
+
+        Who owns the listener is checked before every incident (it holds the OOM
+        message). For the periodic reports (``quiet``) a listener found trusted is
+        checked again LISTENER_RECHECK_SECONDS later, or after any failed exchange (the
+        port can change hands only while the agent is down): reading ``/proc/net/tcp``
+        costs milliseconds on a busy host, every interval, in the training process."""
+        now = time.monotonic()
+        trusted = self._listener_trusted_at
+        check = not quiet or trusted is None or now - trusted >= LISTENER_RECHECK_SECONDS
+        try:
+            status = agent_exchange(
+                self.agent_url + path,
+                method="POST",
+                # Unset optional fields are left out, so an agent that predates one
+                # (its bodies are strict) still takes the body.
+                json_body=body.model_dump_json(exclude_none=True).encode(),
+                seconds=seconds,
+                max_bytes=MAX_POST_ANSWER_BYTES,
+                transport=self._transport,
+                check_listener=check,
+            ).status
+        except AgentRefused as err:
+            self._listener_trusted_at = None
+            self._refused(path, err, quiet=quiet)
+        except AgentExchangeError as err:
+            self._listener_trusted_at = None
+            self._unreachable(path, err, quiet=quiet)
+        else:
+            if check:
+                self._listener_trusted_at = now
+            return status
+        return None
 
     def _unreachable(self, path: str, err: object, *, quiet: bool) -> None:
         # No agent is normal (a laptop, a job on a host without one): say it once.
         level = logging.DEBUG if quiet and self._warned_unreachable else logging.INFO
         log.log(level, "gpuwatch agent at %s did not take %s: %s", self.agent_url, path, err)
         self._warned_unreachable = True
+
+    def _refused(self, path: str, err: AgentRefused, *, quiet: bool) -> None:
+        # Another user's listener on the agent's port: worth a warning, once per
+        # reporter (every interval would flood the job's log); an incident always.
+        level = logging.DEBUG if quiet and self._warned_refused else logging.WARNING
+        log.log(level, "%s; %s not sent", err, path)
+        self._warned_refused = True
 
     def history(self, device: int | None) -> list[int]:
         """Allocated bytes per report on ``device``, oldest first."""
@@ -516,16 +583,9 @@ class Reporter:
         except NotRecognized:
             facts = None
         device = self._incident_device(facts)
-        if facts is None:
-            explanation = Explanation.not_recognized()
-        else:
-            snapshot = None
-            if self.url_problem is None:
-                snapshot = fetch_local_snapshot(
-                    self.agent_url, timeout=REPORT_TIMEOUT_SECONDS, transport=self._transport
-                )
-            growth = self.history(device) or None
-            explanation = explain_facts(facts, snapshot=snapshot, growth=growth)
+        explanation = (
+            Explanation.not_recognized() if facts is None else self._explain(facts, device)
+        )
         out = stream if stream is not None else sys.stderr
         print("gpuwatch: diagnosis of this out-of-memory error", file=out)
         print(
@@ -554,8 +614,51 @@ class Reporter:
         except ValidationError as err:  # e.g. a device index past what the agent takes
             log.info("gpuwatch cannot report this out-of-memory error to the agent: %s", err)
             return
-        with httpx.Client(timeout=INCIDENT_TIMEOUT_SECONDS, transport=self._transport) as client:
-            self._post(client, INCIDENTS_OOM_PATH, incident, quiet=False)
+        self._post(INCIDENTS_OOM_PATH, incident, quiet=False, seconds=INCIDENT_TIMEOUT_SECONDS)
+
+    def _explain(self, facts: OomFacts, device: int | None) -> Explanation:
+        """``explain`` of ``facts`` with the live view of the GPU this process resolved
+        its ``device`` to, and the growth history reported from it."""
+        growth = self.history(device) or None
+        snapshot = None
+        if self.url_problem is None:
+            snapshot = fetch_local_snapshot(
+                self.agent_url, timeout=SNAPSHOT_TIMEOUT_SECONDS, transport=self._transport
+            )
+        live_facts = facts if snapshot is None else self._live_facts(facts, device, snapshot)
+        if live_facts is None:  # no GPU of the snapshot is known to be this one
+            return explain_facts(facts, growth=growth)
+        explanation = explain_facts(live_facts, snapshot=snapshot, growth=growth)
+        # The device as the message and the training code name it ("cuda:0").
+        return explanation.model_copy(update={"device": facts.device, "printed": facts})
+
+    def _live_facts(
+        self, facts: OomFacts, device: int | None, snapshot: HostSnapshot
+    ) -> OomFacts | None:
+        """``facts`` as the live view must read them: with NVML's index of the GPU this
+        process resolved ``device`` to (its UUID, else ``CUDA_VISIBLE_DEVICES``), not
+        PyTorch's ordinal from the message (``CUDA_VISIBLE_DEVICES=3``: "GPU 0" is
+        NVML's GPU 3, and on a host of identical cards the card-size check cannot tell).
+        ``None`` when the UUID names no GPU of ``snapshot``; ``facts`` unchanged when no
+        device is known (the message, or the only GPU, is all there is)."""
+        if device is None:
+            return facts
+        try:
+            # The agent's own resolution, so the view is of the GPU the incident is
+            # counted on (imported here: the agent's modules are needed only now).
+            from gpuwatch.agent.service import incident_device
+
+            ref = self._device(device)
+            index, _ = incident_device(
+                OomIncident(
+                    pid=os.getpid(), device_index=ref.index, device_uuid=ref.uuid, message="-"
+                ),
+                snapshot,
+            )
+        except Exception as err:  # e.g. an index the wire model refuses
+            log.debug("cannot tell which GPU of the snapshot CUDA device %s is: %r", device, err)
+            return None
+        return None if index is None else facts.model_copy(update={"device_index": index})
 
     def _incident_device(self, facts: OomFacts | None) -> int | None:
         """The CUDA device ordinal the OOM is about, ``None`` for none or unknown.
@@ -579,9 +682,25 @@ class Reporter:
 
 
 _installed: Reporter | None = None
+# The hooks install() replaced: sys.excepthook sees the main thread's uncaught
+# exceptions, threading.excepthook every other thread's (a training loop run in a
+# thread). None: not replaced.
 _previous_hook: Callable[[type[BaseException], BaseException, TracebackType | None], Any] | None = (
     None
 )
+_previous_thread_hook: Callable[[threading.ExceptHookArgs], Any] | None = None
+
+
+def _check_interval(seconds: float) -> None:
+    """Refuse an interval the reporter thread could not wait on: not a number, NaN
+    (it would post in a busy loop), zero or less, infinite or too large (the wait
+    overflows and kills the thread)."""
+    number = isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
+    if not number or not math.isfinite(seconds) or not 0 < seconds <= MAX_INTERVAL_SECONDS:
+        raise ValueError(
+            f"interval_seconds must be a number of seconds above 0 and at most "
+            f"{MAX_INTERVAL_SECONDS:g}, not {seconds!r}"
+        )
 
 
 def install(
@@ -605,9 +724,13 @@ def install(
 
     Without an importable torch with CUDA (and no ``stats`` of the caller's), it logs
     one line and does nothing (``None``). With an agent URL that is not one, it logs
-    one line and only hooks OOMs: the diagnosis still goes to stderr.
+    one line and only hooks OOMs: the diagnosis still goes to stderr. An
+    ``interval_seconds`` that is not a finite number in (0, MAX_INTERVAL_SECONDS]
+    raises ValueError at once, on any host: a programming error, said before the
+    thread could die of it.
     """
-    global _installed, _previous_hook
+    global _installed
+    _check_interval(interval_seconds)  # a programming error: said at once, on any host
     if stats is None:
         problem = _cuda_problem()
         if problem is not None:
@@ -631,9 +754,7 @@ def install(
             _installed.url_problem,
         )
     _installed.start()
-    if _previous_hook is None:
-        _previous_hook = sys.excepthook
-        sys.excepthook = _excepthook
+    _hook()
     return _installed
 
 
@@ -653,22 +774,59 @@ def _cuda_problem() -> str | None:
 
 
 def uninstall() -> None:
-    """Stop the reporter and restore the previous ``sys.excepthook``."""
-    global _installed, _previous_hook
+    """Stop the reporter and restore the previous ``sys.excepthook`` and
+    ``threading.excepthook``, where they are still this module's."""
+    global _installed
     if _installed is not None:
         _installed.stop()
         _installed = None
-    if _previous_hook is not None:
+    _unhook()
+
+
+def _hook() -> None:
+    """Chain this module's hooks in front of the current ones (once: a hook still
+    chained from an earlier install() is not chained again)."""
+    global _previous_hook, _previous_thread_hook
+    if _previous_hook is None:
+        _previous_hook = sys.excepthook
+        sys.excepthook = _excepthook
+    if _previous_thread_hook is None:
+        _previous_thread_hook = threading.excepthook
+        threading.excepthook = _thread_excepthook
+
+
+def _unhook() -> None:
+    """Put back the hooks this module replaced, where they are still this module's.
+
+    A hook another library installed since then wraps this one and may call it:
+    replacing it would silently drop that library's hook. So it stays, and this
+    module's stays under it, passing everything on (with no reporter it reports
+    nothing)."""
+    global _previous_hook, _previous_thread_hook
+    if _previous_hook is not None and sys.excepthook is _excepthook:
         sys.excepthook = _previous_hook
         _previous_hook = None
+    if _previous_thread_hook is not None and threading.excepthook is _thread_excepthook:
+        threading.excepthook = _previous_thread_hook
+        _previous_thread_hook = None
 
 
 def _excepthook(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
-    if _installed is not None:
-        _report_oom(exc, _installed)
-    (_previous_hook or sys.__excepthook__)(exc_type, exc, tb)
+    try:
+        if _installed is not None:
+            _report_oom(exc, _installed)
+    finally:  # even when the report is interrupted (Ctrl-C): the user's hook runs
+        (_previous_hook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
+    try:
+        if _installed is not None and args.exc_value is not None:
+            _report_oom(args.exc_value, _installed)
+    finally:
+        (_previous_thread_hook or threading.__excepthook__)(args)
 
 
 def _report_oom(exc: BaseException, reporter: Reporter | None) -> None:

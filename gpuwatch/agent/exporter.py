@@ -15,7 +15,10 @@ The POST bodies are :class:`~gpuwatch.wire.TorchReport` and
 The POST endpoints accept only loopback clients: they take data from processes on
 this host, and a remote peer must not be able to invent allocator figures or
 incidents even when ``/metrics`` listens on all interfaces for Prometheus.
-Bodies are bounded and validated; bad input gets a 4xx with a one-line reason.
+Bodies are bounded and validated; bad input gets a 4xx with a one-line reason. An
+allocator report is taken only from its process's owner or root (the poster's uid as
+the kernel knows it, :func:`torch_report_refusal`; 403 otherwise), and each poster
+holds a bounded share of the reports kept (:mod:`gpuwatch.agent.torch_reports`).
 
 Bounds and access (:class:`~gpuwatch.agent.port.PortPolicy`, from the agent's
 settings): a fixed pool of worker threads, request heads read without a thread, a
@@ -43,12 +46,13 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ValidationError
 
-from gpuwatch.agent.incident_origin import IncidentOrigin
+from gpuwatch.agent.incident_origin import IncidentOrigin, process_uid
 from gpuwatch.agent.port import BoundedHTTPServer, PortPolicy
 from gpuwatch.agent.reaper.served import HISTORY_PATH
 from gpuwatch.agent.state import AgentState
@@ -95,6 +99,7 @@ class Exporter:
         """``policy`` bounds the port and guards ``/snapshot`` (default: 8 workers,
         10 s per request, snapshot for this host only). ``on_oom_from``, when given,
         receives each incident with its :class:`IncidentOrigin` instead of ``on_oom``."""
+        policy = policy or PortPolicy()
         handler = _handler_class(
             render_metrics=render_metrics,
             state=state,
@@ -103,8 +108,8 @@ class Exporter:
             on_oom=_forwarder(on_oom, on_oom_from),
             history=history,
             clock=clock,
+            proc_root=policy.proc_root,
         )
-        policy = policy or PortPolicy()
         guard = RequestGuard.for_listener(
             address[0], policy.allowed_hosts, setting="[agent] allowed_hosts"
         )
@@ -139,6 +144,7 @@ def _handler_class(
     on_oom: Callable[[OomIncident], None] | None,
     history: Callable[[int | None], bytes] | None,
     clock: Callable[[], float],
+    proc_root: Path = Path("/proc"),
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpuwatch-agent"
@@ -252,7 +258,13 @@ def _handler_class(
                 report = self._read_model(TorchReport, MAX_TORCH_BODY)
                 if report is None:
                     return
-                torch_reports.record(report)
+                origin: IncidentOrigin | None = getattr(_request, "origin", None)
+                refused = torch_report_refusal(report.pid, origin, proc_root)
+                if refused is not None:
+                    log.info("allocator report refused: %s", refused)
+                    self._error(403, refused)
+                    return
+                torch_reports.record(report, poster_uid=origin.peer_uid if origin else None)
                 self._send(204, b"", "text/plain")
             elif path == INCIDENTS_OOM_PATH:
                 incident = self._read_model(OomIncident, MAX_INCIDENT_BODY)
@@ -268,6 +280,26 @@ def _handler_class(
 
 
 _PRIVATE_PATHS = ("/snapshot", "/reaper/history")
+
+
+def torch_report_refusal(pid: int, origin: IncidentOrigin | None, proc_root: Path) -> str | None:
+    """Why an allocator report about ``pid`` from ``origin`` is refused (``None``: taken).
+
+    The figures are shown as ``pid``'s own (its owner's, in the snapshot and the
+    metrics), so only that process's owner or root may send them: the poster's uid is
+    the kernel's (``/proc/net/tcp``), the owner's ``/proc/<pid>/status``. A report
+    about a PID that runs nothing is taken: it can attach to no process, not even to
+    one that takes the PID later (:mod:`gpuwatch.agent.torch_reports` dates it no later
+    than its arrival, before that process started)."""
+    if origin is None or origin.peer_uid is None:
+        return "the agent cannot tell which local user sent this report"
+    owner = process_uid(pid, proc_root=proc_root)
+    if owner is not None and not origin.speaks_for(owner):
+        return (
+            f"pid {pid} belongs to uid {owner}, and the poster (uid {origin.peer_uid}) is "
+            "neither its owner nor root"
+        )
+    return None
 
 
 def _first_error(err: ValidationError) -> str:
@@ -320,6 +352,7 @@ def _guarded(
 
     class Guarded(handler):  # type: ignore[valid-type,misc]
         def parse_request(self) -> bool:
+            _request.origin = None  # never a previous request's, on this worker thread
             if not super().parse_request():
                 return False
             path = self.path.split("?", 1)[0]
@@ -357,6 +390,9 @@ def _guarded(
                     self.close_connection = True
                     self._error(415, "an OOM incident must be sent as application/json")
                     return False
+                _request.origin = self._origin()
+            elif self.command == "POST" and path == TORCH_PATH:
+                # A report speaks for its process: only its owner or root may send one.
                 _request.origin = self._origin()
             return True
 

@@ -1,8 +1,10 @@
-"""Who posted an OOM incident to the agent: the local user behind a loopback connection.
+"""Who posted to the agent: the local user behind a loopback connection.
 
 Any local user can post an incident to ``POST /incidents/oom``, and the agent forwards
 it under the host's token; so the agent says who did, as the kernel knows it (the
-owner of the client's socket in ``/proc/net/tcp``), not as the body claims.
+owner of the client's socket in ``/proc/net/tcp``), not as the body claims. The same
+uid decides whether an allocator report on ``POST /torch`` may speak for its process
+(:func:`process_uid`, :meth:`IncidentOrigin.speaks_for`).
 """
 
 from __future__ import annotations
@@ -110,6 +112,20 @@ def _proc_net_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, po
     packed = address.packed
     words = struct.unpack(f"={len(packed) // 4}I", packed)
     return "".join(f"{word:08X}" for word in words) + f":{port:04X}"
+
+
+def process_uid(pid: int, *, proc_root: Path = Path("/proc")) -> int | None:
+    """The real uid of process ``pid`` (``Uid:`` in ``/proc/<pid>/status``); ``None``
+    when no such process is running, or it cannot be read."""
+    try:
+        status = (proc_root / str(pid) / "status").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            uids = line.split()[1:]
+            return int(uids[0]) if uids and uids[0].isdigit() else None
+    return None
 
 
 def _user_name(uid: int | None) -> str | None:

@@ -16,12 +16,22 @@ prints a MIG instance's UUID bare, like a GPU's), CUDA 11's ``MIG-GPU-<uuid>/<gi
 or a unique prefix (``CUDA_VISIBLE_DEVICES=GPU-8932f937``); one that names no device, or
 two, is attached nowhere. A report without a UUID (an older ``gpuwatch.torch``) is found
 by its index, as before.
+
+Who may fill it: the exporter takes a report only from its process's owner or root,
+and passes the poster's uid (the kernel's word) to :meth:`TorchReports.record`. Each
+poster holds at most MAX_ENTRIES_PER_POSTER reports, its oldest going first, and a full
+store evicts from its largest poster: a flood of posts from one user (4,096 made-up
+PIDs) evicts that user's own reports, not everyone's. A report's ``reported_at`` is
+the sender's clock, and the PID-reuse check compares it with a process's start time; it
+is kept no later than the report's arrival, so a report dated in the future cannot
+pass for one from a process that takes the PID later.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +43,9 @@ from gpuwatch.wire import NamedDevice, TorchReport, find_device, gpu_uuid_key
 STALE_AFTER_SECONDS = 60.0
 # Bound on distinct (pid, device) entries, so a misbehaving client cannot grow memory.
 MAX_ENTRIES = 4096
+# Bound on one poster's (uid's) share: no user can evict everyone's reports alone. A
+# host of 8 GPUs with 128 reporting processes each stays under it.
+MAX_ENTRIES_PER_POSTER = 1024
 
 
 # Where a report says its GPU is: ("uuid", gpu_uuid_key(UUID)) or ("index", n).
@@ -44,6 +57,7 @@ class _Entry:
     stats: TorchAllocatorStats
     received_at: float
     uuid: str | None = None  # as the report gave it
+    poster: int | None = None  # the uid that posted it (None: not known, e.g. in tests)
 
 
 def device_key(report: TorchReport) -> DeviceKey:
@@ -56,37 +70,54 @@ def device_key(report: TorchReport) -> DeviceKey:
 class TorchReports:
     """Latest allocator figures per (pid, device), thread-safe, bounded, expiring."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock  # ages the entries
+        self._wall_clock = wall_clock  # epoch seconds, as reported_at
         self._lock = threading.Lock()
         # pid -> device -> latest report (a process reports on few devices).
         self._entries: dict[int, dict[DeviceKey, _Entry]] = {}
+        # poster uid -> its entries (pid, device), least recently received first.
+        self._posters: dict[int | None, OrderedDict[tuple[int, DeviceKey], None]] = {}
         self._count = 0
         self.received_total = 0
 
-    def record(self, report: TorchReport) -> None:
+    def record(self, report: TorchReport, *, poster_uid: int | None = None) -> None:
+        """Keep ``report`` as its process's latest on its device. ``poster_uid``: who
+        sent it, as the kernel says (its share of the store is bounded)."""
         stats = TorchAllocatorStats(
             allocated_bytes=report.allocated_bytes,
             reserved_bytes=report.reserved_bytes,
             reserved_unallocated_bytes=report.reserved_unallocated_bytes,
             peak_allocated_bytes=report.peak_allocated_bytes,
-            reported_at=report.reported_at,
+            reported_at=min(report.reported_at, self._wall_clock()),
         )
         now = self._clock()
+        key = device_key(report)
         with self._lock:
             self.received_total += 1
-            mine = self._entries.setdefault(report.pid, {})
-            key = device_key(report)
-            self._count += key not in mine
-            mine[key] = _Entry(stats, now, report.device_uuid)
-            if self._count > MAX_ENTRIES:
-                self._expire(now)
-                while self._count > MAX_ENTRIES:  # still full: evict the oldest
-                    pid, oldest = min(
-                        ((p, k) for p, keys in self._entries.items() for k in keys),
-                        key=lambda pk: self._entries[pk[0]][pk[1]].received_at,
-                    )
-                    self._drop(pid, oldest)
+            if key in self._entries.get(report.pid, {}):
+                self._drop(report.pid, key)  # replaced: its place in the order too
+            self._entries.setdefault(report.pid, {})[key] = _Entry(
+                stats, now, report.device_uuid, poster_uid
+            )
+            self._posters.setdefault(poster_uid, OrderedDict())[(report.pid, key)] = None
+            self._count += 1
+            self._bound(poster_uid, now)
+
+    def _bound(self, poster: int | None, now: float) -> None:
+        # The caller holds the lock. Each eviction is the oldest of one poster's.
+        if len(self._posters[poster]) > MAX_ENTRIES_PER_POSTER:
+            self._drop(*next(iter(self._posters[poster])))
+        if self._count > MAX_ENTRIES:
+            self._expire(now)
+            while self._count > MAX_ENTRIES:  # still full: the largest poster gives way
+                largest = max(self._posters.values(), key=len)
+                self._drop(*next(iter(largest)))
 
     def get(
         self,
@@ -142,10 +173,14 @@ class TorchReports:
 
     def _drop(self, pid: int, key: DeviceKey) -> None:
         mine = self._entries[pid]
-        del mine[key]
+        poster = mine.pop(key).poster
         self._count -= 1
         if not mine:
             del self._entries[pid]
+        order = self._posters[poster]
+        del order[(pid, key)]
+        if not order:
+            del self._posters[poster]
 
     def _expire(self, now: float) -> None:
         stale = [

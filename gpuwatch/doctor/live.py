@@ -11,7 +11,14 @@ used only when the socket behind the URL belongs to root, the agent's service us
 the caller, checked before and after the request as ``gpuwatch reap`` checks its
 history (:mod:`gpuwatch.agent.reaper.served`); otherwise it is ignored, with one
 warning line. An agent on another host (a URL that is neither a loopback address nor
-a listener on this host) is not checked: the URL names it.
+a listener on this host) is not checked: the URL names it. The same check guards every
+request ``gpuwatch.torch`` sends (:func:`agent_exchange`): a report or an OOM message is
+never posted to another user's listener either.
+
+Bounds: this also runs inside training processes (``gpuwatch.torch``), which a stalled
+agent must never hold. Every exchange has a deadline on the whole of it and a cap on
+the answer's size, and goes to the URL directly, never through a proxy
+(:func:`agent_exchange`).
 
 Idle time: a snapshot is one instant. It has each process's SM share *now*
 (``sm_ratio``) and its start time, not how long it has been idle, so
@@ -25,9 +32,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import ssl
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpcore
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,43 +69,271 @@ def fetch_local_snapshot(
     """The agent's current snapshot, or ``None`` when no usable agent answers.
 
     ``url`` is the agent's base URL (``http://127.0.0.1:9402``); a URL already ending
-    in ``/snapshot`` is used as is. ``timeout`` (seconds) bounds connect and read, so
-    an absent agent costs at most that. Never raises for an absent, slow or broken
-    agent: connection errors, HTTP errors and an invalid body are logged and give
+    in ``/snapshot`` is used as is. ``timeout`` (seconds) bounds the whole exchange
+    (:func:`agent_exchange`), so an absent or stalling agent costs at most that. Never
+    raises for an absent, slow or broken agent: connection errors, HTTP errors, an
+    answer over :data:`MAX_SNAPSHOT_BYTES` and an invalid body are logged and give
     ``None``. Nor for an untrusted one: a listener on this host owned by another user
     (see the module docstring) is logged at WARNING and gives ``None``. A
     ``transport`` (tests) replaces the socket, so it is not checked.
     """
+    problem = agent_url_problem(url)
+    if problem is not None:
+        log.info("agent URL %r is unusable (%s); continuing without live data", url, problem)
+        return None
     target = url.rstrip("/")
     if not target.endswith(SNAPSHOT_PATH):
         target += SNAPSHOT_PATH
-    if transport is None and _untrusted(target, answered=False):
+    try:
+        answer = agent_exchange(
+            target, seconds=timeout, max_bytes=MAX_SNAPSHOT_BYTES, transport=transport
+        )
+    except AgentRefused as err:
+        log.warning("%s; no live context", err)
+        return None
+    except AgentExchangeError as err:
+        log.info("no agent at %s (%s); continuing without live data", target, err)
+        return None
+    if not answer.ok:
+        log.warning("agent at %s answered %s; continuing without live data", target, answer.status)
         return None
     try:
-        with httpx.Client(timeout=timeout, transport=transport) as client:
-            response = client.get(target)
-            response.raise_for_status()
-            snapshot = HostSnapshot.model_validate_json(response.content)
-        # Again after: the socket that answered is the one checked.
-        if transport is None and _untrusted(target, answered=True):
-            return None
-        return snapshot
-    except httpx.HTTPStatusError as err:
-        log.warning(
-            "agent at %s answered %s; continuing without live data",
-            target,
-            err.response.status_code,
-        )
-    except (httpx.HTTPError, httpx.InvalidURL) as err:
-        log.info("no agent at %s (%s); continuing without live data", target, err)
+        snapshot = HostSnapshot.model_validate_json(answer.body)
     except ValidationError as err:
         log.warning("agent at %s sent an invalid snapshot (%s errors)", target, err.error_count())
+        return None
+    # Again after: the socket that answered is the one checked.
+    if transport is None:
+        reason = listener_refusal(target, answered=True)
+        if reason is not None:
+            log.warning("%s; no live context", reason)
+            return None
+    return snapshot
+
+
+def agent_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the base URL of an agent (``None``: it may be one).
+
+    Checked up front because each of these fails only at the request, and not always
+    as an HTTP error: a host name the IDNA codec refuses (an empty label,
+    ``gpu-node..cluster``, or one over 63 characters) raises UnicodeError from the
+    resolver; and a query or fragment would have the endpoint's path appended after
+    it (``http://h:9402?x=1`` + ``/torch``)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as err:
+        return str(err)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return "not an http(s) URL with a host"
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:
+        return "an agent's base URL has no query (?...) or fragment (#...)"
+    try:
+        parsed.host.encode("idna")  # what the resolver does with it
+    except UnicodeError as err:
+        return f"the host name {parsed.host!r} cannot be looked up ({err})"
     return None
 
 
-def _untrusted(url: str, *, answered: bool, proc_root: Path = Path("/proc")) -> bool:
-    """True (and one warning logged) when the listener behind ``url`` on this host is
-    not one to trust: owned by a uid other than root, the agent's service user or this
+# -- one bounded exchange with the agent ------------------------------------------------
+
+# What a training process may hold of one answer: a snapshot of a large host is a few
+# MiB; the answers to a POST are a line.
+MAX_SNAPSHOT_BYTES = 32 * 2**20
+MAX_POST_ANSWER_BYTES = 64 * 2**10
+
+
+class AgentExchangeError(Exception):
+    """Why an exchange with the agent gave no answer, in one line."""
+
+
+class AgentRefused(AgentExchangeError):
+    """The listener behind the URL belongs to a user this process must not talk to."""
+
+
+@dataclass(frozen=True)
+class AgentAnswer:
+    status: int
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def agent_exchange(
+    url: str,
+    *,
+    seconds: float,
+    max_bytes: int,
+    method: str = "GET",
+    json_body: bytes | None = None,
+    transport: httpx.BaseTransport | None = None,
+    check_listener: bool = True,
+) -> AgentAnswer:
+    """One request to the local agent at ``url``, answered within ``seconds`` in all,
+    with at most ``max_bytes`` of body; raises :class:`AgentExchangeError` (and
+    nothing else) otherwise, or :class:`AgentRefused` before sending anything to a
+    listener on this host that another user owns (:func:`listener_refusal`).
+
+    This runs inside training processes, where a stalled or hostile listener on the
+    agent's port must cost a bounded time and memory:
+
+    - the deadline is on the whole exchange (connect, send, every read), not per read
+      as httpx's timeouts are: a listener sending a byte every 0.3 s never trips those;
+    - the body is read in chunks and dropped past ``max_bytes`` (an answer of 2 GiB is
+      never buffered), and a compressed one is refused (none is asked for);
+    - no ``httpx.Client``: proxy variables (``HTTP_PROXY``, ``ALL_PROXY``...) are not
+      read, so the request goes to the agent on this host and not to a proxy, and a
+      malformed one cannot fail it; and httpx's INFO line per request never reaches
+      the training job's log (httpcore logs at DEBUG only).
+
+    ``transport`` (tests) replaces the socket: then nothing is checked or bounded in
+    time. ``check_listener`` false skips the listener check (a caller that checked it
+    moments ago)."""
+    if transport is None and check_listener:
+        reason = listener_refusal(url, answered=False)
+        if reason is not None:
+            raise AgentRefused(reason)
+    headers = {"Content-Type": "application/json"} if json_body is not None else None
+    own = transport is None
+    sender = _DeadlineTransport(seconds) if transport is None else transport
+    try:
+        response = sender.handle_request(
+            httpx.Request(method, url, content=json_body, headers=headers)
+        )
+        try:
+            return AgentAnswer(response.status_code, _bounded_body(response, max_bytes))
+        finally:
+            response.close()
+    except AgentExchangeError:
+        raise
+    except Exception as err:  # a transport, the resolver or the IDNA codec: any failure
+        raise AgentExchangeError(_failure(err, seconds)) from None
+    finally:
+        if own:
+            sender.close()
+
+
+def _bounded_body(response: httpx.Response, max_bytes: int) -> bytes:
+    length = response.headers.get("Content-Length", "")
+    if length.isascii() and length.isdigit() and int(length) > max_bytes:
+        raise AgentExchangeError(f"an answer of {length} bytes, over {max_bytes}")
+    if response.headers.get("Content-Encoding", "identity").lower() != "identity":
+        raise AgentExchangeError("a compressed answer, which was not asked for")
+    chunks, size = [], 0
+    for chunk in response.stream:  # type: ignore[union-attr]  # a transport's: sync
+        size += len(chunk)
+        if size > max_bytes:
+            raise AgentExchangeError(f"an answer over {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _failure(err: Exception, seconds: float) -> str:
+    if isinstance(err, httpcore.TimeoutException | httpx.TimeoutException):
+        return f"no complete answer within {seconds:g} s"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+class _DeadlineTransport(httpx.BaseTransport):
+    """A fresh connection whose every operation must end ``seconds`` from now."""
+
+    def __init__(self, seconds: float) -> None:
+        backend = _DeadlineBackend(time.monotonic() + seconds)
+        self._pool = httpcore.ConnectionPool(network_backend=backend, max_connections=1)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        answer = self._pool.handle_request(
+            httpcore.Request(
+                request.method,
+                httpcore.URL(
+                    scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+                ),
+                headers=request.headers.raw,
+                content=request.content,
+            )
+        )
+        return httpx.Response(answer.status, headers=answer.headers, stream=_Body(answer))
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class _Body(httpx.SyncByteStream):
+    def __init__(self, answer: httpcore.Response) -> None:
+        self._answer = answer
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._answer.iter_stream()
+
+    def close(self) -> None:
+        self._answer.close()
+
+
+def _left(deadline: float, expired: type[httpcore.TimeoutException]) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise expired("deadline passed")
+    return left
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A socket whose reads and writes wait no later than ``deadline`` (monotonic)."""
+
+    def __init__(self, inner: httpcore.NetworkStream, deadline: float) -> None:
+        self._inner = inner
+        self._deadline = deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(self._deadline, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(self._deadline, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _left(self._deadline, httpcore.ConnectTimeout)
+        return _DeadlineStream(
+            self._inner.start_tls(ssl_context, server_hostname, left), self._deadline
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, deadline: float) -> None:
+        self._inner = httpcore.SyncBackend()
+        self._deadline = deadline
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _left(self._deadline, httpcore.ConnectTimeout)
+        stream = self._inner.connect_tcp(host, port, left, local_address, socket_options)
+        return _DeadlineStream(stream, self._deadline)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def listener_refusal(url: str, *, answered: bool, proc_root: Path = Path("/proc")) -> str | None:
+    """Why the listener behind ``url`` on this host is not one to talk to (``None``:
+    it may be): owned by a uid other than root, the agent's service user or this
     caller; or, once it ``answered``, gone from a loopback address (nothing to check)."""
     from gpuwatch.agent.reaper.served import (
         AGENT_SERVICE_USER,
@@ -105,31 +345,25 @@ def _untrusted(url: str, *, answered: bool, proc_root: Path = Path("/proc")) -> 
     try:
         addresses, port = url_addresses(url)
     except ValueError:
-        return False  # not a URL: the request fails and says so
+        return None  # not a URL: the request fails and says so
     found = listeners(port, addresses, proc_root) if addresses else []
     trusted = trusted_uids(os.geteuid())
     for listener in found:
         if listener.uid not in trusted:
-            log.warning(
-                "ignoring the agent at %s: its port belongs to uid %s, not to root, the "
-                "%s service user or you; no live context",
-                url,
-                listener.uid,
-                AGENT_SERVICE_USER,
+            return (
+                f"ignoring the agent at {url}: its port belongs to uid {listener.uid}, not "
+                f"to root, the {AGENT_SERVICE_USER} service user or you"
             )
-            return True
     if (
         answered
         and not found
         and any(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
     ):
-        log.warning(
-            "ignoring the agent at %s: nothing listens there any more, so who answered "
-            "cannot be checked; no live context",
-            url,
+        return (
+            f"ignoring the agent at {url}: nothing listens there any more, so who "
+            "answered cannot be checked"
         )
-        return True
-    return False
+    return None
 
 
 class LiveProcess(BaseModel):

@@ -455,3 +455,218 @@ def test_a_failing_allocator_read_never_ends_the_reporter(
 def test_log_epoch_peak_without_torch_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)
     assert gt.log_epoch_peak(1) is None
+
+
+# --- the live view is of the GPU the reporter resolved -------------------------------------
+
+A6000_OOM = (
+    "CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 47.54 GiB of "
+    "which 3.10 GiB is free. Including non-PyTorch memory, this process has 44.40 GiB memory in "
+    "use. Of the allocated memory 40.00 GiB is allocated by PyTorch, and 3.20 GiB is reserved by "
+    "PyTorch but unallocated."
+)
+
+
+def four_identical_cards() -> object:
+    """Four 48 GiB cards; on each, another user's process with a telling command."""
+    from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, ProcessOwner
+
+    def gpu(index: int) -> Gpu:
+        other = GpuProcess(
+            pid=7000 + index,
+            used_bytes=2 * GIB,
+            command=f"python job_on_gpu{index}.py",
+            owner=ProcessOwner(user=f"user{index}", uid=2000 + index),
+        )
+        return Gpu(
+            index=index,
+            uuid=f"GPU-{index}0000000-0000-0000-0000-000000000000",
+            name="NVIDIA RTX A6000",
+            memory_total_bytes=48 * GIB,
+            memory_used_bytes=46 * GIB,
+            memory_free_bytes=2 * GIB,
+            processes=[other],
+        )
+
+    return HostSnapshot(
+        agent_id="a", hostname="vm", boot_id="b", sequence=1, collected_at=time.time(),
+        gpus=[gpu(i) for i in range(4)],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("visible", "ref", "shown"),
+    [
+        ("3", None, 3),  # CUDA_VISIBLE_DEVICES=3: PyTorch's "GPU 0" is NVML's GPU 3
+        (None, gt.DeviceRef(index=0, uuid="20000000-0000-0000-0000-000000000000"), 2),
+    ],
+    ids=["cuda-visible-devices", "uuid"],
+)
+def test_the_printed_live_view_is_of_the_gpu_the_reporter_resolved(
+    agent: FakeAgent,
+    monkeypatch: pytest.MonkeyPatch,
+    visible: str | None,
+    ref: gt.DeviceRef | None,
+    shown: int,
+) -> None:
+    import io
+
+    agent.snapshot = four_identical_cards()  # type: ignore[assignment]
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    reporter = gt.Reporter(
+        agent_url=agent.url,
+        stats=ScriptedStats(),
+        identify=None if ref is None else (lambda ordinal: ref),
+    )
+    out = io.StringIO()
+    explanation = reporter.handle_oom(torch.OutOfMemoryError(A6000_OOM), stream=out)
+    text = out.getvalue()
+    assert explanation.live is not None and explanation.live.index == shown
+    assert f"Right now on vm, GPU {shown} (NVIDIA RTX A6000)" in text
+    assert f"job_on_gpu{shown}.py" in text and "job_on_gpu0.py" not in text
+    assert explanation.device == "cuda:0"  # as the message and the training code say
+
+
+def test_a_uuid_no_gpu_of_the_host_has_gets_no_live_view(agent: FakeAgent) -> None:
+    import io
+
+    agent.snapshot = four_identical_cards()  # type: ignore[assignment]
+    reporter = gt.Reporter(
+        agent_url=agent.url,
+        stats=ScriptedStats(),
+        identify=lambda ordinal: gt.DeviceRef(index=0, uuid="GPU-elsewhere"),
+    )
+    explanation = reporter.handle_oom(torch.OutOfMemoryError(A6000_OOM), stream=io.StringIO())
+    assert explanation.recognized and explanation.live is None  # not GPU 0's by its ordinal
+
+
+# --- small things that must not break the job ----------------------------------------------
+
+
+def test_an_oom_in_another_thread_is_diagnosed(
+    agent: FakeAgent, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    gt.install(agent_url=agent.url, interval_seconds=60, stats=ScriptedStats())
+    exc = torch.OutOfMemoryError(NEW_OOM)
+
+    def train() -> None:
+        raise exc
+
+    trainer = threading.Thread(target=train, name="trainer")
+    trainer.start()
+    trainer.join()
+    assert "gpuwatch: diagnosis of this out-of-memory error" in capsys.readouterr().err
+    assert len(wait_for(agent, INCIDENTS_OOM_PATH)) == 1
+    assert seen == [exc]  # chained: the previous hook still sees it
+    gt.uninstall()
+    assert threading.excepthook is not gt._thread_excepthook
+
+
+def test_uninstall_keeps_a_hook_installed_after_install(
+    agent: FakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(sys, "excepthook", lambda *a: seen.append("original"))
+    gt.install(agent_url=agent.url, interval_seconds=60, stats=ScriptedStats())
+    under = sys.excepthook
+
+    def crash_reporter(*args: object) -> None:
+        seen.append("crash reporter")
+        under(*args)  # type: ignore[arg-type]
+
+    sys.excepthook = crash_reporter
+    gt.uninstall()
+    assert sys.excepthook is crash_reporter
+    sys.excepthook(ValueError, ValueError("boom"), None)
+    assert seen == ["crash reporter", "original"]  # and gpuwatch's passes it on
+    gt.install(agent_url=agent.url, interval_seconds=60, stats=ScriptedStats())
+    assert sys.excepthook is crash_reporter  # not wrapped twice
+
+
+@pytest.mark.parametrize("interval", [float("inf"), float("nan"), 0, -1.0, 1e12, True, "10"])
+def test_an_interval_the_thread_cannot_wait_on_is_refused_at_install(
+    interval: object, agent: FakeAgent
+) -> None:
+    with pytest.raises(ValueError, match="interval_seconds must be a number of seconds above 0"):
+        gt.install(agent_url=agent.url, interval_seconds=interval, stats=ScriptedStats())  # type: ignore[arg-type]
+    assert not [t for t in threading.enumerate() if t.name == "gpuwatch-torch-reporter"]
+
+
+def test_a_listener_that_refuses_everything_does_not_cost_the_uuid() -> None:
+    import httpx
+
+    bodies: list[dict[str, object]] = []
+    refusing = [True]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(422 if refusing[0] else 204)
+
+    reporter = gt.Reporter(
+        agent_url="http://127.0.0.1:9",
+        stats=ScriptedStats(),
+        transport=httpx.MockTransport(answer),
+        identify=lambda ordinal: gt.DeviceRef(index=3, uuid=UUID_3),
+    )
+    assert reporter.report_once() == 0  # 422 with the UUID and without: not about it
+    refusing[0] = False  # the agent is back
+    assert reporter.report_once() == 1
+    assert bodies[-1]["device_uuid"] == UUID_3
+
+
+def test_an_agent_that_predates_device_uuid_is_asked_again_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import httpx
+
+    bodies: list[dict[str, object]] = []
+
+    def old_agent(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        return httpx.Response(422 if "device_uuid" in body else 204)
+
+    reporter = gt.Reporter(
+        agent_url="http://127.0.0.1:9",
+        stats=ScriptedStats(),
+        transport=httpx.MockTransport(old_agent),
+        identify=lambda ordinal: gt.DeviceRef(index=3, uuid=UUID_3),
+    )
+    assert reporter.report_once() == 1
+    monkeypatch.setattr(gt, "UUID_RETRY_SECONDS", 0.0)  # upgraded since
+    assert reporter.report_once() == 1
+    assert ["device_uuid" in b for b in bodies] == [True, False, True, False]
+
+
+@pytest.mark.parametrize("visible", ["²", "٣", "9" * 5000, "3²", "0x1", "GPU-\udcff"])
+def test_cuda_device_ref_never_raises(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert gt.cuda_device_ref(0).index == 0
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://gpu-node..cluster:9402",  # an empty label: the resolver's IDNA codec refuses it
+        "http://" + "a" * 64 + ".cluster:9402",  # a label over 63 characters
+        "http://127.0.0.1:9402?x=1",  # /torch would go after the query
+        "http://127.0.0.1:9402#frag",  # and be dropped after the fragment
+    ],
+)
+def test_an_agent_url_that_cannot_work_is_one_warning_and_the_diagnosis_still_prints(
+    url: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with caplog.at_level(logging.INFO, logger="gpuwatch"):
+        reporter = gt.install(agent_url=url, interval_seconds=0.01, stats=ScriptedStats())
+        assert reporter is not None and reporter.url_problem is not None
+        with pytest.raises(torch.OutOfMemoryError), gt.guard():
+            raise torch.OutOfMemoryError(NEW_OOM)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "unusable" in warnings[0]
+    assert not any("allocator" in r.getMessage() for r in caplog.records)
+    assert "gpuwatch: diagnosis of this out-of-memory error" in capsys.readouterr().err
