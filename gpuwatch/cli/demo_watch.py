@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from rich.console import Group
@@ -63,7 +64,7 @@ class Watch:
         seen, now = self.seen, time.time() - self.started
         lines: list[dict[str, Any]] = []
         for name in self.hostnames:
-            host = self._get(f"/api/v1/hosts/{name}")
+            host = self._get(f"/api/v1/hosts/{quote(name, safe='')}")
             if host is not None:
                 seen.hosts[name] = host
         events = self._get("/api/v1/events", limit=500)

@@ -59,9 +59,18 @@ def _hostname(value: str) -> str:
 _INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 
 
+def _new_hostname(value: str) -> str:
+    # Browsers (and most HTTP clients) drop "." and ".." path segments, "%2e" spellings
+    # included, so /hosts/.. would open the fleet page instead. Only a new host is
+    # refused: ``revoke`` still takes a name a database already holds.
+    if _hostname(value) in (".", ".."):
+        raise typer.BadParameter(f"{value!r} cannot be a host name (a URL path resolves it away)")
+    return value
+
+
 @token.command("create")
 def create(
-    host: str = typer.Argument(..., callback=_hostname, help="Host name the agent reports."),
+    host: str = typer.Argument(..., callback=_new_hostname, help="Host name the agent reports."),
     database_url: str | None = _URL,
     config: Path | None = _CONFIG,
 ) -> None:

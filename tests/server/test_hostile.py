@@ -476,8 +476,9 @@ class TestSchemaAgreesWithTheDatabase:
         # A GPU that was read, with its processes visible: they are stored then.
         sent["gpus"][0].update(lost=False, read_error=None, processes_visible=True)
         event = _extreme(_EVENT, _EVENT.get("$defs", {}), end) | {"hostname": "host-1"}
-        if end == "max":  # events obey the snapshots' clock-skew bound too
-            event["occurred_at"] = T0
+        # Events obey the snapshots' clock-skew bound too, and none older than the
+        # retention window is taken (events/views.py _check_time).
+        event["occurred_at"] = T0
 
         pushed = self.post(live, "/api/v1/snapshots", token, {"snapshots": [sent]})
         reported = self.post(live, "/api/v1/events", token, event)
@@ -526,9 +527,14 @@ class TestSchemaAgreesWithTheDatabase:
         response = self.post(live, "/api/v1/events", token, event)
 
         at = event.get("occurred_at")
-        # Further ahead than snapshots may be: refused (422 clock_skew), as they are.
-        ahead = isinstance(at, float | int) and at > live.clock() + MAX_FUTURE_SKEW_SECONDS
-        if _valid(ReportedEvent, json.dumps(event).encode()) and not ahead:
+        # Further ahead than snapshots may be, or further back than the retention
+        # window: refused (422 clock_skew).
+        retention = ServerSettings.model_fields["retention_days"].default * 86400
+        window = (live.clock() - retention, live.clock())
+        skewed = isinstance(at, float | int) and not (
+            window[0] <= at <= window[1] + MAX_FUTURE_SKEW_SECONDS
+        )
+        if _valid(ReportedEvent, json.dumps(event).encode()) and not skewed:
             assert response.status_code == 200, response.text
         else:
             assert response.status_code == 422, response.text

@@ -184,15 +184,7 @@ def _record(
         for error in errors:
             error["loc"] = ("body", *error["loc"])
         raise RequestValidationError(errors) from err
-    # The snapshots' rule: an event dated far ahead would stay "recent" (a firing
-    # process_reaped alert that never ages out) and head every newest-first list.
-    if body.occurred_at > context.clock() + MAX_FUTURE_SKEW_SECONDS:
-        raise refusal(
-            "clock_skew",
-            ("body", "occurred_at"),
-            f"the event occurred more than {MAX_FUTURE_SKEW_SECONDS:.0f} s in the future;"
-            " fix the agent's clock",
-        )
+    _check_time(body.occurred_at, context)
     with context.database.writer() as session:
         confirm_push(session, context, credential)
         try:
@@ -212,6 +204,33 @@ def _record(
             ) from err
 
 
+def _check_time(occurred_at: float, context: ServerContext) -> None:
+    """422 ``clock_skew`` for a time no honest agent reports now.
+
+    Ahead, the snapshots' rule: an event dated far ahead would stay "recent" (a firing
+    process_reaped alert that never ages out) and head every newest-first list. Behind,
+    the retention window: retention deletes anything older at its next run, so such an
+    event is a wrong clock or a made-up time (an OOM's time is its sender's word, and
+    any local user can send one), and it would stretch the events chart over decades.
+    """
+    now = context.clock()
+    if occurred_at > now + MAX_FUTURE_SKEW_SECONDS:
+        raise refusal(
+            "clock_skew",
+            ("body", "occurred_at"),
+            f"the event occurred more than {MAX_FUTURE_SKEW_SECONDS:.0f} s in the future;"
+            " fix the agent's clock",
+        )
+    retention_days = context.settings.retention_days
+    if occurred_at < now - retention_days * 86400:
+        raise refusal(
+            "clock_skew",
+            ("body", "occurred_at"),
+            f"the event occurred more than {retention_days:g} days ago (retention_days),"
+            " earlier than the server keeps anything; fix the sender's clock",
+        )
+
+
 router.add_api_route(
     "",
     report_event,
@@ -225,7 +244,8 @@ router.add_api_route(
         415: {"description": "Content-Type is not application/json."},
         422: {
             "description": "Not a valid event, one dated more than 10 min ahead of the"
-            " server's clock (clock_skew), or one the database cannot store."
+            " server's clock or further back than retention_days (clock_skew), or one the"
+            " database cannot store."
         },
         429: {
             "description": "This host's event rate limit, or two of its requests already"

@@ -10,12 +10,13 @@ Sizes are bytes, times Unix epoch seconds; charts label them in GiB and UTC.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 from html import escape
 from typing import NamedTuple
 
-from gpuwatch.server.web.format import clock_label, size, when
+from gpuwatch.server.web.format import clock_label, size, tooltip, when
 from gpuwatch.server.web.service import History, Layer
 
 GIB = 2**30
@@ -49,7 +50,13 @@ KIND_COLOURS = {
     "oom": "#b71c1c",
 }
 POINT_KINDS = frozenset({"gpu_back", "reaped", "oom"})
-_TIME_STEPS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
+_DAY = 86400
+_YEAR = 365 * _DAY
+_TIME_STEPS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, _DAY, 2 * _DAY, 7 * _DAY,
+               14 * _DAY, 30 * _DAY, 91 * _DAY, 182 * _DAY, _YEAR)  # fmt: skip
+# Labels on a time axis at most (a step of whole years past the steps above): an event
+# dated decades back (the events page's chart spans the events shown) stays 7 labels.
+_MAX_TICKS = 7
 _GIB_STEPS = (0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 
 
@@ -147,7 +154,7 @@ def memory_chart(
         colour = OTHER_COLOUR if layer.lifetime_id is None else user_colour(layer.user)
         parts.append(
             f'<path class="layer" d="M{upper} L{lower} Z" fill="{colour}" fill-opacity="0.85" '
-            f'stroke="#fff" stroke-width="0.5"><title>{escape(_layer_title(layer))}</title></path>'
+            f'stroke="#fff" stroke-width="0.5"><title>{tooltip(_layer_title(layer))}</title></path>'
         )
         base = top
     used = _polyline(frame, xs, history.used)
@@ -216,7 +223,10 @@ def _y_axis(frame: _Frame) -> str:
 
 def _x_axis(frame: _Frame, baseline: float) -> str:
     span = frame.t1 - frame.t0
-    step = next((s for s in _TIME_STEPS if span / s <= 7), _TIME_STEPS[-1])
+    step = next(
+        (s for s in _TIME_STEPS if span / s <= _MAX_TICKS),
+        math.ceil(span / _MAX_TICKS / _YEAR) * _YEAR,
+    )
     parts = []
     t = (frame.t0 // step + 1) * step
     while t < frame.t1:
@@ -242,7 +252,7 @@ def _marks(
     parts = []
     for mark in marks:
         colour = KIND_COLOURS.get(mark.kind, "#555")
-        title = escape(f"{mark.kind} at {when(mark.started_at)}: {mark.summary}")
+        title = tooltip(f"{mark.kind} at {when(mark.started_at)}: {mark.summary}")
         x0 = frame.x(mark.started_at)
         if mark.kind in POINT_KINDS:
             parts.append(
@@ -286,9 +296,9 @@ def event_timeline(
             f"{kind}</text>"
         )
         for mark, host in events:
-            if mark.kind != kind:
+            if mark.kind != kind or not overlaps(mark, since, until):
                 continue
-            title = escape(f"{host}: {mark.summary} ({when(mark.started_at)})")
+            title = tooltip(f"{host}: {mark.summary} ({when(mark.started_at)})")
             x0 = frame.x(mark.started_at)
             if kind in POINT_KINDS:
                 parts.append(
@@ -304,6 +314,13 @@ def event_timeline(
                 )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def overlaps(mark: Mark, since: float, until: float) -> bool:
+    """Whether ``mark`` has any part in ``[since, until]`` (one outside is listed, not
+    drawn at the chart's edge as if it happened then)."""
+    end = until if mark.ended_at is None else mark.ended_at
+    return mark.started_at <= until and end >= since
 
 
 def fullness_bar(counts: Sequence[tuple[str, int, str]], *, width: int, height: int = 18) -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import time
 from html import escape
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
+
+from gpuwatch.terminal_text import printable
 
 _KIB = 2**10
 
@@ -56,8 +58,14 @@ def ago(t: float | None, now: float) -> str:
 
 
 def clock_label(t: float, span: float) -> str:
-    """An axis label: the time of day, with the date when the axis spans days."""
-    pattern = "%H:%M" if span <= 86400 else "%m-%d %H:%M"
+    """An axis label: the time of day, with the date when the axis spans days, and the
+    date alone, with its year, when it spans months."""
+    if span <= 86400:
+        pattern = "%H:%M"
+    elif span <= 90 * 86400:
+        pattern = "%m-%d %H:%M"
+    else:
+        pattern = "%Y-%m-%d"
     return time.strftime(pattern, time.gmtime(t))
 
 
@@ -71,3 +79,36 @@ def path(root: str, *segments: str | int) -> str:
     """A link inside the dashboard: ``root`` (the ASGI root path) and each segment
     percent-encoded (hostnames come from agents), HTML-escaped for an attribute."""
     return escape(root + "/" + "/".join(quote(str(s), safe="") for s in segments))
+
+
+# Path segments a browser (and most HTTP clients) resolves away before sending the
+# request, whether spelled as dots or as "%2e": no path can name a host called so.
+DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def host_path(root: str, hostname: str, gpu_index: int | str | None = None) -> str:
+    """The link to a host's page, or to one of its GPUs' pages, HTML-escaped for an
+    attribute: ``/hosts/NAME[/gpus/N]`` with the name percent-encoded as one segment
+    (the views read it from the raw path, so "/" in a name is never a separator), or
+    ``/hosts/?name=NAME[&gpu=N]`` for a name no path segment can carry ("." and "..")."""
+    if hostname in DOT_SEGMENTS:
+        query = {"name": hostname} | ({} if gpu_index is None else {"gpu": str(gpu_index)})
+        return escape(f"{root}/hosts/?{urlencode(query)}")
+    if gpu_index is None:
+        return path(root, "hosts", hostname)
+    return path(root, "hosts", hostname, "gpus", gpu_index)
+
+
+def gpus_prefix(root: str, hostname: str) -> str:
+    """What a GPU index is appended to for the link to that GPU of ``hostname`` (the
+    fleet page's script builds its tiles' links so), HTML-escaped."""
+    if hostname in DOT_SEGMENTS:
+        return escape(f"{root}/hosts/?{urlencode({'name': hostname, 'gpu': ''})}")
+    return path(root, "hosts", hostname) + "/gpus/"
+
+
+def tooltip(value: str) -> str:
+    """Agent-sent text for a ``title`` (an attribute or an SVG ``<title>``), which no
+    ``<bdi>`` can isolate: direction overrides and other invisible characters shown as
+    escapes (``\\u202e``), then HTML-escaped."""
+    return escape(printable(value))

@@ -1,7 +1,8 @@
 """The dashboard's pages over HTTP: thin views that read through the services and hand
 the results to the templates.
 
-``/`` fleet, ``/hosts/{hostname}`` and ``/hosts/{hostname}/gpus/{index}`` detail,
+``/`` fleet, ``/hosts/{hostname}`` and ``/hosts/{hostname}/gpus/{index}`` detail
+(or ``/hosts/?name=...&gpu=...``),
 ``/events`` timeline, ``/alerts``; ``/login`` and ``/logout`` for the read token
 (see auth.py). Pages are ``no-store`` (they show live data) and carry a
 Content-Security-Policy that allows this server's own scripts and styles only, so a
@@ -10,6 +11,8 @@ hostname or command an agent sent cannot run as script even if escaping failed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import APIRouter, Depends, Path, Query, Request, status
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -17,7 +20,9 @@ from gpuwatch.server.alerts import service as alert_service
 from gpuwatch.server.deps import Context, ReadSession, ServerContext
 from gpuwatch.server.events import service as event_service
 from gpuwatch.server.events.models import EVENT_KINDS
+from gpuwatch.server.events.schemas import EventOut
 from gpuwatch.server.hosts import service as host_service
+from gpuwatch.server.hosts.views import spelled_segments
 from gpuwatch.server.pagination import Cursor, InvalidCursor
 from gpuwatch.server.web import auth, service, tiles
 from gpuwatch.server.web.templates.alerts import alerts_page
@@ -46,6 +51,9 @@ HOST_CHART_COLUMNS = 180
 MAX_TEXT = 256
 MAX_GPU_INDEX = 1024
 GPU_CHART_COLUMNS = 360
+# The longest span the events page's chart takes without a time filter (the longest
+# range of the detail pages).
+CHART_MAX_DAYS = 30
 
 pages = APIRouter(include_in_schema=False, dependencies=[Depends(auth.require_page_reader)])
 public = APIRouter(include_in_schema=False)
@@ -100,19 +108,56 @@ def fleet(request: Request, session: ReadSession, context: Context) -> HTMLRespo
     return html(fleet_page(_chrome(request, session, context, now), data))
 
 
-# A hostname may hold "/" (agents send any text): the links percent-encode it, and the
-# routes take it as a path; the GPU page's route comes first, so ".../gpus/N" is a GPU.
-@pages.get("/hosts/{hostname:path}/gpus/{index}", response_class=HTMLResponse)
-def gpu(
+# Host and GPU pages: /hosts/NAME and /hosts/NAME/gpus/N, with NAME percent-encoded
+# as one segment and read from the raw path (a name may hold "/", even end in
+# "/gpus/1"), or /hosts/?name=NAME[&gpu=N], which carries any name, "." and ".."
+# included (browsers drop such path segments before sending). format.host_path
+# writes the links.
+@pages.get("/hosts/{address:path}", response_class=HTMLResponse)
+def host_or_gpu(
     request: Request,
     session: ReadSession,
     context: Context,
-    hostname: str = Path(pattern=NO_NUL),
-    index: str = Path(pattern=NO_NUL),
+    address: str = Path(pattern=NO_NUL),
+    name: str | None = Query(None, pattern=NO_NUL),
+    gpu: str | None = Query(None, pattern=NO_NUL),
     range: str | None = Query(None, pattern=NO_NUL),
 ) -> HTMLResponse:
     now = context.clock()
     chrome = _chrome(request, session, context, now)
+    target = _address(request, address, name, gpu)
+    if target is None:
+        return html(not_found(chrome, "No host or GPU has this address."), 404)
+    hostname, index = target
+    if index is None:
+        return _host(session, context, chrome, hostname, range)
+    return _gpu(session, context, chrome, hostname, index, range)
+
+
+def _address(
+    request: Request, address: str, name: str | None, gpu: str | None
+) -> tuple[str, str | None] | None:
+    """(hostname, GPU index as written or None for the host page) that a /hosts/ URL
+    names, or None when it names neither."""
+    if name is not None:
+        return (name, gpu) if address == "" else None
+    segments = spelled_segments(request, address)
+    if len(segments) == 1:
+        return segments[0], None
+    if len(segments) == 3 and segments[1] == "gpus":
+        return segments[0], segments[2]
+    return None
+
+
+def _gpu(
+    session: ReadSession,
+    context: ServerContext,
+    chrome: Chrome,
+    hostname: str,
+    index: str,
+    range: str | None,
+) -> HTMLResponse:
+    now = chrome.now
     gpu_index = _gpu_index(index)
     detail = (
         None
@@ -149,16 +194,14 @@ def gpu(
     return html(gpu_page(chrome, detail, found, history, events, range_key=key))
 
 
-@pages.get("/hosts/{hostname:path}", response_class=HTMLResponse)
-def host(
-    request: Request,
+def _host(
     session: ReadSession,
-    context: Context,
-    hostname: str = Path(pattern=NO_NUL),
-    range: str | None = Query(None, pattern=NO_NUL),
+    context: ServerContext,
+    chrome: Chrome,
+    hostname: str,
+    range: str | None,
 ) -> HTMLResponse:
-    now = context.clock()
-    chrome = _chrome(request, session, context, now)
+    now = chrome.now
     detail = (
         None
         if _bad_name(hostname)
@@ -258,11 +301,7 @@ def events(
         cursor=page_cursor,
     )
     chart_until = end if end is not None else now
-    chart_since = (
-        start
-        if start is not None
-        else min((ev.started_at for ev in found.items), default=chart_until - 86400)
-    )
+    chart_since = start if start is not None else _chart_start(found.items, chart_until)
     if chart_since >= chart_until:
         chart_since = chart_until - 3600
     if since and start is not None:
@@ -280,6 +319,20 @@ def events(
             error=error,
         )
     )
+
+
+def _chart_start(events: Sequence[EventOut], until: float) -> float:
+    """Where the events page's chart starts when no time filter is set: at the oldest
+    of the events shown, unless the oldest tenth of them stretch it more than tenfold
+    (one event dated years back would squeeze the rest into a pixel): then after them;
+    and no more than 30 days before ``until``. Events left out are still listed."""
+    starts = sorted(ev.started_at for ev in events)
+    if not starts:
+        return until - 86400
+    start, trimmed = starts[0], starts[len(starts) // 10]
+    if (until - trimmed) * 10 < until - start:
+        start = trimmed
+    return max(start, until - CHART_MAX_DAYS * 86400)
 
 
 @pages.get("/alerts", response_class=HTMLResponse)

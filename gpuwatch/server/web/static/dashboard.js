@@ -69,7 +69,8 @@
       var host = hosts[h];
       var tiles = JSON.parse(host.getAttribute("data-t"));
       var grey = host.classList.contains("silent");
-      var gpus = escapeHtml(host.querySelector("h2 a").getAttribute("href")) + "/gpus/";
+      // Where a tile links, less its GPU index (templates/fleet.py, format.gpus_prefix).
+      var gpus = escapeHtml(host.getAttribute("data-g"));
       var out = [];
       var flagged = false;
       for (var i = 0; i < tiles.length; i++) {
@@ -136,7 +137,8 @@
     // A silent host's figures are its last report's, not current: said so.
     var host = tile.closest(".host");
     var silent = host !== null && host.classList.contains("silent");
-    var lines = ["GPU " + href.slice(href.lastIndexOf("/") + 1) + ": " + (v[0] === "-" ?
+    // The index ends the link, after "/gpus/" or, for a host named "." or "..", "gpu=".
+    var lines = ["GPU " + /[0-9]*$/.exec(href)[0] + ": " + (v[0] === "-" ?
       "no current reading" + (silent ? " (host silent)" : "") :
       gib(v[1]) + " of " + gib(v[2]) + " GiB (" + v[0] + "%)")];
     var holder = v[0] === "-" ? v.slice(1) : v.slice(3);

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from html import escape as e
 
 from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceOut
-from gpuwatch.server.web.format import ago, path, size, when
-from gpuwatch.server.web.templates.layout import Chrome, page, table, text
+from gpuwatch.server.web.format import ago, host_path, size, when
+from gpuwatch.server.web.templates.layout import Chrome, cell_text, page, sent_text, table
 
 
 def alerts_page(
@@ -37,7 +37,7 @@ def _alerts(chrome: Chrome, alerts: Sequence[AlertOut], *, empty: str) -> str:
     for alert in alerts:
         where = _where(chrome, alert.labels)
         culprits = "<br>".join(
-            f"pid {c.pid} {text(c.user or '?')} {size(c.memory_bytes)}"
+            f"pid {c.pid} {cell_text(c.user or '?')} {size(c.memory_bytes)}"
             + (f" <code>{e((c.command or '')[:80])}</code>" if c.command else "")
             for c in alert.culprits
         )
@@ -52,8 +52,12 @@ def _alerts(chrome: Chrome, alerts: Sequence[AlertOut], *, empty: str) -> str:
                 f'<span class="severity {e(alert.severity)}">{e(alert.severity)}</span>',
                 e(alert.rule),
                 where,
-                f"<b>{e(alert.summary)}</b>"
-                + (f'<div class="muted">{e(alert.description)}</div>' if alert.description else "")
+                f"<b>{sent_text(alert.summary)}</b>"
+                + (
+                    f'<div class="muted">{sent_text(alert.description)}</div>'
+                    if alert.description
+                    else ""
+                )
                 + muted,
                 culprits,
                 f'<span title="{when(since)}">{ago(since, chrome.now)}</span>',
@@ -72,10 +76,10 @@ def _where(chrome: Chrome, labels: dict[str, str]) -> str:
     if host is None:
         return ""
     gpu = labels.get("gpu")
-    if gpu is not None and gpu.isdigit():
-        href = path(chrome.root, "hosts", host, "gpus", gpu)
-        return f'<a href="{href}">{text(host)} GPU {e(gpu)}</a>'
-    return f'<a href="{path(chrome.root, "hosts", host)}">{text(host)}</a>'
+    if gpu is not None and gpu.isascii() and gpu.isdigit():
+        href = host_path(chrome.root, host, gpu)
+        return f'<a href="{href}">{cell_text(host)} GPU {e(gpu)}</a>'
+    return f'<a href="{host_path(chrome.root, host)}">{cell_text(host)}</a>'
 
 
 def _silences(silences: Sequence[SilenceOut]) -> str:
@@ -91,8 +95,8 @@ def _silences(silences: Sequence[SilenceOut]) -> str:
                 matchers,
                 when(s.starts_at),
                 when(s.ends_at),
-                e(s.created_by),
-                e(s.comment),
+                sent_text(s.created_by),
+                sent_text(s.comment),
             ]
         )
     return table(
@@ -111,7 +115,7 @@ def _receivers(chrome: Chrome, receivers: Sequence[ReceiverOut]) -> str:
             f'<span class="badge {e(r.status)}">{e(r.status)}</span>',
             ago(r.last_sent_at, chrome.now) if r.last_sent_at else "never",
             str(r.pending),
-            e(r.last_error or ""),
+            sent_text(r.last_error or ""),
         ]
         for r in receivers
     ]

@@ -11,10 +11,18 @@ from gpuwatch.server.events.schemas import EventOut
 from gpuwatch.server.hosts.schemas import GpuOut, HostDetail
 from gpuwatch.server.processes.schemas import ProcessOut
 from gpuwatch.server.web.charts import Mark, memory_chart, user_colour
-from gpuwatch.server.web.format import ago, duration, path, ratio, size, when
+from gpuwatch.server.web.format import ago, duration, host_path, ratio, size, tooltip, when
 from gpuwatch.server.web.service import History
 from gpuwatch.server.web.templates.events import events_table
-from gpuwatch.server.web.templates.layout import Chrome, page, ranges, table, text
+from gpuwatch.server.web.templates.layout import (
+    Chrome,
+    cell_text,
+    page,
+    ranges,
+    sent_text,
+    table,
+    text,
+)
 
 COMMAND_CHARS = 120
 
@@ -28,7 +36,7 @@ def host_page(
     range_key: str,
 ) -> str:
     """``charts`` by GPU UUID; ``events`` of the host in the range, newest first."""
-    base = path(chrome.root, "hosts", host.hostname)
+    base = host_path(chrome.root, host.hostname)
     cards = []
     for gpu in host.gpus:
         history = charts.get(gpu.uuid)
@@ -44,10 +52,10 @@ def host_page(
             if history is not None
             else ""
         )
-        href = path(chrome.root, "hosts", host.hostname, "gpus", gpu.index)
+        href = host_path(chrome.root, host.hostname, gpu.index)
         cards.append(
             f'<section class="card gpu"><h2><a href="{href}">GPU {gpu.index}</a> '
-            f"<small>{e(gpu.name or '')}</small></h2>{_gpu_line(chrome, host, gpu)}{chart}"
+            f"<small>{sent_text(gpu.name or '')}</small></h2>{_gpu_line(chrome, host, gpu)}{chart}"
             "</section>"
         )
     processes = [p for gpu in host.gpus for p in gpu.processes]
@@ -74,8 +82,8 @@ def gpu_page(
     *,
     range_key: str,
 ) -> str:
-    base = path(chrome.root, "hosts", host.hostname, "gpus", gpu.index)
-    host_href = path(chrome.root, "hosts", host.hostname)
+    base = host_path(chrome.root, host.hostname, gpu.index)
+    host_href = host_path(chrome.root, host.hostname)
     chart = memory_chart(
         history,
         _marks(events, gpu.index),
@@ -89,7 +97,7 @@ def gpu_page(
     body = (
         f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / '
         f'<a href="{host_href}">{text(host.hostname)}</a> / GPU {gpu.index}</nav>'
-        f"<h1>{text(host.hostname)} · GPU {gpu.index} <small>{e(gpu.name or '')}</small>"
+        f"<h1>{text(host.hostname)} · GPU {gpu.index} <small>{sent_text(gpu.name or '')}</small>"
         f"{_state_badge(chrome, host)}</h1>{_retired_notice(chrome, host)}"
         f"{_gpu_line(chrome, host, gpu)}"
         f'<p class="meta">UUID <code>{e(gpu.uuid)}</code> · last reading '
@@ -138,7 +146,7 @@ def _gpu_line(chrome: Chrome, host: HostDetail, gpu: GpuOut) -> str:
     if stale is not None:
         state = f'<span class="badge silent">no current reading: {stale}</span> last known: '
     elif gpu.read_error:
-        state = f'<span class="badge silent">read error: {e(gpu.read_error)}</span> '
+        state = f'<span class="badge silent">read error: {sent_text(gpu.read_error)}</span> '
     users = sorted({p.user or "?" for p in gpu.processes})
     utilisation = "–" if gpu.utilization_ratio is None else f"{gpu.utilization_ratio:.0%}"
     holders = (
@@ -160,8 +168,8 @@ def _host_line(chrome: Chrome, host: HostDetail) -> str:
         else ""
     )
     return (
-        f'<p class="meta">driver {e(host.driver_version or "–")} · CUDA '
-        f"{e(host.cuda_driver_version or '–')} · agent <code>{e(host.agent_id or '–')}</code>"
+        f'<p class="meta">driver {sent_text(host.driver_version or "–")} · CUDA '
+        f"{sent_text(host.cuda_driver_version or '–')} · agent <code>{e(host.agent_id or '–')}</code>"
         f" · last report {ago(host.last_received_at, chrome.now)}"
         f"{' · simulated GPUs' if host.fake else ''}{dropped}</p>"
     )
@@ -209,7 +217,7 @@ def _legend(history: History) -> str:
             [
                 swatch,
                 str(layer.pid),
-                text(layer.user or "?"),
+                cell_text(layer.user or "?"),
                 size(layer.peak_bytes),
                 _command(layer.command),
             ]
@@ -248,17 +256,17 @@ def process_table(
         job = p.slurm_job_id or p.pod_uid or p.container_id
         row = [
             str(p.pid),
-            text(p.user or "?"),
+            cell_text(p.user or "?"),
             size(p.current_bytes),
             size(p.peak_bytes),
             "–" if p.sm_ratio is None else f"{p.sm_ratio:.0%}",
             f'<span title="{when(p.first_seen_at)}">{duration(held_until - p.first_seen_at)}</span>',
             " ".join(flags),
             _command(p.command),
-            text(job or ""),
+            cell_text(job or ""),
         ]
         if with_gpu:
-            href = path(chrome.root, "hosts", p.hostname, "gpus", p.gpu_index)
+            href = host_path(chrome.root, p.hostname, p.gpu_index)
             row.insert(0, f'<a href="{href}">{p.gpu_index}</a>')
         rows.append(row)
     headers = ["PID", "User", "Memory", "Peak", "SM", "Holding for", "Flags", "Command", "Job"]
@@ -271,4 +279,4 @@ def _command(command: str | None) -> str:
     if not command:
         return ""
     short = command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…"
-    return f'<code title="{e(command)}">{e(short)}</code>'
+    return f'<code title="{tooltip(command)}">{e(short)}</code>'

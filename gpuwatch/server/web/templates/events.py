@@ -12,9 +12,16 @@ from urllib.parse import urlencode
 
 from gpuwatch.server.events.models import EVENT_KINDS
 from gpuwatch.server.events.schemas import EventOut
-from gpuwatch.server.web.charts import Mark, event_timeline
-from gpuwatch.server.web.format import duration, path, size, when
-from gpuwatch.server.web.templates.layout import Chrome, kind_badge, page, table, text
+from gpuwatch.server.web.charts import Mark, event_timeline, overlaps
+from gpuwatch.server.web.format import duration, host_path, size, when
+from gpuwatch.server.web.templates.layout import (
+    Chrome,
+    cell_text,
+    kind_badge,
+    page,
+    sent_text,
+    table,
+)
 
 # The latest time a filter takes: the snapshots' Epoch maximum (year 2242).
 MAX_EPOCH = float(2**33)
@@ -55,10 +62,12 @@ def events_page(
         href = e(f"{chrome.root}/events?{filters.query(cursor=next_cursor)}")
         more = f'<p><a class="more" href="{href}">Older events →</a></p>'
     problem = f'<p class="error">{e(error)}</p>' if error else ""
+    outside = sum(not overlaps(mark, since, until) for mark, _ in marks)
+    undrawn = f" ({outside} listed events lie outside it and are not drawn)" if outside else ""
     body = (
         f"<h1>Events</h1>{_form(chrome, filters)}{problem}"
         f'<p class="meta">{len(events)} events shown, newest first; the chart spans '
-        f"{when(since)} to {when(until)}.</p>"
+        f"{when(since)} to {when(until)}{undrawn}.</p>"
         f'<section class="card wide">{chart or "<p class=empty>Nothing to chart.</p>"}</section>'
         f"{events_table(chrome, events, with_host=True)}{more}"
     )
@@ -101,7 +110,7 @@ def events_table(chrome: Chrome, events: Sequence[EventOut], *, with_host: bool)
         )
         gpu = ""
         if ev.gpu_index is not None:
-            href = path(chrome.root, "hosts", ev.hostname, "gpus", ev.gpu_index)
+            href = host_path(chrome.root, ev.hostname, ev.gpu_index)
             gpu = f'<a href="{href}">{ev.gpu_index}</a>'
         row = [
             when(ev.started_at),
@@ -109,13 +118,13 @@ def events_table(chrome: Chrome, events: Sequence[EventOut], *, with_host: bool)
             kind_badge(ev.kind),
             gpu,
             "" if ev.pid is None else str(ev.pid),
-            text(ev.user or ""),
+            cell_text(ev.user or ""),
             size(ev.held_bytes) if ev.held_bytes is not None else "",
-            e(ev.summary),
+            sent_text(ev.summary),
         ]
         if with_host:
-            href = path(chrome.root, "hosts", ev.hostname)
-            row.insert(3, f'<a href="{href}">{text(ev.hostname)}</a>')
+            href = host_path(chrome.root, ev.hostname)
+            row.insert(3, f'<a href="{href}">{cell_text(ev.hostname)}</a>')
         rows.append(row)
     headers = ["Started", "Lasted", "Kind", "GPU", "PID", "User", "Held", "Summary"]
     if with_host:

@@ -15,11 +15,10 @@ header's GPUs per fullness bucket are ``/api/v1/fleet``'s own.
 from __future__ import annotations
 
 from html import escape as e
-from urllib.parse import quote
 
 from gpuwatch.server.fleet.schemas import FULL_BUCKET, UNKNOWN_BUCKET
 from gpuwatch.server.web.charts import fullness_bar
-from gpuwatch.server.web.format import size
+from gpuwatch.server.web.format import gpus_prefix, host_path, size
 from gpuwatch.server.web.templates.layout import Chrome, page
 from gpuwatch.server.web.tiles import TILE_FLAGS, Fleet, FleetHost
 
@@ -36,8 +35,7 @@ _BUCKET_CLASSES = (("0-25%", "c1"), ("25-50%", "c4"), ("50-75%", "c6"), ("75-90%
 
 
 def fleet_page(chrome: Chrome, fleet: Fleet) -> str:
-    root_hosts = e(chrome.root) + "/hosts/"
-    hosts = [_host(host, root_hosts) for host in fleet.hosts]
+    hosts = [_host(host, chrome.root) for host in fleet.hosts]
     body = [_summary(chrome, fleet), _controls()]
     # The flag classes in the order of a tile's flag mask bits, for the script.
     flags = " ".join(FLAGS[kind][0] for kind in TILE_FLAGS)
@@ -92,11 +90,12 @@ def _controls() -> str:
     )
 
 
-def _host(host: FleetHost, root_hosts: str) -> str:
+def _host(host: FleetHost, root: str) -> str:
     """A host's card: its name, and its tiles as ingest keeps them (hosts/tiles.py),
-    which the script draws; a silent host's tiles are grey."""
+    which the script draws, linking each to ``data-g`` and the GPU's index; a silent
+    host's tiles are grey."""
     name = e(host.hostname)
-    href = root_hosts + e(quote(host.hostname, safe=""))
+    href = host_path(root, host.hostname)
     if host.silent:
         css, badge = "host flagged silent", ' <span class="badge silent">silent</span>'
     else:
@@ -104,7 +103,8 @@ def _host(host: FleetHost, root_hosts: str) -> str:
     if host.tiles is None or host.tiles == "[]":
         tiles, data = "<span class=empty>no GPUs reported</span>", ""
     else:
-        tiles, data = "", f' data-t="{e(host.tiles)}"'
+        tiles = ""
+        data = f' data-t="{e(host.tiles)}" data-g="{gpus_prefix(root, host.hostname)}"'
     return (
         f'<section class="{css}" data-h="{name}"{data}><h2><a href="{href}"><bdi>{name}</bdi>'
         f'</a>{badge}</h2><div class="tiles">{tiles}</div></section>'

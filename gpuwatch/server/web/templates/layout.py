@@ -13,7 +13,8 @@ from html import escape as e
 from typing import NamedTuple
 
 from gpuwatch import __version__
-from gpuwatch.server.web.format import path, when
+from gpuwatch.server.web.format import path, tooltip, when
+from gpuwatch.terminal_text import printable
 
 STATIC = "/static/dashboard"
 NAV = (("fleet", "Fleet", ""), ("events", "Events", "events"), ("alerts", "Alerts", "alerts"))
@@ -57,7 +58,7 @@ def page(chrome: Chrome, *, title: str, active: str, body: str, refresh: bool = 
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{e(title)} · gpuwatch</title>"
+        f"<title>{e(printable(title))} · gpuwatch</title>"
         f'<link rel="icon" href="{root}{STATIC}/favicon.svg" type="image/svg+xml">'
         f'<link rel="stylesheet" href="{root}{STATIC}/dashboard.css">'
         f'<script src="{root}{STATIC}/dashboard.js" defer></script>'
@@ -84,9 +85,11 @@ def table(
 def ranges(chrome: Chrome, base: str, current: str) -> str:
     """The time-range switch of a detail page; ``base`` is the page's escaped URL."""
     links = []
+    # A host named "." or ".." is addressed by a query (format.host_path): add to it.
+    join = "&amp;" if "?" in base else "?"
     for key, (_, label) in RANGES.items():
         current_attr = ' aria-current="true"' if key == current else ""
-        links.append(f'<a href="{base}?range={key}"{current_attr}>{label}</a>')
+        links.append(f'<a href="{base}{join}range={key}"{current_attr}>{label}</a>')
     return f'<nav class="ranges" aria-label="time range">{"".join(links)}</nav>'
 
 
@@ -94,6 +97,22 @@ def text(value: str) -> str:
     """Text an agent or a user sent, escaped and isolated (``<bdi>``): right-to-left
     text or a stray direction override in it cannot reorder what follows it."""
     return f"<bdi>{e(value)}</bdi>"
+
+
+def cell_text(value: str) -> str:
+    """A name in a table column that does not wrap (a user, a host, a job id): isolated
+    as :func:`text` and cut by the stylesheet to a width (``bdi.cut``), with its whole
+    value in the title, so one 256-character name cannot push the table past the
+    window."""
+    return f'<bdi class="cut" title="{tooltip(value)}">{e(value)}</bdi>'
+
+
+def sent_text(value: str) -> str:
+    """Words around values an agent sent (an event's summary holds a Slurm job id, a
+    GPU UUID, a whole OOM message): isolated as :func:`text`, and with direction
+    overrides and other invisible characters shown as escapes (``\\u202e``), so one
+    inside cannot reverse the words that follow it (who holds how much)."""
+    return text(printable(value))
 
 
 def kind_badge(kind: str) -> str:
