@@ -19,7 +19,7 @@ import pytest
 from gpuwatch.doctor.architecture import from_model_config
 from gpuwatch.errors import ConfigError
 from tests.doctor.cli_run import model_config, run
-from tests.doctor.published_configs import GEMMA3_4B
+from tests.doctor.published_configs import GEMMA3_4B, LLAVA_15_7B_HF
 
 # The language model at the top level, the ViT's width under embed_dim and the language
 # model's under hidden_size, in the same nested config.
@@ -55,16 +55,7 @@ LLAVA_15_7B: dict[str, Any] = {
         "num_hidden_layers": 32,
         "vocab_size": 32064,
     },
-    "vision_config": {
-        "hidden_size": 1024,
-        "image_size": 336,
-        "intermediate_size": 4096,
-        "model_type": "clip_vision_model",
-        "num_attention_heads": 16,
-        "num_hidden_layers": 24,
-        "patch_size": 14,
-        "projection_dim": 768,
-    },
+    "vision_config": LLAVA_15_7B_HF["vision_config"],
 }
 _LLAMA4_VISION = {
     "hidden_act": "gelu",

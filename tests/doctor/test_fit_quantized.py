@@ -15,19 +15,9 @@ import pytest
 
 from gpuwatch.doctor.architecture import quantised_in_part, stored_dtype
 from tests.doctor.cli_run import model_config, run
-from tests.doctor.published_configs import GPT_OSS_20B
+from tests.doctor.published_configs import GPT_OSS_20B, LLAMA_33_70B
 
-LLAMA_70B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "model_type": "llama",
-    "num_attention_heads": 64,
-    "num_hidden_layers": 80,
-    "num_key_value_heads": 8,
-    "tie_word_embeddings": False,
-    "vocab_size": 128256,
-}
+LLAMA_70B = LLAMA_33_70B
 GPTQ_4BIT = {"bits": 4, "group_size": 128, "desc_act": True, "quant_method": "gptq"}
 
 

@@ -322,7 +322,9 @@ def test_an_oom_incident_under_cuda_visible_devices_names_the_visible_gpu(
     assert incident.device_index == 3
 
 
-def test_an_agent_that_predates_device_uuid_gets_the_index_alone() -> None:
+def _reporter_to_an_old_agent() -> tuple[gt.Reporter, list[dict[str, object]]]:
+    """A reporter for GPU 3 whose agent predates ``device_uuid`` (422 when it is sent),
+    and the bodies it is sent."""
     import httpx
 
     bodies: list[dict[str, object]] = []
@@ -338,6 +340,11 @@ def test_an_agent_that_predates_device_uuid_gets_the_index_alone() -> None:
         transport=httpx.MockTransport(old_agent),
         identify=lambda ordinal: gt.DeviceRef(index=3, uuid=UUID_3),
     )
+    return reporter, bodies
+
+
+def test_an_agent_that_predates_device_uuid_gets_the_index_alone() -> None:
+    reporter, bodies = _reporter_to_an_old_agent()
     assert reporter.report_once() == 1
     assert reporter.report_once() == 1
     assert ["device_uuid" in b for b in bodies] == [True, False, False]
@@ -622,21 +629,7 @@ def test_a_listener_that_refuses_everything_does_not_cost_the_uuid() -> None:
 def test_an_agent_that_predates_device_uuid_is_asked_again_later(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import httpx
-
-    bodies: list[dict[str, object]] = []
-
-    def old_agent(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        bodies.append(body)
-        return httpx.Response(422 if "device_uuid" in body else 204)
-
-    reporter = gt.Reporter(
-        agent_url="http://127.0.0.1:9",
-        stats=ScriptedStats(),
-        transport=httpx.MockTransport(old_agent),
-        identify=lambda ordinal: gt.DeviceRef(index=3, uuid=UUID_3),
-    )
+    reporter, bodies = _reporter_to_an_old_agent()
     assert reporter.report_once() == 1
     monkeypatch.setattr(gt, "UUID_RETRY_SECONDS", 0.0)  # upgraded since
     assert reporter.report_once() == 1
