@@ -435,21 +435,24 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
             " which fit does not model; use --params with the published parameter count"
         )
     _refuse_encoder_only(config)
-    language = next(
+    nested = next(
         (config[key] for key in _LANGUAGE_CONFIGS if isinstance(config.get(key), dict)), config
     )
     # A nested language config without its own model_type is read by its model's.
-    family = language.get("model_type") or model_type
+    family = nested.get("model_type") or model_type
+    language = nested
     if isinstance(family, str) and family in _CLASS_DEFAULTS:
-        language = {**_CLASS_DEFAULTS[family], **language}
+        language = {**_CLASS_DEFAULTS[family], **nested}
     arch = from_hf_config(language, name=name, family=family)
     quantization = config.get("quantization_config") or language.get("quantization_config")
     arch = _with_quantization(arch, quantization)
-    counted = _encoder_configs(config, language)
+    counted = _encoder_configs(config, nested)
     encoders = sum(
         encoder_params(sub, key=key, output_width=arch.hidden) for key, sub in counted.items()
     )
-    uncounted = _uncounted_model_configs(config, [language, *counted.values()])
+    # The config's own nested object, not the copy with class defaults filled in: the
+    # language model counted is that object (compared by identity below).
+    uncounted = _uncounted_model_configs(config, [nested, *counted.values()])
     if uncounted:
         arch = dataclasses.replace(
             arch,

@@ -16,6 +16,7 @@ import pytest
 from doctor.cli_run import model_config, run
 from doctor.published_configs import (
     BERT_BASE_UNCASED,
+    GEMMA3_4B,
     LLAMA4_SCOUT_PUBLISHED,
     LLAMA4_SCOUT_TEXT,
     LLAMA_33_70B,
@@ -324,3 +325,11 @@ def test_a_missing_mlp_width_is_refused_unless_the_class_default_applies(
     assert any("config class's default (gpt2)" in note for note in arch.notes)
     # LlamaConfig's own default (11,008) still fills a Llama config in, as before.
     assert from_model_config({**no_width}).intermediate == 11_008
+
+
+@pytest.mark.parametrize("config", [GEMMA3_4B, LLAMA4_SCOUT_PUBLISHED], ids=["gemma3", "scout"])
+def test_the_language_model_counted_is_not_noted_as_uncounted(config: dict[str, Any]) -> None:
+    """Its class defaults are filled into a copy: the note compared the copy, not the
+    config's own text_config, and said the model it had counted was not counted."""
+    arch = from_model_config(config)
+    assert not [n for n in arch.notes if "does not count" in n], arch.notes
