@@ -28,6 +28,21 @@ _LONG = (
 )
 
 
+_HOSTS = {
+    "gpu-a": ["alice", "bob", "carol"],
+    "gpu-b": ["dave", "erin", "frank", "grace"],
+    "gpu-c": ["heidi", "ivan"],
+}
+
+
+def _gpus(users: list[str]) -> list[dict[str, object]]:
+    processes = [{"user": user} for user in users]
+    return [
+        {"memory_used_bytes": 40 * 2**30, "memory_total_bytes": 80 * 2**30, "processes": processes}
+        for _ in range(4)
+    ]
+
+
 def _busy_watch(summary: str = "finding number {i}") -> Watch:
     """A run two minutes in: three hosts, a dozen findings, a dozen notifications."""
     started = time.time() - 120
@@ -45,7 +60,9 @@ def _busy_watch(summary: str = "finding number {i}") -> Watch:
         for i in range(12)
     ]
     seen = Seen(
-        hosts={name: {"gpus": []} for name in ("gpu-a", "gpu-b", "gpu-c")},
+        # As the demo's hosts are: several users each, so a host's row wraps at 80
+        # columns (the view counted one line a host, and lost its newest notifications).
+        hosts={name: {"gpus": _gpus(users)} for name, users in _HOSTS.items()},
         events=events,
         found={e["id"]: float(e["id"]) for e in events},
         notifications=[

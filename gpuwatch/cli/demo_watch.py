@@ -9,13 +9,14 @@ finding for ``--json``.
 
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import httpx
-from rich.console import Group
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -129,7 +130,13 @@ def _hosts_table(seen: Seen, stories: dict[str, str] | None) -> Table:
     table = Table(title="Hosts (simulated)", title_justify="left", expand=False)
     shows = ("shows",) if stories is not None else ()
     for column in ("host", *shows, "GPUs", "memory used", "users", *KINDS, "alerts"):
-        table.add_column(column, justify="right" if column in KINDS else "left")
+        # One line a host: a wrapped users list took three rows a host at 80 columns.
+        table.add_column(
+            column,
+            justify="right" if column in KINDS else "left",
+            no_wrap=column in ("host", "GPUs", "memory used", "users"),
+            overflow="ellipsis",
+        )
     open_events = [e for e in seen.events if e["open"]]
     firing = [a for a in seen.alerts if a["state"] == "firing"]
     names = stories if stories is not None else {name: "" for name in seen.hosts}
@@ -191,12 +198,18 @@ def _sent_lines(seen: Seen, started: float, rejected: int, shown: int = _SHOWN_L
     return text
 
 
-# Rows of the live view besides the found and sent lines: the header, the hosts table
-# (title, a header wrapped on two lines at 80 columns, three hosts, rules), the two
-# section titles with the blank line after each, and the cursor's line.
-_FIXED_ROWS = 15
+# Rows of the live view besides the header, the hosts table (measured: its rows wrap at
+# 80 columns, a host's users list the most) and the found and sent lines: the two
+# section titles, a line of each section in reserve, and the cursor's line.
+_FIXED_ROWS = 5
 # Below this width the hosts table leaves out each host's story (the guide above says it).
 _STORY_WIDTH = 140
+
+
+def _rows(renderable: Group, width: int) -> int:
+    """How many terminal rows ``renderable`` takes at ``width`` columns."""
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    return len(console.render_lines(renderable, console.options, pad=False))
 
 
 def render(watch: Watch, *, stories: dict[str, str], width: int = 200, height: int = 50) -> Group:
@@ -206,10 +219,12 @@ def render(watch: Watch, *, stories: dict[str, str], width: int = 200, height: i
     elapsed = _clock(time.time() - watch.started)
     firing = sorted({a["rule"] for a in seen.alerts if a["state"] == "firing"})
     header = Text(f"gpuwatch demo  +{elapsed}   alerts firing: {', '.join(firing) or 'none'}")
-    shown = max(1, min(_SHOWN_LINES, (height - _FIXED_ROWS) // 2))
+    hosts = _hosts_table(seen, stories if width >= _STORY_WIDTH else None)
+    above = _rows(Group(header, hosts), width)
+    shown = max(1, min(_SHOWN_LINES, (height - above - _FIXED_ROWS) // 2))
     return Group(
         header,
-        _hosts_table(seen, stories if width >= _STORY_WIDTH else None),
+        hosts,
         _found_lines(seen, shown),
         _sent_lines(seen, watch.started, watch.sink.rejected, shown),
     )
