@@ -66,7 +66,13 @@ def job_specs(
         ),
     ]
     if engine is not None:
-        specs.append(JobSpec("alerts", engine.run, settings.alerts.evaluation_interval_seconds))
+        specs.append(
+            JobSpec(
+                "alerts",
+                functools.partial(engine.run, up_since=up_since),
+                settings.alerts.evaluation_interval_seconds,
+            )
+        )
     return specs
 
 

@@ -187,22 +187,39 @@ class AlertEngine:
         # the others to be sent, and refused, one after another.
         self._paused_until: dict[str, float] = {}
 
-    def run(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
-        """Evaluate and dispatch at ``now``, then deliver what is due."""
-        result = self.evaluate(database=database, settings=settings, now=now)
+    def run(
+        self,
+        *,
+        database: Database,
+        settings: ServerSettings,
+        now: float,
+        up_since: float | None = None,
+    ) -> RunResult:
+        """Evaluate and dispatch at ``now``, then deliver what is due. ``up_since``: when
+        this server started (see :func:`~gpuwatch.server.alerts.facts.read_facts`)."""
+        result = self.evaluate(database=database, settings=settings, now=now, up_since=up_since)
         result.attempts = self.deliver(
             database=database, now=now, lease_seconds=settings.alerts.delivery_lease_seconds
         )
         return result
 
-    def evaluate(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
+    def evaluate(
+        self,
+        *,
+        database: Database,
+        settings: ServerSettings,
+        now: float,
+        up_since: float | None = None,
+    ) -> RunResult:
         # The state is judged outside the write lock, so two evaluations of one
         # database must not overlap: across replicas the scheduler's advisory lock
         # sees to it, in one process (SQLite) this lock.
         with _EVALUATING.setdefault(database.engine.url.render_as_string(), threading.Lock()):
-            return self._evaluate(database=database, settings=settings, now=now)
+            return self._evaluate(database=database, settings=settings, now=now, up_since=up_since)
 
-    def _evaluate(self, *, database: Database, settings: ServerSettings, now: float) -> RunResult:
+    def _evaluate(
+        self, *, database: Database, settings: ServerSettings, now: float, up_since: float | None
+    ) -> RunResult:
         config = settings.alerts
         job_ended = config.rules.job_ended
         # Facts are read outside the write transaction: on SQLite a writer holds the one
@@ -220,6 +237,7 @@ class AlertEngine:
                     else None
                 ),
                 lookback_seconds=config.rules.gpu_nearly_full.jump_within_seconds,
+                up_since=up_since,
             )
         candidates = rules.evaluate(facts, config, now=now)
         # The write lock is held in short turns, so ingest's writers get theirs in

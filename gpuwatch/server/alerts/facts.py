@@ -118,9 +118,16 @@ def read_facts(
     holders_above: float = 0.0,
     lookback_seconds: float = 900.0,
     reaped_since: float | None = None,
+    up_since: float | None = None,
 ) -> Facts:
     """The fleet as the rules see it at ``now``; ended lifetimes only when
     ``ended_since`` is given (the job_ended rule is on).
+
+    A host's figures are stale (``GpuFact.current`` False) once it has been silent for
+    its threshold, counted from when this server started (``up_since``) at the
+    earliest, as ``agent_silent`` counts it: while the server was down its agents spooled,
+    and before their first push after a restart every alert on their figures resolved
+    and fired again as a new one (a filling-up warning, an ECC alert).
 
     Holders (open lifetimes) are read only for the GPUs a rule can name them on: those
     with an open filling-up or idle event, and those at or above ``holders_above``
@@ -196,9 +203,7 @@ def read_facts(
             total_bytes=row.memory_total_bytes,
             used_bytes=row.memory_used_bytes,
             unattributed_bytes=row.unattributed_bytes,
-            current=(row.last_received_at or 0.0)
-            >= now - silence_threshold_seconds(settings, row.push_interval_seconds)
-            and not row.lost,
+            current=_fresh(row, settings, now=now, up_since=up_since) and not row.lost,
             holders=tuple(sorted(holders.get(row.id, []), key=lambda h: -(h.memory_bytes or 0))),
             lowest_recent_bytes=lowest.get(row.id),
             health=_health(row),
@@ -253,6 +258,15 @@ def _reaped(session: Session, since: float) -> list[EventFact]:
 # Events whose rules name every holder of their GPU (culprits, contention).
 _NAMED_ON_GPU = ("filling_up", "idle")
 _CHUNK = 500  # ids per IN list: within every database's parameter limit
+
+
+def _fresh(row: Any, settings: ServerSettings, *, now: float, up_since: float | None) -> bool:
+    """Whether the host behind ``row`` has pushed within its silence threshold, or this
+    server has not been up that long (its silence may be the server's own outage)."""
+    threshold = silence_threshold_seconds(settings, row.push_interval_seconds)
+    if up_since is not None and now - up_since < threshold:
+        return True
+    return (row.last_received_at or 0.0) >= now - threshold
 
 
 def _health(row: Any) -> GpuHealth:
