@@ -58,9 +58,12 @@ def settings(tmp_path: Path) -> ServerSettings:
     )
 
 
-def lose_a_gpu(database: Database, settings: ServerSettings, host: str, at: float) -> None:
+def lose_a_gpu(
+    database: Database, settings: ServerSettings, host: str, at: float, *, sequence: int = 1
+) -> None:
     """One snapshot of ``host`` in which GPU 0 has fallen off the bus (``gpu_lost``)."""
-    make_token(database, host)
+    if sequence == 1:
+        make_token(database, host)
     gpus = [gpu(0, lost=True, memory_used_bytes=None, memory_free_bytes=None), gpu(1, [process(7)])]
     with database.writer() as session, session.begin():
         host_id = session.scalar(text("SELECT id FROM hosts WHERE hostname = :h"), {"h": host})
@@ -68,7 +71,7 @@ def lose_a_gpu(database: Database, settings: ServerSettings, host: str, at: floa
             session=session,
             dialect=database.dialect,
             host_id=host_id,
-            request=IngestRequest(snapshots=[snapshot(1, gpus, hostname=host, at=at)]),
+            request=IngestRequest(snapshots=[snapshot(sequence, gpus, hostname=host, at=at)]),
             settings=settings,
             now=at,
         )
@@ -154,6 +157,39 @@ def test_a_429_pauses_every_notification_to_that_webhook(
         assert during == [], f"{len(during)} posts while Slack asked to wait"
     delivered = sorted(h for p in posts if p.status == 200 for h in hosts if h in p.text)
     assert delivered == hosts  # each host's group once, after the pause
+
+
+def test_a_notification_given_up_at_its_deadline_is_told_again_once_the_receiver_is_back(
+    database: Database, settings: ServerSettings
+) -> None:
+    """The webhook answers 503 for 75 minutes, past the one-hour delivery deadline, while
+    a GPU stays lost (the agent keeps pushing). Before, the group counted as told when
+    its notification was planned: the receiver heard nothing until repeat_interval
+    (4 h), 166 minutes after it came back."""
+    clock = FakeClock(T0)
+    client = httpx.Client()
+    down_for = 75 * 60.0
+    with slack(clock) as stub:
+        stub.answer = lambda at, _body: SERVER_ERROR if at < T0 + down_for else OK
+        receiver = build_receiver(
+            ReceiverConfig(name="ops", type="slack", url=stub.url), client=client, clock=clock
+        )
+        engine = AlertEngine(
+            receivers={"ops": receiver}, clock=clock, sleep=clock.advance, rng=lambda: 0.5
+        )
+        sequence = 0
+        while clock.now <= T0 + down_for + 900:
+            sequence += 1
+            lose_a_gpu(database, settings, "host-1", clock.now, sequence=sequence)
+            engine.run(database=database, settings=settings, now=clock.now)
+            clock.now = max(clock.now, _next_tick(clock.now))
+        client.close()
+        posts = list(stub.posts)
+    delivered = [p for p in posts if p.status == 200]
+    assert delivered, "nothing reached the receiver after it came back"
+    # Told again at the group's next look after the give-up (group_interval 5 m).
+    assert delivered[0].at <= T0 + down_for + 360, delivered[0].at - T0
+    assert len(delivered) == 1
 
 
 def _next_tick(now: float) -> float:

@@ -441,6 +441,7 @@ class AlertEngine:
                 claimed.append(_claimed(row, body))
                 row.attempts += 1
                 row.next_attempt_at = now + lease_seconds
+            _retell(session, expired)
         if dropped:
             log.info(
                 "receiver %s: %d pending notifications dropped, their alerts since resolved"
@@ -465,6 +466,7 @@ class AlertEngine:
     def _expire(self, database: Database, rows: list[Claimed]) -> None:
         """Give up claimed notifications whose deadline passed before their attempt."""
         with database.writer() as session, session.begin():
+            _retell(session, rows)
             session.execute(
                 update(NotificationRow),
                 [
@@ -579,6 +581,7 @@ class AlertEngine:
                 shapes.setdefault(tuple(sorted(value)), []).append(value)
             for same in shapes.values():
                 session.execute(update(NotificationRow), same)
+            _retell(session, [r for r, o in zip(rows, outcomes, strict=True) if o == "failed"])
         return outcomes
 
 
@@ -630,6 +633,21 @@ def _still_due(
         return None
     status = "firing" if any(a.get("status") == "firing" for a in kept) else "resolved"
     return {**body, "alerts": kept, "status": status}
+
+
+def _retell(session: Session, given_up: Sequence[Claimed]) -> None:
+    """Forget that the groups of notifications given up on (their delivery deadline
+    passed) were told: their next look notifies them as new. The group was marked told
+    when the notification was planned, so a receiver down past the deadline heard
+    nothing more until ``repeat_interval`` (4 h), though the alert fired all along;
+    Alertmanager records a group only once a send succeeded. A broken notification is
+    not retold: the receiver refused it for good, and it would be refused again."""
+    for receiver, group_key in {(r.receiver, r.body.get("group_key")) for r in given_up}:
+        session.execute(
+            update(AlertGroupRow)
+            .where(AlertGroupRow.receiver == receiver, AlertGroupRow.group_key == group_key)
+            .values(notified_at=None, notified_firing=[])
+        )
 
 
 def _expired_error(previous: str | None) -> str:
