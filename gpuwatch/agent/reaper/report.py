@@ -30,7 +30,7 @@ from rich.text import Text
 
 from gpuwatch.agent.reaper.execute import Result
 from gpuwatch.agent.reaper.plan import Plan
-from gpuwatch.agent.reaper.policy import Decision
+from gpuwatch.agent.reaper.policy import Candidate, Decision
 from gpuwatch.agent.render import format_age, format_bytes
 from gpuwatch.terminal_text import printable
 
@@ -83,6 +83,10 @@ def print_plan(plan: Plan, console: Console) -> None:
     if not plan.decisions:
         console.print("No process holds the memory floor on any GPU.")
         return
+    ordered = sorted(plan.decisions, key=lambda d: (d.verdict != "reap", -d.candidate.memory_bytes))
+    if console.width < WIDE_COLUMNS:
+        _print_stacked(plan.hostname, ordered, console)
+        return
     table = Table(
         title=Text(f"GPU processes on {printable(plan.hostname)}"),
         title_justify="left",
@@ -102,13 +106,12 @@ def print_plan(plan: Plan, console: Console) -> None:
         # an ellipsis: what root confirms is all on screen.
         wraps = column in ("COMMAND", "WHY")
         table.add_column(column, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
-    ordered = sorted(plan.decisions, key=lambda d: (d.verdict != "reap", -d.candidate.memory_bytes))
     for d in ordered:
         c = d.candidate
         table.add_row(
             str(c.pid),
             _text(c.user or (str(c.uid) if c.uid is not None else "?")),
-            _text((c.command or c.name or "?")[:60]),
+            _text(_command(c)),
             _text(c.workload or ("orphan" if c.orphaned else "")),
             ",".join(str(i) for i in c.gpus),
             format_bytes(c.memory_bytes),
@@ -136,3 +139,39 @@ def note_line(note: str) -> Text:
 
 def _text(value: str) -> Text:
     return Text(printable(value))
+
+
+# Below this many columns the table squeezed COMMAND and WHY to a few characters each
+# (a row took 20 to 40 lines at 80 columns): each process is printed as a block instead.
+WIDE_COLUMNS = 120
+# A command line is shown up to this long, and a cut one says so: what root confirms
+# must be what runs (a job cut at 60 characters, unmarked, lost its arguments).
+COMMAND_CHARS = 240
+
+
+def _command(c: Candidate) -> str:
+    command = c.command or c.name or "?"
+    return command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…"
+
+
+def _print_stacked(hostname: str, ordered: list[Decision], console: Console) -> None:
+    """The candidates one block each, for a narrow terminal: the decision and figures on
+    the first line, then the command and the reason, each folded as long as it is."""
+    console.print(Text(f"GPU processes on {printable(hostname)}"))
+    for d in ordered:
+        c = d.candidate
+        head = Text()
+        head.append(
+            "reap " if d.verdict == "reap" else "spare",
+            style="bold red" if d.verdict == "reap" else "",
+        )
+        user = c.user or (str(c.uid) if c.uid is not None else "?")
+        workload = c.workload or ("orphan" if c.orphaned else "")
+        head.append(
+            f"  pid {c.pid}  {printable(user)}  GPU {','.join(str(i) for i in c.gpus)}"
+            f"  {format_bytes(c.memory_bytes)}  idle {format_age(d.idle_seconds)}"
+            + (f"  {printable(workload)}" if workload else "")
+        )
+        console.print(head)
+        console.print(Text(f"    command: {printable(_command(c))}"), overflow="fold")
+        console.print(Text(f"    why: {printable(d.detail)}"), overflow="fold")
