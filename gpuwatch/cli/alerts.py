@@ -242,7 +242,7 @@ def expire_silence(
     server: str | None = SERVER,
     token: str | None = ADMIN_TOKEN,
 ) -> None:
-    """End a silence now: the alerts it muted are notified again."""
+    """End a silence now: what it muted is heard again at its group's next look."""
     with _connect(server, token, admin=True) as client:
         ended = client.expire_silence(silence_id)
     typer.echo(f"silence {ended.id} ({_matchers(ended)}) ended {_local(ended.ends_at)}")
