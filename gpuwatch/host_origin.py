@@ -203,13 +203,20 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-def is_loopback_address(text: str) -> bool:
-    """Whether ``text`` is a loopback address, IPv4-mapped IPv6 included: a dual-stack
-    listener (``[::]``) sees a local IPv4 client as ``::ffff:127.0.0.1``."""
-    address = _ip(text)
+def unmapped(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """``address``, or the IPv4 address an IPv4-mapped IPv6 one stands for: a
+    dual-stack listener (``[::]``) sees a local IPv4 client as ``::ffff:127.0.0.1``."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address is not None and address.is_loopback
+        return address.ipv4_mapped
+    return address
+
+
+def is_loopback_address(text: str) -> bool:
+    """Whether ``text`` is a loopback address, IPv4-mapped IPv6 included (:func:`unmapped`)."""
+    address = _ip(text)
+    return address is not None and unmapped(address).is_loopback
 
 
 def _shown(value: str) -> str:

@@ -52,8 +52,9 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ValidationError
 
-from gpuwatch.agent.incident_origin import IncidentOrigin, process_uid
+from gpuwatch.agent.incident_origin import IncidentOrigin
 from gpuwatch.agent.port import BoundedHTTPServer, PortPolicy
+from gpuwatch.agent.procinfo import process_uid
 from gpuwatch.agent.reaper.served import HISTORY_PATH
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports

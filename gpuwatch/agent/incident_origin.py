@@ -4,7 +4,7 @@ Any local user can post an incident to ``POST /incidents/oom``, and the agent fo
 it under the host's token; so the agent says who did, as the kernel knows it (the
 owner of the client's socket in ``/proc/net/tcp``), not as the body claims. The same
 uid decides whether an allocator report on ``POST /torch`` may speak for its process
-(:func:`process_uid`, :meth:`IncidentOrigin.speaks_for`).
+(:func:`gpuwatch.agent.procinfo.process_uid`, :meth:`IncidentOrigin.speaks_for`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpuwatch.host_origin import unmapped
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ def tcp_peer_uid(
     would otherwise pass for root.
     """
     try:
-        local = _unmapped(ipaddress.ip_address(client[0]))
-        remote = _unmapped(ipaddress.ip_address(server[0]))
+        local = unmapped(ipaddress.ip_address(client[0]))
+        remote = unmapped(ipaddress.ip_address(server[0]))
     except ValueError:
         return None
     if local.version != remote.version:
@@ -97,35 +99,11 @@ def tcp_peer_uid(
 _ESTABLISHED = "01"
 
 
-def _unmapped(
-    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
-) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    # A dual-stack listener sees an IPv4 client as ::ffff:a.b.c.d, but the client's own
-    # socket is IPv4 and its row is in /proc/net/tcp under the plain address.
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
-
-
 def _proc_net_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
     # The kernel prints each 32-bit word of the address in host byte order, in hex.
     packed = address.packed
     words = struct.unpack(f"={len(packed) // 4}I", packed)
     return "".join(f"{word:08X}" for word in words) + f":{port:04X}"
-
-
-def process_uid(pid: int, *, proc_root: Path = Path("/proc")) -> int | None:
-    """The real uid of process ``pid`` (``Uid:`` in ``/proc/<pid>/status``); ``None``
-    when no such process is running, or it cannot be read."""
-    try:
-        status = (proc_root / str(pid) / "status").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("Uid:"):
-            uids = line.split()[1:]
-            return int(uids[0]) if uids and uids[0].isdigit() else None
-    return None
 
 
 def _user_name(uid: int | None) -> str | None:

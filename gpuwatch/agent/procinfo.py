@@ -377,8 +377,7 @@ class ProcInfo:
         base = self._root / str(pid)
         argv = _read_argv(base / "cmdline")
         status = _read_text(base / "status") or ""
-        uids = (_status_field(status, "Uid") or "").split()
-        uid = int(uids[0]) if uids and uids[0].isdigit() else None  # the real uid comes first
+        uid = real_uid(status)
         nspid = (_status_field(status, "NSpid") or "").split()
         user = self._declared_users.get((pid, stat.start_ticks))
         if user is None and uid is not None:
@@ -510,6 +509,20 @@ def _read_argv(path: Path) -> list[str]:
     except OSError:
         return []
     return [arg.decode("utf-8", errors="replace") for arg in raw.split(b"\x00") if arg]
+
+
+def real_uid(status: str) -> int | None:
+    """The real uid in the text of ``/proc/<pid>/status`` (``Uid:`` lists the real,
+    effective, saved and filesystem uids, the real first); ``None`` when absent."""
+    uids = (_status_field(status, "Uid") or "").split()
+    return int(uids[0]) if uids and uids[0].isdigit() else None
+
+
+def process_uid(pid: int, *, proc_root: Path = Path("/proc")) -> int | None:
+    """The real uid of process ``pid``; ``None`` when no such process is running, or
+    it cannot be read."""
+    status = _read_text(proc_root / str(pid) / "status")
+    return None if status is None else real_uid(status)
 
 
 def _status_field(text: str, key: str) -> str | None:

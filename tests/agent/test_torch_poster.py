@@ -27,7 +27,8 @@ from gpuwatch.agent import torch_reports
 from gpuwatch.agent.collectors.agent import AgentCollector
 from gpuwatch.agent.collectors.registry import ScrapeRenderer
 from gpuwatch.agent.exporter import Exporter
-from gpuwatch.agent.incident_origin import IncidentOrigin, process_uid
+from gpuwatch.agent.incident_origin import IncidentOrigin
+from gpuwatch.agent.procinfo import process_uid
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.wire import TORCH_PATH, TorchReport

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpuwatch.agent.reaper.history import Activity, ProcessHistory, Run
 from gpuwatch.agent.reaper.procfs import same_start
 from gpuwatch.errors import RemoteError
+from gpuwatch.host_origin import unmapped
 from gpuwatch.snapshot import MAX_BYTES, MAX_PID, ShortStr
 
 if TYPE_CHECKING:
@@ -228,10 +229,9 @@ def listeners(port: int, addresses: set[str], proc_root: Path = Path("/proc")) -
             if int(hex_port, 16) != port:
                 continue
             address = _address(hex_address)
-            mapped = getattr(address, "ipv4_mapped", None)
             if address.is_unspecified and local is None:
                 local = any(is_local(a) for a in addresses)
-            named = str(address) in addresses or str(mapped) in addresses
+            named = str(address) in addresses or str(unmapped(address)) in addresses
             if named or (address.is_unspecified and local):
                 found.append(Listener(uid=int(fields[7]), inode=int(fields[9])))
     return found
