@@ -106,16 +106,22 @@ def test_a_one_shot_read_reports_a_gone_pid_at_once(setup) -> None:
     assert _listed(_sampler(proc, confirm_gone=False))[:2] == (False, True)
 
 
-def test_a_process_started_after_the_context_was_listed_is_not_its_owner(setup) -> None:
-    proc, _ = setup
+def _dead_owner_then_reused(proc: Proc) -> Sampler:
+    """A sampler that saw a context's owner crash (its context still listed, a dead
+    PID's) and the kernel give its PID to someone's editor an hour later."""
     proc.now(1000.0)
     sampler = _sampler(proc)
     proc.process(started=None)  # the job crashed: its context stays listed
     _listed(sampler)
     assert _listed(sampler)[:2] == (False, True)
-    # The kernel gives the PID to someone's editor, started an hour after the context.
     proc.now(4600.0)
     proc.process(started=4500.0)
+    return sampler
+
+
+def test_a_process_started_after_the_context_was_listed_is_not_its_owner(setup) -> None:
+    proc, _ = setup
+    sampler = _dead_owner_then_reused(proc)
     alive, _, command = _listed(sampler)
     assert not alive and command is None  # still the dead job's context, nobody blamed
 
@@ -143,14 +149,7 @@ def test_a_poll_that_could_not_read_the_gpu_does_not_forget_when_a_context_was_l
     clock = FakeClock(time.time())
     host = fake.install(path, runtime_dir=tmp_path / "runtime", clock=clock)
     try:
-        proc = Proc(tmp_path / "proc")
-        proc.now(1000.0)
-        sampler = _sampler(proc)
-        proc.process(started=None)  # the job crashed: its context stays listed
-        _listed(sampler)
-        assert _listed(sampler)[:2] == (False, True)
-        proc.now(4600.0)
-        proc.process(started=4500.0)  # the PID goes to someone's editor
+        sampler = _dead_owner_then_reused(Proc(tmp_path / "proc"))
         clock.now = host.state.epoch + 65  # one poll with the GPU off the bus
         assert sampler.poll().gpus[0].lost
         clock.now = host.state.epoch + 75

@@ -19,7 +19,7 @@ import pytest
 from gpuwatch.doctor.architecture import from_model_config
 from gpuwatch.errors import ConfigError
 from tests.doctor.cli_run import model_config, run
-from tests.doctor.published_configs import GEMMA3_4B, LLAVA_15_7B_HF
+from tests.doctor.published_configs import GEMMA3_4B, LLAMA4_SCOUT_PUBLISHED, LLAVA_15_7B_HF
 
 # The language model at the top level, the ViT's width under embed_dim and the language
 # model's under hidden_size, in the same nested config.
@@ -57,16 +57,7 @@ LLAVA_15_7B: dict[str, Any] = {
     },
     "vision_config": LLAVA_15_7B_HF["vision_config"],
 }
-_LLAMA4_VISION = {
-    "hidden_act": "gelu",
-    "hidden_size": 1408,
-    "image_size": 336,
-    "intermediate_size": 5632,
-    "model_type": "llama4_vision_model",
-    "num_channels": 3,
-    "num_hidden_layers": 34,
-    "patch_size": 14,
-}
+_LLAMA4_VISION = LLAMA4_SCOUT_PUBLISHED["vision_config"]
 _LLAMA4_TEXT = {
     "head_dim": 128,
     "hidden_size": 5120,

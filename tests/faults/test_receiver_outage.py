@@ -91,12 +91,7 @@ def test_slack_down_for_ten_minutes_gets_each_notification_once_after_it(
     client = httpx.Client()
     with slack(clock) as stub:
         stub.answer = outage_then_ok
-        receiver = build_receiver(
-            ReceiverConfig(name="ops", type="slack", url=stub.url), client=client, clock=clock
-        )
-        engine = AlertEngine(
-            receivers={"ops": receiver}, clock=clock, sleep=clock.advance, rng=lambda: 0.5
-        )
+        engine = _engine(stub.url, client, clock)
         lose_a_gpu(database, settings, "host-1", T0)
         lose_a_gpu(database, settings, "host-2", T0)
         end = T0 + OUTAGE + 300
@@ -136,12 +131,7 @@ def test_a_429_pauses_every_notification_to_that_webhook(
     client = httpx.Client()
     with slack(clock) as stub:
         stub.answer = lambda at, _body: rate_limited(RETRY_AFTER) if at < T0 + 90 else OK
-        receiver = build_receiver(
-            ReceiverConfig(name="ops", type="slack", url=stub.url), client=client, clock=clock
-        )
-        engine = AlertEngine(
-            receivers={"ops": receiver}, clock=clock, sleep=clock.advance, rng=lambda: 0.5
-        )
+        engine = _engine(stub.url, client, clock)
         hosts = [f"host-{n}" for n in range(1, 6)]
         for host in hosts:
             lose_a_gpu(database, settings, host, T0)
@@ -171,12 +161,7 @@ def test_a_notification_given_up_at_its_deadline_is_told_again_once_the_receiver
     down_for = 75 * 60.0
     with slack(clock) as stub:
         stub.answer = lambda at, _body: SERVER_ERROR if at < T0 + down_for else OK
-        receiver = build_receiver(
-            ReceiverConfig(name="ops", type="slack", url=stub.url), client=client, clock=clock
-        )
-        engine = AlertEngine(
-            receivers={"ops": receiver}, clock=clock, sleep=clock.advance, rng=lambda: 0.5
-        )
+        engine = _engine(stub.url, client, clock)
         sequence = 0
         while clock.now <= T0 + down_for + 900:
             sequence += 1
@@ -190,6 +175,17 @@ def test_a_notification_given_up_at_its_deadline_is_told_again_once_the_receiver
     # Told again at the group's next look after the give-up (group_interval 5 m).
     assert delivered[0].at <= T0 + down_for + 360, delivered[0].at - T0
     assert len(delivered) == 1
+
+
+def _engine(url: str, client: httpx.Client, clock: FakeClock) -> AlertEngine:
+    """The real engine with one Slack receiver, ``ops``, posting to ``url``; waits on
+    the fake clock, backoff jitter fixed at 1x."""
+    receiver = build_receiver(
+        ReceiverConfig(name="ops", type="slack", url=url), client=client, clock=clock
+    )
+    return AlertEngine(
+        receivers={"ops": receiver}, clock=clock, sleep=clock.advance, rng=lambda: 0.5
+    )
 
 
 def _next_tick(now: float) -> float:

@@ -5,34 +5,22 @@ came before their first push: every host looked silent, its figures stale, and e
 alert on them resolved (a ``resolved`` notification) then fired again as a new episode
 when the agent's push arrived. A host's silence is now counted from when the server
 started at the earliest, as ``agent_silent`` counts it. Real ingest into SQLite, the real
-engine, a fake clock.
+engine, a fake clock, on both databases.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 from support.clock import FakeClock
 
 from gpuwatch.server.alerts.engine import AlertEngine
-from gpuwatch.server.database import Database, create_database
-from gpuwatch.server.database.migrate import upgrade
+from gpuwatch.server.database import Database
 from gpuwatch.server.ingest.service import ingest_snapshots
 from gpuwatch.settings import ServerSettings
 from gpuwatch.wire import IngestRequest
 from server.factories import T0, gpu, process, snapshot
 from server.harness import make_token
-
-
-@pytest.fixture
-def database(tmp_path: Path) -> Iterator[Database]:
-    db = create_database(f"sqlite:///{tmp_path / 'central.db'}")
-    upgrade(db)
-    yield db
-    db.dispose()
 
 
 def _push(database: Database, settings: ServerSettings, sequence: int, at: float) -> None:
@@ -62,11 +50,8 @@ def _episodes(database: Database) -> list[tuple[str, float, float | None]]:
 
 @pytest.mark.parametrize("outage", [180.0, 720.0])
 def test_an_alert_firing_before_an_outage_keeps_its_episode_after_the_restart(
-    database: Database, tmp_path: Path, outage: float
+    database: Database, settings: ServerSettings, outage: float
 ) -> None:
-    settings = ServerSettings.model_validate(
-        {"data_dir": tmp_path, "database_url": "sqlite://", "scheduler": False}
-    )
     clock = FakeClock(T0)
     make_token(database, "host-1", now=T0)
     engine = AlertEngine(receivers={}, clock=clock, sleep=clock.advance)
