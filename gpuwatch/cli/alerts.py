@@ -16,6 +16,7 @@ read token where the server sets no admin token. Exit codes: docs/alerts-cli.md.
 from __future__ import annotations
 
 import getpass
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -97,7 +98,14 @@ def list_alerts(
     if state not in _STATES:
         raise ConfigError(f"--state {state!r}: use one of {', '.join(_STATES)}")
     with _connect(server, token, admin=False) as client:
-        rows = client.alerts(state=state)
+        rows, total = client.alerts(state=state)
+    if total > len(rows):
+        # Said on stderr, so --json's output stays the API's list.
+        print(
+            f"gpuwatch: showing {len(rows):,} of {total:,} {state} alerts, the most severe and"
+            " oldest first (the server lists at most 1,000; narrow with --state)",
+            file=sys.stderr,
+        )
     if as_json:
         print_json(rows)
         return

@@ -51,6 +51,7 @@ class _ApiClient:
         # without showing it, when it cannot be a header value.
         headers = bearer_headers(token)
         self._headers = headers  # for scrubbing error messages
+        self.last_headers = httpx.Headers()  # of the last answer that succeeded
         self._base_url = base_url.rstrip("/")
         try:
             self._http = httpx.Client(
@@ -116,6 +117,7 @@ class _ApiClient:
             raise RemoteError(
                 f"the server at {self._base_url} answered HTTP {code}: {_detail(response)}"
             )
+        self.last_headers = response.headers
         try:
             return response.json()
         except ValueError as err:
@@ -201,10 +203,16 @@ class AlertsClient(_ApiClient):
     def __enter__(self) -> AlertsClient:
         return self
 
-    def alerts(self, *, state: str = "active") -> list[AlertOut]:
-        """Alerts in ``state`` (active, firing, pending, resolved), most severe first."""
+    def alerts(self, *, state: str = "active") -> tuple[list[AlertOut], int]:
+        """Alerts in ``state`` (active, firing, pending, resolved), most severe first, and
+        how many there are: the server lists at most 1,000."""
         data = self._get("/api/v1/alerts", {"state": state})
-        return _parse(TypeAdapter(list[AlertOut]), data, self._base_url)
+        alerts = _parse(TypeAdapter(list[AlertOut]), data, self._base_url)
+        try:
+            total = int(self.last_headers.get("X-Total-Count", len(alerts)))
+        except ValueError:  # a server without the header, or a proxy that mangled it
+            total = len(alerts)
+        return alerts, max(total, len(alerts))
 
     def silences(self, *, expired: bool = False) -> list[SilenceOut]:
         """Current and future silences (and ended ones with ``expired``), latest end first."""

@@ -180,6 +180,30 @@ def test_list_shows_firing_alerts_most_severe_first_with_their_culprits(
     assert ok(gw(live, "list", "--state", "resolved")).strip() == "no resolved alerts"
 
 
+def test_a_cut_list_says_so_on_stderr_and_json_stays_the_list(
+    live: Live, app: FastAPI, settings: ServerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill_gpu(live, "host-1")
+    lose_gpu(live, "host-2", at=live.clock())
+    run_engine(app, settings, live, live.clock())
+    monkeypatch.setattr("gpuwatch.server.alerts.service.MAX_ALERTS", 2)
+
+    listed = gw(live, "list", "--json")
+
+    assert [a["severity"] for a in ok(listed)] == ["critical", "warning"]
+    assert listed.stderr.splitlines() == [
+        "gpuwatch: showing 2 of 3 active alerts, the most severe and oldest first"
+        " (the server lists at most 1,000; narrow with --state)"
+    ]
+    response = live.client.get(
+        "/api/v1/alerts", headers={"Authorization": f"Bearer {READ}"}
+    )
+    assert response.headers["X-Total-Count"] == "3" and len(response.json()) == 2
+    monkeypatch.setattr("gpuwatch.server.alerts.service.MAX_ALERTS", 3)
+    whole = gw(live, "list", "--json")
+    assert len(ok(whole)) == 3 and whole.stderr == ""
+
+
 def test_silence_add_list_and_expire_round_trip(
     live: Live, app: FastAPI, settings: ServerSettings, hook: Sink
 ) -> None:

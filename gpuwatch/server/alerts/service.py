@@ -25,6 +25,13 @@ class SilenceNotFound(GpuwatchError):
     """No silence with that id (answered 404)."""
 
 
+def count_alerts(*, session: Session, states: tuple[str, ...]) -> int:
+    """How many alerts are in ``states`` (the list stops at :data:`MAX_ALERTS`)."""
+    return session.scalar(
+        select(func.count()).select_from(AlertRow).where(AlertRow.state.in_(states))
+    ) or 0
+
+
 def list_alerts(
     *, session: Session, states: tuple[str, ...], now: float, limit: int = MAX_ALERTS
 ) -> list[AlertOut]:

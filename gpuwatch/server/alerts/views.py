@@ -31,6 +31,8 @@ from gpuwatch.snapshot import NO_NUL
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
+TOTAL_HEADER = "X-Total-Count"
+
 _STATES = {
     "active": ("pending", "firing"),
     "firing": ("firing",),
@@ -39,16 +41,40 @@ _STATES = {
 }
 
 
-@router.get("/alerts", summary="List alerts", response_model=list[AlertOut], dependencies=[Reader])
+@router.get(
+    "/alerts",
+    summary="List alerts",
+    response_model=list[AlertOut],
+    dependencies=[Reader],
+    responses={
+        200: {
+            "headers": {
+                TOTAL_HEADER: {
+                    "description": "How many alerts are in the state asked for; the list"
+                    f" holds at most {service.MAX_ALERTS} of them.",
+                    "schema": {"type": "integer"},
+                }
+            }
+        }
+    },
+)
 def list_alerts(
     session: ReadSession,
     context: Context,
+    response: Response,
     state: Literal["active", "firing", "pending", "resolved"] = Query(
         "active", description="active (pending and firing), firing, pending or resolved."
     ),
 ) -> list[AlertOut]:
-    """Alerts, most severe first, each with its culprits and the silences muting it."""
-    return service.list_alerts(session=session, states=_STATES[state], now=context.clock())
+    """Alerts, most severe first, each with its culprits and the silences muting it.
+
+    At most 1,000, the most severe and oldest first; the X-Total-Count header says how
+    many there are, so a client can tell a cut list from a whole one."""
+    states = _STATES[state]
+    response.headers[TOTAL_HEADER] = str(service.count_alerts(session=session, states=states))
+    return service.list_alerts(
+        session=session, states=states, now=context.clock(), limit=service.MAX_ALERTS
+    )
 
 
 @router.get(
