@@ -97,11 +97,11 @@ class ServerSettings(_Base):
     )
     scheduler: bool = Field(
         default=True,
-        description="Run scheduled jobs in this process (one replica wins a Postgres advisory lock).",
+        description="Run the scheduled jobs in this process: agent silence, stale lifetimes, retention, and alert evaluation and delivery (each run, one replica wins a Postgres advisory lock). Off: none of them, alerts included.",
     )
     read_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token the read API, /metrics and the web dashboard (as a bearer header or the sign-in form's cookie) require. Unset: reads are open (keep listen on localhost).",
+        description="Bearer token the read API, /metrics and the web dashboard (as a bearer header or the sign-in form's cookie) require. Unset: reads are open (keep listen on localhost). While admin_token is unset it also makes changes (silences, receiver tests).",
     )
     agent_push_interval_seconds: float = Field(
         default=15.0,
@@ -135,7 +135,7 @@ class ServerSettings(_Base):
     )
     admin_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token for changes through the API (silences, receiver tests). Unset: they need the read token, like reads.",
+        description="Bearer token for changes through the API (creating and expiring silences, receiver tests); it reads too, but not the dashboard's pages. Unset: changes need what reads need, the read token (nothing when read_token is unset too), so whoever holds the read token can silence every alert: set both (docs/server.md).",
     )
 
     allowed_hosts: list[str] = Field(

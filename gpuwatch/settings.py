@@ -141,7 +141,7 @@ def _environment(kind: type[_Base]) -> dict[str, Any]:
         value = variables.get(variable.lower())
         if value is None:
             continue
-        if _is_structured(field.annotation):
+        if is_structured(field.annotation):
             try:
                 found[name] = json.loads(value)
             except ValueError as err:
@@ -151,7 +151,7 @@ def _environment(kind: type[_Base]) -> dict[str, Any]:
     return found
 
 
-def _is_structured(annotation: Any) -> bool:
+def is_structured(annotation: Any) -> bool:
     """A model, list or dict (possibly Optional or Annotated): set from JSON in the
     environment, as pydantic-settings did before."""
     while typing.get_origin(annotation) is typing.Annotated:
@@ -162,7 +162,7 @@ def _is_structured(annotation: Any) -> bool:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel | list | dict):
         return True
     return origin is not None and any(
-        _is_structured(arg) for arg in typing.get_args(annotation) if arg is not type(None)
+        is_structured(arg) for arg in typing.get_args(annotation) if arg is not type(None)
     )
 
 

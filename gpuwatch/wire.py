@@ -60,6 +60,7 @@ __all__ = [
     "MAX_OOM_MESSAGE_CHARS",
     "MAX_SNAPSHOTS_PER_REQUEST",
     "MAX_TORCH_BODY",
+    "OTHER_HOST_DETAIL",
     "PARTIAL_DEFERRED",
     "PARTIAL_HEADER",
     "PUSH_INTERVAL_HEADER",
@@ -210,6 +211,10 @@ PARTIAL_DEFERRED = "deferred"
 # ignored (the server's ``agent_push_interval_seconds`` applies), as the agent's own
 # setting allows no other.
 PUSH_INTERVAL_HEADER = "Gpuwatch-Push-Interval"
+# The 403 ``detail`` of a push whose snapshots name another host than its token's,
+# followed by the token's host. The agent matches it to tell a renamed host (a new
+# token or ``hostname =`` fixes it) from a refused token.
+OTHER_HOST_DETAIL = "this token belongs to host "
 MAX_PUSH_INTERVAL_SECONDS = 3600.0
 
 

@@ -305,3 +305,157 @@ def test_an_error_quoting_hostile_text_stays_one_line_without_escapes(
     hostile = str(tmp_path / "a\x1b[2J\nFIX: sudo gpuwatch reap --pid 1" / "config.json")
     line = one_line_error(run(env, "fit", "--config", hostile, "--gpu", "24GiB"), 3)
     assert "\x1b" not in line and "\\x1b[2J\\nFIX: sudo" in line
+
+
+# An argument that is not UTF-8 (a Latin-1 file name, a mangled paste): Python keeps its
+# bytes as lone surrogates, which no request can carry.
+NOT_UTF8 = os.fsdecode(b"\xff\xfe")
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["history", "processes", "--host", NOT_UTF8], "--host"),
+        (["history", "events", "--user", NOT_UTF8], "--user"),
+        (["alerts", "test-receiver", NOT_UTF8], "the receiver name"),
+        (["alerts", "list", "--server", f"http://{NOT_UTF8}/"], "--server"),
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_an_option_error(
+    env: dict[str, str], args: list[str], names: str
+) -> None:
+    # Before: "unexpected UnicodeEncodeError ... (a bug)", exit 1.
+    result = run(env, *args, *([] if "--server" in args else ["--server", "http://127.0.0.1:1"]))
+    assert f"{names} is not valid UTF-8 text" in one_line_error(result, 3)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--speed", "1e-9"], "--speed must be at least"),
+        (["--duration", "inf"], "--duration must be a number of seconds from 1 to 604500"),
+        (["--duration", "1e400"], "--duration must be a number of seconds from 1 to 604500"),
+        (["--duration", "1e20"], "--duration must be a number of seconds from 1 to 604500"),
+    ],
+)
+def test_demo_refuses_speeds_and_durations_its_settings_cannot_hold_before_starting(
+    env: dict[str, str], args: list[str], says: str
+) -> None:
+    # Before: "unexpected ValidationError / OverflowError (a bug)", or exit 3 naming an
+    # internal file after ~20 s of start-up. Nothing listens on port 1: nothing started.
+    result = run(env, "demo", "--listen", "127.0.0.1:1", *args)
+    assert says in one_line_error(result, 3)
+
+
+@pytest.fixture(scope="module")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database at the schema's head, made once: each test takes a copy."""
+    path = tmp_path_factory.mktemp("central") / "central.db"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
+    subprocess.run(
+        [*GPUWATCH, "db", "upgrade", "--database-url", f"sqlite:///{path}"],
+        env=environ | {"GPUWATCH_CONFIG": "/dev/null"}, capture_output=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full", "reader gone"])
+def test_token_create_that_cannot_show_the_token_creates_none(
+    env: dict[str, str], migrated_sqlite: Path, stdout: str
+) -> None:
+    import shutil
+    import sqlite3
+
+    database = Path(env["HOME"]) / "central.db"
+    shutil.copy(migrated_sqlite, database)
+    args = [*GPUWATCH, "token", "create", "host-a", "--database-url", f"sqlite:///{database}"]
+    common = {"env": env, "cwd": env["HOME"], "stderr": subprocess.PIPE, "timeout": 60}
+    if stdout == "closed":  # `>&-`: before, exit 0 with the token's only copy lost
+        result = subprocess.run(args, preexec_fn=lambda: os.close(1), **common)  # type: ignore[call-overload]
+    elif stdout == "full":
+        with open("/dev/full", "wb") as full:
+            result = subprocess.run(args, stdout=full, **common)  # type: ignore[call-overload]
+    else:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            result = subprocess.run(args, stdout=write_end, **common)  # type: ignore[call-overload]
+        finally:
+            os.close(write_end)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("gpuwatch: error: cannot write the token to standard output")
+    assert "no token was created for host-a" in lines[0]
+    with sqlite3.connect(database) as db:  # nothing kept: no token, and no host
+        assert db.execute("SELECT count(*) FROM agent_tokens").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM hosts").fetchone() == (0,)
+
+
+def test_any_command_with_stdout_closed_fails_to_write_in_one_line(env: dict[str, str]) -> None:
+    result = run(env, "--version", preexec_fn=lambda: os.close(1))
+    assert one_line_error(result, 1) == "gpuwatch: error: cannot write: standard output is closed"
+
+
+@pytest.mark.parametrize(
+    "server",
+    ["ftp://host", "127.0.0.1:9403", "", "http://127.0.0.1:99999", "http://"],
+)
+@pytest.mark.parametrize(
+    "command",
+    [["history", "events"], ["alerts", "list"], ["alerts", "silence", "expire", "1"]],
+)
+def test_a_server_url_no_request_can_use_is_an_option_error(
+    env: dict[str, str], command: list[str], server: str
+) -> None:
+    # Before: exit 5, "cannot reach the gpuwatch server", for all but one spelling.
+    line = one_line_error(run(env, *command, "--server", server), 3)
+    assert f"--server {server!r}" in line
+
+
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        ("ftp://host", "server_url must be an http:// or https:// URL with a host"),
+        ("http://127.0.0.1:99999", "invalid server_url: Port out of range"),
+        (f"http://{NOT_UTF8}/", "server_url: its host is not a valid host name"),
+    ],
+)
+def test_the_agent_refuses_a_server_url_before_starting_anything(
+    env: dict[str, str], server: str, says: str
+) -> None:
+    result = run(env, "agent", "--listen", "127.0.0.1:0", "--server", server, "--token", "t")
+    assert says in one_line_error(result, 3)
+
+
+def test_only_a_port_in_use_is_blamed_on_another_agent(env: dict[str, str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = one_line_error(run(env, "agent", "--listen", f"127.0.0.1:{port}"), 3)
+    assert "Address already in use (another gpuwatch agent?)" in busy
+    # An address this host does not have (TEST-NET-1, RFC 5737) is no other agent.
+    absent = one_line_error(run(env, "agent", "--listen", "192.0.2.1:0"), 3)
+    assert "cannot listen on 192.0.2.1:0" in absent and "another gpuwatch agent" not in absent
+
+
+def test_fake_nvml_exec_options_after_the_scenario_say_where_they_go(
+    env: dict[str, str],
+) -> None:
+    # Before: exit 127, "cannot run --at".
+    result = run(env, "fake-nvml", "exec", "workstation", "--at", "1h", "--", "true")
+    assert "options go before it" in one_line_error(result, 2)
+
+
+@pytest.mark.parametrize("command", ["events", "top-idle"])
+def test_history_since_after_until_is_refused_not_an_empty_table(
+    env: dict[str, str], command: str
+) -> None:
+    result = run(
+        env, "history", command, "--since", "1h", "--until", "7d",
+        "--server", "http://127.0.0.1:1",
+    )  # fmt: skip
+    assert "--since 1h is after --until 7d" in one_line_error(result, 3)

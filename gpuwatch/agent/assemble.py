@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from gpuwatch.agent.identity import host_identity
 from gpuwatch.agent.procinfo import ProcInfo
 from gpuwatch.agent.sampler import Sampler
@@ -10,6 +12,8 @@ from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.nvml.connect import connect
 from gpuwatch.settings import AgentSettings
+
+log = logging.getLogger(__name__)
 
 
 def build_sampler(
@@ -26,6 +30,9 @@ def build_sampler(
         settings.proc_root,
         declared_users=_declared_users() if settings.fake_gpus is not None else None,
     )
+    if not one_shot:  # `gpuwatch status` prints them above its table instead
+        for note in procinfo.reader_notes:
+            log.warning("attribution: %s", note)
     return Sampler(
         session,
         procinfo,

@@ -25,6 +25,21 @@ owns the subtree and the user may name directories at will (systemd delegates it
 there is taken for a Slurm job: slurmstepd never runs there. Container and pod names there are
 still read, because rootless Podman, Docker and Kubernetes (kind, k3s) legitimately live there.
 
+Read from inside a private cgroup namespace (an agent container on cgroup v2, which
+containerd, CRI-O and Docker give every non-privileged container), the ancestors of the
+reader's own cgroup show as ``..``: the cgroupfs driver's ``/kubepods/burstable/pod<uid>/<id>``
+reads as ``/../../../burstable/pod<uid>/<id>``. A ``pod<uid>`` directory whose ancestors are
+only ``..`` (and a QoS directory) is still taken for a pod when ``<uid>`` has a pod UID's
+form (a 36-character UUID, or the 32-hex UID of a static pod); its QoS is the
+``burstable``/``besteffort`` directory right above it, and unknown when ``..`` hides it (the
+pod shares the reader's QoS level, which may be any of the three).
+
+On cgroup v1 the hierarchies can disagree: Slurm's ``proctrack/cgroup`` never moves a task in
+the ``name=systemd`` hierarchy, so a job's task reads ``/system.slice/slurmd.service`` there.
+When one path names a container, pod or job, the unit reported is the one on *that* path (or
+none): a ``.service`` from another hierarchy would make the job's task look owned by the
+slurmd daemon.
+
 A bare 64-hex directory (the cgroupfs driver under ``/kubepods``) is a container id whose
 runtime the path cannot tell (containerd, or Docker via the old dockershim), so the runtime is
 left ``None`` rather than guessed. Input that matches none of this yields an owner with only
@@ -63,9 +78,13 @@ _POD_SLICE = re.compile(
     r"(?:[\w-]+-)?kubepods(?:-(besteffort|burstable))?-pod([0-9a-f_]{1,64})\.slice"
 )
 _POD_DIR = re.compile(r"pod([0-9a-f-]{1,64})")
+# A pod UID's own forms: a UUID, or a static pod's 32-hex hash (accepted without a visible
+# "kubepods" ancestor, where "pod" plus any hex would be too loose).
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+_QOS_DIRS = ("besteffort", "burstable")
 _SLURM_ROOT = re.compile(r"slurm(?:_[\w.-]+)?|(?:[\w.-]+_)?slurmstepd\.scope")
 # A user's own systemd instance: everything below it is delegated to that user.
-_USER_MANAGER = re.compile(r"user@\d{1,10}\.service")
+_USER_MANAGER = re.compile(r"user@(\d{1,10})\.service")
 _SLURM_JOB = re.compile(r"job_(\d{1,20})")
 _SYSTEMD_UNIT = re.compile(r"[\w:.@\\-]{1,249}\.(?:service|scope)")
 _LINE = re.compile(r"(\d+):([^:]*):(/.*)")
@@ -79,6 +98,8 @@ class CgroupOwner:
     ``pod_uid`` has its dashes restored; ``pod_qos`` is ``guaranteed``, ``burstable`` or
     ``besteffort``; ``systemd_unit`` is the innermost service or scope that is not itself a
     container's scope (``jupyter.service``, ``session-3.scope``, ``user@1000.service``).
+    ``user_manager_uid`` is the uid of the outermost ``user@<uid>.service`` on the path: the
+    user whose own service manager started the process (rootless containers live there).
     """
 
     cgroup: str | None = None
@@ -88,6 +109,7 @@ class CgroupOwner:
     pod_qos: str | None = None
     slurm_job_id: str | None = None
     systemd_unit: str | None = None
+    user_manager_uid: int | None = None
 
     @property
     def identified(self) -> bool:
@@ -115,6 +137,9 @@ def parse_cgroup(text: str) -> CgroupOwner:
         return next((getattr(f, attr) for f in found if getattr(f, attr) is not None), None)
 
     runtime_source = next((f for f in found if f.container_id is not None), None)
+    # A path that names a container, pod or job owns the process; a unit from another
+    # v1 hierarchy (slurmd.service for a Slurm task) does not (module docstring).
+    unit = source.systemd_unit if source.identified else first("systemd_unit")
     return CgroupOwner(
         cgroup=source.cgroup,
         container_runtime=runtime_source.container_runtime if runtime_source else None,
@@ -122,7 +147,10 @@ def parse_cgroup(text: str) -> CgroupOwner:
         pod_uid=first("pod_uid"),
         pod_qos=first("pod_qos"),
         slurm_job_id=first("slurm_job_id"),
-        systemd_unit=first("systemd_unit"),
+        systemd_unit=unit,
+        user_manager_uid=next(
+            (f.user_manager_uid for f in found if f.user_manager_uid is not None), None
+        ),
     )
 
 
@@ -162,6 +190,7 @@ def _parse_path(path: str) -> CgroupOwner:
     pod_qos: str | None = None
     slurm_job: str | None = None
     unit: str | None = None
+    manager_uid: int | None = None
     in_slurm = False
     delegated = False
 
@@ -175,9 +204,15 @@ def _parse_path(path: str) -> CgroupOwner:
             pod_qos = pod.group(1) or "guaranteed"
             pod_uid = pod.group(2).replace("_", "-")
         elif (pod := _POD_DIR.fullmatch(part)) and "kubepods" in parts[:i]:
-            pod_qos = previous if previous in ("besteffort", "burstable") else "guaranteed"
+            pod_qos = previous if previous in _QOS_DIRS else "guaranteed"
             pod_uid = pod.group(1)
-        if _USER_MANAGER.fullmatch(part):
+        elif (pod := _POD_DIR.fullmatch(part)) and _beyond_namespace_root(parts[:i], pod.group(1)):
+            pod_qos = previous if previous in _QOS_DIRS else None
+            pod_uid = pod.group(1)
+        if manager := _USER_MANAGER.fullmatch(part):
+            # The outermost one is systemd's; below it the user names directories at will.
+            if not delegated:
+                manager_uid = int(manager.group(1))
             delegated, in_slurm = True, False
         elif not delegated and _SLURM_ROOT.fullmatch(part):
             in_slurm = True
@@ -194,7 +229,17 @@ def _parse_path(path: str) -> CgroupOwner:
         pod_qos=pod_qos,
         slurm_job_id=slurm_job,
         systemd_unit=unit,
+        user_manager_uid=manager_uid,
     )
+
+
+def _beyond_namespace_root(ancestors: list[str], uid: str) -> bool:
+    """A cgroupfs-driver pod directory seen from a private cgroup namespace: only ``..``
+    above it (at least one), or ``..`` and then its QoS directory (module docstring)."""
+    if not _POD_UID.fullmatch(uid) or not ancestors or ancestors[0] != "..":
+        return False
+    above = ancestors[:-1] if ancestors[-1] in _QOS_DIRS else ancestors
+    return all(part == ".." for part in above)
 
 
 def _container_dir(part: str, previous: str) -> tuple[ContainerRuntime | None, str] | None:

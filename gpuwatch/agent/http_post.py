@@ -11,6 +11,10 @@ What is kept from the httpx client used before: TLS verification against
 ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` / ``NO_PROXY``; redirects are not
 followed (a 3xx is an answer like any other); one timeout for connecting and for
 each read and write.
+
+An :class:`Unreachable`'s message is escaped (:func:`~gpuwatch.terminal_text.printable`)
+and cut: it may quote what the other end sent (a malformed status line), which must not
+put ESC, NUL, CR or LF into the agent's log.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from gpuwatch.bearer import without_secrets
 from gpuwatch.errors import ConfigError
+from gpuwatch.terminal_text import printable
+
+# The most of an error's text an Unreachable quotes.
+MAX_REASON_CHARS = 300
 
 
 class Unreachable(Exception):
@@ -65,6 +73,11 @@ class Endpoint:
             raise ConfigError(f"invalid server_url: {err}") from err
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError("server_url must be an http:// or https:// URL with a host")
+        try:
+            # What the request will need; refused here, not as "unreachable" on every try.
+            parts.hostname.encode("idna")
+        except UnicodeError:
+            raise ConfigError("server_url: its host is not a valid host name") from None
         netloc = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
         if port is not None:
             netloc += f":{port}"
@@ -121,15 +134,19 @@ class Poster:
                 return Reply(err.code, err.headers, content)
         # The reason may quote a header the client refused: never the token.
         except urllib.error.URLError as err:
-            raise Unreachable(without_secrets(_reason(err.reason), headers)) from None
+            raise Unreachable(_reason(err.reason, headers)) from None
         except (OSError, http.client.HTTPException, ValueError) as err:
             # OSError: a timeout or reset while reading; HTTPException: not HTTP;
             # ValueError: a proxy setting urllib cannot use, or a header value it refuses.
-            raise Unreachable(without_secrets(_reason(err), headers)) from None
+            raise Unreachable(_reason(err, headers)) from None
 
     def close(self) -> None:
         self._opener = None
 
 
-def _reason(reason: object) -> str:
-    return str(reason) or type(reason).__name__
+def _reason(reason: object, headers: dict[str, str]) -> str:
+    """Why a request got no answer, for one log line (see the module docstring): the
+    secrets cut out first, while the token is still whole in the text."""
+    text = without_secrets(str(reason) or type(reason).__name__, headers)
+    cut = printable(text[:MAX_REASON_CHARS])
+    return cut + ("..." if len(text) > MAX_REASON_CHARS else "")

@@ -43,10 +43,26 @@ classic double-forking daemon outside any service unit is reported, which is rar
 
 **Liveness.** A zombie holds no GPU context, except a zombie *thread-group leader* whose other
 threads still run (the main thread called ``pthread_exit``; ``ps`` shows ``Zl``): its PID is
-the one NVML lists, so it is alive while ``Threads`` in ``status`` is above 1. Files are read
-one by one, so a process can exit, and its PID be reused, between them: the start time is read
-again after the identity, and a changed or vanished process is reported not alive, its
-half-read identity never cached.
+the one NVML lists, so it is alive while ``Threads`` in ``status`` is above 1. Such a leader's
+own ``cmdline`` is empty and, on cgroup v1, its ``cgroup`` reads ``/`` (its memory map and
+cgroups went with it), so those, and ``environ``, are read from a live thread's
+``task/<tid>/``. Files are read one by one, so a process can exit, and its PID be reused,
+between them: ``stat`` is read again after the identity, and a process whose start time
+changed, that vanished or that is now exited (a zombie: same start time, emptied files) is
+reported not alive, its half-read identity never cached.
+
+**Only "no such process" means dead.** A ``stat`` read that fails with ENOENT or ESRCH means
+the PID does not exist; any other error (EACCES or EPERM: ``/proc`` mounted ``hidepid=1``, a
+read refused) means it exists and cannot be seen: ``alive=True, visible=False``, owner
+unknown, which no detector judges. ``hidepid=2`` hides the directory itself (ENOENT), so when
+``proc_root`` is the reader's own procfs a missing PID is confirmed with ``kill(pid, 0)``: EPERM
+or success means it exists (hidden), ESRCH that it is gone. :attr:`ProcInfo.reader_notes`
+says when the mount hides processes from this reader.
+
+**Users.** The uid is the kernel's, translated out of the reader's user namespace, and the
+name is the host's (:mod:`gpuwatch.agent.identity`): a subuid is named after the user who
+owns it, an unmappable uid (the overflow uid in a user namespace) is unknown (``None``), and
+a uid is shown as a number, never under another account's name.
 
 **PID namespaces.** NVML reports host (initial-namespace) PIDs: the driver is not
 namespace-aware. When ``proc_root`` shows another namespace, a PID NVML reports is either
@@ -64,16 +80,19 @@ exec'd. Dead entries are swept when the cache doubles (see :meth:`ProcInfo.expir
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import pwd
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuwatch.agent.cgroup import CgroupOwner, parse_cgroup
+from gpuwatch.agent.identity import UidMap, UserNames, read_uid_map
+from gpuwatch.agent.notebooks import is_jupyter_kernel, is_jupyter_server
+from gpuwatch.agent.proc_mounts import hiding_mount_option, is_own_procfs
 from gpuwatch.errors import GpuwatchError
 from gpuwatch.snapshot import ProcessOwner
 
@@ -96,60 +115,17 @@ _SLURM_JOB_ID = re.compile(rb"(?:^|\x00)SLURM_JOB_ID=(\d{1,20})(?:\x00|$)")
 # Set by torchrun's agent in every worker's environment (LocalElasticAgent._start_workers).
 _ELASTIC_WORKER = re.compile(rb"(?:^|\x00)TORCHELASTIC_RUN_ID=")
 
-# colab_kernel_launcher is Google Colab's (and Colab-like runtimes') ipykernel wrapper.
-_KERNEL_MODULES = frozenset(
-    {"ipykernel_launcher", "ipykernel", "ipykernel.kernelapp", "colab_kernel_launcher"}
-)
-# Every kernel spec's argv carries the connection file that jupyter_client wrote, as
-# ``-f {connection_file}`` (``--f=`` from VS Code); its name is ``kernel-<id>.json``. Both
-# the option and the name are required: a training script's ``-f kernel-sizes.json`` alone
-# would otherwise make it a "kernel", and kernels are judged orphaned more readily.
-_CONNECTION_FILE_OPTIONS = ("-f", "--f", "--connection-file", "--connection_file")
-# jupyter_client names it kernel-<uuid4>.json; VS Code kernel-v2-<pid><hex>.json.
-_CONNECTION_FILE = re.compile(r"kernel-(?:v2-)?[0-9a-f][0-9a-f-]{3,63}\.json")
-_KERNEL_PROGRAMS = frozenset({"ipykernel_launcher.py", "jupyter-kernel"})
-_KERNEL_ARG_MARKERS = ("IRkernel::main", "IJulia/src/kernel.jl")
-_SERVER_MODULES = frozenset(
-    {
-        "jupyterlab",
-        "notebook",
-        "jupyter_server",
-        "nbclassic",
-        "jupyterhub.singleuser",
-        "voila",
-        "kernel_gateway",
-        "enterprise_gateway",
-    }
-)
-_SERVER_PROGRAMS = frozenset(
-    {
-        "jupyter-lab",
-        "jupyter-notebook",
-        "jupyter-server",
-        "jupyter-nbclassic",
-        "jupyter-labhub",
-        "jupyterhub-singleuser",
-        "voila",
-        "jupyter-kernelgateway",
-        "jupyter-enterprisegateway",
-    }
-)
-_SERVER_SUBCOMMANDS = frozenset(
-    {"lab", "notebook", "server", "nbclassic", "kernelgateway", "enterprisegateway"}
-)
-# Python options that take a separate value: skipping them finds the script or -m module.
-_PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})
-
 
 @dataclass(frozen=True, slots=True)
 class ProcessFacts:
     """What ``/proc`` says about one PID. ``None`` means unknown, never empty or zero.
 
     ``alive`` is False for a PID that does not exist or has exited (a zombie). ``visible`` is
-    False when this agent's ``/proc`` cannot show NVML's PIDs at all; ``alive`` is then True
+    False when this agent's ``/proc`` cannot show the PID: NVML's PIDs are in another PID
+    namespace, or ``/proc`` hides it (``hidepid``, a read refused); ``alive`` is then True
     because NVML still lists the PID and nothing here can prove otherwise. ``start_time`` is
-    epoch seconds (``ps -o lstart``); ``command`` is the argv joined with spaces, at most
-    4096 characters.
+    epoch seconds (``ps -o lstart``); ``command`` is the argv joined with spaces (an empty
+    argument as ``''``), at most 4096 characters.
     """
 
     pid: int
@@ -213,16 +189,22 @@ class _Identity:
     namespace_init: bool  # PID 1 of its own PID namespace: it inherits that namespace's orphans
 
 
+class _Hidden(Exception):
+    """``/proc`` refused a read for a PID that exists (module docstring)."""
+
+
 class ProcInfo:
     """Describes host PIDs from a ``/proc`` tree, caching per process lifetime.
 
     ``boot_time`` (epoch seconds) defaults to ``btime`` in ``<proc_root>/stat``;
     ``isolated`` defaults to :func:`pid_namespace_isolated` on ``proc_root`` (tests that
-    describe their own children pass False). Both are read once, here. ``subreapers`` are the
-    ``comm`` names taken to be child subreapers. ``declared_users`` maps ``(pid, start
-    ticks)`` to a user name that replaces the one ``/proc`` gives: only on simulated GPUs,
-    where the scenario names each stand-in's owner (:mod:`gpuwatch.nvml.fake.owners`);
-    the uid stays the real one. Not thread-safe: one sampler owns one instance.
+    describe their own children pass False); ``uid_map`` to the reader's user namespace
+    (``<proc_root>/self/uid_map``). All are read once, here. ``user_names`` names uids (default:
+    NSS, ``/etc/subuid``). ``subreapers`` are the ``comm`` names taken to be child subreapers.
+    ``declared_users`` maps ``(pid, start ticks)`` to a user name that replaces the one
+    ``/proc`` gives: only on simulated GPUs, where the scenario names each stand-in's owner
+    (:mod:`gpuwatch.nvml.fake.owners`); the uid stays the real one. Not thread-safe: one
+    sampler owns one instance.
     """
 
     def __init__(
@@ -233,16 +215,22 @@ class ProcInfo:
         isolated: bool | None = None,
         subreapers: frozenset[str] = DEFAULT_SUBREAPERS,
         declared_users: Mapping[tuple[int, int], str] | None = None,
+        uid_map: UidMap | None = None,
+        user_names: UserNames | None = None,
     ) -> None:
         self._root = proc_root
         self._declared_users = declared_users or {}
         self._root_prefix = str(proc_root)
         self._boot_time = boot_time if boot_time is not None else read_boot_time(proc_root)
         self._isolated = isolated if isolated is not None else pid_namespace_isolated(proc_root)
+        self._uid_map = uid_map if uid_map is not None else read_uid_map(proc_root)
+        self._names = user_names if user_names is not None else UserNames()
+        # kill(pid, 0) can confirm that a PID missing from proc_root is gone only when
+        # proc_root is this process's own procfs (same PID namespace).
+        self._own_procfs = is_own_procfs(proc_root)
         self._subreapers = subreapers
         self._ticks_per_second = os.sysconf("SC_CLK_TCK")
         self._identities: dict[int, tuple[int, _Identity]] = {}
-        self._user_names: dict[int, str] = {}
         self._sweep_at = _MIN_SWEEP_SIZE
 
     @property
@@ -250,18 +238,48 @@ class ProcInfo:
         """True when NVML's host PIDs are not visible here (``HostSnapshot`` has this field)."""
         return self._isolated
 
+    @property
+    def reader_notes(self) -> list[str]:
+        """Why this reader may see less than the host has: hidden processes, uids it cannot
+        map, names it cannot trust (for ``gpuwatch status`` and the agent's log)."""
+        notes: list[str] = []
+        hidepid = hiding_mount_option(self._root)
+        if hidepid is not None:
+            notes.append(
+                f"{self._root} is mounted with {hidepid}: processes of other users are hidden"
+                " from this reader and shown as hidden, owner unknown (run as root, or in"
+                " the mount's gid= group)"
+            )
+        if self._uid_map.nested:
+            notes.append(
+                "this reader runs in a user namespace: uids it cannot map read as"
+                f" {self._uid_map.overflow_uid} and their owners are shown as unknown"
+            )
+        if self._names.from_image:
+            notes.append(
+                "/etc/passwd is the container image's, not the host's: users are shown as"
+                " uids (mount the host's /etc/passwd to name them)"
+            )
+        return notes
+
     def describe(self, pid: int) -> ProcessFacts:
         """Facts about host PID ``pid``; never raises for a missing or vanishing process."""
         if self._isolated:
             return ProcessFacts(pid=pid, alive=True, visible=False)
-        stat = self._read_stat(pid)
-        identity = None
-        if stat is not None and self._alive(pid, stat):
-            identity = self._identity(pid, stat)
+        try:
+            stat = self._read_stat(pid)
+            if stat is None and self._exists_unseen(pid):
+                raise _Hidden(pid)
+            identity = None
+            if stat is not None and self._alive(pid, stat):
+                identity = self._identity(pid, stat)
+        except _Hidden:
+            self._identities.pop(pid, None)
+            return ProcessFacts(pid=pid, alive=True, visible=False)
         if stat is None or identity is None:
             self._identities.pop(pid, None)
             return ProcessFacts(pid=pid, alive=False)
-        parent = self._read_stat(stat.ppid) if stat.ppid > 1 else None
+        parent = self._peek_stat(stat.ppid) if stat.ppid > 1 else None
         reparented = self._adopted(stat, identity, parent)
         return ProcessFacts(
             pid=pid,
@@ -303,7 +321,7 @@ class ProcInfo:
         gone = [
             pid
             for pid, (ticks, _) in self._identities.items()
-            if (stat := self._read_stat(pid)) is None
+            if (stat := self._peek_stat(pid)) is None
             or stat.start_ticks != ticks
             or not self._alive(pid, stat)
         ]
@@ -341,7 +359,13 @@ class ProcInfo:
         if _supervised(identity):
             return True
         unit = identity.owner.systemd_unit or ""
-        service_owned = unit.endswith(".service") and not unit.startswith("user@")
+        # A Slurm job's task is the job's, even in slurmd.service's cgroup (proctrack/pgid
+        # or linuxproc; v1 hierarchies that disagree): its step ended, the unit did not.
+        service_owned = (
+            unit.endswith(".service")
+            and not unit.startswith("user@")
+            and identity.owner.slurm_job_id is None
+        )
         return stat.session != pid and not service_owned  # sid == ppid: see _adopted
 
     def _server_alive(
@@ -365,8 +389,9 @@ class ProcInfo:
             return cached[1]
         identity = self._read_identity(pid, stat)
         after = self._read_stat(pid)
-        if after is None or after.start_ticks != stat.start_ticks:
-            # It exited (files half read) or its PID was reused (files of another process).
+        if after is None or after.start_ticks != stat.start_ticks or not self._alive(pid, after):
+            # It exited (files half read: a zombie keeps its start time but not its
+            # cmdline) or its PID was reused (files of another process).
             return None
         self._identities[pid] = (stat.start_ticks, identity)
         if len(self._identities) > self._sweep_at:
@@ -375,30 +400,49 @@ class ProcInfo:
 
     def _read_identity(self, pid: int, stat: _Stat) -> _Identity:
         base = self._root / str(pid)
-        argv = _read_argv(base / "cmdline")
+        files = self._live_thread(base) if stat.state == "Z" else base
+        argv = _read_argv(files / "cmdline")
         status = _read_text(base / "status") or ""
-        uid = real_uid(status)
+        seen_uid = real_uid(status)
+        uid = None if seen_uid is None else self._uid_map.outside(seen_uid)
         nspid = (_status_field(status, "NSpid") or "").split()
+        cgroup = parse_cgroup(_read_text(files / "cgroup") or "")
         user = self._declared_users.get((pid, stat.start_ticks))
         if user is None and uid is not None:
-            user = self._user_name(uid)
-        cgroup = parse_cgroup(_read_text(base / "cgroup") or "")
-        environ = _read_environ(base / "environ")
+            user = self._names.name(uid, manager_uid=cgroup.user_manager_uid)
+        environ = _read_environ(files / "environ")
         owner = _process_owner(cgroup, user, uid, _slurm_job_id(environ))
-        command = " ".join(argv)[:MAX_COMMAND_CHARS] or None
+        command = " ".join(_shown(arg) for arg in argv)[:MAX_COMMAND_CHARS] or None
         return _Identity(
             name=stat.comm,
             command=command,
             uid=uid,
             user=user,
             owner=owner,
-            jupyter_kernel=_is_jupyter_kernel(argv),
-            jupyter_server=_is_jupyter_server(argv),
+            jupyter_kernel=is_jupyter_kernel(argv),
+            jupyter_server=is_jupyter_server(argv),
             elastic_worker=environ is not None and _ELASTIC_WORKER.search(environ) is not None,
             namespace_init=len(nspid) > 1 and nspid[-1] == "1",
         )
 
+    def _live_thread(self, base: Path) -> Path:
+        """``base/task/<tid>`` of a thread that has not exited, for a zombie leader whose
+        threads still run; ``base`` itself when there is none."""
+        try:
+            tids = sorted(int(t) for t in os.listdir(base / "task") if t.isdigit())
+        except OSError:
+            return base
+        for tid in tids:
+            thread = base / "task" / str(tid)
+            text = _read_text(thread / "stat")
+            state = _parse_stat(text) if text is not None else None
+            if state is not None and state.state not in _EXITED_STATES:
+                return thread
+        return base
+
     def _read_stat(self, pid: int) -> _Stat | None:
+        """``None`` when there is no such process; raises :class:`_Hidden` when ``/proc``
+        refuses the read (it exists: module docstring)."""
         # The hot path: every listed PID and its parent, every poll. A plain string path
         # and a binary read cost a fraction of pathlib's (see bench/agent.py).
         if pid <= 0:
@@ -406,21 +450,31 @@ class ProcInfo:
         try:
             with open(f"{self._root_prefix}/{pid}/stat", "rb") as file:
                 text = file.read().decode("utf-8", errors="replace")
-        except OSError:
-            return None
+        except OSError as err:
+            if err.errno in (errno.ENOENT, errno.ESRCH):
+                return None
+            raise _Hidden(pid) from err
         return _parse_stat(text)
 
-    def _user_name(self, uid: int) -> str:
-        """Login name, or the uid as a string (rootless-container subuids have no name)."""
-        name = self._user_names.get(uid)
-        if name is None:
-            try:
-                name = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                name = str(uid)
-            # Cached for the agent's life: NSS lookups may go to LDAP, and names rarely change.
-            self._user_names[uid] = name
-        return name
+    def _peek_stat(self, pid: int) -> _Stat | None:
+        """:meth:`_read_stat` for a process only looked at (a parent, a cache entry):
+        hidden reads as absent."""
+        try:
+            return self._read_stat(pid)
+        except _Hidden:
+            return None
+
+    def _exists_unseen(self, pid: int) -> bool:
+        """A PID absent from ``proc_root`` that exists all the same (``hidepid=2``)."""
+        if not self._own_procfs or pid <= 0:
+            return False
+        try:
+            os.kill(pid, 0)  # signal 0: only checks that it exists and may be signalled
+        except PermissionError:
+            return True
+        except OSError:
+            return False
+        return True
 
     def _epoch(self, start_ticks: int) -> float | None:
         if self._boot_time is None:
@@ -503,12 +557,23 @@ def _read_text(path: Path) -> str | None:
 
 
 def _read_argv(path: Path) -> list[str]:
+    """The NUL-separated argv, empty arguments kept. Trailing NULs are all dropped: a
+    process that set its title (``setproctitle``: Ray workers, gunicorn) pads its argv with
+    them, so a final empty argument is indistinguishable from that padding."""
     try:
         with path.open("rb") as file:
             raw = file.read(_MAX_CMDLINE_BYTES)
     except OSError:
         return []
-    return [arg.decode("utf-8", errors="replace") for arg in raw.split(b"\x00") if arg]
+    raw = raw.rstrip(b"\x00")
+    if not raw:
+        return []
+    return [arg.decode("utf-8", errors="replace") for arg in raw.split(b"\x00")]
+
+
+def _shown(arg: str) -> str:
+    """An argument as the command shows it: an empty one as ``''`` (it still counts)."""
+    return arg if arg else "''"
 
 
 def real_uid(status: str) -> int | None:
@@ -580,59 +645,3 @@ def _process_owner(
         systemd_unit=cgroup.systemd_unit,
         cgroup=cgroup.cgroup,
     )
-
-
-def _entry_point(argv: Sequence[str]) -> tuple[str, str | None, Sequence[str]]:
-    """``(program, module, rest)``: the program's basename (the script's for an interpreter),
-    the ``-m`` module if any, and the arguments after it."""
-    program = os.path.basename(argv[0]) if argv else ""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "-m" and i + 1 < len(argv):
-            return program, argv[i + 1], argv[i + 2 :]
-        if arg.startswith("-m") and len(arg) > 2:
-            return program, arg[2:], argv[i + 1 :]
-        if arg in ("-c", "--"):
-            break
-        if arg in _PYTHON_OPTIONS_WITH_VALUE:
-            i += 2
-            continue
-        if arg.startswith("-"):
-            i += 1
-            continue
-        if program.startswith("python"):
-            return os.path.basename(arg), None, argv[i + 1 :]
-        break
-    return program, None, argv[1:]
-
-
-def _is_jupyter_kernel(argv: Sequence[str]) -> bool:
-    program, module, rest = _entry_point(argv)
-    if module in _KERNEL_MODULES or program in _KERNEL_PROGRAMS:
-        return True
-    if program == "jupyter" and len(rest) > 0 and rest[0] == "kernel":
-        return True
-    if any(marker in arg for arg in argv for marker in _KERNEL_ARG_MARKERS):
-        return True
-    return _has_connection_file(argv)
-
-
-def _has_connection_file(argv: Sequence[str]) -> bool:
-    """``-f kernel-<id>.json`` or ``--f=.../kernel-<id>.json``: any kernel spec's launch."""
-    for i, arg in enumerate(argv[1:], start=1):
-        option, equals, value = arg.partition("=")
-        if option not in _CONNECTION_FILE_OPTIONS:
-            continue
-        if not equals:
-            value = argv[i + 1] if i + 1 < len(argv) else ""
-        if _CONNECTION_FILE.fullmatch(os.path.basename(value)):
-            return True
-    return False
-
-
-def _is_jupyter_server(argv: Sequence[str]) -> bool:
-    program, module, rest = _entry_point(argv)
-    if module in _SERVER_MODULES or program in _SERVER_PROGRAMS:
-        return True
-    return program == "jupyter" and len(rest) > 0 and rest[0] in _SERVER_SUBCOMMANDS

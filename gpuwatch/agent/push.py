@@ -15,13 +15,15 @@ import logging
 import threading
 import time
 
+from pydantic import ValidationError
+
 from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.http_post import Endpoint, Poster, Unreachable
 from gpuwatch.agent.reporter import HTTP_TIMEOUT_SECONDS, Reporter
 from gpuwatch.bearer import bearer_headers
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
-from gpuwatch.wire import EVENTS_PATH, ReportedEvent
+from gpuwatch.wire import EVENTS_PATH, ReportedEvent, ReportedEventResult
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +71,16 @@ class ServerSink:
             except Unreachable as err:
                 problem = f"unreachable ({err})"
             else:
-                if response.is_success:
+                if response.is_success and _recorded(response.content):
                     return
                 problem = f"HTTP {response.status}"
+                if response.is_success:
+                    # A proxy's page, a portal, another service: nothing was recorded,
+                    # and asking again will get the same page.
+                    problem += (
+                        " that is not a gpuwatch answer (is server_url the server's base URL?)"
+                    )
+                    break
                 if response.status in (400, 401, 403, 404, 413, 422):
                     break  # retrying will not change the answer
             if attempt < EVENT_ATTEMPTS:
@@ -83,3 +92,12 @@ class ServerSink:
             problem,
             event.summary,
         )
+
+
+def _recorded(content: bytes) -> bool:
+    """Whether a 2xx body is the server's answer to an event (``ReportedEventResult``)."""
+    try:
+        ReportedEventResult.model_validate_json(content)
+    except ValidationError:
+        return False
+    return True

@@ -2,7 +2,9 @@
 
 One line per GPU, then who holds its memory, then what looks wrong: memory held by
 PIDs that no longer exist, memory no visible process accounts for, orphaned processes
-and Jupyter kernels whose notebook server is gone.
+and Jupyter kernels whose notebook server is gone. Above the GPUs, what limits the
+reader's view (``notes``: ``/proc`` mounted ``hidepid``, a user namespace, the container
+image's passwd file), so a hidden process is never taken for a dead one.
 
 Every name and command comes from /proc or NVML, and other users choose theirs: each
 is printed through :func:`~gpuwatch.terminal_text.printable` as a
@@ -23,6 +25,11 @@ from gpuwatch.terminal_text import printable
 
 # Below this, unattributed memory is driver/context overhead, not worth a warning.
 UNATTRIBUTED_WARN_BYTES = 256 * 2**20
+
+
+# Where the table's other columns leave the command fewer columns than this, each
+# process is printed as a block instead: a few letters do not say which run it is.
+COMMAND_MIN = 20
 
 
 def format_bytes(n: int | None) -> str:
@@ -54,11 +61,13 @@ def format_age(seconds: float | None) -> str:
     return f"{minutes}m"
 
 
-def process_flags(proc: GpuProcess) -> list[str]:
-    """Short, human words for what is unusual about a process."""
+def process_flags(proc: GpuProcess, *, isolated: bool = True) -> list[str]:
+    """Short, human words for what is unusual about a process. ``isolated``: the reader
+    runs in another PID namespace (``HostSnapshot.pid_namespace_isolated``); otherwise a
+    process it cannot see exists but ``/proc`` hides it (hidepid, a refused read)."""
     flags: list[str] = []
     if not proc.visible:
-        flags.append("not visible (PID namespace)")
+        flags.append("not visible (PID namespace)" if isolated else "hidden by /proc")
     elif not proc.alive:
         flags.append("DEAD PID")
     if proc.orphaned:
@@ -96,10 +105,25 @@ def gpu_warnings(gpu: Gpu) -> list[str]:
     return warnings
 
 
+def status_console() -> Console:
+    """The console ``gpuwatch status`` prints on: the terminal's width, or, for a file,
+    a pipe or cron's mail, no width at all, since whole commands (the kernel's connection
+    file, the run's name) are what a reader greps for."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=1_000_000, soft_wrap=True)
+    return console
+
+
 def render_status(
-    snapshot: HostSnapshot, *, console: Console | None = None, now: float | None = None
+    snapshot: HostSnapshot,
+    *,
+    console: Console | None = None,
+    now: float | None = None,
+    notes: list[str] | None = None,
 ) -> None:
-    console = console or Console()
+    """Print ``snapshot``; ``notes``: what limits the reader's view (Sampler.reader_notes)."""
+    console = console or status_console()
     now = time.time() if now is None else now
     header = Text(printable(snapshot.hostname), style="bold")
     header.append(f"  driver {printable(snapshot.driver_version or '?')}")
@@ -108,13 +132,20 @@ def render_status(
     if snapshot.fake:
         header.append("  (simulated GPUs)", style="yellow")
     console.print(header)
+    for note in notes or []:
+        console.print(Text(f"  ! {printable(note)}", style="yellow"))
     if not snapshot.gpus:
         console.print("no GPUs found")
         return
     for gpu in snapshot.gpus:
         console.print(_gpu_line(gpu))
+        isolated = snapshot.pid_namespace_isolated
         if gpu.processes:
-            console.print(_process_table(gpu, now))
+            table = _process_table(gpu, now, isolated=isolated, width=console.width)
+            if table is None:  # too narrow a terminal for the table to name the command
+                _print_process_blocks(gpu, now, console, isolated=isolated)
+            else:
+                console.print(table)
         for warning in gpu_warnings(gpu):
             console.print(Text(f"  ! {printable(warning)}", style="bold red"))
 
@@ -133,29 +164,61 @@ def _gpu_line(gpu: Gpu) -> Text:
     return line
 
 
-def _process_table(gpu: Gpu, now: float) -> Table:
-    table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False)
-    for column, justify, width in (
-        ("PID", "right", 7), ("USER", "left", 6), ("MEMORY", "right", 9), ("SM", "right", 4),
-        ("AGE", "right", 5),
-    ):  # fmt: skip
-        table.add_column(column, justify=justify, no_wrap=True, min_width=width)  # type: ignore[arg-type]
-    # Flags before the command: on a narrow terminal the command gives way (cut with an
-    # ellipsis, never wrapped), not the warning.
+def _process_table(gpu: Gpu, now: float, *, isolated: bool, width: int) -> Table | None:
+    """The processes of ``gpu`` as rows; ``width``: the console's, which the command
+    fills, cut with an ellipsis where it does not fit (the other columns never give).
+    None when ``width`` leaves the command fewer than COMMAND_MIN columns."""
     rows = sorted(gpu.processes, key=lambda p: p.used_bytes or 0, reverse=True)
-    flags = {p.pid: printable(", ".join(process_flags(p))) for p in rows}
-    table.add_column("FLAGS", no_wrap=True, min_width=max(5, *(len(f) for f in flags.values())))
-    table.add_column("COMMAND", no_wrap=True, overflow="ellipsis", max_width=60)
+    cells = []
     for proc in rows:
         age = None if proc.start_time is None else now - proc.start_time
-        sm = "?" if proc.sm_ratio is None else f"{proc.sm_ratio:.0%}"
-        table.add_row(
-            str(proc.pid),
-            Text(printable(proc.owner.user or "?")),
-            format_bytes(proc.used_bytes),
-            sm,
-            format_age(age),
-            Text(flags[proc.pid], style="red"),
-            Text(printable((proc.command or proc.name or "?")[:60])),
+        cells.append(
+            [
+                str(proc.pid),
+                printable(proc.owner.user or "?"),
+                format_bytes(proc.used_bytes),
+                "?" if proc.sm_ratio is None else f"{proc.sm_ratio:.0%}",
+                format_age(age),
+                # Flags before the command: the command gives way, never the warning.
+                printable(", ".join(process_flags(proc, isolated=isolated))),
+            ]
         )
+    columns = (
+        ("PID", "right", 7), ("USER", "left", 6), ("MEMORY", "right", 9), ("SM", "right", 4),
+        ("AGE", "right", 5), ("FLAGS", "left", 5),
+    )  # fmt: skip
+    widths = [
+        max(least, *(len(row[i]) for row in cells)) for i, (_, _, least) in enumerate(columns)
+    ]
+    # Rich shrinks no-wrap columns by dropping some; the width is worked out here
+    # instead, so PID..FLAGS stay whole and the command has exactly what is left.
+    command_width = width - sum(widths) - 2 * len(columns) - 1
+    if command_width < COMMAND_MIN:
+        return None
+    table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False)
+    for (name, justify, _), fixed in zip(columns, widths, strict=True):
+        table.add_column(name, justify=justify, no_wrap=True, width=fixed)  # type: ignore[arg-type]
+    table.add_column("COMMAND", no_wrap=True, overflow="ellipsis", max_width=command_width)
+    for proc, row in zip(rows, cells, strict=True):
+        command = Text(printable(proc.command or proc.name or "?"))
+        command.truncate(command_width, overflow="ellipsis")
+        table.add_row(*row[:5], Text(row[5], style="red"), command)
     return table
+
+
+def _print_process_blocks(gpu: Gpu, now: float, console: Console, *, isolated: bool) -> None:
+    """One block per process for a terminal too narrow for the table: the figures and
+    flags on the first line, the command folded below it, whole."""
+    for proc in sorted(gpu.processes, key=lambda p: p.used_bytes or 0, reverse=True):
+        age = None if proc.start_time is None else now - proc.start_time
+        sm = "?" if proc.sm_ratio is None else f"{proc.sm_ratio:.0%}"
+        head = Text(
+            f"  pid {proc.pid}  {printable(proc.owner.user or '?')}"
+            f"  {format_bytes(proc.used_bytes)}  SM {sm}  age {format_age(age)}"
+        )
+        flags = printable(", ".join(process_flags(proc, isolated=isolated)))
+        if flags:
+            head.append(f"  {flags}", style="red")
+        console.print(head, overflow="fold")
+        command = printable(proc.command or proc.name or "?")
+        console.print(Text(f"    {command}"), overflow="fold")

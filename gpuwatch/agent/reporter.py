@@ -11,7 +11,10 @@ it once, as ``accepted`` or, when an earlier try had already reached the server,
   disk);
 * ``rejected``: the server answered 422 for that one snapshot (a poison record);
 * ``too_large``: the server answered 413 for that one snapshot alone;
-* ``write_failed``: the spool could not write it at all (disk full, read-only).
+* ``write_failed``: the spool could not write it at all (disk full, read-only);
+* ``hostname_changed``: it was spooled under a hostname the agent no longer reports (the
+  host was renamed, or ``hostname`` changed in the config), so no token of this host
+  can deliver it (below).
 
 Until then it is ``pending``, and that includes a snapshot the server answered
 ``deferred`` (below): it stays spooled and is sent again. Delivery is at least once;
@@ -28,18 +31,35 @@ understands partial answers. 2xx acknowledges the batch with an
 [...]}``), item by item: the items answered ``deferred`` (the server's time budget for
 the request ran out before it got to them) are not acknowledged but kept, and sent
 again, oldest first, after a short pause (:data:`DEFERRED_PAUSE_SECONDS`); such a
-request counts as ``partial``, not as a failure. 413 and 422 split the batch in halves
-until the offending snapshot stands alone, which is then dropped and counted. 401/403
-keep everything spooled and raise the ``auth_failed`` flag. Anything else (429, 5xx,
+request counts as ``partial``, not as a failure. Only a well-formed ingest answer (a
+JSON object with integer ``accepted`` and ``duplicate``) settles anything: a 2xx with
+any other body (a proxy's HTML page, a captive portal, another service's JSON) is not
+the server speaking, so the batch stays spooled and is retried like a failure
+(``unexpected_status``), with one warning in the log. 413 and 422 split the batch in
+halves until the offending snapshot stands alone, which is then dropped and counted.
+401/403 keep everything spooled and raise the ``auth_failed`` flag; the log quotes the
+server's ``detail``. Anything else (429, 5xx,
 other statuses, connection errors) is retried after exponential backoff with jitter,
 and never before the server's ``Retry-After``: up to half as long again after it
 (:data:`RETRY_AFTER_SPREAD`), since the agents one busy server refused together would
-otherwise all come back in the same second. The token is never logged.
+otherwise all come back in the same second. The token is never logged, and whatever
+the server says (status line, headers, ``detail``) is escaped before it reaches the log
+(:func:`~gpuwatch.terminal_text.printable`): on plain ``http://`` anyone on the path
+can answer.
+
+A renamed host: every snapshot names the hostname it was taken under, and the server
+refuses a batch holding any snapshot its token's host did not take (403, ``detail``
+:data:`OTHER_HOST_DETAIL` and the token's host). Snapshots spooled under a name this
+agent no longer reports could therefore never be delivered, and the oldest-first drain
+would stay stuck behind them. So once the agent has offered a snapshot (whose hostname
+is then the current one), spooled snapshots of any other hostname are dropped before
+they are sent, counted as ``hostname_changed``, with one warning naming both names;
+snapshots of the current hostname are never dropped for it. Until the first offer the
+push thread waits (at most one push interval) rather than send what it cannot judge.
 """
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import random
 import threading
@@ -47,10 +67,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC
 
-from pydantic import ValidationError
-
+from gpuwatch.agent import push_answers as answers
 from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.http_post import Endpoint, Poster, Reply, Unreachable
 from gpuwatch.agent.spool import Spool, SpooledSnapshot
@@ -63,7 +81,6 @@ from gpuwatch.wire import (
     PARTIAL_HEADER,
     PUSH_INTERVAL_HEADER,
     SNAPSHOTS_PATH,
-    IngestResponse,
     ingest_request_json,
 )
 
@@ -75,8 +92,6 @@ MAX_BATCH_BYTES = 4 * 2**20
 BACKOFF_BASE_SECONDS = 1.0
 # Low enough that a returning server is noticed within a minute.
 BACKOFF_MAX_SECONDS = 60.0
-# A buggy or hostile Retry-After must not silence the agent for days.
-MAX_RETRY_AFTER_SECONDS = 3600.0
 # The retry after a Retry-After falls at a random point of [1, 1 + this] times it.
 RETRY_AFTER_SPREAD = 0.5
 # The server gives itself half of this per request (ingest_time_budget_seconds).
@@ -98,7 +113,9 @@ class DrainResult:
     time had not come yet (nothing sent), ``"deferred"`` when the server deferred part
     of a batch (not a failure: a pause), else the failure that stopped the drain:
     ``"unreachable"``, ``"auth_failed"``, ``"throttled"``, ``"server_error"`` or
-    ``"unexpected_status"``. ``retry_in_seconds`` is when the next try may happen.
+    ``"unexpected_status"`` (a status this agent does not expect, or a 2xx that is not
+    an ingest answer). ``retry_in_seconds`` is when the next try may happen.
+    ``dropped`` includes snapshots dropped as ``hostname_changed`` before sending.
     """
 
     delivered: int
@@ -115,7 +132,8 @@ class ReporterStats:
     ``pushed_total``: snapshots acknowledged, by result (``accepted``, ``duplicate``).
     ``batches_total``: requests, by result (``success``, ``partial``: stored in part,
     the rest deferred, ``auth_failed``, ``too_large``, ``rejected``, ``throttled``,
-    ``server_error``, ``unreachable``, ``unexpected_status``).
+    ``server_error``, ``unreachable``, ``unexpected_status``: another status, or a 2xx
+    whose body is not an ingest answer).
     ``dropped_total``: snapshots given up, by reason (see the module docstring).
     ``last_success_time``: Unix epoch seconds of the last acknowledged batch.
     """
@@ -138,9 +156,12 @@ class _Sent:
     dropped: int = 0
     failure: str | None = None
     retry_after_seconds: float | None = None
+    # What the log says of the failure: escaped, from the server's answer.
     detail: str = ""
     # Snapshots the last request's answer deferred: kept spooled, sent after a pause.
     deferred: int = 0
+    # For a refusal only the operator can end: what to do, for the log.
+    remedy: str = ""
 
     def then(self, other: _Sent) -> _Sent:
         return _Sent(
@@ -150,6 +171,7 @@ class _Sent:
             other.retry_after_seconds,
             other.detail,
             other.deferred,
+            other.remedy,
         )
 
 
@@ -203,11 +225,20 @@ class Reporter:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # The hostname the agent reports: that of the latest snapshot offered (None
+        # before the first); and the drain's: the name it last compared records with,
+        # and the highest record number found to bear it.
+        self._hostname: str | None = None
+        self._checked_for: str | None = None
+        self._checked_up_to = -1
 
     # --- the poll loop's side -----------------------------------------------------------
 
     def offer(self, snapshot: HostSnapshot) -> None:
         """Spool ``snapshot`` for the push thread; never waits on the network."""
+        # One assignment, read once per batch by the drain: no lock (the drain holds its
+        # own for the length of a request, which offer must never wait for).
+        self._hostname = snapshot.hostname
         try:
             self._spool.append(snapshot)
         except OSError as err:
@@ -262,21 +293,78 @@ class Reporter:
             wait = self._next_attempt_at - self._clock()
             if wait > 0:
                 return DrainResult(0, 0, self._spool.pending_count(), "backoff", wait)
-            total = _Sent()
-            while batch := self._spool.peek_batch(MAX_SNAPSHOTS_PER_REQUEST, self._max_batch_bytes):
-                total = total.then(self._send(batch))
-                if total.failure is not None:
-                    delay = self._record_failure(total)
-                    pending = self._spool.pending_count()
-                    return DrainResult(
-                        total.delivered, total.dropped, pending, total.failure, delay
-                    )
-                if total.deferred:
-                    delay = DEFERRED_PAUSE_SECONDS * (0.5 + 0.5 * self._rand())
-                    self._next_attempt_at = self._clock() + delay
-                    pending = self._spool.pending_count()
-                    return DrainResult(total.delivered, total.dropped, pending, "deferred", delay)
-            return DrainResult(total.delivered, total.dropped, self._spool.pending_count())
+            renamed: Counter[str] = Counter()  # snapshots dropped, by the name they bore
+            try:
+                return self._drain(renamed)
+            finally:
+                if renamed:
+                    self._log_renamed(renamed)
+
+    def _drain(self, renamed: Counter[str]) -> DrainResult:
+        total = _Sent()
+        while batch := self._spool.peek_batch(MAX_SNAPSHOTS_PER_REQUEST, self._max_batch_bytes):
+            batch = self._without_other_hostnames(batch, renamed)
+            if not batch:
+                continue
+            total = total.then(self._send(batch))
+            if total.failure is not None:
+                delay = self._record_failure(total)
+                pending = self._spool.pending_count()
+                return DrainResult(
+                    total.delivered, total.dropped + renamed.total(), pending, total.failure, delay
+                )
+            if total.deferred:
+                delay = DEFERRED_PAUSE_SECONDS * (0.5 + 0.5 * self._rand())
+                self._next_attempt_at = self._clock() + delay
+                pending = self._spool.pending_count()
+                return DrainResult(
+                    total.delivered, total.dropped + renamed.total(), pending, "deferred", delay
+                )
+        return DrainResult(
+            total.delivered, total.dropped + renamed.total(), self._spool.pending_count()
+        )
+
+    def _without_other_hostnames(
+        self, batch: list[SpooledSnapshot], renamed: Counter[str]
+    ) -> list[SpooledSnapshot]:
+        """``batch`` less its snapshots of another hostname than the current one, which
+        are dropped as ``hostname_changed`` and counted in ``renamed`` by that name.
+
+        Nothing is dropped before the first offer (the current name is not known), nor
+        a record whose hostname cannot be read (the server judges it). Each record is
+        parsed once a run: those up to ``_checked_up_to`` were found current already."""
+        current = self._hostname
+        if current is None:
+            return batch
+        if current != self._checked_for:
+            self._checked_for, self._checked_up_to = current, -1
+        kept: list[SpooledSnapshot] = []
+        other: list[SpooledSnapshot] = []
+        for record in batch:
+            if record.record_id <= self._checked_up_to:
+                kept.append(record)
+                continue
+            hostname = answers.hostname_of(record.body)
+            if hostname is None or hostname == current:
+                kept.append(record)
+            else:
+                other.append(record)
+                renamed[hostname] += 1
+        if other:
+            self._spool.drop(other, "hostname_changed")
+        if kept:
+            self._checked_up_to = max(self._checked_up_to, kept[-1].record_id)
+        return kept
+
+    def _log_renamed(self, renamed: Counter[str]) -> None:
+        names = ", ".join(f"'{answers.shown(name)}'" for name in sorted(renamed))
+        log.warning(
+            "dropped %d spooled snapshot(s) of hostname %s (counted as hostname_changed):"
+            " this agent now reports hostname '%s', and no token of it may send them",
+            renamed.total(),
+            names,
+            answers.shown(self._checked_for or ""),
+        )
 
     def _send(self, batch: Sequence[SpooledSnapshot]) -> _Sent:
         # The drop count as of this request: a counter since the agent started, which
@@ -291,7 +379,15 @@ class Reporter:
             return self._count(_Sent(failure="unreachable", detail=str(err)))
         status = response.status
         if 200 <= status < 300:
-            deferred = self._acknowledge(batch, response)
+            results = answers.results(response, len(batch))
+            if results is None:
+                # Not the server speaking (a proxy's page, another service): it stored
+                # nothing we know of, so nothing is settled.
+                self._spool.release(batch)
+                return self._count(
+                    _Sent(failure="unexpected_status", detail=answers.not_ingest_answer(response))
+                )
+            deferred = self._acknowledge(batch, results)
             if deferred:
                 log.debug("server deferred %d of %d snapshot(s)", deferred, len(batch))
                 return self._count(
@@ -301,9 +397,14 @@ class Reporter:
         if status in (413, 422):
             return self._split_or_drop(batch, status, len(body))
         self._spool.release(batch)
+        said = answers.server_detail(response)
+        detail = f"HTTP {status}" if said is None else f"HTTP {status}: {said}"
         if status in (401, 403):
-            return self._count(_Sent(failure="auth_failed", detail=f"HTTP {status}"))
-        retry_after = _retry_after_seconds(response.headers.get("Retry-After"), self._wall_clock())
+            remedy = self._remedy(response)
+            return self._count(_Sent(failure="auth_failed", detail=detail, remedy=remedy))
+        retry_after = answers.retry_after_seconds(
+            response.headers.get("Retry-After"), self._wall_clock()
+        )
         failure = (
             "throttled"
             if status in (429, 503)
@@ -311,8 +412,27 @@ class Reporter:
             if status >= 500
             else "unexpected_status"
         )
-        return self._count(
-            _Sent(failure=failure, retry_after_seconds=retry_after, detail=f"HTTP {status}")
+        return self._count(_Sent(failure=failure, retry_after_seconds=retry_after, detail=detail))
+
+    def _remedy(self, response: Reply) -> str:
+        """For a 403 saying the token is another host's: what the operator should do.
+
+        Here every snapshot of the batch bears the current hostname (the others were
+        dropped before sending), so the token is the wrong one for this name."""
+        token_host = answers.token_host(response)
+        if token_host is None:
+            return ""
+        if self._hostname is None:  # nothing offered yet: which name is ours is not known
+            return (
+                "a spooled snapshot names another host than the token's: give this agent a"
+                " token of the hostname it reports (gpuwatch token create HOSTNAME), or set"
+                f' hostname = "{token_host}" in the [agent] section of its config'
+            )
+        ours = answers.shown(self._hostname)
+        return (
+            f"this agent reports hostname '{ours}': give it a token of '{ours}'"
+            f' (gpuwatch token create {ours}), or set hostname = "{token_host}" in the'
+            " [agent] section of its config"
         )
 
     def _split_or_drop(self, batch: Sequence[SpooledSnapshot], status: int, size: int) -> _Sent:
@@ -333,10 +453,9 @@ class Reporter:
             return first
         return first.then(self._send(batch[half:]))
 
-    def _acknowledge(self, batch: Sequence[SpooledSnapshot], response: Reply) -> int:
+    def _acknowledge(self, batch: Sequence[SpooledSnapshot], results: Sequence[str]) -> int:
         """Acknowledge what the server stored; keep what it deferred. Returns how many
         it deferred."""
-        results = _results(response, len(batch))
         deferred = [r for r, result in zip(batch, results, strict=True) if result == "deferred"]
         stored = [r for r, result in zip(batch, results, strict=True) if result != "deferred"]
         self._spool.ack(stored)
@@ -376,7 +495,14 @@ class Reporter:
             delay = max(delay, sent.retry_after_seconds * spread)
         self._next_attempt_at = self._clock() + delay
         if sent.failure != self._failing:
-            if sent.failure == "auth_failed":
+            if sent.remedy:
+                log.error(
+                    "server %s refused the snapshots (%s): %s; snapshots stay spooled",
+                    self._shown_url,
+                    sent.detail,
+                    sent.remedy,
+                )
+            elif sent.failure == "auth_failed":
                 log.error(
                     "server %s refused the agent token (%s); snapshots stay spooled",
                     self._shown_url,
@@ -425,6 +551,10 @@ class Reporter:
         self.close()
 
     def _run(self) -> None:
+        if self._hostname is None and self._spool.pending_count():
+            # What an earlier run spooled may bear a name this agent no longer reports:
+            # wait for the first offer, which says the current one (_without_other_hostnames).
+            self._wake.wait(self._interval)
         while not self._stopping.is_set():
             self._wake.clear()
             wait = self._interval
@@ -437,36 +567,3 @@ class Reporter:
                 # up unseen until the spool evicted them.
                 log.exception("unexpected error while pushing to %s", self._shown_url)
             self._wake.wait(wait)
-
-
-def _results(response: Reply, sent: int) -> list[str]:
-    """What the server answered for each snapshot of the batch: ``accepted``, ``late`` or
-    ``duplicate`` (each delivered), or ``deferred`` (not stored). All ``accepted`` when
-    the answer is not an :class:`~gpuwatch.wire.IngestResponse` or does not cover the
-    batch item by item: a 2xx stored the batch (the server answers ``deferred`` only to
-    a request carrying ``Gpuwatch-Partial``, which this agent always sends)."""
-    try:
-        results: list[str] = list(IngestResponse.model_validate_json(response.content).results)
-    except ValidationError:
-        results = []
-    if len(results) != sent:
-        return ["accepted"] * sent
-    return results
-
-
-def _retry_after_seconds(value: str | None, now_epoch: float) -> float | None:
-    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        seconds = float(value)
-    else:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:  # "-0000": a UTC time with no zone information
-            when = when.replace(tzinfo=UTC)
-        seconds = when.timestamp() - now_epoch
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)

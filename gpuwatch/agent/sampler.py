@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
+from gpuwatch.agent.identity import HostIdentity
 from gpuwatch.agent.procinfo import ProcessFacts, ProcInfo
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.nvml.bounded import BoundedReader, DeviceTimeout
@@ -38,13 +39,7 @@ from gpuwatch.wire import NamedDevice
 _COHERENT_MARKERS = ("GH200", "GB200", "GB300", "Grace")
 
 
-@dataclass(frozen=True)
-class HostIdentity:
-    """Who is polling: stable agent id, hostname, and this boot's id."""
-
-    agent_id: str
-    hostname: str
-    boot_id: str
+__all__ = ["PID_REUSE_TOLERANCE_SECONDS", "HostIdentity", "Sampler"]
 
 
 class Sampler:
@@ -76,8 +71,10 @@ class Sampler:
         self._fake = fake
         self._clock = clock
         # The sequence starts at the start time in milliseconds, so an agent restarted
-        # within the same boot continues above every sequence it sent before (polls are
-        # seconds apart) and the server never mistakes a new snapshot for a retry.
+        # within the same boot usually continues above every sequence it sent before
+        # (polls are seconds apart). A clock behind at the restart would start it lower:
+        # the spool raises such sequences above the last one it took of this boot
+        # (agent/spool.py), which is what the server orders by when times disagree.
         self._sequence = int(clock() * 1000) if first_sequence is None else first_sequence
         # (GPU index, PID) -> seconds since boot when NVML first listed it, while it stays
         # listed poll after poll; and those found gone in /proc at the previous poll.
@@ -85,6 +82,10 @@ class Sampler:
         self._gone_before: set[tuple[int, int]] = set()
         self._gone_now: set[tuple[int, int]] = set()
         self._listed_now: set[tuple[int, int]] = set()
+        # (GPU index, PID) -> what /proc said of its owner at the last poll it was alive,
+        # while it stays listed: a process that dies and leaves its context is still
+        # named (see _owner).
+        self._last_alive: dict[tuple[int, int], ProcessFacts] = {}
         self._uptime: float | None = None
         self._confirm_gone = confirm_gone
         self._host_devices: tuple[NamedDevice, ...] = ()
@@ -111,6 +112,7 @@ class Sampler:
         self._listed_since = {
             k: v for k, v in self._listed_since.items() if k in self._listed_now or k[0] in unread
         }
+        self._last_alive = {k: v for k, v in self._last_alive.items() if k in self._listed_since}
         self._listed_now = set()
         self._sequence += 1
         return HostSnapshot(
@@ -127,6 +129,11 @@ class Sampler:
             fake=self._fake,
             gpus=gpus,
         )
+
+    @property
+    def reader_notes(self) -> list[str]:
+        """What limits this agent's view of other processes (ProcInfo.reader_notes)."""
+        return self._procinfo.reader_notes
 
     def _last_identity(self, index: int, reading: DeviceReading | None = None) -> dict[str, Any]:
         """What identifies GPU ``index`` when this poll could not read it: what the
@@ -148,7 +155,7 @@ class Sampler:
             return Gpu(**self._last_identity(reading.index, reading), lost=True)
         if not reading.uuid.startswith(UNKNOWN_GPU_UUID_PREFIX):
             self._known[reading.index] = (reading.uuid, reading.name, reading.pci_bus_id)
-        processes = [self._process(reading, usage) for usage in reading.processes]
+        processes = [self._process(reading, usage) for usage in _one_per_pid(reading.processes)]
         coherent = reading.coherent_memory
         if coherent is None:  # older drivers: go by the model name
             coherent = any(marker in (reading.name or "") for marker in _COHERENT_MARKERS)
@@ -232,6 +239,11 @@ class Sampler:
           context the driver is still tearing down, would otherwise open a dead-PID
           event for every normal exit. At the first, it is reported as not visible
           (unknown), which no detector judges.
+        * A PID that is dead, gone or hidden keeps the owner ``/proc`` gave at the last
+          poll it was alive while NVML listed it on this GPU (start time, user, command,
+          container, job): the context is that process's, and whoever ran it is the one
+          to ask. Only who it was carries over, not what it was doing (orphaned, its
+          notebook server). A reused PID's new process is never that owner.
         """
         key = (index, facts.pid)
         self._listed_now.add(key)
@@ -244,12 +256,28 @@ class Sampler:
         )
         if facts.alive and reused:
             facts = ProcessFacts(pid=facts.pid, alive=False)
-        if facts.alive or not facts.visible:
+        if facts.alive and facts.visible:
+            self._last_alive[key] = facts
             return facts
+        if facts.alive or not facts.visible:
+            return self._as_last_seen(key, facts)
         self._gone_now.add(key)
         if key in self._gone_before or not self._confirm_gone:
+            return self._as_last_seen(key, facts)
+        return self._as_last_seen(key, ProcessFacts(pid=facts.pid, alive=True, visible=False))
+
+    def _as_last_seen(self, key: tuple[int, int], facts: ProcessFacts) -> ProcessFacts:
+        """``facts`` (a PID not seen alive now) with the owner last seen alive under ``key``."""
+        known = self._last_alive.get(key)
+        if known is None:
             return facts
-        return ProcessFacts(pid=facts.pid, alive=True, visible=False)
+        return replace(
+            known,
+            alive=facts.alive,
+            visible=facts.visible,
+            orphaned=False,
+            jupyter_server_alive=None,
+        )
 
 
 # /proc's start time and boot time are whole clock ticks and whole seconds: a process
@@ -304,6 +332,40 @@ def _unattributed(reading: DeviceReading, *, masked: bool) -> int | None:
     if _held_bytes(reading.processes_before_memory) != held:
         return None
     return max(0, reading.memory_used_bytes - sum(held.values()))
+
+
+# The kind reported for a PID NVML lists under several: nvidia-smi's "C+G" is compute.
+_KIND_PRECEDENCE = ("compute", "mps", "graphics")
+
+
+def _one_per_pid(processes: list[ProcessUsage]) -> list[ProcessUsage]:
+    """One row per PID, in NVML's order. A process with both a compute and a graphics
+    context (nvidia-smi's "C+G": CUDA with OpenGL, Isaac Sim, a desktop app) is listed once
+    per kind with the same memory; two rows would be two metric series with one label set
+    (Prometheus drops one), two lines in ``status`` and its memory counted twice. It is one
+    process: the first kind in :data:`_KIND_PRECEDENCE`, the larger known memory figure."""
+    merged: dict[int, ProcessUsage] = {}
+    for usage in processes:
+        first = merged.get(usage.pid)
+        if first is None:
+            merged[usage.pid] = usage
+            continue
+        merged[usage.pid] = replace(
+            first,
+            kind=min(first.kind, usage.kind, key=_KIND_PRECEDENCE.index),
+            used_bytes=_larger(first.used_bytes, usage.used_bytes),
+            gpu_instance_id=(
+                first.gpu_instance_id
+                if first.gpu_instance_id is not None
+                else usage.gpu_instance_id
+            ),
+        )
+    return list(merged.values())
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    """The larger figure; an unknown one (None) neither wins nor loses."""
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _held_bytes(processes: list[ProcessUsage]) -> dict[int, int] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import io
 import logging
 import os
 import sys
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _stdout_closed()
     except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF):
             _unexpected(err)
         # Output (or a file) could not be written: the machine's fault, not a bug.
         print(f"gpuwatch: error: cannot write: {err.strerror}", file=sys.stderr)
@@ -244,6 +245,7 @@ def _reopen_closed_standard_streams() -> None:
     Python leaves ``sys.stdin`` None then, and code that asks ``sys.stdin.isatty()``
     (explain, reap's prompt) would crash; worse, the next file opened would get the
     closed descriptor's number, and whatever is written to "stdout" would land in it.
+    Writes to a stdout closed that way still fail (:class:`_ClosedOutput`).
     """
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         try:
@@ -255,5 +257,18 @@ def _reopen_closed_standard_streams() -> None:
         if null != fd:
             os.dup2(null, fd)
             os.close(null)
-        if getattr(sys, name) is None:
+        if fd == 1:
+            # Not a silent /dev/null: what a command prints may be the only copy of
+            # something (`token create`'s token), so writing fails, as it would have.
+            sys.stdout = _ClosedOutput(open(fd, "wb", closefd=False))  # noqa: SIM115 - lives as long as the process
+        elif getattr(sys, name) is None:
             setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 - lives as long as the process
+
+
+class _ClosedOutput(io.TextIOWrapper):
+    """``sys.stdout`` for a process started with it closed (``>&-``): every write fails
+    with EBADF, as a write to the closed descriptor would, and nothing is kept to flush
+    at exit. :func:`main` reports it as "cannot write", exit 1."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")

@@ -7,6 +7,7 @@ pushes without one, so starting would only fail at the first push).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -180,6 +181,12 @@ def check_startup(settings: AgentSettings) -> None:
     from gpuwatch.errors import ConfigError
     from gpuwatch.settings import parse_host_port
 
+    if settings.server_url:
+        from gpuwatch.agent.http_post import Endpoint
+
+        # Refused now (ftp://, no host, port 99999, a host no request can name), not by
+        # the reporter after the fake GPUs' stand-ins are up.
+        Endpoint.parse(settings.server_url, "")
     if settings.server_url and (settings.token is None or not settings.token.get_secret_value()):
         raise ConfigError(f"--server {settings.server_url} needs a token: {TOKEN_HINT}")
     _check_listen(parse_host_port(settings.listen), settings.listen)
@@ -205,9 +212,11 @@ def _check_listen(address: tuple[str, int], shown: str) -> None:
 
 def _listen_error(shown: str, err: OSError) -> str:
     reason = err.strerror or str(err)
-    return (
-        f"cannot listen on {shown}: {reason} (another gpuwatch agent?); choose --listen HOST:PORT"
-    )
+    # Only a port in use may be another agent; a name that does not resolve, an address
+    # not on this host or a port below 1024 is not.
+    if err.errno == errno.EADDRINUSE:
+        reason += " (another gpuwatch agent?)"
+    return f"cannot listen on {shown}: {reason}; choose --listen HOST:PORT"
 
 
 def _build(settings: AgentSettings) -> Agent:

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from gpuwatch.cli.demo_watch import Watch
 
 DEFAULT_LIFETIME_SECONDS = 8 * 3600.0  # stand-ins of a run without --duration exit by then
+# The stand-ins of a run with --duration outlive it by this much (they exit by themselves
+# if the demo is killed), within the longest lifetime a scenario takes.
+LIFETIME_MARGIN_SECONDS = 300.0
 REFRESH_SECONDS = 1.0
 
 
@@ -51,14 +54,14 @@ def register(app: typer.Typer) -> None:
             1.0,
             "--speed",
             metavar="FACTOR",
-            help="Run the scenarios FACTOR times faster and divide every window by it (max 4).",
+            help="Run the scenarios FACTOR times faster and divide every window by it (0.000556 to 4).",
         ),
         duration: float | None = typer.Option(
             None,
             "--duration",
             metavar="SECONDS",
             min=1,
-            help="Stop after this many seconds (default: run until Ctrl-C).",
+            help="Stop after this many seconds, at most 604500 (default: run until Ctrl-C).",
         ),
         as_json: bool = typer.Option(
             False, "--json", help="Print JSON lines (ready, found, alert, notification, stopped)."
@@ -78,7 +81,22 @@ def register(app: typer.Typer) -> None:
             parse_host_port(listen)  # before anything starts, as --speed
         except ValueError as err:
             raise ConfigError(f"--listen: {err}") from None
+        _check_duration(duration)
         _run(listen=listen, timings=timings, duration=duration, as_json=as_json)
+
+
+def _check_duration(duration: float | None) -> None:
+    """Refuse, before anything starts, a --duration the stand-ins' lifetime cannot hold
+    (``inf``, ``nan`` and ``1e20`` pass typer's ``min=1``)."""
+    from gpuwatch.errors import ConfigError
+    from gpuwatch.nvml.fake.scenario_file import MAX_LIFETIME_SECONDS
+
+    longest = MAX_LIFETIME_SECONDS - LIFETIME_MARGIN_SECONDS
+    if duration is not None and not duration <= longest:
+        raise ConfigError(
+            f"--duration must be a number of seconds from 1 to {longest:.0f}"
+            " (7 days less 5 minutes)"
+        )
 
 
 class _Started:
@@ -171,7 +189,7 @@ def _start(
     run.sink.start()
     server.start()
 
-    lifetime = DEFAULT_LIFETIME_SECONDS if duration is None else duration + 300
+    lifetime = DEFAULT_LIFETIME_SECONDS if duration is None else duration + LIFETIME_MARGIN_SECONDS
     (data / "scenarios").mkdir()
     run_as = plan.standin_user()
     agents: list[tuple[str, Path, Path]] = []

@@ -27,6 +27,7 @@ every second, and a bucket is at least 2 s (:data:`FLOORS`). At ``--speed 1``:
 from __future__ import annotations
 
 import json
+import math
 import os
 import pwd
 import secrets
@@ -36,6 +37,7 @@ from typing import Any
 
 from gpuwatch.nvml.fake.scenario_file import bundled_scenario_dir
 from gpuwatch.settings import ServerSettings
+from gpuwatch.wire import MAX_PUSH_INTERVAL_SECONDS
 
 MAX_SPEED = 4.0
 # What --speed does not shorten further. The fake GPUs keep one per-process utilisation
@@ -87,10 +89,10 @@ class Timings:
     def at(cls, speed: float) -> Timings:
         """The speed-1 values divided by ``speed``, none below its floor (:data:`FLOORS`).
 
-        Raises ValueError for a speed out of (0, 4].
+        Raises ValueError for a speed out of [:data:`MIN_SPEED`, :data:`MAX_SPEED`].
         """
-        if not 0 < speed <= MAX_SPEED:
-            raise ValueError(f"--speed must be above 0 and at most {MAX_SPEED:g}")
+        if not MIN_SPEED <= speed <= MAX_SPEED:  # nan too
+            raise ValueError(f"--speed must be at least {MIN_SPEED:g} and at most {MAX_SPEED:g}")
         base = cls(speed=1.0)
         scaled = {
             f.name: max(getattr(base, f.name) / speed, FLOORS.get(f.name, 0.0))
@@ -101,6 +103,13 @@ class Timings:
 
     def described(self) -> dict[str, float]:
         return {f.name: round(getattr(self, f.name), 3) for f in fields(self)}
+
+
+# The slowest --speed: below it the push interval (2 s at speed 1) would pass the longest
+# the agent and the server take (MAX_PUSH_INTERVAL_SECONDS, 1 h), and the demo would
+# stop on its own settings. Every other window's bound is wider (a test builds them all
+# at this speed). Rounded up, so the push interval stays within the bound.
+MIN_SPEED = math.ceil(Timings.push / MAX_PUSH_INTERVAL_SECONDS * 1e6) / 1e6
 
 
 def server_settings(

@@ -129,6 +129,13 @@ def register(app: typer.Typer) -> None:
         command = command[1:] if command[:1] == ["--"] else command
         if not command or not command[0]:  # "": execve refuses it with a ValueError
             raise typer.BadParameter("missing the command to run after --")
+        if command[0].startswith("-") and "--" in command[1:]:
+            # `exec SCENARIO --at 1h -- CMD`: the options came after SCENARIO, where
+            # everything is CMD; running "--at" would fail as "not found" (127).
+            raise typer.BadParameter(
+                f"{command[0]} after SCENARIO: options go before it"
+                " (fake-nvml exec [--at DURATION] [--runtime-dir DIR] SCENARIO -- CMD)"
+            )
         spec = load_scenario(scenario, known_symbols=is_implemented)
         directory = prepare_runtime_dir(runtime_dir)
         # Boot here, so a bad scenario fails before CMD starts, and "attach = self" names

@@ -82,6 +82,17 @@ def _time_option(value: str | None) -> float | None:
     return None if value is None else parse_when(value, now=datetime.now().astimezone())
 
 
+def _range(since: str | None, until: str | None) -> tuple[float | None, float | None]:
+    """``--since`` and ``--until`` as epoch seconds; :class:`ConfigError` when the range
+    is empty (``--since 1h --until 7d``), which would list nothing and say nothing."""
+    from gpuwatch.errors import ConfigError
+
+    since_at, until_at = _time_option(since), _time_option(until)
+    if since_at is not None and until_at is not None and since_at > until_at:
+        raise ConfigError(f"--since {since} is after --until {until}: nothing is in between")
+    return since_at, until_at
+
+
 def _check_kind(value: str | None) -> str | None:
     from typing import get_args
 
@@ -165,7 +176,7 @@ def events(
     as_json: bool = JSON,
 ) -> None:
     """Events (orphaned, runaway, idle, ...), newest first."""
-    since_at, until_at = _time_option(since), _time_option(until)
+    since_at, until_at = _range(since, until)
     with _client(server, token) as client:
         rows = client.events(
             limit=limit,
@@ -211,10 +222,10 @@ def top_idle(
     as_json: bool = JSON,
 ) -> None:
     """Users ranked by GPU memory held while idle (GiB x hours)."""
-    since_at = _time_option(since)
+    since_at, until_at = _range(since, until)
     assert since_at is not None
     with _client(server, token) as client:
-        rows = client.top_idle(since=since_at, until=_time_option(until), limit=limit)
+        rows = client.top_idle(since=since_at, until=until_at, limit=limit)
     if as_json:
         print_json(rows)
         return

@@ -10,11 +10,18 @@ server's samples before that, when ``[agent] server_url`` is set. This command p
 NVML itself only to see who is on the GPUs now and to confirm, right before each
 signal, that a process is still idle. Without history nothing is idle.
 
+Right before each signal the agent's history is read again and the process judged
+again as of that moment (:func:`gpuwatch.agent.reaper.plan.rejudge`): a process that
+ran anything while the prompt waited, or during an earlier process's grace period, is
+not signalled.
+
 Exit codes: 0 every chosen process stopped (or a dry run chose some); 20 nothing to
 do; 21 partial (some chosen processes were not stopped); 22 refused before any signal
-(not safe here, not confirmed, audit log unwritable, ``--pid`` target not eligible, the
-history served by something other than the agent); plus the usual 2 (usage), 3 (bad
-setting, ``--idle`` below its floor), 4 (no NVML).
+(not safe here, not confirmed, no answer at the prompt, audit log unwritable, ``--pid``
+target not eligible, the history served by something other than the agent); 130
+interrupted (Ctrl-C, or SIGTERM) while stopping: the stop in progress is recorded as
+``interrupted``; plus the usual 2 (usage), 3 (bad setting, ``--idle`` below its floor),
+4 (no NVML).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,9 +41,12 @@ from gpuwatch.cli.agent import CONFIG_HELP, use_config_file
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from gpuwatch.agent.reaper.central import ServerLookup
     from gpuwatch.agent.reaper.events import EventPoster
-    from gpuwatch.agent.reaper.execute import Executor
-    from gpuwatch.agent.reaper.plan import Plan
+    from gpuwatch.agent.reaper.execute import Executor, Rejudge
+    from gpuwatch.agent.reaper.history import Run
+    from gpuwatch.agent.reaper.plan import IdleRule, Plan
+    from gpuwatch.agent.reaper.policy import Decision
     from gpuwatch.agent.reaper.served import HistoryReport
     from gpuwatch.agent.reaper.settings import ReapSettings
     from gpuwatch.agent.sampler import Sampler
@@ -212,9 +224,16 @@ class _Session:
         self.console = console
         self.force = force
         self.dry_run = dry_run
+        from gpuwatch.agent.procinfo import read_boot_time
+
         self.agent_url = agent_url or _agent_url(settings.listen)
-        self.now = time.time
+        self.now = time.time  # until the history says which clock its times are on
         self.sampler = build_sampler(settings, AgentState())
+        # The btime this command's start times come from (the sampler read it just now).
+        self.boot_time = read_boot_time(settings.proc_root)
+        self.history: HistoryReport | None = None
+        self.rule: IdleRule | None = None
+        self.server_answers: _Remembered | None = None
         # Every poll of this run, the plan's and the confirming ones, goes through it.
         self.observer = _SamplerObserver(self.sampler)
         self.caller_uid = None if may_signal_anyone(settings.proc_root) else os.geteuid()
@@ -238,8 +257,10 @@ class _Session:
         only_orphans: bool,
     ) -> Plan:
         import contextlib
+        import time
 
-        from gpuwatch.agent.reaper.central import ServerHistory
+        from gpuwatch.agent.reaper.central import ServerHistory, on_clock
+        from gpuwatch.agent.reaper.clock import boottime
         from gpuwatch.agent.reaper.plan import CURRENT_POLLS, IdleRule, make_plan
         from gpuwatch.agent.reaper.policy import Selection
 
@@ -253,9 +274,21 @@ class _Session:
             known = ", ".join(str(gpu.index) for gpu in snapshot.gpus) or "none"
             raise ConfigError(f"--gpu {missing[0]}: no such GPU on this host (GPUs: {known})")
         history = self._history(snapshot.hostname, snapshot.boot_id, pid)
+        self.history = history
         r = self.reap
+        runs_for = held_on = None
+        # Against the interval the agent reports; with no agent, against this host's
+        # configured one, so a window no history could judge is refused either way
+        # (before, --idle 1s with no agent answering was "nothing to do").
+        interval = (
+            self.settings.poll_interval_seconds
+            if history is None
+            else history.poll_interval_seconds
+        )
+        _check_idle_floor(r.idle_seconds, interval)
         if history is not None:
-            _check_idle_floor(r.idle_seconds, history.poll_interval_seconds)
+            self.now = lambda: history.now_on_its_clock(time.time, boottime)
+            runs_for, held_on = history.lookups(self.boot_time)
         selection = Selection(
             window_seconds=r.idle_seconds,
             min_memory_bytes=r.min_memory_bytes,
@@ -277,27 +310,35 @@ class _Session:
                 server_url=str(self.settings.server_url),
                 note=self.notes.append,
             )
+        self.rule = IdleRule(
+            r.idle_seconds,
+            r.min_memory_bytes,
+            r.max_gap_seconds,
+            r.coverage_ratio,
+            # An agent whose polls stopped serves a history that proves nothing now.
+            max_age_seconds=None
+            if history is None
+            else CURRENT_POLLS * history.poll_interval_seconds,
+        )
+        now = self.now()
+        lookup = None
+        if server is not None:
+            # Kept for the judgement right before each signal: the server's part is the
+            # time before the agent's history began, which later polls do not change.
+            self.server_answers = _Remembered(on_clock(server, time.time() - now))
+            lookup = self.server_answers
         with client if client is not None else contextlib.nullcontext():
             plan = make_plan(
                 snapshot,
-                history.runs_for if history is not None else None,
-                now=self.now(),
-                rule=IdleRule(
-                    r.idle_seconds,
-                    r.min_memory_bytes,
-                    r.max_gap_seconds,
-                    r.coverage_ratio,
-                    # An agent whose polls stopped serves a history that proves nothing now.
-                    max_age_seconds=None
-                    if history is None
-                    else CURRENT_POLLS * history.poll_interval_seconds,
-                ),
+                runs_for,
+                now=now,
+                rule=self.rule,
                 selection=selection,
                 protections=self.protections,
                 caller_uid=self.caller_uid,
                 notes=self.notes,
-                server=server,
-                held_on=history.gpus_for if history is not None else None,
+                server=lookup,
+                held_on=held_on,
             )
         used = server.summary() if server is not None else None
         if used is not None:
@@ -374,6 +415,40 @@ class _Session:
             self._executor = _build_executor(self)
         return self._executor
 
+    def rejudge(self, plan: Plan) -> Rejudge:
+        """The judgement right before each signal of ``plan``: the agent's history of
+        that process fetched again (from a listener checked again) and judged as of
+        now. No history then (the agent went away, or serves another host) is no
+        proof: the process is spared."""
+        import time
+
+        from gpuwatch.agent.reaper.clock import boottime
+
+        def again(decision: Decision, used_now: dict[int, int | None]) -> Decision:
+            from gpuwatch.agent.reaper.plan import rejudge
+            from gpuwatch.errors import GpuwatchError
+
+            c = decision.candidate
+            try:
+                history = self._history(plan.hostname, plan.boot_id, c.pid)
+            except GpuwatchError as err:
+                self.notes.append(f"pid {c.pid}: the agent's history cannot be read again ({err})")
+                history = None
+            runs_for = None if history is None else history.lookups(self.boot_time)[0]
+            now = self.now() if history is None else history.now_on_its_clock(time.time, boottime)
+            assert self.rule is not None
+            return rejudge(
+                decision,
+                runs_for,
+                now=now,
+                planned_at=plan.now,
+                rule=self.rule,
+                used_now=used_now,
+                server=self.server_answers,
+            )
+
+        return again
+
     def refuse(self, reason: str, *, dry_run: bool) -> None:
         """Audit a refusal of the whole run (best effort: the refusal stands anyway)."""
         from gpuwatch.agent.reaper.errors import AuditError
@@ -417,7 +492,9 @@ class _Session:
             return EXIT_NOTHING_TO_DO
         if not dry_run and not yes:
             self._confirm(plan, executor)
-        results = executor.run(plan, dry_run=dry_run, record=False)
+        executor.rejudge = self.rejudge(plan)
+        with _sigterm_interrupts():
+            results = executor.run(plan, dry_run=dry_run, record=False)
         notes = self._event_notes()
         if as_json:
             typer.echo(to_json(plan, results, dry_run=dry_run, notes=notes))
@@ -441,9 +518,17 @@ class _Session:
             reason = "not a terminal, so nobody can confirm: pass --yes (or --dry-run)"
             executor.refuse(plan.hostname, reason, dry_run=False)
             raise ReapRefused(reason)
-        if not typer.confirm(
-            f"Stop {count} process(es) (SIGTERM, then SIGKILL after {self.reap.grace_seconds:.0f}s)?"
-        ):
+        try:
+            with _sigterm_interrupts():
+                confirmed = typer.confirm(
+                    f"Stop {count} process(es) (SIGTERM, then SIGKILL after "
+                    f"{self.reap.grace_seconds:.0f}s)?"
+                )
+        except (typer.Abort, KeyboardInterrupt, EOFError):
+            # Ctrl-C, Ctrl-D or SIGTERM at the prompt: nothing was signalled; say so.
+            executor.refuse(plan.hostname, "no answer at the prompt (interrupted)", dry_run=False)
+            raise ReapRefused("no answer at the prompt; nothing was signalled") from None
+        if not confirmed:
             executor.refuse(plan.hostname, "declined at the prompt", dry_run=False)
             raise ReapRefused("declined; nothing was signalled")
 
@@ -507,6 +592,50 @@ def _build_executor(session: _Session) -> Executor:
         force=session.force,
         report=report,
     )
+
+
+class _Remembered:
+    """A server lookup that asks once per process and GPU and then remembers the answer."""
+
+    def __init__(self, lookup: ServerLookup) -> None:
+        self._lookup = lookup
+        self._answers: dict[tuple[str, int, float], list[Run] | None] = {}
+
+    def __call__(
+        self, *, gpu_index: int, gpu_uuid: str, pid: int, start_time: float, since: float
+    ) -> list[Run] | None:
+        key = (gpu_uuid, pid, start_time)
+        if key not in self._answers:
+            self._answers[key] = self._lookup(
+                gpu_index=gpu_index, gpu_uuid=gpu_uuid, pid=pid, start_time=start_time, since=since
+            )
+        return self._answers[key]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM while stopping: handled like Ctrl-C (the stop is recorded, exit 130)."""
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Turn SIGTERM (``kill``, a cron ``timeout``) into an interruption while inside,
+    so that a stop in progress is recorded as ``interrupted`` rather than cut off
+    without its outcome row. Outside the main thread (tests), nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _SamplerObserver:

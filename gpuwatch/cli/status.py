@@ -23,8 +23,11 @@ def register(app: typer.Typer) -> None:
         from gpuwatch.settings import AgentSettings, load
 
         settings = load(AgentSettings, fake_gpus=fake_gpus)
-        snapshot = build_sampler(settings, AgentState(), one_shot=True).poll()
+        sampler = build_sampler(settings, AgentState(), one_shot=True)
+        snapshot = sampler.poll()
         if as_json:
             typer.echo(snapshot.model_dump_json(indent=2))
         else:
-            render_status(snapshot)
+            # Why some owners may be unknown (hidepid, a user namespace, the image's
+            # passwd file): without it a hidden process reads like a missing one.
+            render_status(snapshot, notes=sampler.reader_notes)

@@ -1,11 +1,15 @@
 """``gpuwatch token``: per-host agent tokens (create, list, revoke).
 
 The database keeps only each token's SHA-256; ``create`` shows the token once, as its
-last line of output, so scripts can take it with ``| tail -n1``.
+last line of output, so scripts can take it with ``| tail -n1``. It is written before
+it is committed: when it cannot be written (standard output closed, a full disk, the
+reader gone), nothing is kept and the command fails, since an active token whose only
+copy was lost is a credential nobody holds.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import unicodedata
 from collections.abc import Iterator
@@ -18,7 +22,7 @@ import typer
 
 from gpuwatch.cli.db import open_database
 from gpuwatch.cli.server import CONFIG_HELP, DATABASE_URL_HELP
-from gpuwatch.errors import NotFound
+from gpuwatch.errors import GpuwatchError, NotFound
 
 if TYPE_CHECKING:
     from gpuwatch.server.database import Database
@@ -84,9 +88,19 @@ def create(
         database.writer() as session,
     ):
         secret = service.create_token(session=session, hostname=host, now=time.time())
+        try:
+            typer.echo(
+                f"token for {host} (shown once; set it as GPUWATCH_AGENT_TOKEN on that host):"
+            )
+            typer.echo(secret)
+            sys.stdout.flush()
+        except OSError as err:  # BrokenPipeError included
+            session.rollback()
+            raise GpuwatchError(
+                f"cannot write the token to standard output ({err.strerror or err}):"
+                f" no token was created for {host}"
+            ) from None
         session.commit()
-    typer.echo(f"token for {host} (shown once; set it as GPUWATCH_AGENT_TOKEN on that host):")
-    typer.echo(secret)
 
 
 @token.command("list")

@@ -8,16 +8,21 @@ at the boundary::
 
     unreachable, 5xx, not JSON   RemoteError     (exit 5)
     401, 403                     AuthError       (exit 5)
-    404 from a route naming one  NotFound        (exit 8)
+    404 from a route naming one  NotFound        (exit 8: the route answered, with its own
+                                                  ``detail``, that it has no such thing)
+    404 from no route at all     RemoteError     (exit 5: FastAPI's "Not Found", or not
+                                                  JSON: --server is not the base URL)
     422                          ConfigError     (exit 3: the server refused a value we sent)
-    a malformed URL or token     ConfigError     (exit 3, before any request)
+    a malformed URL or token     ConfigError     (exit 3, before any request: not http(s),
+                                                  no host, a port past 65535, not UTF-8)
+    a value that is not UTF-8    ConfigError     (exit 3, before any request)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 from pydantic import TypeAdapter, ValidationError
@@ -30,6 +35,8 @@ from gpuwatch.server.processes.schemas import ProcessOut, ProcessPage, ProcessSa
 
 PAGE_SIZE = 500
 P = TypeVar("P", ProcessPage, EventPage)
+# FastAPI's detail for a path no route serves; a route's own 404 says what is missing.
+NO_ROUTE_DETAIL = "Not Found"
 
 
 class _ApiClient:
@@ -52,7 +59,7 @@ class _ApiClient:
         headers = bearer_headers(token)
         self._headers = headers  # for scrubbing error messages
         self.last_headers = httpx.Headers()  # of the last answer that succeeded
-        self._base_url = base_url.rstrip("/")
+        self._base_url = _checked_base_url(base_url)
         try:
             self._http = httpx.Client(
                 base_url=self._base_url,
@@ -61,8 +68,7 @@ class _ApiClient:
                 transport=transport,
             )
         except httpx.InvalidURL as err:  # not an httpx.HTTPError: _request would miss it
-            shown = base_url if len(base_url) <= 100 else base_url[:97] + "..."
-            raise ConfigError(f"--server {shown!r} is not a URL: {err}") from None
+            raise ConfigError(f"--server {_shown(base_url)!r} is not a URL: {err}") from None
         except UnicodeEncodeError:
             # A header is ASCII; the token is not quoted, it is a credential.
             raise ConfigError(
@@ -78,6 +84,15 @@ class _ApiClient:
     def _get(self, path: str, params: dict[str, Any]) -> Any:
         clean = {k: v for k, v in params.items() if v is not None}
         return self._request("GET", path, params=clean)
+
+    @staticmethod
+    def _check_filters(filters: dict[str, Any]) -> None:
+        """Refuse a filter that cannot be sent (a command-line argument that was not
+        UTF-8, such as a Latin-1 file name), naming it as its option: ``host`` is
+        ``--host``."""
+        for name, value in filters.items():
+            if isinstance(value, str):
+                _utf8(value, f"--{name.replace('_', '-')}")
 
     def _request(
         self,
@@ -97,6 +112,9 @@ class _ApiClient:
         """
         try:
             response = self._http.request(method, path, params=params, json=body)
+        except UnicodeEncodeError:
+            # What the callers did not check (their options are checked, by name).
+            raise ConfigError("a value to send the server is not valid UTF-8 text") from None
         except httpx.HTTPError as err:
             # httpx's message may quote a header it refused: never show the token.
             raise RemoteError(
@@ -109,21 +127,30 @@ class _ApiClient:
                 f"the server at {self._base_url} refused the {self.token_kind} "
                 f"(HTTP {code}: {_detail(response)})"
             )
+        if code == 404 and not _route_detail(response):
+            # No route answered: the silence or receiver may well exist, at another URL.
+            raise RemoteError(
+                f"the server at {self._base_url} has no API route {path} (HTTP 404):"
+                " is --server the gpuwatch server's base URL?"
+            )
         if code == 404 and not_found is not None:
             raise NotFound(f"{not_found} on the server at {self._base_url}")
         if code == 422:
             raise ConfigError(f"the server refused {refused}: {_detail(response)}")
-        if code != expect:
+        try:
+            data = response.json()
+        except ValueError:
+            data = _NOT_JSON
+        if code != expect and not (200 <= code < 300 and data is _NOT_JSON):
             raise RemoteError(
                 f"the server at {self._base_url} answered HTTP {code}: {_detail(response)}"
             )
-        self.last_headers = response.headers
-        try:
-            return response.json()
-        except ValueError as err:
+        if data is _NOT_JSON:  # a 2xx page: a proxy's, a portal's, another service's
             raise RemoteError(
-                f"{self._base_url} did not answer JSON; is it a gpuwatch server?"
-            ) from err
+                f"{self._base_url} did not answer JSON (HTTP {code}); is it a gpuwatch server?"
+            )
+        self.last_headers = response.headers
+        return data
 
 
 class HistoryClient(_ApiClient):
@@ -177,6 +204,7 @@ class HistoryClient(_ApiClient):
     def _pages(self, path: str, model: type[P], limit: int, filters: dict[str, Any]) -> Iterator[P]:
         """Follow ``next_cursor`` until ``limit`` items or the last page."""
         params = {k: v for k, v in filters.items() if v is not None and v is not False}
+        self._check_filters(params)
         params["limit"] = min(limit, PAGE_SIZE)
         fetched = 0
         while True:
@@ -250,6 +278,7 @@ class AlertsClient(_ApiClient):
         # take (its timeout_seconds, at most MAX_TIMEOUT_SECONDS), with a margin for
         # Slack's spacing and the server's own work. A slow receiver is its outcome,
         # not "cannot reach the gpuwatch server".
+        _utf8(name, "the receiver name")
         previous = self._http.timeout
         self._http.timeout = httpx.Timeout(
             MAX_TIMEOUT_SECONDS + self.test_margin_seconds, connect=previous.connect
@@ -263,6 +292,54 @@ class AlertsClient(_ApiClient):
         finally:
             self._http.timeout = previous
         return _parse(TypeAdapter(TestResult), data, self._base_url)
+
+
+_NOT_JSON = object()
+
+
+def _checked_base_url(given: str) -> str:
+    """``given`` without its trailing slash, once it is an http(s) URL with a host and
+    a port that can exist; :class:`ConfigError` (exit 3) otherwise, before any request:
+    ``ftp://host``, ``127.0.0.1:9403`` (no scheme), ``''`` or port 99999 are a wrong
+    option value, not an unreachable server."""
+    _utf8(given, "--server")
+    try:
+        parts = urlsplit(given.strip())
+        parts.port  # noqa: B018 - ValueError when not a number from 0 to 65535
+    except ValueError as err:
+        raise ConfigError(f"--server {_shown(given)!r} is not a URL: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"--server {_shown(given)!r} is not an http:// or https:// URL with a host"
+            " (such as http://gpuwatch-server:9403)"
+        )
+    return given.strip().rstrip("/")
+
+
+def _utf8(value: str, what: str) -> str:
+    """``value``, or :class:`ConfigError` naming ``what`` when it cannot be sent: an
+    argument given as bytes that are not UTF-8 (Python keeps them as lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # repr shows the stray bytes as escapes ('\udcff'); main() escapes the rest.
+        raise ConfigError(f"{what} is not valid UTF-8 text: {_shown(value)!r}") from None
+    return value
+
+
+def _shown(text: str) -> str:
+    """A value as an error may quote it (with ``!r``): cut."""
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _route_detail(response: httpx.Response) -> bool:
+    """Whether a 404 came from a route saying what it has not (a JSON ``detail`` of its
+    own), rather than from no route at all."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(detail, str) and detail != NO_ROUTE_DETAIL
 
 
 def _parse(adapter: TypeAdapter[Any], data: Any, base_url: str) -> Any:

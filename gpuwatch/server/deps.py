@@ -37,8 +37,10 @@ from gpuwatch.server.database.core import Database
 from gpuwatch.server.hosts.models import Host
 from gpuwatch.server.ingest.body import BodyBudget
 from gpuwatch.server.ingest.cache import HostStateCache
+from gpuwatch.server.ingest.work import HostWork
 from gpuwatch.server.metrics import ServerStats
 from gpuwatch.settings import ServerSettings
+from gpuwatch.wire import OTHER_HOST_DETAIL
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class ServerContext:
     # Monotonic seconds, for time budgets (ingest/views.py): ``clock`` may step.
     monotonic: Clock = time.monotonic
     bodies: BodyBudget = field(init=False)
+    # What each host's pushes may make the ingest writer do (ingest/work.py).
+    ingest_work: HostWork = field(default_factory=HostWork)
 
     def __post_init__(self) -> None:
         capacity = max(MIN_BODY_BUDGET_BYTES, BODY_BUDGET_BODIES * self.settings.max_body_bytes)
@@ -355,9 +359,7 @@ def forbid_other_host(identity: AgentIdentity, hostname: str) -> None:
             identity.hostname,
             hostname[:256],
         )
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN, detail=f"this token belongs to host {identity.hostname}"
-        )
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail=OTHER_HOST_DETAIL + identity.hostname)
 
 
 def _client(request: Request) -> str:

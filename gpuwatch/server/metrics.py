@@ -52,7 +52,7 @@ SERVER_INGEST_REQUESTS = MetricSpec(
     "Snapshot push requests answered, by result (partial: some snapshots deferred;"
     " over_budget: 503, its time budget spent before its turn; slow_body: 503, its body"
     " still arriving when the budget ran out; host_busy: 429, two of the host's requests"
-    " already being read).",
+    " already being read, or the host's share of ingest work used).",
     ("result",),
 )
 SERVER_INGEST_SNAPSHOTS = MetricSpec(
@@ -83,8 +83,10 @@ SERVER_NOTIFICATIONS = MetricSpec(
     "gpuwatch_server_notifications",
     "counter",
     "Notification delivery attempts by receiver and outcome: sent, retry (a transient"
-    " failure, tried again later), broken (refused for good: 400/403/404/410), failed"
-    " (given up at the delivery deadline).",
+    " failure, tried again later: 408, 425, 429, 5xx, a timeout or a connection error),"
+    " broken (refused for good: a 3xx, any other 4xx, a request that cannot be made such"
+    " as an invalid URL, or a Slack answer other than ok), failed (given up at the"
+    " delivery deadline).",
     ("receiver", "outcome"),
 )
 SERVER_WRITE_TURN_WAIT_SECONDS = MetricSpec(

@@ -85,6 +85,35 @@ UID_ = UID.replace("-", "_")
             f"cri-containerd-{ID}.scope\n",
             {"container_id": ID, "pod_uid": UID},
         ),
+        # Fix: the cgroupfs driver read from the agent pod's own cgroup namespace (cgroup
+        # v2 gives non-privileged containers one: containerd/cri#1371, cri-o#3098). The
+        # agent sits in another QoS class, so the pod's shows; in the same one it does not.
+        (
+            f"0::/../../../burstable/pod{UID}/{ID}\n",
+            {"container_id": ID, "pod_uid": UID, "pod_qos": "burstable"},
+        ),
+        (f"0::/../../pod{UID}/{ID}\n", {"container_id": ID, "pod_uid": UID, "pod_qos": None}),
+        # Fix: a static pod's 32-hex UID, the same way.
+        (
+            f"0::/../../besteffort/pod5f1e7d3c0a8b9c2d4e6f7a8b9c0d1e2f/{ID}\n",
+            {"pod_uid": "5f1e7d3c0a8b9c2d4e6f7a8b9c0d1e2f", "pod_qos": "besteffort"},
+        ),
+        # Regression: without "kubepods" above it, anything else named pod<hex> is no pod.
+        ("0::/srv/pod12ab/worker\n", {"pod_uid": None}),
+        ("0::/../app/pod0123abcd\n", {"pod_uid": None}),
+        # Fix: cgroup v1 with Slurm's proctrack/cgroup: name=systemd stays at slurmd.service,
+        # which does not own the job's task.
+        (
+            "12:memory:/slurm/uid_1000/job_777/step_0/task_0\n"
+            "4:freezer:/slurm/uid_1000/job_777/step_0\n"
+            "1:name=systemd:/system.slice/slurmd.service\n",
+            {"slurm_job_id": "777", "systemd_unit": None},
+        ),
+        # Regression: a unit on the identifying path itself is kept.
+        (
+            f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope\n",
+            {"systemd_unit": "user@1000.service", "user_manager_uid": 1000},
+        ),
     ],
 )
 def test_real_forms(text: str, expected: dict[str, str | None]) -> None:
@@ -103,6 +132,43 @@ def test_real_forms(text: str, expected: dict[str, str | None]) -> None:
 )
 def test_a_users_own_cgroup_subtree_cannot_claim_a_slurm_job(path: str) -> None:
     assert parse_cgroup(f"0::{path}\n").slurm_job_id is None
+
+
+def test_the_user_manager_is_the_outermost_one() -> None:
+    # The user names directories below user@1000.service at will, "user@0.service" too.
+    owner = parse_cgroup(
+        "0::/user.slice/user-1000.slice/user@1000.service/app.slice/user@0.service\n"
+    )
+    assert owner.user_manager_uid == 1000
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        # proctrack/cgroup on cgroup v1: the job's own hierarchies, slurmd.service in name=systemd.
+        "12:memory:/slurm/uid_1000/job_777/step_0/task_0\n1:name=systemd:/system.slice/slurmd.service\n",
+        # cgroup v2.
+        "0::/system.slice/slurmstepd.scope/job_777/step_0/user/task_0\n",
+        # proctrack/pgid or linuxproc: no job cgroup at all, the job id from the environment.
+        "0::/system.slice/slurmd.service\n",
+    ],
+)
+def test_a_slurm_task_left_by_its_step_is_orphaned_whatever_the_cgroup_layout(
+    proc: Path, cgroup: str
+) -> None:
+    write_proc(
+        proc, 510, comm="python", ppid=1, session=480, argv=("python", "train.py"),
+        environ={"SLURM_JOB_ID": "777"},
+    )  # fmt: skip
+    (proc / "510" / "cgroup").write_text(cgroup)
+    facts = info(proc).describe(510)
+    assert (facts.orphaned, facts.owner.slurm_job_id) == (True, "777")
+
+
+def test_a_daemon_owned_by_its_service_unit_is_still_not_orphaned(proc: Path) -> None:
+    write_proc(proc, 510, comm="python", ppid=1, session=480, argv=("python", "serve.py"))
+    (proc / "510" / "cgroup").write_text("0::/system.slice/inference.service\n")
+    assert not info(proc).describe(510).orphaned
 
 
 @pytest.mark.parametrize("separator", ["\u2028", "\x85", "\x1c", "\x0c"])

@@ -123,11 +123,13 @@ def test_lxc_container_and_the_unit_inside_it() -> None:
     assert owner.systemd_unit == "nginx.service"
 
 
-def test_slurm_v1_job_comes_from_the_controller_lines_and_unit_from_name_systemd() -> None:
+def test_slurm_v1_job_comes_from_the_controller_lines_and_owns_the_task() -> None:
     owner = parse_fixture("slurm-v1.txt")
     assert owner.slurm_job_id == "4242"
     assert owner.cgroup == "/slurm/uid_1000/job_4242/step_0/task_0"
-    assert owner.systemd_unit == "slurmd.service"
+    # proctrack/cgroup leaves name=systemd at slurmd.service: that unit is not the job's
+    # owner (it would make a leftover task "owned by its service", never orphaned).
+    assert owner.systemd_unit is None
 
 
 def test_hybrid_host_prefers_the_unified_line() -> None:

@@ -189,6 +189,22 @@ def test_the_reporter_and_spool_drop_only_under_known_reasons(tmp_path: Path) ->
             finally:
                 reporter.close()
 
+    # A snapshot spooled under another name, then the host renamed: hostname_changed.
+    renamed_dir = tmp_path / "renamed"
+    earlier = Reporter(_settings(tmp_path, spool_dir=renamed_dir))
+    try:
+        earlier.offer(sample_snapshot().model_copy(update={"hostname": "old-name"}))
+    finally:
+        earlier.close()
+    with answering(lambda r: (503, b"{}")) as server:
+        reporter = Reporter(_settings(tmp_path, spool_dir=renamed_dir, server_url=server.url))
+        try:
+            reporter.offer(sample_snapshot())
+            reporter.drain_once()
+            dropped |= set(reporter.stats().dropped_total)
+        finally:
+            reporter.close()
+
     spool_dir = tmp_path / "spool"
     spool_dir.mkdir()
     (spool_dir / f"{7:020d}.tmp").write_bytes(b"{")  # a write a crash cut short: corrupt

@@ -14,16 +14,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from support.clock import FakeClock
 
+from gpuwatch.agent.collectors.process import ProcessCollector
 from gpuwatch.agent.procinfo import ProcInfo
 from gpuwatch.agent.sampler import HostIdentity, Sampler
 from gpuwatch.nvml import fake
-from gpuwatch.nvml.library import NvmlSession
+from gpuwatch.nvml.library import DeviceReading, NvmlSession, ProcessUsage
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 PID = 4100001
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "proc" / "host"
 HZ = os.sysconf("SC_CLK_TCK")
+GIB = 2**30
+JUPYTER = "/opt/conda/bin/python3.11 /opt/conda/bin/jupyter-lab --no-browser --port=8888"
+BTIME = 1_700_000_000  # the fixture's boot time
+FIXTURE_START = BTIME + 500.0  # what Proc.process(started=500.0) reads back
 SCENARIO = f"""
 [fake]
 name = "owners"
@@ -158,3 +165,139 @@ def test_a_poll_that_could_not_read_the_gpu_does_not_forget_when_a_context_was_l
     finally:
         fake.uninstall()
         host.stop()
+
+
+# --- the owner of a context whose process died -----------------------------------------------
+
+
+def _process(sampler: Sampler) -> GpuProcess:
+    (process,) = sampler.poll().gpus[0].processes
+    return process
+
+
+def test_a_process_that_dies_leaving_its_context_is_still_named(setup) -> None:
+    """The crashed job's context stays listed: whoever ran it is the one to ask, and the
+    server keys the lifetime by its start time, so the dead PID stays the same lifetime."""
+    proc, _ = setup
+    proc.now(1000.0)
+    proc.process(started=500.0)
+    sampler = _sampler(proc)
+    alive = _process(sampler)
+    proc.process(started=None)  # it exits; NVML still lists its context
+
+    unknown, dead = _process(sampler), _process(sampler)
+
+    assert (unknown.alive, unknown.visible, dead.alive, dead.visible) == (True, False, False, True)
+    for later in (unknown, dead):
+        assert later.start_time == alive.start_time
+        assert later.command == alive.command == JUPYTER
+        assert later.owner == alive.owner and later.owner.uid == 1000
+        assert not later.orphaned and later.jupyter_server_alive is None  # judged now, not then
+
+
+def test_a_reused_pid_leaves_the_context_to_its_dead_owner_not_the_new_process(setup) -> None:
+    proc, _ = setup
+    proc.now(1000.0)
+    proc.process(started=500.0)
+    sampler = _sampler(proc)
+    _process(sampler)
+    proc.process(started=None)  # the job crashed: its context stays listed
+    _process(sampler)
+    proc.now(4600.0)
+    proc.process(started=4500.0)  # an hour later the kernel gives its PID to an editor
+    (proc.root / str(PID) / "cmdline").write_bytes(b"vim\x00notes.txt\x00")
+
+    process = _process(sampler)
+
+    assert not process.alive
+    assert process.command == JUPYTER  # the context's owner, never the editor
+    assert process.start_time == FIXTURE_START
+
+
+def test_a_pid_never_seen_alive_has_no_owner_to_keep(setup) -> None:
+    proc, _ = setup
+    proc.now(1000.0)
+    sampler = _sampler(proc, confirm_gone=False)
+    process = _process(sampler)
+    assert (process.alive, process.command, process.start_time) == (False, None, None)
+
+
+# --- one process, two contexts (nvidia-smi's C+G) -------------------------------------------
+
+
+class TwoContextSession:
+    """An NVML session whose one GPU lists PID 4242 twice, as a compute and a graphics
+    context of the same memory (NVML does so; the fake GPUs refuse to), and PID 4343 once."""
+
+    driver_version = nvml_version = "550.54.15"
+    cuda_driver_version = "12.4"
+
+    def device_count(self) -> int:
+        return 1
+
+    def read_device(self, index: int) -> DeviceReading:
+        listed = [
+            ProcessUsage(4242, "graphics", 2 * GIB),
+            ProcessUsage(4343, "compute", GIB),
+            ProcessUsage(4242, "compute", 2 * GIB),
+        ]
+        return DeviceReading(
+            index=index,
+            uuid="GPU-00000000-0000-0000-0000-000000000000",
+            name="NVIDIA RTX 6000 Ada Generation",
+            memory_total_bytes=48 * GIB,
+            memory_used_bytes=3 * GIB,
+            processes=listed,
+            processes_before_memory=listed,
+        )
+
+
+def test_a_process_with_compute_and_graphics_contexts_is_one_process(tmp_path: Path) -> None:
+    sampler = Sampler(
+        TwoContextSession(),  # type: ignore[arg-type]
+        ProcInfo(Proc(tmp_path / "proc").root, isolated=False),
+        HostIdentity(agent_id="agent-1", hostname="gpu-box", boot_id="boot-1"),
+        timeout_seconds=10,
+        confirm_gone=False,
+    )
+    snapshot = sampler.poll()
+    (gpu,) = snapshot.gpus
+
+    assert [(p.pid, p.kind, p.used_bytes) for p in gpu.processes] == [
+        (4242, "compute", 2 * GIB),
+        (4343, "compute", GIB),
+    ]
+    assert gpu.unattributed_bytes == 0
+    registry = CollectorRegistry()
+    registry.register(ProcessCollector(lambda: snapshot, enabled=True, max_series=10))
+    series = [
+        line
+        for line in generate_latest(registry).decode().splitlines()
+        if line.startswith("gpuwatch_gpu_process_memory_used_bytes{")
+    ]
+    assert len(series) == 2 and sum('pid="4242"' in line for line in series) == 1
+
+
+def test_the_process_collector_gives_one_series_per_pid_whatever_the_snapshot() -> None:
+    """A snapshot from elsewhere may list a PID once per context kind (the schema allows
+    it): still one series, with the larger figure."""
+    listed = [
+        GpuProcess(pid=4242, kind="graphics", used_bytes=GIB, name="isaac-sim"),
+        GpuProcess(pid=4242, kind="compute", used_bytes=2 * GIB, name="isaac-sim"),
+    ]
+    snapshot = HostSnapshot(
+        agent_id="a",
+        hostname="h",
+        boot_id="b",
+        sequence=1,
+        collected_at=1.7e9,
+        gpus=[Gpu(index=0, uuid="GPU-0", processes=listed)],
+    )
+    registry = CollectorRegistry()
+    registry.register(ProcessCollector(lambda: snapshot, enabled=True, max_series=10))
+    series = [
+        line
+        for line in generate_latest(registry).decode().splitlines()
+        if line.startswith("gpuwatch_gpu_process_memory_used_bytes{")
+    ]
+    assert len(series) == 1 and series[0].endswith(" 2.147483648e+09")  # 2 GiB

@@ -18,6 +18,7 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
+from gpuwatch.agent.identity import UserNames
 from gpuwatch.agent.procinfo import (
     DEFAULT_SUBREAPERS,
     MAX_COMMAND_CHARS,
@@ -95,16 +96,18 @@ def test_container_process_owner(host: ProcInfo) -> None:
     assert (owner.user, owner.uid) == ("root", 0)
 
 
-def test_user_without_a_passwd_entry_falls_back_to_the_uid(host: ProcInfo) -> None:
-    uid = 100999  # a rootless container's subuid, as such hosts map them
-    try:
-        pwd.getpwuid(uid)
-        pytest.skip(f"uid {uid} has a passwd entry on this machine")
-    except KeyError:
-        pass
-    facts = host.describe(1410)
-    assert (facts.user, facts.uid) == (str(uid), uid)
+def test_a_subuid_is_named_after_the_user_whose_manager_runs_it(tmp_path: Path) -> None:
+    # 1410 is a rootless Podman container's process (subuid 100999) under user@1000.service;
+    # no /etc/subuid here, so the cgroup's user manager names the owner.
+    names = UserNames(etc=tmp_path, lookup={1000: "alice"}.__getitem__)
+    facts = ProcInfo(HOST, user_names=names).describe(1410)
+    assert (facts.user, facts.uid) == ("alice", 100999)  # the uid stays the kernel's
     assert facts.owner.container_runtime == "podman"
+
+
+def test_a_uid_nobody_owns_falls_back_to_the_number(tmp_path: Path) -> None:
+    names = UserNames(etc=tmp_path, lookup={}.__getitem__)
+    assert names.name(100999) == "100999"
 
 
 def test_slurm_job_from_cgroup_and_from_environment(host: ProcInfo) -> None:

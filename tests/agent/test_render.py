@@ -41,3 +41,50 @@ def test_formatting_helpers() -> None:
     assert format_age(11 * 60 + 5) == "11m"
     assert format_age(2 * 3600 + 5 * 60) == "2h05m"
     assert format_age(3 * 86400 + 7200) == "3d2h"
+
+
+def _render_at(width: int) -> list[str]:
+    console = Console(width=width, record=True, color_system=None)
+    render_status(sample_snapshot(), console=console, now=1_700_010_000.0)
+    return console.export_text().splitlines()
+
+
+def test_a_terminal_keeps_every_column_and_cuts_the_command_with_an_ellipsis() -> None:
+    lines = _render_at(110)
+    header = next(line for line in lines if "COMMAND" in line)
+    assert header.split() == ["PID", "USER", "MEMORY", "SM", "AGE", "FLAGS", "COMMAND"]
+    row = next(line for line in lines if "alice" in line)
+    assert "kernel, server gone" in row and row.rstrip().endswith("…")
+    assert all(len(line) <= 110 for line in lines)
+
+
+def test_a_narrow_terminal_prints_each_process_as_a_block_with_its_whole_command() -> None:
+    snapshot = sample_snapshot()
+    command = next(p.command for g in snapshot.gpus for p in g.processes if p.pid == 4242)
+    console = Console(width=40, record=True, color_system=None)
+    render_status(snapshot, console=console, now=1_700_010_000.0)
+    text = console.export_text()
+    assert "pid 4242" in text and "COMMAND" not in text
+    assert command is not None and command.replace(" ", "") in text.replace(" ", "").replace(
+        "\n", ""
+    )
+
+
+def test_status_into_a_file_keeps_whole_commands(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "status", "--fake-gpus", "workstation"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "GPUWATCH_CONFIG": "/dev/null",
+            "XDG_RUNTIME_DIR": str(tmp_path),
+            "COLUMNS": "80",
+        },
+    )
+    assert out.returncode == 0, out.stderr
+    assert "runtime/kernel-3f2a9c.json" in out.stdout

@@ -191,9 +191,14 @@ def test_the_compose_agent_pushes_with_the_token_its_comments_create(stack: Stac
         for name, value in agent.get("environment", {}).items()
     }
     assert environment["GPUWATCH_AGENT_TOKEN"] == token
-    command = [arg.replace("http://server:9403", stack.server_url) for arg in agent["command"]]
-    assert command[0] == "agent" and f"--server={stack.server_url}" in command
-    log = stack.start("agent-compose", [*GPUWATCH, *command], {**stack.env, **environment})
+    # The container runs its entrypoint (a wrapper that adds --server when the token is
+    # set) with the command as arguments; `$$` is Compose's escape for `$`.
+    argv = [
+        arg.replace("$$", "$").replace("http://server:9403", stack.server_url)
+        for arg in [*agent["entrypoint"], *agent["command"]]
+    ]
+    assert agent["command"][0] == "agent" and f"--server={stack.server_url}" in argv[2]
+    log = stack.start("agent-compose", argv, {**stack.env, **environment})
     counters = pushes(log)
     assert counters.get("snapshots_pushed:accepted", 0) > 0, (
         f"the server refused the {host!r} token: {counters}\n{log.read_text()}"

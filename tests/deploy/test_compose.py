@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from support.processes import stop_processes
+from support.served_as import free_port
+
+from gpuwatch.nvml.fake.lifecycle import stop_all
+from gpuwatch.nvml.fake.runtime_state import default_runtime_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -56,11 +65,110 @@ def test_the_demo_stack_has_its_four_services(services: dict[str, Any]) -> None:
     assert set(services) == {"server", "agent", "prometheus", "grafana"}
 
 
-def test_agent_runs_on_simulated_gpus_pushing_to_the_server(services: dict[str, Any]) -> None:
+def _unescaped(value: str) -> str:
+    """``value`` as Compose hands it to the container: ``$$`` is a literal ``$``. Any
+    other ``$`` would be interpolated from the host's environment, which the agent's
+    wrapper must not depend on."""
+    assert "$" not in value.replace("$$", ""), value
+    return value.replace("$$", "$")
+
+
+def _agent_argv(services: dict[str, Any]) -> list[str]:
+    """What the agent container runs: its entrypoint (the image's, `gpuwatch`, unless
+    the service sets one), then its command."""
+    agent = services["agent"]
+    entrypoint = agent.get("entrypoint", ["gpuwatch"])
+    return [_unescaped(part) for part in [*entrypoint, *agent["command"]]]
+
+
+def _agent_environment(services: dict[str, Any], token: str) -> dict[str, str]:
+    """The agent service's environment, ``${GPUWATCH_AGENT_TOKEN:-}`` interpolated as
+    Compose does with ``token`` in ``.env`` (empty: no ``.env`` yet)."""
+    environment = dict(services["agent"]["environment"])
+    assert environment["GPUWATCH_AGENT_TOKEN"] == "${GPUWATCH_AGENT_TOKEN:-}"
+    environment["GPUWATCH_AGENT_TOKEN"] = token
+    return environment
+
+
+def test_agent_runs_on_simulated_gpus(services: dict[str, Any]) -> None:
     command = services["agent"]["command"]
     assert command[0] == "agent"
     assert "--fake-gpus=workstation" in command
-    assert "--server=http://server:9403" in command
+
+
+@pytest.mark.parametrize(
+    ("token", "server_args"),
+    [("s3cret", ["--server=http://server:9403"]), ("", [])],
+    ids=["token-pushes", "no-token-metrics-only"],
+)
+def test_agent_wrapper_passes_the_server_only_with_a_token(
+    services: dict[str, Any], tmp_path: Path, token: str, server_args: list[str]
+) -> None:
+    """The demo's first `docker compose up` has no token: the agent must not be given a
+    server then (it would refuse to start, exit 3, and `restart:` would loop it)."""
+    fake = tmp_path / "bin" / "gpuwatch"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    result = subprocess.run(
+        _agent_argv(services),
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={"PATH": f"{fake.parent}:/usr/bin:/bin", **_agent_environment(services, token)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [*services["agent"]["command"], *server_args]
+    assert ("metrics only" in result.stderr) is (not token)
+
+
+def test_agent_without_a_token_serves_metrics_instead_of_exiting(
+    services: dict[str, Any], tmp_path: Path
+) -> None:
+    """The real agent, started the way the compose file starts it before `.env` exists
+    (the image's environment as the Dockerfile sets it, the listen address aside)."""
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    port = free_port()
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "GPUWATCH_CONFIG": "/dev/null",
+        "XDG_RUNTIME_DIR": str(runtime),
+        "GPUWATCH_AGENT_SPOOL_DIR": str(tmp_path / "spool"),
+        **_agent_environment(services, ""),
+        "GPUWATCH_AGENT_LISTEN": f"127.0.0.1:{port}",
+    }
+    agent = subprocess.Popen(
+        _agent_argv(services), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        metrics = _scrape_until_up(
+            agent, f"http://127.0.0.1:{port}/metrics", until="gpuwatch_agent_fake_gpus 1.0"
+        )
+        assert "gpuwatch_agent_fake_gpus 1.0" in metrics
+        assert agent.poll() is None
+    finally:
+        stop_processes([agent])
+        stop_all(default_runtime_dir(env))
+
+
+def _scrape_until_up(process: subprocess.Popen[bytes], url: str, until: str) -> str:
+    """The agent's exposition once it holds ``until``: the server answers before the
+    first poll has read the GPUs."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stderr = process.stderr.read().decode() if process.stderr else ""
+            pytest.fail(f"the agent exited {process.returncode}: {stderr}")
+        try:
+            response = httpx.get(url, timeout=2)
+            if response.status_code == 200 and until in response.text:
+                return response.text
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"{url} never answered with {until!r}")
 
 
 def test_the_demo_scenario_is_bundled() -> None:

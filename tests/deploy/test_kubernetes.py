@@ -4,6 +4,7 @@ objects point at each other correctly (selectors, ports, job names the rules exp
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from gpuwatch.settings import ServerSettings, load
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -264,3 +267,32 @@ def test_kubectl_kustomize_renders_the_base() -> None:
         "Service/gpuwatch-server",
     ]
     assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpuwatch" for d in rendered)
+
+
+def test_server_takes_a_read_token_an_admin_token_and_receivers_from_its_secret(
+    manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read token goes to Prometheus, Grafana and reapers; without an admin token
+    it would also create silences. Receivers' URLs and secrets are credentials."""
+    (container,) = _containers(_one(manifests, "Deployment", "gpuwatch-server"))
+    from_secret = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]["key"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert from_secret["GPUWATCH_SERVER_READ_TOKEN"] == "read-token"
+    assert from_secret["GPUWATCH_SERVER_ADMIN_TOKEN"] == "admin-token"
+    assert from_secret["GPUWATCH_SERVER_RECEIVERS"] == "receivers"
+    # The header's `kubectl create secret` command makes every key the pod reads, and
+    # its receivers value is one the server loads.
+    header = (K8S / "server.yaml").read_text(encoding="utf-8").split("\napiVersion:")[0]
+    command = " ".join(line.lstrip("# ").rstrip("\\ ") for line in header.splitlines())
+    literals = dict(
+        arg.removeprefix("--from-literal=").split("=", 1)
+        for arg in shlex.split(command[command.index("kubectl") :])
+        if arg.startswith("--from-literal=")
+    )
+    assert set(from_secret.values()) <= set(literals)
+    monkeypatch.setenv("GPUWATCH_CONFIG", "/dev/null")
+    monkeypatch.setenv("GPUWATCH_SERVER_RECEIVERS", literals["receivers"])
+    assert [r.name for r in load(ServerSettings).receivers] == ["oncall"]

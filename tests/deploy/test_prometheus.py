@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.snapshots import sample_snapshot
 
 from gpuwatch.agent.collectors import health
 from gpuwatch.agent.collectors.agent import AgentCollector, PushStats
@@ -298,3 +299,77 @@ def test_metric_name_extraction_sees_metrics_and_nothing_else(metric_names: Name
         "up",
         "gpuwatch:gpu_memory_used:ratio",
     }
+
+
+def test_a_gpu_whose_nvml_call_hangs_raises_gpu_unreadable(
+    promtool: str, tmp_path: Path, all_rules: list[dict[str, Any]]
+) -> None:
+    """What the agent exports for a GPU whose read timed out (gpuwatch.toml.example's
+    nvml_timeout_seconds: the poll still succeeds, so GpuwatchAgentPollsFailing stays
+    quiet) is what GpuUnreadable fires on, after its 5 minutes."""
+    sample = sample_snapshot()
+    # Hung since the agent started: NVML never told its UUID (the agent's stand-in name).
+    hung = sample.gpus[0].model_copy(
+        update={
+            **{name: None for name in type(sample.gpus[0]).model_fields if name.endswith(
+                ("_bytes", "_ratio", "_celsius", "_watts"))},
+            "uuid": "GPU-unknown-0", "read_error": "timeout", "processes": [],
+        }
+    )  # fmt: skip
+    snapshot = sample.model_copy(update={"gpus": [hung]})
+    exported = [
+        s
+        for family in GpuCollector(lambda: snapshot).collect()
+        for s in family.samples
+        if s.name in ("gpuwatch_gpu_up", "gpuwatch_gpu_lost")
+    ]
+    assert {(s.name, s.value) for s in exported} == {
+        ("gpuwatch_gpu_up", 0.0),
+        ("gpuwatch_gpu_lost", 0.0),
+    }
+    target = {"job": "gpuwatch-agent", "instance": "gpu-node-01:9402"}
+    series = [
+        {
+            "series": s.name
+            + "{"
+            + ",".join(f'{k}="{v}"' for k, v in {**target, **s.labels}.items())
+            + "}",
+            "values": f"{s.value:g}x10",
+        }
+        for s in exported
+    ]
+    labels = {"severity": "warning", **target, **exported[0].labels}
+    rule = next(r for r in all_rules if r.get("alert") == "GpuUnreadable")
+    annotations = {
+        "summary": "GPU 0 on gpu-node-01:9402 cannot be read",
+        "description": rule["annotations"]["description"],  # no template in it
+    }
+    case = {
+        "rule_files": [str(PROMETHEUS_DIR / "gpuwatch.rules.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "4m", "alertname": "GpuUnreadable", "exp_alerts": []},
+                    {
+                        "eval_time": "5m",
+                        "alertname": "GpuUnreadable",
+                        "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}],
+                    },
+                    {
+                        "eval_time": "10m",
+                        "alertname": "GpuwatchAgentPollsFailing",
+                        "exp_alerts": [],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "hung.test.yml"
+    path.write_text(yaml.safe_dump(case), encoding="utf-8")
+    result = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -291,3 +293,51 @@ def test_env_examples_name_real_settings(name: str, prefix: str, settings: type)
     for key in keys:
         assert key.startswith(prefix), key
         assert key.removeprefix(prefix).lower() in settings.model_fields, key
+
+
+def test_server_env_example_sets_up_an_admin_token_apart_from_the_read_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The read token goes to Prometheus, Grafana and every reaper: without an admin token
+    it also creates silences. Filled in as the comments say, the example's tokens differ
+    and its receivers (credentials, kept out of the world-readable TOML) load."""
+    text = (SYSTEMD_DIR / "server.env.example").read_text(encoding="utf-8")
+    for name in os.environ:
+        if name.startswith("GPUWATCH_SERVER_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("GPUWATCH_CONFIG", "/dev/null")
+    for key, value in re.findall(r"^#?(GPUWATCH_SERVER_[A-Z_]+)=(.*)$", text, flags=re.MULTILINE):
+        # What a shell (`set -a; . server.env`) or systemd makes of the value; an empty
+        # token is one to fill in.
+        (parsed,) = shlex.split(value) or [f"{key.lower()}-filled-in"]
+        monkeypatch.setenv(key, parsed)
+    settings = load(ServerSettings)
+    assert settings.read_token is not None and settings.admin_token is not None
+    assert settings.read_token.get_secret_value() != settings.admin_token.get_secret_value()
+    assert [r.name for r in settings.receivers] == ["oncall"]
+
+
+def _comment_above(text: str, key: str) -> str:
+    """The comment lines right above ``key = ...`` in a TOML example, joined."""
+    lines = text.splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith(f"{key} ="))
+    comment: list[str] = []
+    for line in reversed(lines[:index]):
+        if not line.startswith("#"):
+            break
+        comment.insert(0, line.lstrip("# "))
+    return " ".join(comment)
+
+
+def test_toml_example_says_what_a_hung_nvml_call_does(all_rules: list[dict[str, Any]]) -> None:
+    """A GPU whose read hangs past nvml_timeout_seconds is reported timed out
+    (gpuwatch_gpu_up 0, the GpuUnreadable alert); the poll still succeeds, so an operator
+    told it "counts as a failure" would watch GpuwatchAgentPollsFailing, which never fires
+    for it (tests/deploy/test_prometheus.py runs the exported series through the rules)."""
+    text = (SYSTEMD_DIR / "gpuwatch.toml.example").read_text(encoding="utf-8")
+    comment = _comment_above(text, "nvml_timeout_seconds")
+    assert "gpuwatch_gpu_up 0" in comment and "GpuUnreadable" in comment, comment
+    assert "failure" not in comment.replace("counts as a success", ""), comment
+    alerts = {rule.get("alert") for rule in all_rules}
+    for named in re.findall(r"\b(?:Gpu|Gpuwatch)[A-Z]\w+", text):
+        assert named in alerts, f"gpuwatch.toml.example names no such alert: {named}"

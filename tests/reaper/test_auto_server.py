@@ -79,7 +79,7 @@ def _server(agent: Agent) -> CachedServerHistory:
     return auto.server
 
 
-def test_idle_on_the_server_is_stopped_once_contended_asking_once_per_refresh(
+def test_the_server_is_asked_once_per_refresh_and_never_bridges_the_restart(
     rig: Rig, victims: Callable[..., Victim], central: Central, tmp_path: Path
 ) -> None:
     idle = victims()
@@ -96,10 +96,9 @@ def test_idle_on_the_server_is_stopped_once_contended_asking_once_per_refresh(
 
     agent.reaper.note_oom(0, 99999, rig.clock.now)  # now someone waits for GPU 0
     run_polls(agent, rig, 3, until=lambda: not idle.alive())
-    assert sink.stages(idle.pid) == ["stopped"]
-    assert idle.exit_signal() == 15
-    stopped = sink.events[-1].evidence
-    assert "the server's before" in stopped["detail"], stopped
+    # The restart is time nobody observed: the server's samples from before it cannot
+    # make the process idle (docs/reaper.md, "Gaps"); the agent's own 28 minutes can't.
+    assert sink.stages(idle.pid) == [] and idle.alive()
 
 
 @pytest.mark.parametrize("failure", ["gap", "unreachable", "wrong_read_token"])

@@ -7,7 +7,13 @@ the combined runs, as the planner computes it.
 
 from __future__ import annotations
 
-from gpuwatch.agent.reaper.central import bucket_runs, combine, matches, server_may_help
+from gpuwatch.agent.reaper.central import (
+    JUNCTION_GAP_SECONDS,
+    bucket_runs,
+    combine,
+    matches,
+    server_may_help,
+)
 from gpuwatch.agent.reaper.evidence import idle_evidence
 from gpuwatch.agent.reaper.history import Run
 from gpuwatch.server.processes.schemas import ProcessOut, ProcessSampleOut
@@ -76,15 +82,16 @@ def test_a_missing_bucket_is_a_gap_and_activity_and_unknown_are_runs() -> None:
     assert runs[2].busiest_ratio == 0.4
 
 
-def test_two_hours_idle_on_the_server_and_ten_minutes_in_the_agent_is_idle() -> None:
+def test_an_agent_restart_is_a_gap_the_servers_samples_do_not_bridge() -> None:
     restart = NOW - 10 * MINUTE
-    # The agent was down for a minute: the server has nothing for that minute either.
-    server = _runs(_buckets(NOW - 3 * HOUR, restart - MINUTE), NOW - 3 * HOUR, restart - MINUTE)
-    agent = _agent(restart)
+    # Even where the server's buckets reach the restart: nobody can show that no poll
+    # was missed across it, so the idle stretch starts with the agent's own history.
+    for server_until in (restart - MINUTE, restart, restart + MINUTE):
+        server = _runs(_buckets(NOW - 3 * HOUR, server_until), NOW - 3 * HOUR, server_until)
+        agent = _agent(restart)
 
-    assert _verdict(agent)[0] == "idle_too_short"
-    reason, idle_seconds = _verdict(combine(server, agent))
-    assert reason == "idle" and idle_seconds == 3 * HOUR
+        reason, idle_seconds = _verdict(combine(server, agent))
+        assert reason == "idle_too_short" and idle_seconds == 10 * MINUTE
 
 
 def test_a_long_gap_in_the_servers_samples_restarts_the_idle_clock() -> None:
@@ -94,10 +101,11 @@ def test_a_long_gap_in_the_servers_samples_restarts_the_idle_clock() -> None:
 
     reason, idle_seconds = _verdict(combine(server, _agent(restart)))
 
-    assert reason == "idle_too_short" and idle_seconds == 70 * MINUTE
+    # The restart, after the gap, is a gap too: the agent's own 10 minutes are all.
+    assert reason == "idle_too_short" and idle_seconds == 10 * MINUTE
 
 
-def test_short_gaps_count_against_coverage() -> None:
+def test_short_gaps_restart_the_idle_clock_too() -> None:
     restart = NOW - 10 * MINUTE
     holes = [(NOW - m * MINUTE, NOW - (m - 5) * MINUTE) for m in (110, 90, 70)]  # 15 minutes
     buckets = [
@@ -107,7 +115,8 @@ def test_short_gaps_count_against_coverage() -> None:
     ]
     server = _runs(buckets, NOW - 3 * HOUR, restart)
 
-    assert _verdict(combine(server, _agent(restart)))[0] == "coverage"
+    reason, idle_seconds = _verdict(combine(server, _agent(restart)))
+    assert reason == "idle_too_short" and idle_seconds == 10 * MINUTE
 
 
 def test_unknown_activity_on_the_server_is_not_idle() -> None:
@@ -127,7 +136,7 @@ def test_the_agents_runs_win_where_both_have_samples() -> None:
     combined = combine(server, _agent(restart))
 
     assert [(r.start, r.end, r.activity) for r in combined] == [
-        (NOW - 3 * HOUR, restart, "idle"),
+        (NOW - 3 * HOUR, restart - JUNCTION_GAP_SECONDS, "idle"),
         (restart, NOW, "idle"),
     ]
 

@@ -412,3 +412,22 @@ def test_a_gpu_that_does_not_exist_is_an_error_not_nothing_to_do(
     assert typo.returncode == 3, typo.stderr
     assert typo.stderr.startswith("gpuwatch: error: --gpu 99: no such GPU")
     assert idle.alive()
+
+
+@pytest.mark.parametrize("idle", ["1s", "1ms", "24s"])
+def test_a_window_below_the_floor_is_refused_without_an_agent(idle: str, tmp_path: Path) -> None:
+    """The floor (5 poll intervals: 25 s at the default 5 s) holds before anything is
+    asked of an agent: with none listening, --idle 1s was "nothing to do" (exit 20)."""
+    from gpuwatch.nvml.fake.lifecycle import stop_all
+
+    env = _env(tmp_path)
+    try:
+        done = run_cli(
+            "reap", "--idle", idle, "--agent", "http://127.0.0.1:9", "--dry-run",
+            "--fake-gpus", "workstation", env=env,
+        )  # fmt: skip
+    finally:
+        stop_all(Path(env["XDG_RUNTIME_DIR"]) / "gpuwatch-fake")
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("gpuwatch: error: --idle: ")
+    assert done.stderr.count("\n") == 1 and "too short: at least 5 of" in done.stderr

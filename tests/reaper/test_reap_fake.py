@@ -84,7 +84,7 @@ def test_gaps_in_history_make_a_process_not_idle(rig, clock, victims) -> None:
     assert decision.verdict == "spare"
     assert decision.reason == "idle_too_short"  # the idle clock restarted after the gap
 
-    # Short gaps are bridged but count as unobserved: coverage decides.
+    # Short gaps are not bridged either: a burst there would be seen by nobody.
     hist = history()
     snapshot = sampler.poll()
     for _ in range(12):  # 12 x (4 min observed + 6 min missing) = 2 hours
@@ -92,7 +92,8 @@ def test_gaps_in_history_make_a_process_not_idle(rig, clock, victims) -> None:
         clock.advance(6 * 60)
     snapshot = drive(sampler, hist, clock, 60)
     (decision,) = plan_over(snapshot, hist, clock()).decisions
-    assert (decision.verdict, decision.reason) == ("spare", "coverage")
+    assert (decision.verdict, decision.reason) == ("spare", "idle_too_short")
+    assert "nobody observed" in decision.detail
 
 
 def test_without_history_nothing_is_idle(rig, clock, victims) -> None:

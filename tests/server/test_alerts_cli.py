@@ -195,9 +195,7 @@ def test_a_cut_list_says_so_on_stderr_and_json_stays_the_list(
         "gpuwatch: showing 2 of 3 active alerts, the most severe and oldest first"
         " (the server lists at most 1,000; narrow with --state)"
     ]
-    response = live.client.get(
-        "/api/v1/alerts", headers={"Authorization": f"Bearer {READ}"}
-    )
+    response = live.client.get("/api/v1/alerts", headers={"Authorization": f"Bearer {READ}"})
     assert response.headers["X-Total-Count"] == "3" and len(response.json()) == 2
     monkeypatch.setattr("gpuwatch.server.alerts.service.MAX_ALERTS", 3)
     whole = gw(live, "list", "--json")

@@ -28,7 +28,9 @@ BATCH_RESULTS = (
     "success", "partial", "auth_failed", "too_large", "rejected", "throttled",
     "server_error", "unreachable", "unexpected_status",
 )  # fmt: skip
-DROP_REASONS = ("spool_full", "corrupt", "rejected", "too_large", "write_failed")
+DROP_REASONS = (
+    "spool_full", "corrupt", "rejected", "too_large", "write_failed", "hostname_changed",
+)  # fmt: skip
 
 BUILD = MetricSpec(
     "gpuwatch_agent_build",
@@ -68,7 +70,9 @@ TORCH_REPORTS = MetricSpec(
 )
 PUSHED = MetricSpec(
     "gpuwatch_agent_snapshots_pushed", "counter",
-    "Snapshots the server acknowledged, by result (accepted, duplicate: it had them already).",
+    "Snapshots the server acknowledged, by result (accepted: stored and applied;"
+    " duplicate: it had them already; late: stored, but not newer than the host's newest"
+    " applied snapshot, so the host's current state did not move).",
     ("result",), availability="server_url set",
 )  # fmt: skip
 PUSHES = MetricSpec(

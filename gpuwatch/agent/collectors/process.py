@@ -114,11 +114,27 @@ class ProcessCollector:
             if self._enabled or proc.torch is not None
         ]
         rows.sort(key=lambda row: row[1].used_bytes or 0, reverse=True)
+        # One series per PID and GPU: the snapshot may list a PID once per context kind
+        # (compute and graphics), and ``kind`` is not a label, so a second row would repeat
+        # the first's label set (Prometheus drops it). The sampler merges them; a snapshot
+        # from elsewhere may not. Sorted first, so the larger figure is kept.
+        rows = _one_per_pid(rows)
         kept = rows[: self._max]
         for gpu, proc in kept:
             _add_process(families, gpu, proc, full=self._enabled)
         families.add(DROPPED, (), len(rows) - len(kept))
         return families.collected()
+
+
+def _one_per_pid(rows: list[tuple[Gpu, GpuProcess]]) -> list[tuple[Gpu, GpuProcess]]:
+    """The first row of each (GPU, PID), in order."""
+    seen: set[tuple[int, int]] = set()
+    kept = []
+    for gpu, proc in rows:
+        if (gpu.index, proc.pid) not in seen:
+            seen.add((gpu.index, proc.pid))
+            kept.append((gpu, proc))
+    return kept
 
 
 def _labels(gpu: Gpu, proc: GpuProcess) -> tuple[str, ...]:

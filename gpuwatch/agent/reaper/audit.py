@@ -62,6 +62,29 @@ class AuditLog:
                 reason=reason,
             ) from err
 
+    def recent(self, max_bytes: int = 8 * 2**20) -> list[dict[str, Any]]:
+        """The rows in the last ``max_bytes`` of the log, oldest first (a line cut by
+        that bound, or one that is not JSON, is skipped). ``[]`` when unreadable."""
+        try:
+            with open(self.path, "rb") as file:
+                size = file.seek(0, os.SEEK_END)
+                file.seek(max(0, size - max_bytes))
+                data = file.read()
+        except OSError:
+            return []
+        lines = data.splitlines()
+        if size > max_bytes and lines:
+            lines = lines[1:]
+        rows = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
     def read(self) -> list[dict[str, Any]]:
         """Every row so far, oldest first (for tests and ``tail``-like tools)."""
         try:

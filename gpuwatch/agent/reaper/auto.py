@@ -26,7 +26,17 @@ stop:
 4. **Stopped** at the first check after ``warn_before`` if it still qualifies and the
    rate caps allow (``max_per_host_per_hour``, ``max_per_user_per_hour``; a capped
    stop waits for the next check), by the same executor as ``gpuwatch reap``, in a
-   worker thread so polls and ``/healthz`` carry on during the grace period.
+   worker thread so polls and ``/healthz`` carry on during the grace period. No check
+   runs while a stop is in progress, so right before each signal the executor judges
+   the process again from the history as it is then (:meth:`AutoReaper.rejudge`): a
+   process of the batch that ran anything while an earlier one had its grace period is
+   spared. The worker is not a daemon thread: an agent told to stop finishes the stop
+   in progress (each later process of its batch is refused: no poll confirms it) and
+   records it before it exits.
+
+All its times (deadlines, rate caps, OOM ages, the history) are on the reaper's steady
+clock (:mod:`gpuwatch.agent.reaper.clock`), so a wall-clock step neither shortens a
+warning nor freezes the checks; ``wall`` is used only for times shown to people.
 
 ``dry_run`` (or an agent that lacks ``CAP_KILL``) warns and records "would stop"
 without signalling anything.
@@ -44,12 +54,20 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gpuwatch.agent.reaper.central import ServerLookup, on_clock
 from gpuwatch.agent.reaper.errors import ReapRefused
 from gpuwatch.agent.reaper.events import describe
 from gpuwatch.agent.reaper.evidence import format_duration
 from gpuwatch.agent.reaper.execute import Executor, decision_row
 from gpuwatch.agent.reaper.history import ProcessHistory
-from gpuwatch.agent.reaper.plan import CURRENT_POLLS, IdleRule, Plan, make_plan, unreadable_gpus
+from gpuwatch.agent.reaper.plan import (
+    CURRENT_POLLS,
+    IdleRule,
+    Plan,
+    make_plan,
+    rejudge,
+    unreadable_gpus,
+)
 from gpuwatch.agent.reaper.policy import Decision, Protections, Selection
 from gpuwatch.agent.reaper.server_cache import CachedServerHistory
 from gpuwatch.agent.reaper.settings import ReapSettings
@@ -59,6 +77,8 @@ from gpuwatch.snapshot import Gpu, HostSnapshot, MigInstance
 log = logging.getLogger(__name__)
 
 HOUR = 3600.0
+# How long a stop waits for its events to reach the server (two tries with backoff).
+_EVENT_FLUSH_SECONDS = 15.0
 Key = tuple[int, float | None]  # (pid, start time): one process lifetime
 # Where memory ran out: (GPU index, MIG GPU instance id), the id None for a whole GPU
 # (not in MIG mode). A MIG instance's memory is its own: only its processes free any.
@@ -67,7 +87,7 @@ Place = tuple[int, int | None]
 
 @dataclass
 class PendingWarning:
-    """A warning given to one process, and when it may be stopped (epoch seconds).
+    """A warning given to one process, and when it may be stopped (steady clock).
 
     ``issued`` is False when ``warn_before`` is 0: the process is due at once and
     nobody was told, so there is nothing to withdraw either."""
@@ -81,8 +101,11 @@ class PendingWarning:
 class AutoReaper:
     """Runs the policy; :meth:`after_poll` is called by the agent after every poll.
 
-    ``executor`` stops processes (its observer waits for the agent's next poll);
-    ``clock`` is epoch seconds. ``background`` runs stops on a worker thread (the
+    ``executor`` stops processes (its observer waits for the agent's next poll; its
+    ``rejudge`` is set to :meth:`rejudge`); ``clock`` is the reaper's steady clock, the
+    one the history is stamped with, and ``wall`` the wall clock (epoch seconds, for
+    what people read; by default ``clock`` itself). ``background`` runs stops on a
+    worker thread (the
     agent); tests may run them inline. ``stats`` counts what it does (a fresh one
     when not given). ``server`` is the central server's history (``None``: the
     agent's alone decides).
@@ -98,6 +121,7 @@ class AutoReaper:
         caller_uid: int | None,
         can_signal: bool,
         clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] | None = None,
         background: bool = True,
         stats: PolicyStats | None = None,
         server: CachedServerHistory | None = None,
@@ -117,7 +141,11 @@ class AutoReaper:
                 "the policy only warns and records what it would stop"
             )
         self._clock = clock
+        self._wall = clock if wall is None else wall
         self._background = background
+        self._planned_at = 0.0  # when the plan of the batch being stopped was made
+        self._planned_on = ""  # and for which host
+        executor.rejudge = self.rejudge
         self.warnings: dict[Key, PendingWarning] = {}
         self._acted: set[Key] = set()
         self._stops: deque[tuple[float, str]] = deque()
@@ -148,11 +176,13 @@ class AutoReaper:
         and which one ran short is unknown). ``at`` is never later than this policy's
         clock, so no report can keep a GPU contended for longer than ``oom_wait``; one
         entry per process and place, pruned at every check (:meth:`_prune_ooms`), so
-        the table stays bounded.
+        the table stays bounded. ``at`` is the wall-clock time it was received; it is
+        kept on the steady clock, as that long ago.
         """
         if gpu_index is None:
             return
-        at = min(at, self._clock())
+        now = self._clock()
+        at = now - max(0.0, self._wall() - at)
         with self._ooms_lock:
             seen = self._ooms.setdefault((gpu_index, gpu_instance_id), {})
             seen[pid] = max(at, seen.get(pid, at))
@@ -199,19 +229,42 @@ class AutoReaper:
             snapshot,
             self._history.runs_for,
             now=now,
-            rule=IdleRule(
-                s.idle_seconds,
-                s.min_memory_bytes,
-                s.max_gap_seconds,
-                s.coverage_ratio,
-                # Its own history is current unless the poll loop is stuck.
-                max_age_seconds=CURRENT_POLLS * self._history.poll_interval_seconds,
-            ),
+            rule=self._rule(),
             selection=Selection(window_seconds=s.idle_seconds, min_memory_bytes=s.min_memory_bytes),
             protections=self._protections,
             caller_uid=self._caller_uid,
-            server=None if self.server is None else self.server.for_check(snapshot.hostname),
+            server=self._server_lookup(snapshot.hostname),
             held_on=self._history.gpus_for,
+        )
+
+    def _rule(self) -> IdleRule:
+        s = self.settings
+        return IdleRule(
+            s.idle_seconds,
+            s.min_memory_bytes,
+            s.max_gap_seconds,
+            s.coverage_ratio,
+            # Its own history is current unless the poll loop is stuck.
+            max_age_seconds=CURRENT_POLLS * self._history.poll_interval_seconds,
+        )
+
+    def _server_lookup(self, hostname: str) -> ServerLookup | None:
+        """The server's history on the steady clock (``None``: not configured)."""
+        if self.server is None:
+            return None
+        return on_clock(self.server.for_check(hostname), self._wall() - self._clock())
+
+    def rejudge(self, decision: Decision, used_now: dict[int, int | None]) -> Decision:
+        """``decision`` judged again from the history as it is now, right before its
+        signal (:func:`~gpuwatch.agent.reaper.plan.rejudge`); called on the worker."""
+        return rejudge(
+            decision,
+            self._history.runs_for,
+            now=self._clock(),
+            planned_at=self._planned_at,
+            rule=self._rule(),
+            used_now=used_now,
+            server=self._server_lookup(self._planned_on),
         )
 
     def _contended(self, snapshot: HostSnapshot, decision: Decision, now: float) -> str | None:
@@ -273,6 +326,7 @@ class AutoReaper:
         if not warning.issued:
             return warning
         self.stats.warned()
+        deadline_epoch = warning.deadline + self._wall() - now
         summary = (
             f"{describe(decision)} will be stopped in {format_duration(wait)} unless it becomes active "
             f"({decision.detail}; {why})"
@@ -290,7 +344,7 @@ class AutoReaper:
             plan.hostname,
             stage="warning",
             summary=summary,
-            extra={"deadline": warning.deadline, "contention": why, "dry_run": self.dry_run},
+            extra={"deadline": deadline_epoch, "contention": why, "dry_run": self.dry_run},
         )
         return warning
 
@@ -358,6 +412,7 @@ class AutoReaper:
             self.warnings.pop(_key(decision), None)
             self._acted.add(_key(decision))
         batch = Plan(plan.now, plan.hostname, plan.boot_id, plan.window_seconds, decisions)
+        self._planned_at, self._planned_on = plan.now, plan.hostname
 
         def run() -> None:
             try:
@@ -368,9 +423,14 @@ class AutoReaper:
                 return
             for result in results:
                 self.stats.stopped(result.outcome)
+            # The events go out on daemon threads: an agent stopping right after this
+            # stop must not cut them off (the worker itself is waited for at exit).
+            self._executor.flush(_EVENT_FLUSH_SECONDS)
 
         if self._background:
-            self._worker = threading.Thread(target=run, name="gpuwatch-reaper", daemon=True)
+            # Not a daemon: an agent told to stop (systemctl restart) finishes and records
+            # the stop in progress before it exits, rather than dropping it mid-grace.
+            self._worker = threading.Thread(target=run, name="gpuwatch-reaper", daemon=False)
             self._worker.start()
         else:
             run()

@@ -1,7 +1,6 @@
 """The central server's history, for the part of a window the local agent did not see.
 
-The agent's history is in memory, so after an agent restart no process is idle for a
-full window until one has passed again. The central server keeps every process's
+The agent's history is in memory. The central server keeps every process's
 coarse samples (``GET /api/v1/processes/{id}/samples``: one bucket per
 ``sample_interval_seconds`` with the floor of the memory held and the busiest SM
 activity of the polls pushed in it). When the agent's history of a process begins
@@ -20,8 +19,10 @@ What is trusted, and how:
 * **Gaps are unknown, never idle.** A bucket is idle only when every poll pushed in
   it saw SM at 0, active above 0, unknown when a poll could not tell; a missing bucket
   (agent down, pushes failing, the process not listed) is a gap, exactly as in the
-  agent's history: a long one restarts the idle clock, short ones count against
-  coverage.
+  agent's history: the idle clock restarts after it, whatever its length. The
+  junction with the agent's history (the restart) is a gap too (:func:`combine`), so
+  the server's samples cannot make a process idle across an agent restart; they
+  decide a window that reaches back past the agent's own ``history``.
 * **Never instead of the agent's verdict.** The server is asked only when the agent's
   history does not already say "not idle" (activity, unknown activity or host CPU use
   anywhere in it), and only when the agent's history starts inside the window.
@@ -113,6 +114,36 @@ class ServerLookup(Protocol):
     ) -> list[Run] | None: ...
 
 
+def on_clock(lookup: ServerLookup, wall_ahead_seconds: float) -> ServerLookup:
+    """``lookup`` (epoch seconds: the server's buckets) on the reaper's steady clock
+    (:mod:`gpuwatch.agent.reaper.clock`), which the wall clock is ``wall_ahead_seconds``
+    ahead of now. The server's times are as good as the wall clock they were taken on;
+    the agent's own polls, on the steady clock, win wherever the two overlap."""
+    if wall_ahead_seconds == 0:
+        return lookup
+
+    def shifted(
+        *, gpu_index: int, gpu_uuid: str, pid: int, start_time: float, since: float
+    ) -> list[Run] | None:
+        runs = lookup(
+            gpu_index=gpu_index,
+            gpu_uuid=gpu_uuid,
+            pid=pid,
+            start_time=start_time,
+            since=since + wall_ahead_seconds,
+        )
+        if runs is None:
+            return None
+        d = wall_ahead_seconds
+        return [
+            Run(r.start - d, r.end - d, r.activity, r.low_bytes, r.high_bytes,
+                r.busiest_ratio, r.cpu_busy)
+            for r in runs
+        ]  # fmt: skip
+
+    return shifted
+
+
 def matches(
     lifetime: Lifetime,
     *,
@@ -180,11 +211,19 @@ def server_may_help(agent: list[Run] | None, *, window_start: float) -> bool:
     return agent[0].start > window_start
 
 
+# Where the server's runs meet the agent's there was an agent restart (or the agent
+# began watching the process): time nobody can show was observed. The server's
+# one-minute buckets cannot show that no poll was missed across it, so the junction is
+# a gap of at least this much, never bridged (gpuwatch.agent.reaper.evidence).
+JUNCTION_GAP_SECONDS = 1.0
+
+
 def combine(server: list[Run], agent: list[Run] | None) -> list[Run]:
-    """The server's runs up to where the agent's begin, then the agent's."""
+    """The server's runs up to where the agent's begin, then the agent's, with the
+    junction a gap (:data:`JUNCTION_GAP_SECONDS`)."""
     if not agent:
         return server
-    cut = agent[0].start
+    cut = agent[0].start - JUNCTION_GAP_SECONDS
     earlier = [
         Run(r.start, min(r.end, cut), r.activity, r.low_bytes, r.high_bytes, r.busiest_ratio)
         for r in server

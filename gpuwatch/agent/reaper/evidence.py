@@ -1,9 +1,17 @@
-"""The idle verdict over a process's runs: the shared rule, coverage, and host CPU.
+"""The idle verdict over a process's runs: the shared rule, gaps, coverage, host CPU.
 
 Runs (:mod:`gpuwatch.agent.reaper.history`) become the samples
 :func:`gpuwatch.detectors.detect_idle` reads, so the reaper and the server's ``idle``
 events apply one rule; then the share of the window the samples cover, and the host
 CPU signal, must agree.
+
+**A gap is never bridged.** Runs are fully observed: the agent's polls at most
+``cover_seconds`` (1.5 poll intervals) apart join one run, and each poll reads NVML's
+samples since the previous one, so that time is seen. Time between two runs was seen
+by nobody (failed polls, an agent restart, a missing server bucket), and a burst of
+work there would leave no trace once the driver's sample buffer has moved on. So the
+idle stretch starts after the newest gap, whatever its length, and the verdict says
+so when that is what keeps a process from the window.
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ def idle_evidence(
     """
     if not runs:
         return IdleEvidence(False, "no_history", "no history of this process yet")
+    all_runs = runs
+    runs, gap = after_last_gap(runs)
     samples = _samples(runs, max_gap_seconds)
     last = runs[-1]
     unobserved = now - last.end
@@ -79,25 +89,34 @@ def idle_evidence(
     )
     if stretch is None:
         if last.activity == "active":
-            return IdleEvidence(False, "active", f"active now (SM {last.busiest_ratio:.0%})")
+            if last.busiest_ratio > 0:
+                return IdleEvidence(
+                    False, "active", f"active now (busiest engine {last.busiest_ratio:.0%})"
+                )
+            return IdleEvidence(False, "active", "active now (its GPU memory is growing)")
         if last.activity == "unknown":
             return IdleEvidence(
                 False,
                 "unknown",
-                "NVML cannot tell its activity (no per-process SM; on MIG, no GPM for its "
-                "instance before Hopper)",
+                "NVML cannot tell its activity (no per-process utilisation, and the whole "
+                "GPU's figures cannot show an interval idle; on MIG, no GPM for its instance "
+                "before Hopper)",
             )
         return IdleEvidence(False, "below_min_memory", "holds less than the memory floor")
     idle_seconds = float(stretch.evidence["idle_seconds"])  # type: ignore[arg-type]
     if idle_seconds < window_seconds:
-        return IdleEvidence(
-            False,
-            "idle_too_short",
-            f"idle for {format_duration(idle_seconds)}, less than {format_duration(window_seconds)}",
-            idle_seconds=idle_seconds,
+        detail = (
+            f"idle for {format_duration(idle_seconds)}, less than {format_duration(window_seconds)}"
         )
+        if gap is not None and float(stretch.evidence["idle_since"]) <= runs[0].start:  # type: ignore[arg-type]
+            detail += (
+                f", since a gap of {format_duration(gap)} or more that nobody observed (failed "
+                "polls, an agent restart, a missing server bucket): unobserved time is never "
+                "idle, so the window starts after it"
+            )
+        return IdleEvidence(False, "idle_too_short", detail, idle_seconds=idle_seconds)
     begin = now - window_seconds
-    observed = sum(max(0.0, min(r.end, now) - max(r.start, begin)) for r in runs)
+    observed = sum(max(0.0, min(r.end, now) - max(r.start, begin)) for r in all_runs)
     coverage = min(1.0, observed / window_seconds) if window_seconds > 0 else 1.0
     if coverage < min_coverage:
         return IdleEvidence(
@@ -131,6 +150,21 @@ def idle_evidence(
         coverage_ratio=coverage,
         finding=finding,
     )
+
+
+# Runs closer than this are contiguous (floating-point noise in served or combined
+# times); anything more is time nobody observed.
+GAP_TOLERANCE_SECONDS = 1e-3
+
+
+def after_last_gap(runs: list[Run]) -> tuple[list[Run], float | None]:
+    """The runs after the newest gap between two of them, and that gap's length in
+    seconds (``None``: no gap). See the module docstring: a gap is never bridged."""
+    for i in range(len(runs) - 1, 0, -1):
+        gap = runs[i].start - runs[i - 1].end
+        if gap > GAP_TOLERANCE_SECONDS:
+            return runs[i:], gap
+    return runs, None
 
 
 def _samples(runs: list[Run], max_gap_seconds: float) -> list[Sample]:

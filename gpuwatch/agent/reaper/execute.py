@@ -3,28 +3,35 @@
 For each chosen process, in order: the ``decision`` rows of the whole plan are in the
 audit log before anything else happens; the killer re-checks identity through a
 pidfd and calls back here to confirm, on a *fresh* NVML observation, that the process
-is still listed, still idle and still unprotected; a ``signal`` row is fsynced before
-each signal; after the process is gone, NVML is read until it no longer lists the
-process (memory freed) or ``verify_seconds`` pass; an ``outcome`` row and a
-``reaped`` event close it. A dry run writes the decision rows and the events and
-sends nothing.
+is still listed, still idle and still unprotected, and (``rejudge``) that the
+history, read again *now*, still shows it idle for the whole window with nothing
+since the plan: the time between the plan and the signal (a prompt, earlier
+processes' grace periods) is judged like any other; a ``signal`` row is fsynced before
+each signal, with the figures of that moment (memory held, idle stretch); after the
+process is gone, NVML is read until it no longer lists the process (memory freed) or
+``verify_seconds`` pass; an ``outcome`` row and a ``reaped`` event close it. A stop
+cut short (Ctrl-C, SIGTERM, the agent stopping) still gets its ``outcome`` row,
+``interrupted``, and, once a signal may have gone out, its event. A dry run writes the
+decision rows and the events and sends nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpuwatch.agent.reaper.audit import AuditLog
 from gpuwatch.agent.reaper.events import Actor, describe, reaped_event
+from gpuwatch.agent.reaper.evidence import IdleEvidence
 from gpuwatch.agent.reaper.history import classify
 from gpuwatch.agent.reaper.killer import GONE, Killer, KillReport, Target
 from gpuwatch.agent.reaper.plan import Plan, unreadable_gpus
-from gpuwatch.agent.reaper.policy import Candidate, Decision, Protections, protection
+from gpuwatch.agent.reaper.policy import Candidate, Decision, Holding, Protections, protection
 from gpuwatch.agent.reaper.procfs import same_start
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 from gpuwatch.wire import ReportedEvent
@@ -36,6 +43,11 @@ class Observer(Protocol):
     """A fresh look at the GPUs: a new NVML poll (the CLI) or the agent's next one."""
 
     def observe(self) -> HostSnapshot | None: ...
+
+
+# The decision judged again from the history as it is now, given the memory held now
+# (GPU index -> bytes): :func:`gpuwatch.agent.reaper.plan.rejudge` over a fresh read.
+Rejudge = Callable[[Decision, dict[int, "int | None"]], Decision]
 
 
 @dataclass
@@ -105,11 +117,14 @@ class Executor:
         verify_seconds: float,
         force: bool = False,
         report: Callable[[ReportedEvent], object] | None = None,
+        rejudge: Rejudge | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._killer = killer
+        self.rejudge = rejudge
+        self._sending: list[threading.Thread] = []
         self._audit = audit
         self._observer = observer
         self._protections = protections
@@ -189,10 +204,23 @@ class Executor:
         return results
 
     def stop(self, decision: Decision, hostname: str) -> Result:
-        """Stop one chosen process and verify its memory was freed."""
+        """Stop one chosen process and verify its memory was freed.
+
+        The rows and the event carry the decision as judged at the recheck, right
+        before the first signal (memory held then, idle stretch then). Interrupted
+        (KeyboardInterrupt, SystemExit: Ctrl-C, SIGTERM), it writes an ``interrupted``
+        outcome, and sends the event if a signal may have gone out, then re-raises."""
         c = decision.candidate
         started = self._monotonic()
         assert c.start_time is not None and c.uid is not None  # the policy spares unknowns
+        target = Target(c.pid, c.start_time, c.uid)
+        latest = [decision]  # the decision as the last recheck judged it
+        signalled: list[str] = []  # signals whose row is written (maybe sent)
+
+        def recheck() -> str | None:
+            why, fresh = self._recheck(decision)
+            latest[0] = fresh
+            return why
 
         def before_signal(sig: signal.Signals) -> None:
             self.audit(
@@ -200,17 +228,24 @@ class Executor:
                 dry_run=False,
                 hostname=hostname,
                 signal=sig.name,
-                **decision_row(decision),
+                **decision_row(latest[0]),
             )
+            signalled.append(sig.name)
 
-        report = self._killer.stop(
-            Target(c.pid, c.start_time, c.uid),
-            recheck=lambda: self._recheck(c),
-            before_signal=before_signal,
-        )
+        try:
+            report = self._killer.stop(target, recheck=recheck, before_signal=before_signal)
+        except BaseException:
+            self._interrupted(latest[0], hostname, target, signalled)
+            raise
+        decision = latest[0]
+        c = decision.candidate
         result = Result(c.pid, report.outcome, report.detail, report.signals, c.memory_bytes)
         if report.outcome in GONE:
-            freed = self._wait_freed(c)
+            try:
+                freed = self._wait_freed(c)
+            except BaseException:
+                self._interrupted(decision, hostname, target, report.signals)
+                raise
             result.memory_freed = freed
             result.memory_freed_bytes = c.memory_bytes if freed else None
             result.seconds_to_freed = self._monotonic() - started if freed else None
@@ -240,11 +275,89 @@ class Executor:
         )
         return result
 
-    def _recheck(self, c: Candidate) -> str | None:
-        """Why ``c`` must not be signalled now, from a fresh observation; ``None``: go."""
+    def close_unfinished(self, rows: list[dict[str, Any]]) -> int:
+        """Record the stops of an earlier run of this actor (``via``) that were cut
+        short without their outcome (the agent was killed mid-stop): an
+        ``interrupted`` outcome row under that run, and the event. Returns how many."""
+        count = 0
+        for row in unfinished_stops(rows, via=self._actor.via):
+            try:
+                decision = _decision_from_row(row)
+                target = Target(int(row["pid"]), float(row["start_time"]), int(row["uid"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+            gone = self._killer.gone(target)
+            detail = (
+                f"interrupted after {row.get('signal')} (the {self._actor.via} stopped "
+                f"before the outcome); {'it has exited' if gone else 'it is still running'}"
+            )
+            self._audit.write(
+                {
+                    "run": row.get("run"),
+                    "event": "outcome",
+                    "host": row.get("host"),
+                    "actor": self._actor.as_dict(),
+                    "dry_run": False,
+                    **decision_row(decision),
+                    "outcome": "interrupted",
+                    "outcome_detail": detail,
+                    "signals": [row.get("signal")],
+                    "memory_freed": None,
+                    "memory_freed_bytes": None,
+                }
+            )
+            self.notify(
+                decision,
+                str(row.get("host") or ""),
+                stage="stopped" if gone else "failed",
+                summary=f"{describe(decision)}: stop by {self._actor.via} {detail}",
+                extra={"outcome": "interrupted", "outcome_detail": detail, "run": row.get("run")},
+            )
+            count += 1
+        return count
+
+    def _interrupted(
+        self, decision: Decision, hostname: str, target: Target, signalled: list[str]
+    ) -> None:
+        """Close a stop that was cut short: an ``interrupted`` outcome row and, when a
+        signal may have gone out, the event. Best effort: the interruption stands."""
+        if signalled:
+            gone = self._killer.gone(target)
+            state = "it has exited" if gone else "it was still running"
+            detail = f"interrupted after {', '.join(signalled)}; {state}"
+        else:
+            gone, detail = False, "interrupted before any signal; nothing was sent"
+        try:
+            self.audit(
+                "outcome",
+                dry_run=False,
+                hostname=hostname,
+                outcome="interrupted",
+                outcome_detail=detail,
+                signals=signalled,
+                memory_freed=None,
+                memory_freed_bytes=None,
+                **decision_row(decision),
+            )
+        except Exception:  # the audit log went away mid-stop: say so, do not mask the cause
+            log.exception("could not record the interrupted stop of pid %s", target.pid)
+        if signalled:
+            self.notify(
+                decision,
+                hostname,
+                stage="stopped" if gone else "failed",
+                summary=f"{describe(decision)}: stop by {self._actor.via} ({self._actor.who}) {detail}",
+                extra={"outcome": "interrupted", "outcome_detail": detail, "signals": signalled},
+            )
+
+    def _recheck(self, decision: Decision) -> tuple[str | None, Decision]:
+        """Why ``decision``'s process must not be signalled now, from a fresh
+        observation and (``rejudge``) the history read again (``None``: go), and the
+        decision with the figures of now."""
+        c = decision.candidate
         snapshot = self._observer.observe()
         if snapshot is None:
-            return "no fresh NVML reading to confirm it is still idle"
+            return "no fresh NVML reading to confirm it is still idle", decision
         # Every GPU it held memory on at plan time, not only those still listing it: on
         # one lost since, it may be busy and its memory there could never be seen freed.
         unreadable = unreadable_gpus(snapshot, c.holdings)
@@ -252,14 +365,34 @@ class Executor:
             return (
                 f"gpu{unreadable[0]} cannot be read now (lost, an NVML error, or no longer "
                 "listed): nothing is done on what cannot be seen"
-            )
+            ), decision
         entries = _entries(snapshot, c, alive_only=True)
         if not entries:
-            return "NVML no longer lists it: it holds no GPU memory now"
+            return "NVML no longer lists it: it holds no GPU memory now", decision
+        used_now = _used_by_gpu(entries)
+        fresh = replace(
+            decision,
+            candidate=replace(
+                c,
+                holdings=tuple(
+                    replace(h, used_bytes=used_now.get(h.gpu_index, h.used_bytes))
+                    for h in c.holdings
+                ),
+            ),
+        )
         if not self._force:
             for gpu, process in entries:
                 if classify(process, gpu) != "idle":
-                    return f"no longer idle on gpu{gpu.index}"
+                    return f"no longer idle on gpu{gpu.index}", fresh
+            if self.rejudge is not None:
+                fresh = self.rejudge(decision, used_now)
+                if fresh.verdict != "reap":
+                    return f"no longer idle enough to stop: {fresh.detail}", fresh
+        why = self._still_allowed(c, entries)
+        return why, fresh
+
+    def _still_allowed(self, c: Candidate, entries: list[tuple[Gpu, GpuProcess]]) -> str | None:
+        """Why the fresh facts of ``c`` protect it or make it not the caller's."""
         process = entries[0][1]
         fresh = Candidate(
             pid=c.pid,
@@ -312,9 +445,72 @@ class Executor:
             extra={"run": self._run_id, **(extra or {})},
         )
         try:
-            self._report(event)
+            handed = self._report(event)
         except Exception:  # a notification must never stop or undo a reap
             log.exception("could not hand over the reaped event for pid %s", event.pid)
+            return
+        if isinstance(handed, threading.Thread):
+            self._sending = [t for t in self._sending if t.is_alive()] + [handed]
+
+    def flush(self, timeout_seconds: float) -> None:
+        """Wait (at most ``timeout_seconds`` in all) for events still being sent in the
+        background (the agent's sink posts each on a daemon thread, which an exiting
+        agent would otherwise cut off)."""
+        deadline = self._monotonic() + timeout_seconds
+        for thread in self._sending:
+            thread.join(max(0.0, deadline - self._monotonic()))
+        self._sending = [t for t in self._sending if t.is_alive()]
+
+
+def unfinished_stops(rows: list[dict[str, Any]], *, via: str) -> list[dict[str, Any]]:
+    """The last ``signal`` row of each stop by ``via`` (per run and PID) that no
+    ``outcome`` row follows, oldest first."""
+    open_rows: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for row in rows:
+        actor = row.get("actor")
+        if not isinstance(actor, dict) or actor.get("via") != via:
+            continue
+        key = (row.get("run"), row.get("pid"))
+        if row.get("event") == "signal":
+            open_rows[key] = row
+        elif row.get("event") == "outcome":
+            open_rows.pop(key, None)
+    return list(open_rows.values())
+
+
+def _decision_from_row(row: dict[str, Any]) -> Decision:
+    """The decision an audit row records, enough for its event (raises on a bad row)."""
+    gpus = [int(g) for g in row.get("gpus") or []] or [0]
+    evidence = IdleEvidence(False, str(row.get("reason")), str(row.get("detail")),
+                            idle_seconds=row.get("idle_seconds"))  # fmt: skip
+    holdings = tuple(
+        Holding(gpu_index=g, gpu_uuid="", used_bytes=int(row.get("memory_bytes") or 0) if i == 0 else 0,
+                evidence=evidence)
+        for i, g in enumerate(gpus)
+    )  # fmt: skip
+    candidate = Candidate(
+        pid=int(row["pid"]),
+        start_time=float(row["start_time"]),
+        uid=int(row["uid"]),
+        user=row.get("user"),
+        name=None,
+        command=row.get("command"),
+        holdings=holdings,
+    )
+    return Decision(candidate, "reap", str(row.get("reason")), str(row.get("detail")))
+
+
+def _used_by_gpu(entries: list[tuple[Gpu, GpuProcess]]) -> dict[int, int | None]:
+    """GPU index -> bytes the process holds there now (``None``: not reported)."""
+    used: dict[int, int | None] = {}
+    for gpu, process in entries:
+        if gpu.index in used:
+            before = used[gpu.index]
+            both = before is not None and process.used_bytes is not None
+            used[gpu.index] = max(before, process.used_bytes) if both else None  # type: ignore[type-var]
+        else:
+            used[gpu.index] = process.used_bytes
+    return used
 
 
 def _entries(

@@ -28,12 +28,28 @@ Measured by ``bench/reaper.py``: a day of 8 GPUs x 200 processes costs well unde
 10 MiB. The history lives in memory: an agent restart starts it afresh, so no
 process is idle (for the reaper) until a full window after the restart.
 
-Where NVML cannot give per-process SM (a failed ``nvmlDeviceGetProcessUtilization``),
-a poll is still ``idle`` when the whole GPU's utilisation was 0 (nothing ran on it, so
-no process did). MIG GPUs report neither; there a process is judged by the activity of
-the GPU instance it runs in (GPM, Hopper and later: ``MigInstance.activity_ratio``):
-``idle`` at 0, ``active`` above, ``unknown`` when it could not be read (an A100, an
-older driver, the agent's first poll) or the process's instance is not known.
+Where NVML cannot give per-process activity (a failed
+``nvmlDeviceGetProcessUtilization``), the whole GPU's figures stand in, but only in
+one direction: a GPU whose kernels, video encoder or video decoder are busy makes the
+poll ``active`` for every process on it; a GPU that reads 0 on all three makes it
+``unknown``, never ``idle``. Those three figures are NVML's last sample period (1/6 s
+to 1 s), not the time since the previous poll, so a 0 says nothing of the seconds
+before it. MIG GPUs report neither; there a process is judged by the activity of the
+GPU instance it runs in (GPM, Hopper and later: ``MigInstance.activity_ratio``, which
+does cover the time since the previous poll): ``idle`` at 0, ``active`` above,
+``unknown`` when it could not be read (an A100, an older driver, the agent's first
+poll) or the process's instance is not known.
+
+**Memory that grows is activity**: a poll where the process holds more than
+:data:`MEMORY_GROWTH_BYTES` more than at its previous poll is ``active`` whatever its
+engines read (a model being loaded by DMA, or GPUDirect Storage, shows no SM).
+
+**Times** are the caller's (``observe(snapshot, at=...)``): the agent stamps each poll
+with its steady clock (``CLOCK_BOOTTIME`` plus a fixed offset,
+:func:`gpuwatch.agent.reaper.clock.steady_clock`), so a wall-clock step neither hides
+polls nor stretches a run. A poll stamped earlier than the previous one (which a
+steady clock never does) breaks the history: what came before is dropped, never
+joined.
 
 The agent serves it as JSON at ``GET /reaper/history``
 (:mod:`gpuwatch.agent.reaper.served`); :mod:`gpuwatch.agent.reaper.evidence` turns
@@ -51,6 +67,11 @@ from gpuwatch.agent.reaper.procfs import same_start
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 Activity = Literal["idle", "active", "unknown"]
+
+# More than this much growth of a process's memory between two polls is activity:
+# an allocation (a copy engine or DMA filling it), even with every engine at 0. Two
+# large pages, so that no page-granular accounting of an idle context counts.
+MEMORY_GROWTH_BYTES = 4 * 2**20
 
 
 @dataclass(slots=True)
@@ -81,6 +102,7 @@ class _Track:
     last_t: float
     last_cpu: float | None
     runs: list[Run]
+    last_used: int | None = None
 
 
 TrackKey = tuple[str, int, float | None]  # (GPU uuid, pid, process start time)
@@ -98,13 +120,27 @@ def _verdict(ratio: float | None) -> Activity:
 
 
 def activity_ratio(process: GpuProcess, gpu: Gpu) -> float | None:
-    """The busy share (0..1) that judges ``process`` in this poll: its own SM; else, on
-    MIG, its instance's activity; else its GPU's utilisation. ``None``: unknown."""
+    """The busy share (0..1) that judges ``process`` in this poll: its own busiest
+    engine; else, on MIG, its instance's activity; else the whole GPU's, when that shows
+    work (:func:`whole_gpu_activity`). ``None``: unknown."""
     if process.sm_ratio is not None:
         return process.sm_ratio
     if gpu.mig_instances:
         return _instance_activity(process, gpu)
-    return gpu.utilization_ratio
+    return whole_gpu_activity(gpu)
+
+
+def whole_gpu_activity(gpu: Gpu) -> float | None:
+    """The busiest of the GPU's kernel, encoder and decoder utilisation when one is
+    above 0 (every process on it may have done that work); ``None`` otherwise.
+
+    ``nvmlDeviceGetUtilizationRates`` and the encoder and decoder figures cover NVML's
+    last sample period (1/6 s to 1 s), not the time since the previous poll: a 0 there
+    cannot show that nothing ran in between, and a figure that could not be read shows
+    nothing at all. So this fallback can make a process active, never idle.
+    """
+    figures = [f for f in (gpu.utilization_ratio, gpu.encoder_ratio, gpu.decoder_ratio) if f]
+    return max(figures) if figures else None
 
 
 def _instance_activity(process: GpuProcess, gpu: Gpu) -> float | None:
@@ -153,9 +189,12 @@ class ProcessHistory:
         self._tracks: dict[TrackKey, _Track] = {}
         self._lock = threading.Lock()
 
-    def observe(self, snapshot: HostSnapshot) -> None:
-        """Add one poll. Polls must come in time order; an older or equal one is ignored."""
-        t = snapshot.collected_at
+    def observe(self, snapshot: HostSnapshot, *, at: float | None = None) -> None:
+        """Add one poll, stamped ``at`` (the agent's steady clock; ``None``: the
+        snapshot's ``collected_at``, for replays of recorded snapshots). A poll stamped
+        like the previous one is the same poll again and is ignored; one stamped
+        earlier breaks the history there (:meth:`_add`)."""
+        t = snapshot.collected_at if at is None else at
         polled = list(_observations(snapshot))
         cpu: dict[int, float | None] = {}
         if self._cpu_seconds is not None:
@@ -190,14 +229,29 @@ class ProcessHistory:
     ) -> None:
         runs = track.runs
         dt = t - track.last_t
-        if runs and dt <= 0:
-            return  # the same poll again, or one from the past
+        if runs and dt == 0:
+            return  # the same poll again
+        if runs and dt < 0:
+            # A stamp from before the previous poll: the clock went back (only a wall
+            # clock does). Joining it would hide this poll or stretch a run across
+            # time nobody observed, so nothing before it is kept: a gap, never idle.
+            runs.clear()
+            track.last_cpu = None
+            track.last_used = None
+        used = process.used_bytes
+        if (
+            activity == "idle"
+            and used is not None
+            and track.last_used is not None
+            and used - track.last_used > MEMORY_GROWTH_BYTES
+        ):
+            activity = "active"  # still allocating: not idle, whatever the engines say
+        track.last_used = used
         cpu_busy = False
-        if cpu is not None and track.last_cpu is not None and dt > 0:
+        if cpu is not None and track.last_cpu is not None and runs and dt > 0:
             cpu_busy = (cpu - track.last_cpu) / dt > self._cpu_busy_ratio
         track.last_cpu = cpu
-        covered = bool(runs) and dt <= self.cover_seconds
-        used = process.used_bytes
+        covered = bool(runs) and 0 < dt <= self.cover_seconds
         sm = ratio or 0.0
         last = runs[-1] if runs else None
         track.last_t = t

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gpuwatch.agent.reaper.clock import SteadyClock, steady_clock
 from gpuwatch.agent.reaper.history import ProcessHistory
 from gpuwatch.agent.reaper.procfs import ProcReader
 from gpuwatch.agent.reaper.served import history_report
@@ -24,6 +25,7 @@ from gpuwatch.wire import ReportedEvent
 
 if TYPE_CHECKING:
     from gpuwatch.agent.reaper.auto import AutoReaper, NextPoll
+    from gpuwatch.agent.reaper.execute import Executor
     from gpuwatch.agent.reaper.server_cache import CachedServerHistory
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,11 @@ class ReaperHooks:
     """History (always) and the automatic policy (when ``[agent.reap] enabled``).
 
     ``stats`` is the policy's counters (``None`` when it is off); they outlive a
-    policy that could not start, which they count as ``policy_disabled``.
+    policy that could not start, which they count as ``policy_disabled``. ``clock`` is
+    the reaper's steady clock (:mod:`gpuwatch.agent.reaper.clock`): every poll enters
+    the history stamped with it, not with the snapshot's wall-clock time.
+    ``boot_time`` is the btime the agent's start times are computed from, served with
+    the history so that ``gpuwatch reap`` can match them after a wall-clock step.
     """
 
     def __init__(
@@ -44,12 +50,14 @@ class ReaperHooks:
         next_poll: NextPoll | None = None,
         clock: Callable[[], float] = time.time,
         stats: PolicyStats | None = None,
+        boot_time: float | None = None,
     ) -> None:
         self.history = history
         self.auto = auto
         self.stats = auto.stats if auto is not None else stats
         self._next_poll = next_poll
         self._clock = clock
+        self._boot_time = boot_time
         self._host = ("", "")
 
     @classmethod
@@ -60,8 +68,11 @@ class ReaperHooks:
         report: Callable[[ReportedEvent], object] | None,
         clock: Callable[[], float] = time.time,
     ) -> ReaperHooks:
+        """The hooks for ``settings``; ``clock`` is the agent's wall clock (a test's fake
+        clock is taken as steady as it is: :func:`~gpuwatch.agent.reaper.clock.steady_clock`)."""
         r = settings.reap
         procs = ProcReader(settings.proc_root)
+        steady = steady_clock(clock)
         history = ProcessHistory(
             poll_interval_seconds=settings.poll_interval_seconds,
             history_seconds=max(r.history_seconds, r.idle_seconds + r.warn_before_seconds),
@@ -72,8 +83,8 @@ class ReaperHooks:
             cpu_min_bytes=r.min_memory_bytes,
         )
         if not r.enabled:
-            return cls(history, clock=clock)
-        return cls._with_policy(settings, history, procs, report=report, clock=clock)
+            return cls(history, clock=steady, boot_time=procs.boot_time)
+        return cls._with_policy(settings, history, procs, report=report, clock=clock, steady=steady)
 
     @classmethod
     def _with_policy(
@@ -84,6 +95,7 @@ class ReaperHooks:
         *,
         report: Callable[[ReportedEvent], object] | None,
         clock: Callable[[], float],
+        steady: Callable[[], float],
     ) -> ReaperHooks:
         """Hooks with the automatic policy, or with its counters only if it cannot start.
 
@@ -134,7 +146,8 @@ class ReaperHooks:
         except AuditError as err:
             log.error("reaper policy disabled: %s", err)
             stats.refused("policy_disabled")
-            return cls(history, clock=clock, stats=stats)
+            return cls(history, clock=steady, stats=stats, boot_time=procs.boot_time)
+        _close_unfinished(executor)
         auto = AutoReaper(
             r,
             history=history,
@@ -142,16 +155,17 @@ class ReaperHooks:
             protections=protections,
             caller_uid=caller_uid,
             can_signal=can_signal,
-            clock=clock,
+            clock=steady,
+            wall=clock,
             stats=stats,
-            server=_server_history(settings, clock),
+            server=_server_history(settings, steady),
         )
-        return cls(history, auto=auto, next_poll=next_poll, clock=clock)
+        return cls(history, auto=auto, next_poll=next_poll, clock=steady, boot_time=procs.boot_time)
 
     def after_poll(self, snapshot: HostSnapshot) -> None:
         """Feed the history, wake a waiting stop, and let the policy check."""
         self._host = (snapshot.hostname, snapshot.boot_id)
-        self.history.observe(snapshot)
+        self.history.observe(snapshot, at=self._clock())
         if self._next_poll is not None:
             self._next_poll.offer(snapshot)
         if self.auto is not None:
@@ -160,8 +174,15 @@ class ReaperHooks:
     def history_json(self, pid: int | None) -> bytes:
         """``GET /reaper/history``: :class:`~gpuwatch.agent.reaper.served.HistoryReport`."""
         hostname, boot_id = self._host
+        offset = self._clock.offset if isinstance(self._clock, SteadyClock) else None
         report = history_report(
-            self.history, hostname=hostname, boot_id=boot_id, generated_at=self._clock(), pid=pid
+            self.history,
+            hostname=hostname,
+            boot_id=boot_id,
+            generated_at=self._clock(),
+            pid=pid,
+            clock_offset_seconds=offset,
+            boot_time=self._boot_time,
         )
         return report.model_dump_json().encode()
 
@@ -172,6 +193,20 @@ class ReaperHooks:
     def note_oom(self, gpu_index: int | None, pid: int, at: float) -> None:
         if self.auto is not None:
             self.auto.note_oom(gpu_index, pid, at)
+
+
+def _close_unfinished(executor: Executor) -> None:
+    """Record the policy's stops that an earlier agent began and never finished (it
+    was killed mid-grace): each gets an ``interrupted`` outcome row and its event."""
+    from gpuwatch.agent.reaper.errors import AuditError
+
+    try:
+        closed = executor.close_unfinished(executor.audit_log.recent())
+    except AuditError as err:
+        log.error("could not record the stops an earlier agent left unfinished: %s", err)
+        return
+    if closed:
+        log.warning("recorded %d stop(s) an earlier agent left unfinished", closed)
 
 
 # Short: the policy asks from the poll loop, and a hung server costs one timeout per

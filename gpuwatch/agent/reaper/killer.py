@@ -145,6 +145,11 @@ class Killer:
         finally:
             self._close(fd)
 
+    def gone(self, target: Target) -> bool:
+        """Whether ``target`` is no longer running (exited, a zombie, or its PID now
+        names another process): for the record of a stop that was cut short."""
+        return self._check(target) is not None
+
     def _check(self, target: Target) -> KillReport | None:
         state = self._procs.read(target.pid)
         if state is None or state.exited:

@@ -18,7 +18,7 @@ from gpuwatch.agent.reaper.central import (
 )
 from gpuwatch.agent.reaper.errors import ReapRefused
 from gpuwatch.agent.reaper.evidence import IdleEvidence, format_duration, idle_evidence
-from gpuwatch.agent.reaper.history import Run, activity_ratio
+from gpuwatch.agent.reaper.history import MEMORY_GROWTH_BYTES, Run, activity_ratio
 from gpuwatch.agent.reaper.policy import (
     Candidate,
     Decision,
@@ -126,6 +126,8 @@ def make_plan(
             )
             for d in decisions
         ]
+    if not selection.force:
+        decisions = _spare_for_relatives(decisions, snapshot, runs_for, now=now, rule=rule)
     all_notes = list(notes or [])
     if caller_uid is not None:
         all_notes.append(
@@ -133,6 +135,96 @@ def make_plan(
             "others are listed and spared"
         )
     return Plan(now, snapshot.hostname, snapshot.boot_id, rule.window_seconds, decisions, all_notes)
+
+
+def _spare_for_relatives(
+    decisions: list[Decision],
+    snapshot: HostSnapshot,
+    runs_for: RunsLookup | None,
+    *,
+    now: float,
+    rule: IdleRule,
+) -> list[Decision]:
+    """Spare a process whose parent or child (among the GPU processes of
+    ``snapshot``, by ``ppid``) did GPU work in the window: a job's work may run in a
+    child on memory the parent holds and shares (CUDA IPC, ``torch.multiprocessing``:
+    the producer must stay alive), so stopping the parent breaks the child's work."""
+    if not any(d.verdict == "reap" for d in decisions):
+        return decisions
+    parent: dict[int, int] = {}
+    places: dict[int, list[tuple[Gpu, GpuProcess]]] = {}
+    for gpu in snapshot.gpus:
+        if gpu.lost or gpu.read_error is not None:
+            continue
+        for process in gpu.processes:
+            places.setdefault(process.pid, []).append((gpu, process))
+            if process.ppid is not None:
+                parent[process.pid] = process.ppid
+    out = []
+    for d in decisions:
+        busy = None
+        if d.verdict == "reap":
+            related = _relatives(d.candidate.pid, parent) & set(places)
+            busy = next(
+                (r for r in related if _worked(places.get(r, []), runs_for, now=now, rule=rule)),
+                None,
+            )
+        if busy is None:
+            out.append(d)
+            continue
+        kin = "parent" if parent.get(d.candidate.pid) == busy else "relative"
+        if parent.get(busy) == d.candidate.pid:
+            kin = "child"
+        out.append(
+            Decision(
+                d.candidate,
+                "spare",
+                "active",
+                f"its {kin} pid {busy} did GPU work within the window (it may use this "
+                "process's memory)",
+            )
+        )
+    return out
+
+
+def _relatives(pid: int, parent: dict[int, int]) -> set[int]:
+    """The ancestors and descendants of ``pid`` that ``parent`` (pid -> ppid, of GPU
+    processes) links it to; a chain through a process without a GPU context ends there."""
+    out: set[int] = set()
+    up, seen = parent.get(pid), {pid}
+    while up is not None and up not in seen:
+        seen.add(up)
+        out.add(up)
+        up = parent.get(up)
+    children = {pid}
+    while True:
+        more = {c for c, p in parent.items() if p in children and c not in children}
+        if not more:
+            break
+        children |= more
+    return (out | children) - {pid}
+
+
+def _worked(
+    places: list[tuple[Gpu, GpuProcess]],
+    runs_for: RunsLookup | None,
+    *,
+    now: float,
+    rule: IdleRule,
+) -> bool:
+    """Whether the process listed at ``places`` did (or may have done) GPU work in the
+    window: active now, or a history that is not idle all along (no history: unknown)."""
+    begin = now - rule.window_seconds
+    for gpu, process in places:
+        ratio = activity_ratio(process, gpu)
+        if ratio is None or ratio > 0:
+            return True
+        runs = None if runs_for is None else runs_for(gpu.uuid, process.pid, process.start_time)
+        if not runs or runs[0].start > begin:
+            return True  # not watched for the whole window: it may have worked
+        if any(r.activity != "idle" and r.end >= begin for r in runs):
+            return True
+    return False
 
 
 def candidates_from(
@@ -328,39 +420,14 @@ def _second_look(
         or any(not h.evidence.idle and h.evidence.reason not in SHORT_REASONS for h in holdings)
     ):
         return decision
-    begin = now - rule.window_seconds
     largest = c.largest.gpu_index
-    changed = []
-    for h in holdings:
-        agent = runs_for(h.gpu_uuid, c.pid, c.start_time)
-        if h.evidence.idle or not server_may_help(agent, window_start=begin):
-            changed.append(h)
-            continue
-        earlier = server(
-            gpu_index=h.gpu_index,
-            gpu_uuid=h.gpu_uuid,
-            pid=c.pid,
-            start_time=c.start_time,
-            since=begin,
+    changed = [
+        _with_server(
+            h, runs_for(h.gpu_uuid, c.pid, c.start_time), server, c,
+            now=now, rule=rule, largest=largest,
         )
-        if not earlier:
-            changed.append(h)
-            continue
-        evidence = idle_evidence(
-            combine(earlier, agent),
-            now=now,
-            window_seconds=rule.window_seconds,
-            min_bytes=rule.min_memory_bytes if h.gpu_index == largest else 0,
-            max_gap_seconds=rule.max_gap_seconds,
-            min_coverage=rule.min_coverage,
-            max_age_seconds=rule.max_age_seconds,
-        )
-        where = (
-            f"agent history for the last {format_duration(now - agent[0].start)}, the server's before"
-            if agent
-            else "from the server's history alone (the agent has none of it yet)"
-        )
-        changed.append(replace(h, evidence=replace(evidence, detail=f"{evidence.detail}; {where}")))
+        for h in holdings
+    ]  # fmt: skip
     (again,) = decide(
         [replace(c, holdings=tuple(changed))],
         selection=selection,
@@ -368,3 +435,111 @@ def _second_look(
         caller_uid=caller_uid,
     )
     return again
+
+
+def _with_server(
+    h: Holding,
+    agent: list[Run] | None,
+    server: ServerLookup,
+    c: Candidate,
+    *,
+    now: float,
+    rule: IdleRule,
+    largest: int,
+) -> Holding:
+    """``h`` judged on the server's runs before the agent's ``agent``, where that could
+    change its verdict (:func:`~gpuwatch.agent.reaper.central.server_may_help`)."""
+    begin = now - rule.window_seconds
+    if h.evidence.idle or c.start_time is None or not server_may_help(agent, window_start=begin):
+        return h
+    earlier = server(
+        gpu_index=h.gpu_index,
+        gpu_uuid=h.gpu_uuid,
+        pid=c.pid,
+        start_time=c.start_time,
+        since=begin,
+    )
+    if not earlier:
+        return h
+    evidence = idle_evidence(
+        combine(earlier, agent),
+        now=now,
+        window_seconds=rule.window_seconds,
+        min_bytes=rule.min_memory_bytes if h.gpu_index == largest else 0,
+        max_gap_seconds=rule.max_gap_seconds,
+        min_coverage=rule.min_coverage,
+        max_age_seconds=rule.max_age_seconds,
+    )
+    where = (
+        f"agent history for the last {format_duration(now - agent[0].start)}, the server's before"
+        if agent
+        else "from the server's history alone (the agent has none of it yet)"
+    )
+    return replace(h, evidence=replace(evidence, detail=f"{evidence.detail}; {where}"))
+
+
+def rejudge(
+    decision: Decision,
+    runs_for: RunsLookup | None,
+    *,
+    now: float,
+    planned_at: float,
+    rule: IdleRule,
+    used_now: dict[int, int | None],
+    server: ServerLookup | None = None,
+) -> Decision:
+    """``decision`` judged again right before a signal: the history as it is *now*
+    (``runs_for`` freshly read), idle up to ``now``, and the memory held ``used_now``
+    (GPU index -> bytes, from the fresh NVML reading).
+
+    ``reap`` only if every GPU it holds is still idle for the whole window, nothing on
+    any of them was active, unknown or CPU-busy after the plan (``planned_at``), and
+    its memory did not grow since the plan. Otherwise ``spare`` with the reason; the
+    decision's figures (memory, idle stretch, detail) are those of ``now`` either way,
+    for the audit row and the event. Nothing here is relaxed for a decision the plan
+    made with the server's help: the same server lookup judges the same way.
+    """
+    c = decision.candidate
+    largest = c.largest.gpu_index
+    holdings = []
+    spared: tuple[str, str] | None = None
+    for h in c.holdings:
+        used = used_now.get(h.gpu_index, h.used_bytes)
+        runs = None if runs_for is None else runs_for(h.gpu_uuid, c.pid, c.start_time)
+        evidence = (
+            IdleEvidence(False, "no_history", "no history to judge by any more")
+            if runs_for is None
+            else idle_evidence(
+                runs,
+                now=now,
+                window_seconds=rule.window_seconds,
+                min_bytes=rule.min_memory_bytes if h.gpu_index == largest else 0,
+                max_gap_seconds=rule.max_gap_seconds,
+                min_coverage=rule.min_coverage,
+                max_age_seconds=rule.max_age_seconds,
+            )
+        )
+        fresh = replace(h, used_bytes=used, evidence=evidence)
+        if server is not None and runs_for is not None and evidence.reason in SHORT_REASONS:
+            fresh = _with_server(fresh, runs, server, c, now=now, rule=rule, largest=largest)
+        holdings.append(fresh)
+        if spared is not None:
+            continue
+        since_plan = [
+            r for r in runs or () if r.end > planned_at and (r.activity != "idle" or r.cpu_busy)
+        ]
+        if since_plan:
+            what = "CPU-busy" if since_plan[-1].activity == "idle" else since_plan[-1].activity
+            spared = ("active", f"gpu{h.gpu_index}: {what} after the plan was made")
+        elif (
+            h.used_bytes is not None
+            and used is not None
+            and used - h.used_bytes > MEMORY_GROWTH_BYTES
+        ):
+            spared = ("active", f"gpu{h.gpu_index}: its memory grew since the plan was made")
+        elif not fresh.evidence.idle:
+            spared = (fresh.evidence.reason, f"gpu{h.gpu_index}: {fresh.evidence.detail}")
+    again = replace(c, holdings=tuple(holdings))
+    if spared is not None:
+        return Decision(again, "spare", spared[0], spared[1])
+    return Decision(again, "reap", decision.reason, again.largest.evidence.detail)

@@ -71,6 +71,11 @@ class ProcReader:
         self._boot_time = boot_time if boot_time is not None else read_boot_time(proc_root)
         self._ticks = os.sysconf("SC_CLK_TCK")
 
+    @property
+    def boot_time(self) -> float | None:
+        """The btime (epoch seconds) its start times are computed from, read once."""
+        return self._boot_time
+
     def read(self, pid: int) -> ProcState | None:
         """The process now, or ``None`` when there is no such PID (or it vanished mid-read)."""
         stat = self._stat(pid)

@@ -3,7 +3,15 @@
 :func:`history_report` builds the body from the agent's
 :class:`~gpuwatch.agent.reaper.history.ProcessHistory`; :func:`fetch_history` is how
 ``gpuwatch reap --agent URL`` reads it back. The body is strict and bounded: the
-command line takes it from another process. Times are epoch seconds.
+command line takes it from another process.
+
+Times are on the agent's steady clock (:mod:`gpuwatch.agent.reaper.clock`):
+``CLOCK_BOOTTIME`` plus ``clock_offset_seconds``, which the reader adds to its own
+``CLOCK_BOOTTIME`` to get "now" on the same clock, whatever the wall clock did. Without
+an offset (an agent before this field) they are epoch seconds. Start times are epoch
+seconds computed from ``boot_time``, the ``btime`` the agent read at its start; a
+reader whose ``btime`` differs (the wall clock stepped since) shifts its own start
+times by the difference before matching (:meth:`HistoryReport.lookups`).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import contextlib
 import ipaddress
 import os
 import pwd
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -68,12 +77,17 @@ class TrackOut(_Strict):
 
 
 class HistoryReport(_Strict):
-    """``GET /reaper/history``: the agent's runs per process and GPU (times epoch s)."""
+    """``GET /reaper/history``: the agent's runs per process and GPU (times on its
+    steady clock; see the module docstring)."""
 
     schema_version: Literal[1] = 1
     hostname: ShortStr
     boot_id: ShortStr
     generated_at: float
+    # Steady clock = CLOCK_BOOTTIME + this; None: the times are epoch seconds.
+    clock_offset_seconds: float | None = None
+    # The btime (epoch s) the agent's start times are computed from; None: unknown.
+    boot_time: float | None = None
     poll_interval_seconds: float
     cover_seconds: float
     history_seconds: float
@@ -106,6 +120,38 @@ class HistoryReport(_Strict):
             for t in self.tracks
             if t.pid == pid and same_start(t.start_time, start_time)
         )
+
+    def start_shift(self, local_boot_time: float | None) -> float:
+        """What to add to a start time computed from ``local_boot_time`` to get the
+        agent's: both are ``btime + ticks / CLK_TCK``, so they differ by the two btimes
+        (``/proc/stat`` moves btime with every wall-clock step; the agent read its own
+        once, at its start). 0 when either is unknown."""
+        if self.boot_time is None or local_boot_time is None:
+            return 0.0
+        return self.boot_time - local_boot_time
+
+    def lookups(self, local_boot_time: float | None) -> tuple[RunsFor, GpusFor]:
+        """:meth:`runs_for` and :meth:`gpus_for` for start times computed from
+        ``local_boot_time`` (:meth:`start_shift`)."""
+        shift = self.start_shift(local_boot_time)
+
+        def runs_for(gpu_uuid: str, pid: int, start_time: float | None) -> list[Run] | None:
+            return self.runs_for(gpu_uuid, pid, None if start_time is None else start_time + shift)
+
+        def gpus_for(pid: int, start_time: float | None) -> list[tuple[int, str]]:
+            return self.gpus_for(pid, None if start_time is None else start_time + shift)
+
+        return runs_for, gpus_for
+
+    def now_on_its_clock(self, wall: Callable[[], float], boot: Callable[[], float]) -> float:
+        """The reader's "now" on the clock these times are on (module docstring)."""
+        if self.clock_offset_seconds is None:
+            return wall()
+        return boot() + self.clock_offset_seconds
+
+
+RunsFor = Callable[[str, int, "float | None"], "list[Run] | None"]
+GpusFor = Callable[[int, "float | None"], "list[tuple[int, str]]"]
 
 
 def fetch_history(
@@ -151,12 +197,18 @@ def history_report(
     boot_id: str,
     generated_at: float,
     pid: int | None = None,
+    clock_offset_seconds: float | None = None,
+    boot_time: float | None = None,
 ) -> HistoryReport:
-    """Everything ``history`` keeps (or only ``pid``'s tracks), as the agent serves it."""
+    """Everything ``history`` keeps (or only ``pid``'s tracks), as the agent serves it.
+    ``generated_at`` is on the history's clock; ``clock_offset_seconds`` says which
+    that is (``None``: epoch seconds) and ``boot_time`` is the btime of its start times."""
     return HistoryReport(
         hostname=hostname,
         boot_id=boot_id,
         generated_at=generated_at,
+        clock_offset_seconds=clock_offset_seconds,
+        boot_time=boot_time,
         poll_interval_seconds=history.poll_interval_seconds,
         cover_seconds=history.cover_seconds,
         history_seconds=history.history_seconds,

@@ -131,13 +131,13 @@ class ReapSettings(BaseModel):
         alias="coverage",
         gt=0,
         le=1,
-        description="Share of the idle window the samples must cover; gaps are unknown time, never idle.",
+        description="Share of the idle window the samples must cover; gaps are unknown time, never idle, and the idle clock restarts after each.",
     )
     max_gap_seconds: Duration = Field(
         600.0,
         alias="max_gap",
         gt=0,
-        description="A gap in the samples longer than this (agent down, polls failing) restarts the idle clock.",
+        description="How long a process's history is kept across a gap in the samples, and how long a process not seen is remembered; every gap (agent down, polls failing) restarts the idle clock.",
     )
     cpu_busy_ratio: float = Field(
         0.1,

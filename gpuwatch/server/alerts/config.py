@@ -17,6 +17,8 @@ from gpuwatch.quantities import parse_bytes, parse_seconds
 Duration = Annotated[float, BeforeValidator(parse_seconds)]
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 Severity = Literal["info", "warning", "critical"]
+# The labels whose values make a group (and its group_key) unless group_by says otherwise.
+DEFAULT_GROUP_BY = ("rule", "hostname")
 # Labels an alert can carry; group_by and route matchers may name only these.
 LABELS = ("rule", "severity", "hostname", "gpu", "pid", "user", "team", "stage")
 # Rules that announce something that happened (a job ended, a process was reaped):
@@ -231,7 +233,7 @@ class AlertSettings(_Strict):
         15.0, alias="evaluation_interval", gt=0, description="How often rules are evaluated."
     )
     group_by: list[str] = Field(
-        default_factory=lambda: ["rule", "hostname"],
+        default_factory=lambda: list(DEFAULT_GROUP_BY),
         description="Alerts with the same values of these labels share one notification.",
     )
     group_wait_seconds: Duration = Field(

@@ -7,7 +7,9 @@ when an alert started firing since the last notification, or one that was notifi
 firing has resolved (sent only to receivers with ``send_resolved``); otherwise it
 repeats the firing alerts once ``repeat_interval`` has passed since the last
 notification. An alert that resolves before its group's first look was never
-notified, so its resolution is not either. A silenced alert that was notified firing
+notified, so its resolution is not either. Alertmanager receivers have no timers but a
+re-push every :data:`ALERTMANAGER_RESEND_SECONDS`: a new firing alert or a resolution
+is pushed at the evaluation that decided it. A silenced alert that was notified firing
 stays "told firing" while it is muted, so a resolution within the silence is sent
 once the silence ends (Alertmanager drops it: prometheus/alertmanager#226).
 
@@ -233,10 +235,17 @@ def _look(
     # the previous look by group_interval.
     last_look = state.flushed_at
     due = state.first_alert_at + wait if last_look is None else last_look + interval
+    new_firing = bool(set(firing) - notified)
+    if receiver.resend_seconds is not None and (
+        new_firing or (resolved and receiver.send_resolved)
+    ):
+        # Alertmanager hears of a change at the evaluation that decided it, as
+        # Prometheus sends it: riding on the next re-push, a resolution reached it up
+        # to a minute after the other receivers, and it showed the alert active meanwhile.
+        due = now
     if now < due:
         return state, None
     state = replace(state, flushed_at=now)
-    new_firing = bool(set(firing) - notified)
     repeat = (
         bool(firing) and state.notified_at is not None and now - state.notified_at >= repeat_after
     )

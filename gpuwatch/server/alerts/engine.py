@@ -74,7 +74,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.alerts import dispatch, lifecycle, rules
-from gpuwatch.server.alerts.config import AlertSettings
+from gpuwatch.server.alerts.config import DEFAULT_GROUP_BY, AlertSettings
 from gpuwatch.server.alerts.facts import read_facts
 from gpuwatch.server.alerts.lifecycle import AlertState
 from gpuwatch.server.alerts.models import AlertGroupRow, AlertRow, NotificationRow, SilenceRow
@@ -107,9 +107,9 @@ WRITE_CHUNK = 2000
 # The share of a run a receiver gets when it has no timeout_seconds of its own (the
 # receivers' default timeout).
 DEFAULT_TIMEOUT_SECONDS = 10.0
-# The group key of test notifications in the log (no alert group has it), before a
-# unique suffix.
-TEST_GROUP_KEY = "{test}"
+# Marks a test notification's group key in the notification log (after the key it
+# was sent with), before a unique suffix, so no alert group ever shares its row.
+TEST_LOG_SUFFIX = "test"
 _NOTIFICATIONS: Table = NotificationRow.__table__  # type: ignore[assignment]
 _GROUPS: Table = AlertGroupRow.__table__  # type: ignore[assignment]
 _ALERTS: Table = AlertRow.__table__  # type: ignore[assignment]
@@ -248,7 +248,7 @@ class AlertEngine:
         # evaluation plans their notifications again, superseding the ones written.
         with database.reader() as session:
             active = {a.fingerprint: a for a in _load(session, ("pending", "firing"))}
-        changed = lifecycle.advance(active, candidates, config, now=now)
+        changed = lifecycle.advance(active, candidates, config, now=now, sees=facts.sees)
         with database.writer() as session, session.begin():
             _store_alerts(session, changed)
         with database.reader() as session:
@@ -483,13 +483,20 @@ class AlertEngine:
             log.warning("notification %d: its deadline passed before an attempt", row.id)
 
     def test_receiver(
-        self, *, database: Database, name: str, external_url: str | None = None
+        self,
+        *,
+        database: Database,
+        name: str,
+        external_url: str | None = None,
+        group_by: Sequence[str] = DEFAULT_GROUP_BY,
     ) -> Attempt:
         """Send a sample notification to receiver ``name`` once (``alerts test-receiver``),
         and log it like any notification, so the receiver's state and counters show it.
-        ``external_url`` is the server's, as real notifications carry it."""
+        ``external_url`` and ``group_by`` are the server's, so the sample carries the
+        link and the ``group_key`` format real notifications do."""
         now = self._clock()
-        body = sample_notification(name, now, external_url=external_url).to_json()
+        sample = sample_notification(name, now, external_url=external_url, group_by=group_by)
+        body = sample.to_json()
         attempt = self._attempt(name, [body])
         status = {"sent": "sent", "broken": "broken"}.get(attempt.outcome, "failed")
         with database.writer() as session, session.begin():
@@ -497,7 +504,9 @@ class AlertEngine:
                 NotificationRow(
                     receiver=name,
                     # Each test its own row, even two in the same second.
-                    group_key=f"{TEST_GROUP_KEY} {uuid.uuid4().hex}",
+                    group_key=dispatch.bounded_key(
+                        f"{sample.group_key} {TEST_LOG_SUFFIX} {uuid.uuid4().hex}"
+                    ),
                     flush_at=now,
                     status=status,
                     body=body,
@@ -691,9 +700,15 @@ def _holders_above(config: AlertSettings) -> float:
 
 
 def sample_notification(
-    receiver: str, now: float, *, external_url: str | None = None
+    receiver: str,
+    now: float,
+    *,
+    external_url: str | None = None,
+    group_by: Sequence[str] = DEFAULT_GROUP_BY,
 ) -> Notification:
-    """What ``alerts test-receiver`` sends: a plausible filling-up alert, marked a test."""
+    """What ``alerts test-receiver`` sends: a plausible filling-up alert, marked a test
+    (rule ``test``), grouped by ``group_by`` as a real alert would be: a consumer that
+    parses ``group_key`` (``{rule='test',hostname='gpuwatch-test'}``) can check that too."""
     from gpuwatch.server.notifications.model import NotifiedAlert
 
     labels = {"rule": "test", "severity": "info", "hostname": "gpuwatch-test", "gpu": "0"}
@@ -710,8 +725,9 @@ def sample_notification(
             Culprit(4242, "alice", "python train.py", 20 * 2**30, slope_bytes_per_second=2**30 / 60)
         ],
     )
+    group_key, group_labels = dispatch.group_of(labels, list(group_by))
     return Notification(
-        receiver, TEST_GROUP_KEY, {"rule": "test"}, "firing", [alert], external_url=external_url
+        receiver, group_key, group_labels, "firing", [alert], external_url=external_url
     )
 
 

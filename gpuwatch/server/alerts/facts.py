@@ -26,7 +26,11 @@ ALERTED_KINDS = ("orphaned", "runaway", "idle", "filling_up", "gpu_lost", "agent
 
 @dataclass(frozen=True)
 class Holder:
-    """A process holding memory on a GPU now (an open lifetime)."""
+    """A process holding memory on a GPU now (an open lifetime).
+
+    ``lifetime_id`` and ``first_seen_at`` (epoch seconds) say which process it is: a PID
+    alone does not, once the kernel hands it to another process. None where unknown
+    (facts built by hand)."""
 
     pid: int
     user: str | None
@@ -35,6 +39,8 @@ class Holder:
     container_id: str | None = None
     pod_uid: str | None = None
     slurm_job_id: str | None = None
+    lifetime_id: int | None = None
+    first_seen_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,8 @@ class GpuFact:
     total_bytes: int | None
     used_bytes: int | None
     unattributed_bytes: int | None
-    # False when the host is silent or the GPU unreadable: its figures are stale.
+    # False when the host is silent or retired, or the GPU lost or unreadable: its
+    # figures are stale.
     current: bool
     holders: tuple[Holder, ...] = ()
     # The lowest used memory over the lookback (from the GPU's recent window), read for
@@ -85,6 +92,8 @@ class EventFact:
     summary: str
     evidence: dict[str, Any]
     holder: Holder | None = None
+    # When the event was last observed, with the evidence it carries (epoch seconds).
+    seen_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,18 @@ class Facts:
     ended: list[EndedProcess] = field(default_factory=list)
     # ``reaped`` point events of the announcement window, newest last.
     reaped: list[EventFact] = field(default_factory=list)
+    # What cannot be seen now: ``(hostname, None)`` for a silent host, ``(hostname,
+    # gpu)`` for a GPU that is lost or unreadable (a retired host is neither: it is
+    # gone). A rule finds nothing there, and that is not news that its condition ended.
+    unseen: frozenset[tuple[str, int | None]] = frozenset()
+
+    def sees(self, labels: dict[str, str]) -> bool:
+        """Whether the host and GPU an alert's ``labels`` name can be seen now."""
+        hostname = labels.get("hostname", "")
+        if (hostname, None) in self.unseen:
+            return False
+        gpu = labels.get("gpu")
+        return gpu is None or not gpu.isdigit() or (hostname, int(gpu)) not in self.unseen
 
 
 def read_facts(
@@ -127,7 +148,8 @@ def read_facts(
     its threshold, counted from when this server started (``up_since``) at the
     earliest, as ``agent_silent`` counts it: while the server was down its agents spooled,
     and before their first push after a restart every alert on their figures resolved
-    and fired again as a new one (a filling-up warning, an ECC alert).
+    and fired again as a new one (a filling-up warning, an ECC alert). Such a host, and
+    a GPU lost or unreadable, is listed in ``Facts.unseen``; a retired host is not.
 
     Holders (open lifetimes) are read only for the GPUs a rule can name them on: those
     with an open filling-up or idle event, and those at or above ``holders_above``
@@ -142,9 +164,11 @@ def read_facts(
             Gpu.memory_used_bytes,
             Gpu.unattributed_bytes,
             Gpu.lost,
+            Gpu.read_error,
             Host.hostname,
             Host.last_received_at,
             Host.push_interval_seconds,
+            Host.retired_at,
             Gpu.ecc_uncorrected_volatile,
             Gpu.xid_errors,
             Gpu.xid_last_code,
@@ -168,10 +192,20 @@ def read_facts(
             Event.summary,
             Event.evidence,
             Event.lifetime_id,
+            Event.last_seen_at,
         )
         .join(Host, Host.id == Event.host_id)
         .where(Event.ended_at.is_(None), Event.kind.in_(ALERTED_KINDS))
     ).all()
+    silent = {
+        row.hostname
+        for row in session.execute(
+            select(Host.hostname, Host.last_received_at, Host.push_interval_seconds).where(
+                Host.retired_at.is_(None)
+            )
+        )
+        if not _fresh(row, settings, now=now, up_since=up_since)
+    }
     gpu_ids = {(row.host_id, row.gpu_index): row.id for row in gpu_rows}
     wanted = {
         gpu_ids[(e.host_id, e.gpu_index)]
@@ -196,6 +230,12 @@ def read_facts(
         and row.memory_used_bytes / row.memory_total_bytes >= holders_above
     ]
     lowest = _lowest_recent(session, full, since=now - lookback_seconds)
+    # Lost or unreadable: the row keeps the last figures read (ingest/apply.py).
+    unreadable = {
+        (row.hostname, row.gpu_index)
+        for row in gpu_rows
+        if (row.lost or row.read_error is not None) and row.retired_at is None
+    }
     gpus = [
         GpuFact(
             hostname=row.hostname,
@@ -203,7 +243,9 @@ def read_facts(
             total_bytes=row.memory_total_bytes,
             used_bytes=row.memory_used_bytes,
             unattributed_bytes=row.unattributed_bytes,
-            current=_fresh(row, settings, now=now, up_since=up_since) and not row.lost,
+            current=row.retired_at is None
+            and row.hostname not in silent
+            and (row.hostname, row.gpu_index) not in unreadable,
             holders=tuple(sorted(holders.get(row.id, []), key=lambda h: -(h.memory_bytes or 0))),
             lowest_recent_bytes=lowest.get(row.id),
             health=_health(row),
@@ -223,12 +265,14 @@ def read_facts(
             summary=e.summary,
             evidence=e.evidence or {},
             holder=None if e.lifetime_id is None else by_lifetime.get(e.lifetime_id),
+            seen_at=e.last_seen_at,
         )
         for e in event_rows
     ]
     ended = [] if ended_since is None else _ended(session, ended_since)
     reaped = [] if reaped_since is None else _reaped(session, reaped_since)
-    return Facts(gpus=gpus, events=events, ended=ended, reaped=reaped)
+    unseen = frozenset({(hostname, None) for hostname in silent} | unreadable)
+    return Facts(gpus=gpus, events=events, ended=ended, reaped=reaped, unseen=unseen)
 
 
 def _reaped(session: Session, since: float) -> list[EventFact]:
@@ -310,6 +354,7 @@ def _holders(
         ProcessLifetime.container_id,
         ProcessLifetime.pod_uid,
         ProcessLifetime.slurm_job_id,
+        ProcessLifetime.first_seen_at,
     )
     by_gpu: dict[int, list[Holder]] = {}
     by_lifetime: dict[int, Holder] = {}
@@ -321,7 +366,7 @@ def _holders(
                 ProcessLifetime.ended_at.is_(None), ProcessLifetime.gpu_id.in_(chunk)
             )
         ):
-            holder = _holder(row[2:])
+            holder = _holder(row[2:10], lifetime_id=row.id, first_seen_at=row.first_seen_at)
             by_gpu.setdefault(row.gpu_id, []).append(holder)
             by_lifetime[row.id] = holder
     missing = sorted(set(lifetime_ids) - set(by_lifetime))
@@ -329,11 +374,15 @@ def _holders(
         for row in session.execute(
             select(*columns).where(ProcessLifetime.id.in_(missing[start : start + _CHUNK]))
         ):
-            by_lifetime[row.id] = _holder(row[2:])
+            by_lifetime[row.id] = _holder(
+                row[2:10], lifetime_id=row.id, first_seen_at=row.first_seen_at
+            )
     return by_gpu, by_lifetime
 
 
-def _holder(values: Any) -> Holder:
+def _holder(
+    values: Any, *, lifetime_id: int | None = None, first_seen_at: float | None = None
+) -> Holder:
     pid, user, command, name, memory, container_id, pod_uid, slurm_job_id = values
     return Holder(
         pid=pid,
@@ -343,6 +392,8 @@ def _holder(values: Any) -> Holder:
         container_id=container_id,
         pod_uid=pod_uid,
         slurm_job_id=slurm_job_id,
+        lifetime_id=lifetime_id,
+        first_seen_at=first_seen_at,
     )
 
 

@@ -7,18 +7,29 @@
 * A firing alert whose condition stops holding stays firing for ``keep_firing_for``
   after it last held (``last_true_at``), then is ``resolved`` (``resolved_at``). A
   resolved alert is final: if its condition returns, a new alert starts, pending.
+* Missing data is not news that a condition ended. An alert whose host is silent, or
+  whose GPU is lost or unreadable (``sees`` says no), stays as it is (pending, or
+  firing with its last content) for as long as that lasts (``agent_silent`` or
+  ``gpu_lost`` says why); once the host or GPU is seen again, it holds or ends on what
+  is seen. A retired host is seen as gone: its alerts end. Exempt: the rules about the
+  missing data itself, and announcements (they end with their announcement window).
 
 Pure: states and candidates in, the states that changed out. Times are epoch seconds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwatch.server.alerts.config import AlertSettings
+from gpuwatch.server.alerts.config import ANNOUNCEMENTS, AlertSettings
 from gpuwatch.server.alerts.rules import Candidate
 from gpuwatch.server.notifications.model import Culprit
+
+# Rules whose condition is that a host or GPU cannot be seen, and announcements, which
+# end with their window: they are never held for want of data.
+_ABOUT_UNSEEN = frozenset({"agent_silent", "gpu_lost", *ANNOUNCEMENTS})
 
 
 @dataclass(frozen=True)
@@ -51,9 +62,12 @@ def advance(
     settings: AlertSettings,
     *,
     now: float,
+    sees: Callable[[dict[str, str]], bool] = lambda labels: True,
 ) -> list[AlertState]:
     """Move every active (pending or firing) alert and every candidate one evaluation
-    forward; return the alerts that changed (new, updated, fired, resolved, dropped)."""
+    forward; return the alerts that changed (new, updated, fired, resolved, dropped).
+    ``sees(labels)``: whether the host and GPU an alert names can be seen now
+    (:meth:`~gpuwatch.server.alerts.facts.Facts.sees`)."""
     changed: list[AlertState] = []
     holding = {c.fingerprint: c for c in candidates}
     for fp, candidate in holding.items():
@@ -86,6 +100,8 @@ def advance(
     for fp, current in active.items():
         if fp in holding:
             continue
+        if current.rule not in _ABOUT_UNSEEN and not sees(current.labels):
+            continue  # held, pending or firing: nothing says its condition ended
         if current.state == "pending":
             changed.append(replace(current, dropped=True))
             continue

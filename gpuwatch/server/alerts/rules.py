@@ -96,6 +96,13 @@ def culprit(holder: Holder, slope: float | None = None) -> Culprit:
     )
 
 
+def growth_rate(slope: float | None) -> float | None:
+    """A culprit's growth rate as receivers may show it: only a floor that rose. A
+    process that grew the GPU by arriving (a new worker at its full size) has a flat
+    floor, slope 0: shown as "+0 B/min" under "growing" it read as a made-up figure."""
+    return slope if slope is not None and slope > 0 else None
+
+
 def describe(c: Culprit) -> str:
     """``alice's pid 4242 (python train.py, pod 1a2b) holds 20.0 GiB, +1.0 GiB/min``:
     one line, its user-given parts with control and bidi characters escaped."""
@@ -109,8 +116,9 @@ def describe(c: Culprit) -> str:
     text = printable(f"{c.user or 'unknown user'}'s pid {c.pid} ({', '.join(where)})")
     if c.memory_bytes is not None:
         text += f" holds {format_bytes(c.memory_bytes)}"
-    if c.slope_bytes_per_second:
-        text += f", +{format_bytes(c.slope_bytes_per_second * 60)}/min"
+    rate = growth_rate(c.slope_bytes_per_second)
+    if rate is not None:
+        text += f", +{format_bytes(rate * 60)}/min"
     return text
 
 
@@ -129,7 +137,9 @@ def _filling_up(
             continue
         if 1 - ratio >= rule.free_ratio or ttf > rule.within_seconds:
             continue
-        culprits = [_filling_culprit(raw, gpu) for raw in event.evidence.get("culprits", [])]
+        culprits = [
+            _filling_culprit(raw, gpu, event.seen_at) for raw in event.evidence.get("culprits", [])
+        ]
         top = f"; growing: {describe(culprits[0])}" if culprits else ""
         yield Candidate(
             rule=name,
@@ -144,20 +154,51 @@ def _filling_up(
         )
 
 
-def _filling_culprit(raw: dict[str, object], gpu: GpuFact) -> Culprit:
+def _filling_culprit(raw: dict[str, object], gpu: GpuFact, taken_at: float | None) -> Culprit:
+    """The culprit the evidence names (taken at ``taken_at``), with its holder's current
+    memory when that holder is the same process: a PID alone is not, once the grower
+    exits and the kernel hands its PID to another process before the next bucket close
+    recomputes the evidence (the new one took the blame, with the old one's rate)."""
     pid = int(raw["pid"])  # type: ignore[call-overload]
-    holder = next((h for h in gpu.holders if h.pid == pid), None)
     slope = raw.get("slope_bytes_per_second")
-    slope_value = float(slope) if isinstance(slope, int | float) else None
+    rate = growth_rate(float(slope) if isinstance(slope, int | float) else None)
+    holder = next((h for h in gpu.holders if _same_process(raw, h, taken_at)), None)
     if holder is not None:
-        return culprit(holder, slope_value)
+        return culprit(holder, rate)
+
+    def text(name: str) -> str | None:
+        value = raw.get(name)
+        return value if isinstance(value, str) else None
+
     memory = raw.get("memory_bytes")
     return Culprit(
         pid=pid,
-        user=raw.get("user") if isinstance(raw.get("user"), str) else None,  # type: ignore[arg-type]
-        command=raw.get("command") if isinstance(raw.get("command"), str) else None,  # type: ignore[arg-type]
+        user=text("user"),
+        command=text("command"),
         memory_bytes=memory if isinstance(memory, int) else None,
-        slope_bytes_per_second=slope_value,
+        container_id=text("container_id"),
+        pod_uid=text("pod_uid"),
+        slurm_job_id=text("slurm_job_id"),
+        slope_bytes_per_second=rate,
+    )
+
+
+def _same_process(raw: dict[str, object], holder: Holder, taken_at: float | None) -> bool:
+    """Whether ``holder`` is the process an evidence culprit names: its lifetime where
+    the evidence carries one; else its PID, a lifetime that had begun when the evidence
+    was taken (a process first seen later cannot be what grew before), and no owner or
+    command other than the one the evidence recorded."""
+    lifetime_id = raw.get("lifetime_id")
+    if isinstance(lifetime_id, int) and holder.lifetime_id is not None:
+        return holder.lifetime_id == lifetime_id
+    if holder.pid != raw.get("pid"):
+        return False
+    begun = holder.first_seen_at
+    if taken_at is not None and begun is not None and begun > taken_at:
+        return False
+    recorded = ((raw.get("user"), holder.user), (raw.get("command"), holder.command))
+    return not any(
+        isinstance(then, str) and now is not None and then != now for then, now in recorded
     )
 
 

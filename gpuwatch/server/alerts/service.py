@@ -27,9 +27,10 @@ class SilenceNotFound(GpuwatchError):
 
 def count_alerts(*, session: Session, states: tuple[str, ...]) -> int:
     """How many alerts are in ``states`` (the list stops at :data:`MAX_ALERTS`)."""
-    return session.scalar(
-        select(func.count()).select_from(AlertRow).where(AlertRow.state.in_(states))
-    ) or 0
+    return (
+        session.scalar(select(func.count()).select_from(AlertRow).where(AlertRow.state.in_(states)))
+        or 0
+    )
 
 
 def list_alerts(

@@ -187,6 +187,7 @@ def test_receiver(context: Context, name: str = Path(max_length=256, pattern=NO_
         database=context.database,
         name=name,
         external_url=context.settings.alerts.external_url,
+        group_by=context.settings.alerts.group_by,
     )
     return TestResult(
         receiver=name,

@@ -40,7 +40,15 @@ class GpuOut(BaseModel):
     unattributed_bytes: int | None
     utilization_ratio: float | None
     last_seen_at: float
-    processes: list[ProcessOut]
+    processes: list[ProcessOut] = Field(
+        description="Its open processes, the largest holders first: at most"
+        " MAX_PROCESSES_SHOWN (100); the rest are counted in processes_total and listed by"
+        " GET /api/v1/processes?host=...&gpu=...&open=true."
+    )
+    processes_total: int = Field(description="How many open processes it has in all.")
+    processes_truncated: bool = Field(
+        description="True when processes lists fewer than processes_total."
+    )
 
 
 class HostDetail(HostOut):

@@ -7,6 +7,14 @@ Rules worth knowing:
   nothing about its processes, so their lifetimes stay open, untouched.
 * A new ``boot_id`` ends every open lifetime of the host at its last observation:
   no process survives a reboot.
+* Who a process was (name, command, user, uid, container, pod, job) is never
+  forgotten: an unknown value (``None``) in a later snapshot leaves the known one
+  stored. A process listed without a start time (its PID is dead or hidden: ``/proc``
+  has nothing left to read) is a new lifetime, keyed ``(gpu, pid, None)``; it takes
+  the identity of the lifetime that held the same PID on the same GPU until now (open,
+  or ended within the reopen window), because NVML's context is that process's: the
+  ``dead_pid`` event names whose process died. A process with a start time is its own
+  and inherits nothing (a reused PID is another process).
 * Downsampling: a bucket is ``[phase + k * interval, phase + (k + 1) * interval)`` of
   snapshot time, where ``phase`` is the host's own (:func:`bucket_phase`). Each
   lifetime and GPU accumulates the bucket it is in (process: lowest and highest
@@ -279,7 +287,8 @@ def _open_new_lifetimes(
     # Without a start time only a recent close is trusted to be the same.
     push_interval = state.host.push_interval_seconds or settings.agent_push_interval_seconds
     reopen_after = at - 2 * max(settings.sample_interval_seconds, push_interval)
-    for lifetime in state.closed_matches(new):
+    closed = state.closed_matches(new)
+    for lifetime in closed:
         identity = lifetime.identity
         if identity not in new or identity in state.open:
             continue
@@ -287,24 +296,68 @@ def _open_new_lifetimes(
             continue
         state.reopen(lifetime)
         del new[identity]
+    recent = [lt for lt in closed if (lt.ended_at or 0.0) >= reopen_after]
     state.add_lifetimes(
-        [_new_lifetime(gpu_id, process, at=at) for (gpu_id, _, _), process in new.items()]
+        [
+            _new_lifetime(
+                gpu_id,
+                process,
+                at=at,
+                known=(
+                    _predecessor(state, recent, gpu_id, process)
+                    if process.start_time is None
+                    else None
+                ),
+            )
+            for (gpu_id, _, _), process in new.items()
+        ]
     )
 
 
-def _new_lifetime(gpu_id: int, process: GpuProcess, *, at: float) -> dict[str, Any]:
+def _predecessor(
+    state: HostState, recent: list[LifetimeRow], gpu_id: int, process: GpuProcess
+) -> LifetimeRow | None:
+    """The lifetime whose identity a process listed without a start time takes: the one
+    that held its PID on its GPU until now, open (listed until this snapshot) before one
+    ended recently (``recent``), the latest of each (module docstring)."""
+    same = [lt for lt in state.open.values() if lt.gpu_id == gpu_id and lt.pid == process.pid]
+    if same:
+        return max(same, key=lambda lt: lt.last_seen_at)
+    ended = [lt for lt in recent if lt.gpu_id == gpu_id and lt.pid == process.pid]
+    return max(ended, key=lambda lt: lt.ended_at or 0.0) if ended else None
+
+
+def _identity_of(process: GpuProcess) -> dict[str, Any]:
+    """The lifetime columns that say who a process is: where one is unknown (None), the
+    value stored or inherited stays (module docstring)."""
+    owner = process.owner
+    return {
+        "name": process.name,
+        "command": process.command,
+        "user": owner.user,
+        "uid": owner.uid,
+        "container_id": owner.container_id,
+        "pod_uid": owner.pod_uid,
+        "slurm_job_id": owner.slurm_job_id,
+    }
+
+
+def _new_lifetime(
+    gpu_id: int, process: GpuProcess, *, at: float, known: LifetimeRow | None = None
+) -> dict[str, Any]:
+    """A new lifetime's row; ``known``: the lifetime whose identity fills what
+    ``process`` does not say (:func:`_predecessor`)."""
+    identity = _identity_of(process)
+    if known is not None:
+        for column, value in identity.items():
+            if value is None:
+                identity[column] = getattr(known, column)
     return {
         "gpu_id": gpu_id,
         "pid": process.pid,
         "start_time": process.start_time,
         "kind": process.kind,
-        "name": process.name,
-        "command": process.command,
-        "user": process.owner.user,
-        "uid": process.owner.uid,
-        "container_id": process.owner.container_id,
-        "pod_uid": process.owner.pod_uid,
-        "slurm_job_id": process.owner.slurm_job_id,
+        **identity,
         "orphaned": process.orphaned,
         "first_seen_at": at,
         "last_seen_at": at,
@@ -330,13 +383,9 @@ def _observe(
 ) -> Sample | None:
     """Update a lifetime from its process; return the sample of a bucket it closed."""
     lifetime.kind = process.kind
-    lifetime.name = process.name
-    lifetime.command = process.command
-    lifetime.user = process.owner.user
-    lifetime.uid = process.owner.uid
-    lifetime.container_id = process.owner.container_id
-    lifetime.pod_uid = process.owner.pod_uid
-    lifetime.slurm_job_id = process.owner.slurm_job_id
+    for column, value in _identity_of(process).items():
+        if value is not None:  # a process that exits mid-read leaves a half-read identity
+            setattr(lifetime, column, value)
     lifetime.orphaned = process.orphaned
     lifetime.last_seen_at = at
     lifetime.current_bytes = process.used_bytes

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -185,14 +186,24 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Deadline:
-    """When a request's time budget runs out, on ``clock`` (monotonic seconds)."""
+    """When a request's time budget runs out, on ``clock`` (monotonic seconds).
+
+    ``answer_by`` is the same moment on the event loop's clock (``time.monotonic``),
+    where the request waits for its answer (ingest/writer.py): a test's injected
+    ``clock`` moves the budget for the server's checks without moving the wait.
+    """
 
     at: float
     clock: Callable[[], float]
+    answer_by: float = math.inf
 
     @classmethod
     def after(cls, seconds: float, *, clock: Callable[[], float]) -> Deadline:
-        return cls(at=clock() + seconds, clock=clock)
+        return cls(at=clock() + seconds, clock=clock, answer_by=time.monotonic() + seconds)
+
+    def wait_left(self) -> float:
+        """Seconds the request may still wait for its answer, on the loop's clock."""
+        return max(0.0, self.answer_by - time.monotonic())
 
     def passed(self) -> bool:
         return self.clock() >= self.at

@@ -340,6 +340,9 @@ def _name_culprits(finding: Finding, by_pid: dict[int, LifetimeRow]) -> Finding:
         if lifetime is not None:
             culprit = {
                 **culprit,
+                # Which process it is: a PID alone is not, once the kernel reuses it
+                # (the alert rules match the current holder by this).
+                "lifetime_id": lifetime.id,
                 "user": lifetime.user,
                 "command": lifetime.command or lifetime.name,
                 "memory_bytes": lifetime.current_bytes,

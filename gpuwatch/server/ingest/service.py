@@ -3,7 +3,9 @@
 What "accepted" promises: the snapshot's key is committed in ``snapshots_seen`` in
 the same transaction as everything derived from it, so a crash either keeps both or
 neither, and the agent's retry after a lost reply is answered ``duplicate``. Keys are
-per host (the token's), so no other host's token can claim them.
+per host (the token's), so no other host's token can claim them. A key stored with
+another ``collected_at`` is not a retry but a new snapshot under a reused key (an agent
+whose memory a VM restore took back): it is stored and applied (:func:`_reused_keys`).
 
 Snapshots are applied oldest first, each at its *effective time*: its ``collected_at``,
 but never later than the server's clock on arrival. An agent clock running ahead
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
-from sqlalchemy import Delete, Table, bindparam, delete
+from sqlalchemy import Delete, Table, Update, bindparam, delete, select, tuple_, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningInsert
 
@@ -41,6 +43,7 @@ from gpuwatch.server.ingest.apply import apply_snapshot
 from gpuwatch.server.ingest.cache import HostStateCache, KeptState
 from gpuwatch.server.ingest.models import SnapshotSeen
 from gpuwatch.server.ingest.state import HostState
+from gpuwatch.server.ingest.work import PushWork
 from gpuwatch.settings import ServerSettings
 from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import IngestRequest, ItemResult
@@ -105,6 +108,7 @@ def ingest_snapshots(
     cache: HostStateCache | None = None,
     out_of_time: Callable[[], bool] | None = None,
     push_interval: float | None = None,
+    work: PushWork | None = None,
 ) -> IngestResult:
     """Store a batch of one host's snapshots; the caller commits, and then may keep
     ``result.kept`` in ``cache`` (the host's state is taken from it when current).
@@ -115,6 +119,8 @@ def ingest_snapshots(
     it answers true the rest are ``deferred`` (see the module docstring). Without it
     the whole batch is stored. ``push_interval`` is the one the agent reported, kept as
     the host's (its silence is counted in it); None keeps what the host had.
+    ``work``, when given, is asked before each snapshot is applied (ingest/work.py);
+    once it refuses one, it and the rest are ``deferred``.
     """
     for index, snapshot in enumerate(request.snapshots):
         if snapshot.collected_at > now + MAX_FUTURE_SKEW_SECONDS:
@@ -145,6 +151,7 @@ def ingest_snapshots(
             _defer(session, host_id, request.snapshots, results, [i for _, _, i in ordered[done:]])
             break
         newest = state.host.last_seen_at
+        clock_stepped = False
         if newest is not None and at <= newest:
             snapshot = request.snapshots[index]
             if not _after_last_applied(state, snapshot):
@@ -152,7 +159,11 @@ def ingest_snapshots(
                 continue
             # The agent's clock stepped back (NTP, a VM restore): see _stepped_time.
             at = _stepped_time(newest, now)
-            stepped += 1
+            clock_stepped = True
+        if work is not None and not work.admit(request.snapshots[index]):
+            _defer(session, host_id, request.snapshots, results, [i for _, _, i in ordered[done:]])
+            break
+        stepped += clock_stepped
         apply_snapshot(state, request.snapshots[index], settings=settings, at=at)
     if stepped:
         log.warning(
@@ -255,7 +266,72 @@ def _record_seen(
         for s in reversed(snapshots)  # the first occurrence of a key wins
     }
     inserted = session.connection().execute(_insert_seen(dialect), list(rows.values()))
-    return {(agent_id, boot_id, sequence) for agent_id, boot_id, sequence in inserted}
+    fresh = {(agent_id, boot_id, sequence) for agent_id, boot_id, sequence in inserted}
+    if len(fresh) < len(rows):
+        fresh |= _reused_keys(session, host_id, {k: r for k, r in rows.items() if k not in fresh})
+    return fresh
+
+
+def _reused_keys(
+    session: Session, host_id: int, stored: dict[tuple[str, str, int], dict[str, object]]
+) -> set[tuple[str, str, int]]:
+    """The keys of ``stored`` (already in ``snapshots_seen``) that name new snapshots, not
+    retries: the stored ``collected_at`` differs. Their rows take the new snapshot's times,
+    so a retry of it is a duplicate.
+
+    An agent whose memory was restored (a VM snapshot) sends again the sequences it sent
+    after that point, with what it sees now: answered ``duplicate``, they were dropped
+    by the agent and the host froze for as long as the VM had run past its snapshot. A
+    retry repeats the snapshot exactly, so its time is the stored one.
+    """
+    keys = list(stored)
+    found = session.execute(
+        select(_SEEN.c.agent_id, _SEEN.c.boot_id, _SEEN.c.sequence, _SEEN.c.collected_at).where(
+            _SEEN.c.host_id == host_id,
+            tuple_(_SEEN.c.agent_id, _SEEN.c.boot_id, _SEEN.c.sequence).in_(keys),
+        )
+    ).all()
+    reused = {
+        (agent_id, boot_id, sequence)
+        for agent_id, boot_id, sequence, collected_at in found
+        if collected_at != stored[(agent_id, boot_id, sequence)]["collected_at"]
+    }
+    if reused:
+        session.connection().execute(
+            _update_seen(),
+            [
+                {
+                    "host": host_id,
+                    "agent": key[0],
+                    "boot": key[1],
+                    "seq": key[2],
+                    "collected": stored[key]["collected_at"],
+                    "received": stored[key]["received_at"],
+                }
+                for key in reused
+            ],
+        )
+        log.warning(
+            "host %s: %d snapshot(s) reuse the key of a stored one with another time (the"
+            " agent's memory restored, e.g. a VM snapshot?): stored as new",
+            host_id,
+            len(reused),
+        )
+    return reused
+
+
+@cache
+def _update_seen() -> Update:
+    return (
+        update(_SEEN)
+        .where(
+            _SEEN.c.host_id == bindparam("host"),
+            _SEEN.c.agent_id == bindparam("agent"),
+            _SEEN.c.boot_id == bindparam("boot"),
+            _SEEN.c.sequence == bindparam("seq"),
+        )
+        .values(collected_at=bindparam("collected"), received_at=bindparam("received"))
+    )
 
 
 @cache

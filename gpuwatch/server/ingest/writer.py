@@ -42,7 +42,13 @@ a turn held by a job adding its wait to the time they queued (past the agent's 1
 timeout). Each push's budget (ingest/body.py, ``Deadline``) is read where stop 11 read
 it: before its parse, once its write has its turn, then before each snapshot after the
 first (a partial answer) when the agent accepts one, where the earliest budget among
-the pushes waiting for the commit counts too.
+the pushes waiting for the commit counts too. And the request reads it itself
+(:meth:`IngestWriter.store`): a push still queued when its budget passes is answered
+503 then, whatever the writer is doing, and the writer skips it (:meth:`Push.claim`);
+a push the writer has begun storing gets its real answer, whose cost the bounds on
+one push's work keep near its budget (ingest/work.py). Before, a push queued behind a
+batch that took 13 s was answered 503 when the writer got to it, past the agent's
+timeout.
 
 Threads: a thread takes at most its even share of the pushes waiting with the threads
 that are idle (:class:`Pending`). On SQLite, under load (pushes less than
@@ -62,7 +68,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fastapi import HTTPException, Response
+from fastapi import HTTPException, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -76,7 +82,7 @@ from gpuwatch.server.deps import (
     lock_push_tokens,
     reverify_push,
 )
-from gpuwatch.server.ingest import service
+from gpuwatch.server.ingest import service, work
 from gpuwatch.server.ingest.body import STORE_ERRORS, Deadline, never_storable, refusal
 from gpuwatch.server.ingest.state import lock_hosts
 from gpuwatch.wire import IngestRequest, IngestResponse
@@ -137,6 +143,30 @@ class Push:
     body: IngestRequest | None = field(default=None, repr=False)
     # The agent's push interval, from its Gpuwatch-Push-Interval header (None: not sent).
     push_interval: float | None = None
+    # Who settled the push first: the writer, starting its writes (claimed), or the
+    # request, its budget spent while it waited (abandoned). Never both.
+    _claimed: bool = field(default=False, repr=False)
+    _abandoned: bool = field(default=False, repr=False)
+    _turn: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def claim(self) -> bool:
+        """The writer is about to write this push: False when its request already gave
+        up on it (answered 503, so nothing may be stored). True again once claimed."""
+        with self._turn:
+            self._claimed = not self._abandoned
+            return self._claimed
+
+    def abandon(self) -> bool:
+        """The request's budget is spent: False when the writer already began storing it
+        (its answer is on its way), else True and the writer will skip it."""
+        with self._turn:
+            self._abandoned = not self._claimed
+            return self._abandoned
+
+    @property
+    def abandoned(self) -> bool:
+        with self._turn:
+            return self._abandoned
 
 
 Outcome = tuple[Push, Stored | BaseException]
@@ -282,7 +312,15 @@ class IngestWriter:
         )
         self._start()
         self._pending.put(push)
-        return await push.future
+        # Answered by its budget whatever the writer is doing (a long batch, a turn held
+        # elsewhere, a snapshot being applied), not only when the writer reads it.
+        try:
+            return await asyncio.wait_for(asyncio.shield(push.future), deadline.wait_left())
+        except TimeoutError:
+            if not push.abandon():
+                return await push.future  # already being written: its answer follows
+            push.future.cancel()  # nobody reads the writer's outcome now
+            raise OverBudget from None
 
     def close(self, timeout: float = 30.0) -> None:
         """Store what is queued, then stop the threads."""
@@ -339,9 +377,9 @@ class IngestWriter:
 
     def _parse(self, push: Push) -> None:
         context, credential = self.context, push.credential
-        # Queued past the budget: not even parsed, which would cost as much CPU as
-        # storing a small batch.
-        if push.deadline.passed():
+        # Queued past the budget (or answered already): not even parsed, which would
+        # cost as much CPU as storing a small batch.
+        if push.deadline.passed() or push.abandoned:
             raise OverBudget
         try:
             push.body = IngestRequest.model_validate_json(push.raw)
@@ -351,6 +389,42 @@ class IngestWriter:
             raise RequestValidationError(errors) from err
         for snapshot in push.body.snapshots:
             forbid_other_host(credential.identity, snapshot.hostname)
+        self._bound_work(push, push.body)
+
+    def _bound_work(self, push: Push, body: IngestRequest) -> None:
+        """Hold the push to what one push and its host may cost (ingest/work.py):
+        trim snapshots past the per-snapshot bound, refuse 413 a push that needs more
+        than one push's work and cannot be answered in part, 429 while the host's work
+        bucket is in debt. Nothing is stored by then."""
+        identity = push.credential.identity
+        left_out = 0
+        for n, snapshot in enumerate(body.snapshots):
+            body.snapshots[n], trimmed = work.bounded(snapshot, work.MAX_PROCESSES_PER_SNAPSHOT)
+            left_out += trimmed
+        if left_out:
+            log.warning(
+                "host %s: %d process(es) past %d a snapshot not tracked (each GPU keeps"
+                " its largest holders)",
+                identity.hostname,
+                left_out,
+                work.MAX_PROCESSES_PER_SNAPSHOT,
+            )
+        needed = sum(work.snapshot_work(s) for s in body.snapshots)
+        if not push.partial and len(body.snapshots) > 1 and needed > work.MAX_PROCESSES_PER_PUSH:
+            raise HTTPException(
+                status.HTTP_413_CONTENT_TOO_LARGE,
+                detail=f"this batch lists {needed - len(body.snapshots)} processes, more than"
+                f" one request may apply ({work.MAX_PROCESSES_PER_PUSH}); send fewer"
+                " snapshots per request",
+            )
+        debt = self.context.ingest_work.debt_seconds(identity.host_id)
+        if debt is not None:
+            raise HTTPException(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                detail="this host has used its share of the server's ingest work; retry"
+                " after Retry-After seconds",
+                headers={"Retry-After": work.retry_after(debt)},
+            )
 
     def _store_together(self, ready: list[Push]) -> tuple[list[Outcome], list[Push]]:
         outcomes: list[Outcome] = []
@@ -450,7 +524,8 @@ class IngestWriter:
         confirm_push(session, context, credential)
         # Checked once the write transaction has begun (BEGIN IMMEDIATE on SQLite
         # waits there for writers in other processes): all the queueing is behind us.
-        if push.deadline.passed():
+        # From here the request waits for this push's answer, whatever its budget.
+        if push.deadline.passed() or not push.claim():
             raise OverBudget
         try:
             return service.ingest_snapshots(
@@ -463,6 +538,9 @@ class IngestWriter:
                 cache=context.host_states,
                 out_of_time=_earlier(push.deadline, waiting).passed if push.partial else None,
                 push_interval=push.push_interval,
+                work=work.PushWork(
+                    context.ingest_work, credential.identity.host_id, partial=push.partial
+                ),
             )
         except service.SnapshotRejected as err:
             raise refusal("clock_skew", ("body", "snapshots", err.index), str(err)) from err

@@ -58,7 +58,7 @@ def list_processes(
             limit + 1
         )
     ).all()
-    items = [_to_out(*row) for row in rows[:limit]]
+    items = [to_out(*row) for row in rows[:limit]]
     next_cursor = None
     if len(rows) > limit:
         last = items[-1]
@@ -73,7 +73,7 @@ def open_processes(*, session: Session, host_id: int) -> list[ProcessOut]:
         .where(ProcessLifetime.host_id == host_id, ProcessLifetime.ended_at.is_(None))
         .order_by(ProcessLifetime.current_bytes.desc().nulls_last(), ProcessLifetime.id)
     ).all()
-    return [_to_out(*row) for row in rows]
+    return [to_out(*row) for row in rows]
 
 
 def process_samples(
@@ -101,7 +101,7 @@ def process_samples(
         query = query.where(ProcessSample.t < until)
     newest = session.scalars(query.order_by(ProcessSample.t.desc()).limit(limit + 1)).all()
     return ProcessSamples(
-        lifetime=_to_out(*row),
+        lifetime=to_out(*row),
         sample_interval_seconds=sample_interval_seconds,
         samples=[ProcessSampleOut.model_validate(s) for s in reversed(newest[:limit])],
         truncated=len(newest) > limit,
@@ -116,7 +116,7 @@ def _base_query() -> Select[ProcessLifetime, str, int, str]:
     )
 
 
-def _to_out(lifetime: ProcessLifetime, hostname: str, gpu_index: int, uuid: str) -> ProcessOut:
+def to_out(lifetime: ProcessLifetime, hostname: str, gpu_index: int, uuid: str) -> ProcessOut:
     idle_seconds = (
         None
         if lifetime.idle_since is None

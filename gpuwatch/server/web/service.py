@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sqlalchemy import BigInteger, ColumnElement, Integer, cast, func, literal, select
+from sqlalchemy import BigInteger, ColumnElement, Integer, case, cast, func, literal, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpuwatch.server.alerts.models import AlertRow
@@ -24,8 +24,14 @@ from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
 
 # Processes drawn one by one in a chart; the rest are summed into one "other" layer.
 MAX_LAYERS = 10
-# Lifetimes read for one chart at most (the newest): a month of short jobs on one GPU.
+# Lifetimes read for one chart at most: a month of short jobs on one GPU. Each chart
+# has its own share (the host page draws one per GPU): one GPU's short jobs once took a
+# page-wide limit and left another GPU's chart without the process that filled it.
 MAX_LIFETIMES = 2000
+# Lifetimes read for one page, shared by its charts (each keeps at least
+# MIN_CHART_LIFETIMES): a 64-GPU host's page reads 12,800, not 128,000.
+MAX_PAGE_LIFETIMES = 8000
+MIN_CHART_LIFETIMES = 200
 
 
 def firing_alerts(*, session: Session) -> int:
@@ -117,7 +123,18 @@ def histories(
     since = math.floor((until - seconds) / step) * step  # whole seconds, like step
     end = since + count * step
     gpu_ids = [gpu.id for gpu in gpus]
-    lifetimes = session.execute(
+    per_chart = min(MAX_LIFETIMES, max(MIN_CHART_LIFETIMES, MAX_PAGE_LIFETIMES // len(gpu_ids)))
+    # Each GPU's own: those still open (what fills it now), then the largest, then the
+    # newest.
+    rank = func.row_number().over(
+        partition_by=ProcessLifetime.gpu_id,
+        order_by=(
+            case((ProcessLifetime.ended_at.is_(None), 0), else_=1),
+            ProcessLifetime.peak_bytes.desc().nulls_last(),
+            ProcessLifetime.first_seen_at.desc(),
+        ),
+    )
+    ranked = (
         select(
             ProcessLifetime.id,
             ProcessLifetime.gpu_id,
@@ -127,14 +144,17 @@ def histories(
             ProcessLifetime.last_seen_at,
             ProcessLifetime.ended_at,
             ProcessLifetime.current_bytes,
+            rank.label("rank"),
         )
         .where(
             ProcessLifetime.gpu_id.in_(gpu_ids),
             ProcessLifetime.first_seen_at < end,
             func.coalesce(ProcessLifetime.ended_at, ProcessLifetime.last_seen_at) >= since - step,
         )
-        .order_by(ProcessLifetime.first_seen_at.desc())
-        .limit(MAX_LIFETIMES)
+        .subquery()
+    )
+    lifetimes = session.execute(
+        select(ranked).where(ranked.c.rank <= per_chart).order_by(ranked.c.gpu_id, ranked.c.rank)
     ).all()
     values: dict[int, list[int]] = {row.id: [0] * count for row in lifetimes}
     if values:

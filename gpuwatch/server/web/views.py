@@ -163,7 +163,11 @@ def _gpu(
         None
         if _bad_name(hostname) or gpu_index is None
         else host_service.get_host(
-            session=session, hostname=hostname, settings=context.settings, now=now
+            session=session,
+            hostname=hostname,
+            settings=context.settings,
+            now=now,
+            gpu_index=gpu_index,
         )
     )
     found = None if detail is None else next((g for g in detail.gpus if g.index == gpu_index), None)

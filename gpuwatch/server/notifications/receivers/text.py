@@ -43,7 +43,10 @@ def culprit_facts(culprit: Culprit) -> list[str]:
     facts = []
     if culprit.memory_bytes is not None:
         facts.append(format_bytes(culprit.memory_bytes))
-    if culprit.slope_bytes_per_second is not None:
+    # Only a floor that rose: a culprit that grew the GPU by arriving (a new worker)
+    # has slope 0, and "+0 B/min" under "growing" is a figure nobody measured. The
+    # webhook's description (rules.describe) leaves it out alike.
+    if culprit.slope_bytes_per_second is not None and culprit.slope_bytes_per_second > 0:
         facts.append(format_rate(culprit.slope_bytes_per_second))
     facts.append(f"pid {culprit.pid}")
     if culprit.slurm_job_id:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape as e
+from urllib.parse import quote
 
 from gpuwatch.server.events.schemas import EventOut
 from gpuwatch.server.hosts.schemas import GpuOut, HostDetail
@@ -58,7 +59,10 @@ def host_page(
             f"<small>{sent_text(gpu.name or '')}</small></h2>{_gpu_line(chrome, host, gpu)}{chart}"
             "</section>"
         )
-    processes = [p for gpu in host.gpus for p in gpu.processes]
+    # The host's largest holders: each GPU's are at most MAX_PROCESSES_SHOWN already.
+    every = [p for gpu in host.gpus for p in gpu.processes]
+    processes = sorted(every, key=_largest_first)[:HOST_TABLE_ROWS]
+    total = sum(gpu.processes_total for gpu in host.gpus)
     stale = {gpu.uuid: _stale(host, gpu) for gpu in host.gpus}
     body = (
         f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / {text(host.hostname)}'
@@ -67,10 +71,33 @@ def host_page(
         f"{ranges(chrome, base, range_key)}"
         f'<div class="cards">{"".join(cards) or _no_gpus()}</div>'
         f"<h2>{_processes_heading(chrome, host)}</h2>"
+        f"{_shown(chrome, host, len(processes), total)}"
         f"{process_table(chrome, processes, with_gpu=True, stale=stale)}"
         f"<h2>Events in the range</h2>{events_table(chrome, events, with_host=False)}"
     )
     return page(chrome, title=host.hostname, active="", body=body)
+
+
+# Rows of the host page's process table: its largest holders, across its GPUs.
+HOST_TABLE_ROWS = 100
+
+
+def _largest_first(process: ProcessOut) -> tuple[int, int]:
+    return (-(process.current_bytes if process.current_bytes is not None else -1), process.id)
+
+
+def _shown(chrome: Chrome, host: HostDetail, shown: int, total: int, gpu: int | None = None) -> str:
+    """Says when a table lists only the largest holders, and where the rest are."""
+    if shown >= total:
+        return ""
+    query = f"host={quote(host.hostname, safe='')}&open=true" + (
+        "" if gpu is None else f"&gpu={gpu}"
+    )
+    href = f"{chrome.root}/api/v1/processes?{query}"
+    return (
+        f'<p class="meta">The {shown} largest of {total} open processes; all of them:'
+        f' <a href="{e(href)}">the processes API</a>.</p>'
+    )
 
 
 def gpu_page(
@@ -105,6 +132,7 @@ def gpu_page(
         f'{ranges(chrome, base, range_key)}<section class="card wide">{chart}'
         f"{_legend(history)}</section>"
         f"<h2>{_processes_heading(chrome, host)}</h2>"
+        f"{_shown(chrome, host, len(gpu.processes), gpu.processes_total, gpu.index)}"
         f"{process_table(chrome, gpu.processes, with_gpu=False, stale=stale)}"
         f"<h2>Events in the range</h2>{events_table(chrome, gpu_events, with_host=False)}"
     )
@@ -149,8 +177,11 @@ def _gpu_line(chrome: Chrome, host: HostDetail, gpu: GpuOut) -> str:
         state = f'<span class="badge silent">read error: {sent_text(gpu.read_error)}</span> '
     users = sorted({p.user or "?" for p in gpu.processes})
     utilisation = "–" if gpu.utilization_ratio is None else f"{gpu.utilization_ratio:.0%}"
+    # Users of the processes listed (the largest holders, when not all are).
     holders = (
-        f"{len(gpu.processes)} processes{': ' + ', '.join(text(u) for u in users) if users else ''}"
+        f"{gpu.processes_total} processes"
+        f"{': ' + ', '.join(text(u) for u in users) if users else ''}"
+        f"{', …' if users and gpu.processes_truncated else ''}"
     )
     return (
         f'<p class="meta{" stale" if stale else ""}">{state}<b>{size(gpu.memory_used_bytes)}</b>'
