@@ -21,8 +21,8 @@ class Received:
     body: bytes
 
 
-# The answer to one request: status and JSON body.
-Answer = Callable[[Received], tuple[int, bytes]]
+# The answer to one request: status and JSON body, or status, body and Content-Type.
+Answer = Callable[[Received], tuple[int, bytes] | tuple[int, bytes, str]]
 
 
 @dataclass
@@ -41,9 +41,11 @@ def answering(answer: Answer) -> Iterator[Answering]:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             got = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             box[0].received.append(got)
-            status, reply = answer(got)
+            status, reply, *content_type = answer(got)
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header(
+                "Content-Type", content_type[0] if content_type else "application/json"
+            )
             self.send_header("Content-Length", str(len(reply)))
             self.end_headers()
             self.wfile.write(reply)

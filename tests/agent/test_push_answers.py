@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from pydantic import SecretStr
 from support.clock import FakeClock
 
+from agent.answering import Received, answering
 from gpuwatch.agent.reporter import Reporter
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
@@ -56,33 +56,17 @@ def ingest_answer(request: dict[str, Any]) -> Answer:
 @contextmanager
 def serving(answer: Callable[[dict[str, Any]], Answer]) -> Iterator[Server]:
     """A loopback HTTP server answering each POST with ``server.answer`` (changeable)."""
-    box: list[Server] = []
+    server = Server("", answer)
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            box[0].bodies.append(request)
-            reply = box[0].answer(request)
-            self.send_response(reply.status)
-            self.send_header("Content-Type", reply.content_type)
-            self.send_header("Content-Length", str(len(reply.body)))
-            self.end_headers()
-            self.wfile.write(reply.body)
+    def reply(got: Received) -> tuple[int, bytes, str]:
+        request = json.loads(got.body)
+        server.bodies.append(request)
+        answered = server.answer(request)
+        return answered.status, answered.body, answered.content_type
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    box.append(Server(f"http://127.0.0.1:{server.server_address[1]}", answer))
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    try:
-        yield box[0]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with answering(reply) as http:
+        server.url = http.url
+        yield server
 
 
 def settings(url: str, spool_dir: Path) -> AgentSettings:
