@@ -386,8 +386,15 @@ def _evidence(
         return IdleEvidence(
             False, "no_history", "no history to judge by (one sample is never enough)"
         )
+    return _judged(
+        runs_for(gpu_uuid, process.pid, process.start_time), rule, now=now, min_bytes=min_bytes
+    )
+
+
+def _judged(runs: list[Run] | None, rule: IdleRule, *, now: float, min_bytes: int) -> IdleEvidence:
+    """``runs`` judged by ``rule`` up to ``now``: the one place its bounds are applied."""
     return idle_evidence(
-        runs_for(gpu_uuid, process.pid, process.start_time),
+        runs,
         now=now,
         window_seconds=rule.window_seconds,
         min_bytes=min_bytes,
@@ -461,14 +468,11 @@ def _with_server(
     )
     if not earlier:
         return h
-    evidence = idle_evidence(
+    evidence = _judged(
         combine(earlier, agent),
+        rule,
         now=now,
-        window_seconds=rule.window_seconds,
         min_bytes=rule.min_memory_bytes if h.gpu_index == largest else 0,
-        max_gap_seconds=rule.max_gap_seconds,
-        min_coverage=rule.min_coverage,
-        max_age_seconds=rule.max_age_seconds,
     )
     where = (
         f"agent history for the last {format_duration(now - agent[0].start)}, the server's before"
@@ -509,14 +513,11 @@ def rejudge(
         evidence = (
             IdleEvidence(False, "no_history", "no history to judge by any more")
             if runs_for is None
-            else idle_evidence(
+            else _judged(
                 runs,
+                rule,
                 now=now,
-                window_seconds=rule.window_seconds,
                 min_bytes=rule.min_memory_bytes if h.gpu_index == largest else 0,
-                max_gap_seconds=rule.max_gap_seconds,
-                min_coverage=rule.min_coverage,
-                max_age_seconds=rule.max_age_seconds,
             )
         )
         fresh = replace(h, used_bytes=used, evidence=evidence)
