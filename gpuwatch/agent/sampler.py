@@ -72,9 +72,8 @@ class Sampler:
         self._clock = clock
         # The sequence starts at the start time in milliseconds, so an agent restarted
         # within the same boot usually continues above every sequence it sent before
-        # (polls are seconds apart). A clock behind at the restart would start it lower:
-        # the spool raises such sequences above the last one it took of this boot
-        # (agent/spool.py), which is what the server orders by when times disagree.
+        # (polls are seconds apart). A clock behind at the restart starts it lower, and
+        # the server answers those snapshots `late` until the clock catches up.
         self._sequence = int(clock() * 1000) if first_sequence is None else first_sequence
         # (GPU index, PID) -> seconds since boot when NVML first listed it, while it stays
         # listed poll after poll; and those found gone in /proc at the previous poll.

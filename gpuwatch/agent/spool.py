@@ -20,20 +20,6 @@ under a reason (``spool_full``, ``corrupt``, or whatever the caller passes to
 
 One consumer and any number of producers in one process; two processes must not share
 a directory.
-
-Sequences: the server stores each ``(agent_id, boot_id, sequence)`` once, and a
-snapshot of the same agent and boot with a higher sequence than the last one it
-applied is newer whatever its time says (how it tells a clock that stepped back from a
-late replay). The sampler starts its sequence at the clock in milliseconds, so an
-agent restarted while its clock is behind (an NTP step back, an RTC wrong at boot)
-would start below what it sent before, and every snapshot would be answered ``late``
-(stored, not applied) until the clock caught up: the host frozen for the length of the
-step. So the spool keeps, in :data:`SEQUENCE_FILE`, the highest sequence it took of
-its agent and boot, and when the first snapshot a run (this process) spools of them is
-not above what an earlier run left there, it is spooled with the sequence just above
-it, and every later one of the run by as much: what reaches the server keeps growing
-within a boot, across restarts, whatever the clock did. Within a run the sampler's
-sequences only grow, and are left alone.
 """
 
 from __future__ import annotations
@@ -50,15 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwatch.errors import ConfigError
-from gpuwatch.snapshot import MAX_SEQUENCE, HostSnapshot
+from gpuwatch.snapshot import HostSnapshot
 
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".json"
 _TMP_SUFFIX = ".tmp"
 _NAME_DIGITS = 20
-# The highest sequence spooled, with its agent and boot id (JSON), beside the records.
-SEQUENCE_FILE = "last-sequence"
 
 
 def encode(snapshot: HostSnapshot) -> bytes:
@@ -108,17 +92,10 @@ class Spool:
         self._in_flight: set[int] = set()
         self._total_bytes = 0
         self._dropped: Counter[str] = Counter()
-        # (agent_id, boot_id, highest sequence spooled) as an earlier run left it; the
-        # agent and boot this run spools, and what it adds to their sequences.
-        self._before: tuple[str, str, int] | None = None
-        self._run: tuple[str, str] | None = None
-        self._shift = 0
-        self._high = -1  # the highest sequence spooled of ``_run``
         try:
             # 0700: snapshots name users and their command lines.
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._load()
-            self._before = self._read_last()
         except OSError as err:
             raise ConfigError(f"cannot use spool directory {directory}: {err}") from err
         self._next_id = max(self._entries, default=-1) + 1
@@ -130,13 +107,9 @@ class Spool:
     # --- producer ------------------------------------------------------------------------
 
     def append(self, snapshot: HostSnapshot) -> None:
-        """Write ``snapshot`` durably, then evict the oldest records past the bound.
-
-        Its sequence is raised above every one spooled before of its agent and boot,
-        when it is not already (see the module docstring)."""
+        """Write ``snapshot`` durably, then evict the oldest records past the bound."""
+        body = encode(snapshot)
         with self._lock:
-            snapshot = self._above_last(snapshot)
-            body = encode(snapshot)
             if len(body) > self._max_bytes:
                 # It could never fit; evicting everything else for it would not help.
                 self._dropped["spool_full"] += 1
@@ -218,60 +191,6 @@ class Spool:
             return None if oldest is None else max(0.0, self._clock() - oldest.enqueued_at)
 
     # --- files (called with the lock held) ----------------------------------------------
-
-    def _above_last(self, snapshot: HostSnapshot) -> HostSnapshot:
-        """``snapshot`` with its sequence raised above what an earlier run spooled of its
-        agent and boot, when this run started at or below it; then recorded as the last
-        (before the record is written, so no record is above it)."""
-        run = (snapshot.agent_id, snapshot.boot_id)
-        if run != self._run:  # this run's first snapshot of them (or a new boot)
-            self._run, self._shift, self._high = run, 0, -1
-            before = self._before
-            if (
-                before is not None
-                and (before[0], before[1]) == run
-                and snapshot.sequence <= before[2]
-            ):
-                self._shift = before[2] + 1 - snapshot.sequence
-                log.warning(
-                    "snapshot sequence %d is not above %d, spooled before in this boot (the"
-                    " clock was behind when the agent started?): sequences raised by %d",
-                    snapshot.sequence,
-                    before[2],
-                    self._shift,
-                )
-        if self._shift:
-            sequence = min(snapshot.sequence + self._shift, MAX_SEQUENCE)
-            snapshot = snapshot.model_copy(update={"sequence": sequence})
-        if snapshot.sequence > self._high:
-            self._high = snapshot.sequence
-            self._write_last((snapshot.agent_id, snapshot.boot_id, snapshot.sequence))
-        return snapshot
-
-    def _read_last(self) -> tuple[str, str, int] | None:
-        try:
-            value = json.loads((self._dir / SEQUENCE_FILE).read_bytes())
-            agent_id, boot_id, sequence = value["agent_id"], value["boot_id"], value["sequence"]
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, TypeError, KeyError) as err:
-            log.warning("spool %s: %s unreadable, ignored: %s", self._dir, SEQUENCE_FILE, err)
-            return None
-        if not (isinstance(agent_id, str) and isinstance(boot_id, str) and type(sequence) is int):
-            return None
-        return agent_id, boot_id, sequence
-
-    def _write_last(self, last: tuple[str, str, int]) -> None:
-        """Best effort, not fsync'd: losing it (a power loss) only loses the floor."""
-        agent_id, boot_id, sequence = last
-        body = json.dumps({"agent_id": agent_id, "boot_id": boot_id, "sequence": sequence})
-        # Not "*.tmp": those are the records' torn writes, which the spool counts.
-        tmp = self._dir / f"{SEQUENCE_FILE}.new"
-        try:
-            tmp.write_text(body)
-            os.replace(tmp, self._dir / SEQUENCE_FILE)
-        except OSError as err:
-            log.debug("spool %s: cannot write %s: %s", self._dir, SEQUENCE_FILE, err)
 
     def _path(self, record_id: int, suffix: str = _SUFFIX) -> Path:
         return self._dir / f"{record_id:0{_NAME_DIGITS}d}{suffix}"

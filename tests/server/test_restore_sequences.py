@@ -9,9 +9,6 @@ one applied: every snapshot ``late`` until the clock caught up.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from sqlalchemy import select
 
 from gpuwatch.agent.spool import Spool
@@ -77,41 +74,3 @@ def _spool_and_push(live: Live, token: str, spool: Spool, snap: HostSnapshot) ->
     assert response.status_code == 200, response.text
     spool.ack(batch)
     return list(response.json()["results"])
-
-
-def test_an_agent_restarted_with_its_clock_behind_is_applied_not_late(
-    live: Live, tmp_path: Path
-) -> None:
-    token = live.token("step-1")
-    spool = Spool(tmp_path / "spool", max_bytes=2**24)
-    started_ms = int(T0 * 1000)  # the sampler's first sequence: its clock in ms
-    for n in range(3):
-        snap = snapshot(0, [gpu(0, [process(80), process(81)])], hostname="step-1", at=T0 + 5 * n)
-        results = _spool_and_push(
-            live, token, spool, snap.model_copy(update={"sequence": started_ms + n})
-        )
-        assert results == ["accepted"]
-    live.clock.now = T0 + 60
-
-    # Restarted (same boot) with its clock 20 minutes behind: its sequence starts there.
-    restarted = Spool(tmp_path / "spool", max_bytes=2**24)
-    behind = T0 + 60 - 1200
-    snap = snapshot(0, [gpu(0, [process(81)])], hostname="step-1", at=behind)
-    snap = snap.model_copy(update={"sequence": int(behind * 1000)})
-
-    assert _spool_and_push(live, token, restarted, snap) == ["accepted"]
-    assert _open_pids(live) == [81]
-    # Its next snapshots follow on, above what it sent before.
-    later = snap.model_copy(update={"sequence": int(behind * 1000) + 1, "collected_at": behind + 5})
-    assert _spool_and_push(live, token, restarted, later) == ["accepted"]
-
-
-def test_the_spool_raises_a_sequence_only_within_the_same_agent_and_boot(tmp_path: Path) -> None:
-    spool = Spool(tmp_path, max_bytes=2**24)
-    spool.append(snapshot(100, [gpu(0)]))
-    spool.append(snapshot(5, [gpu(0)], boot_id="boot-2"))  # a reboot: its own sequences
-    spool.append(snapshot(6, [gpu(0)], boot_id="boot-2"))
-
-    sent = [json.loads(r.body)["sequence"] for r in spool.peek_batch(10, 2**20)]
-
-    assert sent == [100, 5, 6]
