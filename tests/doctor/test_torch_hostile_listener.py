@@ -161,7 +161,9 @@ def test_a_report_to_a_dripping_listener_ends_within_its_deadline(
     reporter = gt.Reporter(agent_url=listener.url, stats=OneDevice())
     started = time.monotonic()
     assert reporter.report_once() == 0
-    assert time.monotonic() - started < gt.REPORT_TIMEOUT_SECONDS + 1.0
+    # Bounded by the deadline, far from the listener's STALL_SECONDS: half of it leaves
+    # room for a loaded CI machine and still fails a reporter that waits on the listener.
+    assert time.monotonic() - started < STALL_SECONDS / 2
 
 
 @pytest.mark.parametrize("answer", [drip_body, drip_head], ids=["body", "head"])
@@ -171,10 +173,12 @@ def test_explain_against_a_dripping_agent_ends_within_its_deadline(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     listener = listen(answer)
+    run(["explain", OOM], capsys)  # imports paid here, not inside the measured run
     started = time.monotonic()
     code, out, _ = run(["explain", "--agent", listener.url, OOM], capsys)
     assert code == 0 and "Out of memory" in out  # from the message alone
-    assert time.monotonic() - started < 3.0
+    # The fetch's deadline is 0.5 s; a fetch without one waits for STALL_SECONDS.
+    assert time.monotonic() - started < STALL_SECONDS / 2
 
 
 def test_an_endless_answer_is_dropped_not_buffered(listen: Callable[..., Listener]) -> None:

@@ -112,7 +112,7 @@ def test_a_figure_the_wire_model_refuses_is_skipped_not_fatal(agent: FakeAgent) 
 def test_unreachable_agent_costs_the_caller_nothing(no_agent_url: str) -> None:
     started = time.monotonic()
     reporter = gt.install(agent_url=no_agent_url, interval_seconds=0.01, stats=ScriptedStats())
-    assert time.monotonic() - started < 0.1
+    assert time.monotonic() - started < 0.4  # below the report timeout: nothing waited on
     assert reporter.report_once() == 0  # dropped silently
     time.sleep(0.05)  # the thread keeps running into refused connections without raising
 

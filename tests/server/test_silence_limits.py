@@ -83,7 +83,7 @@ def test_a_stored_backtracking_regex_is_not_run(caplog: pytest.LogCaptureFixture
         started = time.monotonic()
         muted = silence.mutes({"rule": "runaway_processes"}, T0)
         took = time.monotonic() - started
-    assert took < 0.2 and not muted  # it mutes nothing: the alert is still sent
+    assert took < 1.0 and not muted  # it mutes nothing: the alert is still sent
     assert "is not evaluated" in caplog.text and CATASTROPHIC not in caplog.text
 
 

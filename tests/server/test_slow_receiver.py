@@ -107,7 +107,7 @@ def test_an_attempt_ends_at_its_timeout_however_slowly_the_answer_drips(
         attempt = receiver.attempt(sample_notification("slow", T0))  # type: ignore[attr-defined]
         took = time.monotonic() - started
     assert attempt.outcome == "retry" and "timed out" in attempt.detail
-    assert TIMEOUT * 0.9 <= took < TIMEOUT + 0.5
+    assert TIMEOUT * 0.9 <= took < TIMEOUT * 2.5  # the drip lasts far longer than this
 
 
 def test_a_slow_receiver_holds_a_run_for_about_its_timeout_not_its_backlog(
