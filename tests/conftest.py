@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import pytest
+
+# Fakes started by name (``--fake-gpus workstation``, ``fake-nvml stop workstation``) are
+# found through the user's runtime dir, so a developer's own demo or a second test run
+# as the same user could share them, or stop them under a running test. Each pytest
+# process (each xdist worker) gets a runtime dir of its own.
+_RUNTIME_DIR = tempfile.mkdtemp(prefix="gw-rt-")
+os.environ["XDG_RUNTIME_DIR"] = _RUNTIME_DIR
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_RUNTIME_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
