@@ -189,8 +189,10 @@ class AgentSettings(_Base):
         default="127.0.0.1:9402",
         description="HOST:PORT of the /metrics and /snapshot HTTP endpoint.",
     )
+    # The floor: NVML refreshes its utilisation samples about six times a second, so
+    # polling faster reads the same figures again and only burns the host's CPU.
     poll_interval_seconds: float = Field(
-        default=5.0, gt=0, le=3600, description="Seconds between NVML polls."
+        default=5.0, ge=0.1, le=3600, description="Seconds between NVML polls (0.1 to 3600)."
     )
     nvml_timeout_seconds: float = Field(
         default=2.0,

@@ -124,6 +124,14 @@ def test_bad_listen_address_is_exit_3(env) -> None:
     assert "listen" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("interval", ["0", "0.01", "1e-9", "3601"])
+def test_a_poll_interval_outside_its_bounds_is_one_line_and_exit_3(env, interval: str) -> None:
+    # 0.01 s would poll NVML a hundred times a second: a core spent re-reading samples.
+    result = run(["agent", "--fake-gpus", "workstation", "--poll-interval", interval], env)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("\n") == 1 and "poll_interval_seconds" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
