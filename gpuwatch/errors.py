@@ -85,7 +85,7 @@ EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected runtime failure; also output that could not be written (standard output closed or on a full disk; `gpuwatch token create` then keeps no token)",
     2: "command-line usage error",
-    3: "invalid configuration, option value or scenario file",
+    3: "invalid configuration, option value or scenario file; `gpuwatch explain`: unreadable or empty input",
     4: "NVML unavailable: no NVIDIA driver, library or GPU (and no --fake-gpus)",
     5: "the gpuwatch server or agent is unreachable, or refused the token",
     6: "input not recognised (e.g. `gpuwatch explain` on text that is not an OOM message)",

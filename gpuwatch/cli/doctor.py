@@ -1,8 +1,9 @@
 """``gpuwatch explain`` (what an OOM message means) and ``gpuwatch fit`` (VRAM arithmetic).
 
 Both are top-level commands. Exit codes: 0 success; 2 ``explain`` with no input at a
-terminal (a one-line hint instead of waiting on the keyboard); 3 bad option value or
-unreadable input file; 6 ``explain`` input is not an OOM message (``--json`` still prints
+terminal (a one-line hint instead of waiting on the keyboard); 3 bad option value,
+unreadable input file or empty input; 5 ``fit --gpu local`` with no agent answering; 6
+``explain`` input is not an OOM message (``--json`` still prints
 ``{"recognized": false, ...}``). ``fit`` prints its report and then exits with its
 verdict: 0 fits (or fits, tight) on at least one GPU asked about, 10 does not fit on
 any, 11 cannot tell (the answer depends on the model's shape: give ``--config``).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections import deque
 from pathlib import Path
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 # A 10 MB log is normal; past this the input is not a log a person pasted.
 MAX_INPUT_BYTES = 256 * 2**20
 USAGE_EXIT = 2  # the CLI framework's code for a usage error (gpuwatch.errors.EXIT_CODES)
+EMPTY_INPUT = "nothing to explain: the input is empty"
 NO_INPUT_HINT = (
     "gpuwatch explain: no message given; use `gpuwatch explain FILE`, "
     "`gpuwatch explain --text '...'`, or pipe it: `python train.py 2>&1 | gpuwatch explain`"
@@ -63,7 +66,7 @@ def explain(
     """Explain a GPU out-of-memory message: the numbers, the likely cause, the exact fix."""
     from gpuwatch.doctor.explain import Explanation
     from gpuwatch.doctor.explain import explain as explain_text
-    from gpuwatch.doctor.live import fetch_local_snapshot
+    from gpuwatch.doctor.live import fetch_local_snapshot, same_host
     from gpuwatch.doctor.parse import NOT_RECOGNISED
     from gpuwatch.doctor.report import render
     from gpuwatch.errors import NotRecognized
@@ -78,6 +81,11 @@ def explain(
             file=sys.stderr,
         )
     message = text if text is not None else _read_input(source)
+    if not message.strip():
+        from gpuwatch.errors import ConfigError
+
+        # Empty input is no message at all, however it came (a file, stdin, --text).
+        raise ConfigError(EMPTY_INPUT)
     snapshot = None if no_live else fetch_local_snapshot(agent)
     try:
         explanation = explain_text(message, snapshot=snapshot)
@@ -94,6 +102,9 @@ def explain(
         device = None  # a card of another size: this host's history is not its history
     else:
         device = explanation.device
+    printed_host = explanation.printed.host if explanation.printed else None
+    if printed_host is not None and not same_host(printed_host, _local_hostname(snapshot)):
+        device = None  # another host's GPU: this host's history is not its history
     explanation.history = _server_history(server, device, snapshot)
     if as_json:
         typer.echo(explanation.model_dump_json(indent=2))
@@ -105,7 +116,6 @@ def _server_history(
     server: str | None, device: str | None, snapshot: HostSnapshot | None
 ) -> list[PastEvent] | None:
     """The server's last hour on this GPU, when a server is configured; else None."""
-    import socket
     import time
 
     from gpuwatch.doctor.history import fetch_gpu_history
@@ -117,23 +127,43 @@ def _server_history(
     index = device.removeprefix("cuda:")
     if not index.isdigit():
         return None
-    hostname = snapshot.hostname if snapshot is not None else socket.gethostname()
-    return fetch_gpu_history(url, hostname=hostname, gpu_index=int(index), now=time.time())
+    return fetch_gpu_history(
+        url, hostname=_local_hostname(snapshot), gpu_index=int(index), now=time.time()
+    )
+
+
+def _local_hostname(snapshot: HostSnapshot | None) -> str:
+    """This host's name as the agent reports it (the server knows it so), else the OS's."""
+    import socket
+
+    return snapshot.hostname if snapshot is not None else socket.gethostname()
 
 
 def _is_message(argument: str) -> bool:
     """True when the argument is the message itself, pasted in quotes, not a file name:
-    it names no existing file and reads like a sentence (people paste the error line
-    straight after ``explain``; ``--text`` says so explicitly)."""
+    it names no existing file and reads like a sentence, or holds one of the words every
+    recognised message has (people paste the error line straight after ``explain``, short
+    ones too: ``CUDA_ERROR_OUT_OF_MEMORY: out of memory``; ``--text`` says so explicitly)."""
+    from gpuwatch.doctor.text import ANCHORS
+
     # os.path.exists, not Path.exists: a long message is "File name too long", not False.
-    return not os.path.exists(argument) and ("\n" in argument or len(argument.split()) >= 4)
+    if os.path.exists(argument):
+        return False
+    if "\n" in argument or len(argument.split()) >= 4:
+        return True
+    # A name like a path ("logs/oom.txt", "cudnn.log") stays a missing file.
+    lowered = argument.lower()
+    return not _PATH_LIKE.search(argument) and any(anchor in lowered for anchor in ANCHORS)
+
+
+_PATH_LIKE = re.compile(r"[/\\]|\.\w{1,5}$")
 
 
 def _read_input(source: str | None) -> str:
     from gpuwatch.errors import ConfigError
 
     if source == "":
-        raise ConfigError("nothing to explain: give a file, a message (or --text), or - for stdin")
+        raise ConfigError(f"{EMPTY_INPUT} (give a file, a message or --text, or - for stdin)")
     if source not in (None, "-") and _is_message(source):
         return source[-MAX_INPUT_BYTES:]
     try:
@@ -142,6 +172,10 @@ def _read_input(source: str | None) -> str:
         else:
             with Path(source).open("rb") as handle:
                 raw, cut = _tail(handle)
+    except FileNotFoundError as err:
+        raise ConfigError(
+            f"cannot read {source}: {err.strerror or err} (to explain this text itself, use --text)"
+        ) from err
     except OSError as err:
         raise ConfigError(f"cannot read {source}: {err.strerror or err}") from err
     if cut:
@@ -187,8 +221,9 @@ def fit(
     dtype: str | None = typer.Option(
         None,
         "--dtype",
-        help="fp32, bf16, fp16, int8, int4 or nf4 (default: nf4 for qlora; as a quantised"
-        " --config stores its weights; else bf16).",
+        help="fp32, bf16, fp16, fp8, int8, int4 or nf4, any case; bfloat16, float16 and"
+        " float32 too (default: nf4 for qlora; as a quantised --config stores its weights;"
+        " else bf16).",
     ),
     mode: str = typer.Option("inference", "--mode", help="inference, full, lora or qlora."),
     context: int = typer.Option(4096, "--context", min=1, help="Tokens per sequence."),
@@ -205,12 +240,28 @@ def fit(
     agent: str = typer.Option(
         DEFAULT_AGENT_URL, "--agent", metavar="URL", help="Agent for --gpu local."
     ),
+    gpus: int = typer.Option(
+        1,
+        "--gpus",
+        min=1,
+        help="GPUs the model is split over: tensor parallel for inference, FSDP/ZeRO-3 for"
+        " training; figures are then per GPU.",
+    ),
+    gradient_checkpointing: bool | None = typer.Option(
+        None,
+        "--gradient-checkpointing/--no-gradient-checkpointing",
+        help="Training: activations with or without checkpointing (default: on for qlora,"
+        " as PEFT turns it on; off for full and lora).",
+    ),
+    lora_rank: int | None = typer.Option(
+        None, "--lora-rank", min=1, max=65536, help="LoRA/QLoRA adapter rank (default 16)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Will this model fit on this GPU? Weights, KV cache, gradients, optimizer, activations.
 
     Exits 0 when it fits on at least one GPU asked about (tightly or not), 10 when it fits
-    on none, 11 when it cannot tell without --config.
+    on none, 11 when it cannot tell without --config, 5 when --gpu local finds no agent.
     """
     from gpuwatch.doctor.fit_report import run_fit
     from gpuwatch.errors import EXIT_CANNOT_TELL, EXIT_DOES_NOT_FIT
@@ -224,6 +275,9 @@ def fit(
         batch=batch,
         gpu=gpu,
         agent=agent,
+        gpus=gpus,
+        checkpointing=gradient_checkpointing,
+        lora_rank=lora_rank,
     )
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))

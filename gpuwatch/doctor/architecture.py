@@ -322,6 +322,8 @@ class Architecture:
     # A quantization_config that says the checkpoint is quantised but gives no weight size
     # fit can read (its method): weighed at no dtype without --dtype (refused).
     quantization_unread: str | None = None
+    # The longest context the model was built for (max_position_embeddings, n_positions).
+    max_positions: int | None = None
 
     @property
     def kept_params(self) -> int:
@@ -405,7 +407,15 @@ def load_hf_config(path: Path) -> Architecture:
         raise ConfigError(f"cannot read model config {path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return from_model_config(data, name=path.parent.name)
+    return from_model_config(data, name=_model_name(path))
+
+
+def _model_name(path: Path) -> str:
+    """The model's folder for a ``config.json`` (``./config.json`` too: the working
+    directory's name), else the file's own stem (``llama3-8b.json``)."""
+    if path.name == "config.json":
+        return path.absolute().parent.name
+    return path.stem
 
 
 def _read_config(path: Path) -> str:
@@ -441,9 +451,16 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
     # A nested language config without its own model_type is read by its model's.
     family = nested.get("model_type") or model_type
     language = nested
+    defaulted: list[str] = []
     if isinstance(family, str) and family in _CLASS_DEFAULTS:
-        language = {**_CLASS_DEFAULTS[family], **nested}
+        defaults = _CLASS_DEFAULTS[family]
+        if nested is config:
+            defaulted = _top_level_defaults(config, family, defaults)
+        language = {**defaults, **nested}
     arch = from_hf_config(language, name=name, family=family)
+    if defaulted:
+        note = f"{', '.join(defaulted)}: not in the config, taken from {family}'s class defaults"
+        arch = dataclasses.replace(arch, notes=(*arch.notes, note))
     quantization = config.get("quantization_config") or language.get("quantization_config")
     arch = _with_quantization(arch, quantization)
     counted = _encoder_configs(config, nested)
@@ -466,6 +483,26 @@ def from_model_config(config: dict[str, Any], *, name: str | None = None) -> Arc
         return arch
     _refuse_absurd(arch.params + encoders)
     return dataclasses.replace(arch, params=arch.params + encoders, encoder_params=encoders)
+
+
+# The sizes every config.json a model saves at its top level carries (save_pretrained
+# leaves out only what equals PretrainedConfig's own defaults, none of these).
+_CORE_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
+def _top_level_defaults(config: dict[str, Any], family: str, defaults: dict[str, int]) -> list[str]:
+    """The class defaults a top-level config leans on (``num_key_value_heads=8``), for a
+    note. A top-level config without a core size was cut short or written by hand
+    (only a nested text_config is saved without its class's defaults): refused, as
+    filling it in would size another model (Llama-2-7B's 32 layers for a bare llama)."""
+    missing = [key for key in _CORE_SIZES if key in defaults and key not in config]
+    if missing:
+        raise ConfigError(
+            f"model config ({family}) lacks {', '.join(missing)}, which every saved"
+            " config.json has: it looks cut short; give the model's whole config.json,"
+            " or --params with the published parameter count"
+        )
+    return [f"{key}={value}" for key, value in defaults.items() if key not in config]
 
 
 def _refuse_encoder_only(config: dict[str, Any]) -> None:
@@ -577,7 +614,7 @@ def _with_quantization(arch: Architecture, quantization: Any) -> Architecture:
         arch,
         stored_dtype=quantized[0],
         stored_as=quantized[1],
-        stored_bits=bits or _stored_bits(quantization, arch),
+        stored_bits=bits or _stored_bits(quantization, arch) or _group_bits(quantization),
         kept_unquantised=kept,
         unplaced_unquantised=unplaced,
     )
@@ -624,8 +661,62 @@ def stored_dtype(quantization: Any) -> tuple[str, str] | None:
         bits = max(sizes) if sizes else _METHOD_BITS.get(method)
     if not isinstance(bits, int) or not 1 <= bits <= 8:
         return None
+    if bits == 8 and _float_weights(quantization, method):
+        return "fp8", f"{method}, 8-bit float"
     described = f"{method or 'quantised'}, {bits}-bit"
     return ("int8", described) if bits > 4 else ("int4", described)
+
+
+def _float_weights(quantization: dict[str, Any], method: str) -> bool:
+    """Whether 8-bit weights are floats (FP8: its method, or llm-compressor's
+    ``type: float``), named fp8 rather than int8 (the same byte a weight)."""
+    if "fp8" in method:
+        return True
+    groups = quantization.get("config_groups")
+    return any(
+        isinstance(g, dict)
+        and isinstance(g.get("weights"), dict)
+        and g["weights"].get("type") == "float"
+        for g in (groups.values() if isinstance(groups, dict) else [])
+    )
+
+
+def _group_bits(quantization: Any) -> float | None:
+    """Bits a weight of a GPTQ, AWQ or llm-compressor checkpoint quantised in groups: the
+    weight's bits plus, per ``group_size`` weights, an fp16 scale and (GPTQ's qzeros,
+    AWQ's zero point, an asymmetric llm-compressor scheme) a zero of the weight's bits.
+    g32 4-bit GPTQ is 4.625 bits, g128 4.156; ``group_size: -1`` (one scale a row) is the
+    bits alone. ``None`` where the config gives no group size (the dtype's default)."""
+    if not isinstance(quantization, dict):
+        return None
+    method = str(quantization.get("quant_method") or "").lower()
+    bits = quantization.get("bits", quantization.get("w_bit"))
+    group = quantization.get("group_size", quantization.get("q_group_size"))
+    zero = method == "gptq" or (method == "awq" and quantization.get("zero_point", True))
+    if not _positive_int(bits):
+        groups = quantization.get("config_groups")
+        weights = [
+            g["weights"]
+            for g in (groups.values() if isinstance(groups, dict) else [])
+            if isinstance(g, dict) and isinstance(g.get("weights"), dict)
+        ]
+        if len(weights) != 1:
+            return None
+        bits, group = weights[0].get("num_bits"), weights[0].get("group_size")
+        zero = weights[0].get("symmetric") is False
+        if weights[0].get("strategy") == "channel":
+            group = -1
+    if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 8:
+        return None
+    if isinstance(group, bool) or not isinstance(group, int):
+        return None
+    # Weighed at the dtype fit names it (3 bits as int4, 5-7 as int8): over, never under.
+    width = 4 if bits <= 4 else 8
+    if group == -1:
+        return float(width)
+    if group <= 0:
+        return None
+    return width + (16 + (width if zero else 0)) / group
 
 
 def _fractional_bits(quantization: dict[str, Any], method: str) -> float | None:
@@ -1502,7 +1593,29 @@ def from_hf_config(
         state_bytes=attention.state_bytes,
         attention_adapter_width=attention.adapter_width,
         notes=notes,
+        max_positions=_max_positions(config),
     )
+
+
+def _max_positions(config: dict[str, Any]) -> int | None:
+    """The longest context the config names (``max_position_embeddings``; GPT-2's
+    ``n_positions``, ``n_ctx``; ``seq_length``), ``None`` without one. A ``rope_scaling``
+    ``factor`` stretches it where the config still names the trained length (Qwen's YaRN:
+    32,768 x 4); Llama 3.1's already names the stretched one (131,072 over 8,192)."""
+    found = next(
+        (config[name] for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
+         if _positive_int(config.get(name))),
+        None,
+    )  # fmt: skip
+    if found is None:
+        return None
+    scaling = config.get("rope_scaling")
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    if isinstance(factor, int | float) and not isinstance(factor, bool) and 1 < factor < 1e4:
+        original = scaling.get("original_max_position_embeddings") if scaling else None
+        if not _positive_int(original) or found <= original:
+            return int(found * factor)
+    return int(found)
 
 
 # A typical dense decoder (Llama 2/3, Mistral, Qwen 2.5 proportions), for estimates.

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwatch.doctor import remedies
 from gpuwatch.doctor.facts import OomFacts
-from gpuwatch.doctor.families import host, tensorrt
+from gpuwatch.doctor.families import accelerate, host, tensorrt
 from gpuwatch.doctor.figures import Figures
 from gpuwatch.doctor.live import LiveGpu
 from gpuwatch.doctor.units import GIB, MIB, format_size
@@ -34,6 +34,7 @@ Fix = Literal[
     "memory_held_across_steps",
     "model_too_large",
     "kv_cache",
+    "memory_limit",
     "unknown",
 ]
 
@@ -186,23 +187,37 @@ def _other_processes(ctx: Context) -> tuple[float, Diagnosis] | None:
 def _live_others_bytes(ctx: Context) -> int | None:
     if ctx.live is None:
         return None
-    held = [p.used_bytes or 0 for p in ctx.live.processes if p.pid != ctx.figures.self_pid]
+    held = [p.used_bytes or 0 for p in ctx.live.processes if not p.probably_this_process]
     return sum(held) if held else None
 
 
 def _holder_commands(ctx: Context) -> list[str]:
     capacity = ctx.capacity or GIB
-    if ctx.live is not None and ctx.live.processes:
-        return remedies.reap_commands(
-            ctx.live, min_bytes=int(0.01 * capacity), skip_pid=ctx.figures.self_pid
-        )
+    live, fig = ctx.live, ctx.figures
+    if live is not None and (live.processes or fig.others):
+        # The view now, not the message's list: its PIDs may have exited since.
+        commands = remedies.reap_commands(live, min_bytes=int(0.01 * capacity))
+        commands += _absent_holders(ctx)
+        return commands if live.processes else commands + remedies.holders_of(ctx.facts.device_type)
     listed = [
         f"kill {p.pid}   # {format_size(p.used_bytes)} per the message; check first, "
         "the PID may be from another PID namespace"
-        for p in ctx.figures.others
-        if p.used_bytes >= 0.01 * capacity
+        for p in fig.others
+        if p.used_bytes >= 0.01 * capacity and p.pid not in fig.self_candidates
     ]
     return listed + remedies.holders_of(ctx.facts.device_type)
+
+
+def _absent_holders(ctx: Context) -> list[str]:
+    """A line for each process the message blames that the live view no longer has."""
+    assert ctx.live is not None
+    sizes = {p.pid: p.used_bytes for p in ctx.figures.others}
+    return [
+        f"# pid {pid} ({format_size(sizes[pid])} per the message) is not on this GPU now: it "
+        "has exited since (or runs in a PID namespace the agent does not see)"
+        for pid in ctx.live.absent_message_pids
+        if pid in sizes
+    ]
 
 
 def _fragmentation(ctx: Context) -> tuple[float, Diagnosis] | None:
@@ -231,8 +246,19 @@ def _fragmentation(ctx: Context) -> tuple[float, Diagnosis] | None:
         f"({_pct(unallocated, pool) if pool else '-'} of its cache) and could not find "
         f"{format_size(requested)} in one piece"
     )
+    summary = "Fragmentation: let the allocator grow segments instead of splitting them"
     if usable >= requested:
         evidence += f"; that plus free memory ({format_size(usable)}) would have served it"
+    else:
+        # Even a cache with no holes would not have served this request.
+        evidence += (
+            f"; but that plus free memory ({format_size(usable)}) is less than the "
+            f"{format_size(requested)} request, so defragmenting alone would not have served it"
+        )
+        summary = (
+            "Fragmentation helps, but is not enough alone: also make the working set smaller "
+            "(or free the card)"
+        )
     # The parenthesised wording dates a PyTorch build before 2.1; out-of-tree devices
     # (torch_npu) still print it with expandable segments available.
     legacy = ctx.facts.category.startswith("pytorch_caching_allocator_oom_v1") and (
@@ -242,11 +268,60 @@ def _fragmentation(ctx: Context) -> tuple[float, Diagnosis] | None:
         _share(unallocated, ctx.capacity) + (DECISIVE if decisive else 0.0),
         Diagnosis(
             fix="fragmentation",
-            summary="Fragmentation: let the allocator grow segments instead of splitting them",
+            summary=summary,
             evidence=evidence,
-            commands=remedies.fragmentation(ctx.facts.alloc_conf_var, legacy=legacy),
+            commands=remedies.fragmentation(
+                ctx.facts.alloc_conf_var,
+                legacy=legacy,
+                # A message that names expandable_segments is from PyTorch >= 2.1.
+                modern=ctx.facts.advice == "expandable_segments",
+            ),
         ),
     )
+
+
+# PyTorch allocators whose "allowed" is set_per_process_memory_fraction's cap, checked
+# against the whole reserve before the card is asked for anything.
+_FRACTION_KINDS = {"pytorch_allocator": "cuda", "hip": "cuda", "xpu": "xpu"}
+
+
+def _memory_fraction(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """PyTorch refused the request against its per-process cap: what it had reserved plus
+    the request is over the ``allowed`` figure, whatever the card had free."""
+    facts, fig = ctx.facts, ctx.figures
+    limit, reserved, requested = fig.limit, fig.reserved, fig.requested
+    module = _FRACTION_KINDS.get(facts.kind)
+    if module is None or limit is None or reserved is None or requested is None:
+        return None
+    if fig.total is not None and limit >= fig.total:
+        return None  # no cap below the card
+    needed = reserved + requested
+    if needed <= limit:
+        return None
+    evidence = (
+        f"PyTorch's per-process limit is {format_size(limit)}; it had reserved "
+        f"{format_size(reserved)}, and that plus the {format_size(requested)} request is "
+        f"{format_size(needed)}, over the limit: the allocator refused before asking the card"
+    )
+    if fig.free is not None:
+        evidence += f", which had {format_size(fig.free)} free"
+    return (
+        2.0 + _share(needed, ctx.capacity),
+        Diagnosis(
+            fix="memory_limit",
+            summary="A per-process memory limit (set_per_process_memory_fraction) refused it: "
+            "raise or remove the limit",
+            evidence=evidence,
+            commands=remedies.memory_fraction(module, needed, fig.total, fig.free),
+        ),
+    )
+
+
+def _cap_refused(fig: Figures) -> bool:
+    """Whether a printed per-process cap explains the failure (see _memory_fraction)."""
+    if fig.limit is None or fig.reserved is None or fig.requested is None:
+        return False
+    return fig.reserved + fig.requested > fig.limit and (fig.total is None or fig.limit < fig.total)
 
 
 # Kinds whose messages name the limit that ran out, apart from the card's free memory.
@@ -261,6 +336,8 @@ def _limit_not_card(ctx: Context) -> tuple[float, Diagnosis] | None:
         return None
     if facts.category in remedies.UNKNOWN_BY_CATEGORY or facts.kind in _OWN_LIMITS:
         return None  # the wording names the limit itself (a pool's cap, a pod's share)
+    if facts.kind in _FRACTION_KINDS and _cap_refused(fig):
+        return None  # the printed cap is the cause (_memory_fraction)
     evidence = (
         f"{format_size(fig.free or 0)} was free for a {format_size(fig.requested or 0)} "
         f"request and it still failed, so {remedies.FREE_COVERED_CAUSES}"
@@ -478,6 +555,8 @@ def _held_across_steps(ctx: Context) -> tuple[float, Diagnosis] | None:
 
 def _model_too_large(ctx: Context) -> tuple[float, Diagnosis] | None:
     fig, facts, capacity = ctx.figures, ctx.facts, ctx.capacity
+    if facts.category == accelerate.CATEGORY:
+        return _no_batch_fits()
     if facts.phase not in _LOADING:
         return None
     loaded = (fig.allocated or 0) + (fig.requested or 0)
@@ -496,6 +575,29 @@ def _model_too_large(ctx: Context) -> tuple[float, Diagnosis] | None:
             summary="The weights do not fit: quantise, offload, or use a bigger GPU",
             evidence=evidence,
             commands=_weights_commands(facts, loaded, capacity),
+        ),
+    )
+
+
+def _no_batch_fits() -> tuple[float, Diagnosis]:
+    """Accelerate halved the batch down to zero: not even one sample fits."""
+    return (
+        2.0,
+        Diagnosis(
+            fix="model_too_large",
+            summary="Not even a batch of 1 fits: the model and its training state are too "
+            "large for this GPU (or others hold it)",
+            evidence="Accelerate's find_executable_batch_size halved the batch after every "
+            "out-of-memory error down to zero: every batch size ran out, so the batch is not "
+            "what is too large",
+            commands=[
+                "gpuwatch fit --params N --mode full   # weights, gradients and optimizer state "
+                "against this GPU (--mode lora / qlora for adapters)",
+                *remedies.WEIGHTS_UNSIZED,
+                "model.gradient_checkpointing_enable(); bf16; an 8-bit optimizer (bitsandbytes "
+                "AdamW8bit); LoRA instead of full fine-tuning",
+                *remedies.FIND_HOLDERS,
+            ],
         ),
     )
 
@@ -781,6 +883,7 @@ def _oom_killer_evidence(facts: OomFacts, general: str) -> str:
 
 
 _RULES: tuple[Rule, ...] = (
+    _memory_fraction,
     _limit_not_card,
     _other_processes,
     _fragmentation,

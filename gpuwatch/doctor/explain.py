@@ -13,11 +13,19 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuwatch.doctor.diagnosis import Diagnosis, diagnose
+from gpuwatch.doctor.diagnosis import FREE_COVER_MARGIN_BYTES, Diagnosis, diagnose
 from gpuwatch.doctor.facts import Kind, OomFacts
-from gpuwatch.doctor.figures import read_figures
+from gpuwatch.doctor.figures import Figures, read_figures
 from gpuwatch.doctor.history import PastEvent
-from gpuwatch.doctor.live import LiveGpu, LiveMatch, match_live_gpu
+from gpuwatch.doctor.live import (
+    LiveGpu,
+    LiveMatch,
+    MessageProcesses,
+    match_live_gpu,
+    relate_to_message,
+    room_now,
+    same_host,
+)
 from gpuwatch.doctor.parse import parse_oom
 from gpuwatch.snapshot import HostSnapshot
 
@@ -99,19 +107,13 @@ def explain_facts(
 ) -> Explanation:
     """:func:`explain` for an already parsed message."""
     figures = read_figures(facts)
-    match = (
-        match_live_gpu(
-            snapshot,
-            facts.device_index,
-            total_bytes=figures.total,
-            device_type=facts.device_type,
-            now=now,
-        )
-        if snapshot is not None
-        else LiveMatch(None)
-    )
+    match = _live_match(facts, figures, snapshot, now)
     live = match.gpu
     notes = figures.notes + ([match.note] if match.note else [])
+    if live is not None:
+        live = relate_to_message(live, _message_processes(facts, figures))
+        room = room_now(live, figures.requested, margin=FREE_COVER_MARGIN_BYTES)
+        notes += [room] if room else []
     return Explanation(
         recognized=True,
         kind=facts.kind,
@@ -130,7 +132,9 @@ def explain_facts(
         other_processes_bytes=figures.others_bytes,
         other_processes=[
             OtherProcess(
-                pid=p.pid, used_bytes=p.used_bytes, probably_this_process=p.pid == figures.self_pid
+                pid=p.pid,
+                used_bytes=p.used_bytes,
+                probably_this_process=p.pid in figures.self_candidates,
             )
             for p in facts.other_processes
         ],
@@ -139,4 +143,42 @@ def explain_facts(
         live=live,
         live_note=match.note,
         printed=facts,
+    )
+
+
+def _live_match(
+    facts: OomFacts, figures: Figures, snapshot: HostSnapshot | None, now: float | None
+) -> LiveMatch:
+    """The local GPU the message is about, unless the message names another host."""
+    if snapshot is None:
+        return LiveMatch(None)
+    if facts.host is not None and not same_host(facts.host, snapshot.hostname):
+        # Its GPUs are not this host's: this host's holders are nobody's answer.
+        return LiveMatch(None, other_host_note(facts.host, snapshot.hostname))
+    return match_live_gpu(
+        snapshot,
+        facts.device_index,
+        total_bytes=figures.total,
+        device_type=facts.device_type,
+        now=now,
+    )
+
+
+def other_host_note(message_host: str, hostname: str) -> str:
+    """Why nothing of this host (live view, server history) is attached."""
+    return (
+        f"the message is from {message_host}; this agent is on {hostname}: live context and "
+        f"server history not attached (run gpuwatch explain on {message_host})"
+    )
+
+
+def _message_processes(facts: OomFacts, figures: Figures) -> MessageProcesses:
+    ours = set(figures.self_candidates)
+    if facts.pid is not None:
+        ours.add(facts.pid)  # NCCL's prefix names the process that printed it
+    return MessageProcesses(
+        listed=tuple(p.pid for p in facts.other_processes),
+        this_process_pids=frozenset(ours),
+        this_process_bytes=figures.this_process,
+        reserved_bytes=figures.reserved,
     )

@@ -38,6 +38,15 @@ SELF_MATCH_SLACK_BYTES = 2 * GIB
 # (total - free) before the list must hold this process: the figures are read at slightly
 # different moments, and sizes are printed rounded.
 IN_USE_TOLERANCE_BYTES = 256 * MIB
+# Two listed processes whose sizes differ by no more than this are equally likely to be
+# this process (sizes are printed to 10 MiB, and read at slightly different moments).
+SELF_TIE_BYTES = 64 * MIB
+# How far what the card had in use beyond this process (total - free - ours) may exceed the
+# processes listed before the rest is memory nobody listed: NVML lists only the processes
+# it can attribute (not another VM's or container's, nor a dead process's memory the driver
+# has not released yet), and the figures are read at slightly different moments.
+UNLISTED_MIN_BYTES = 512 * MIB
+UNLISTED_MIN_SHARE = 0.02
 # More memory than any one accelerator has (the largest hold a few hundred GiB, unified
 # memory included): a figure over it is a running total or a corrupt value.
 MAX_DEVICE_BYTES = 2048 * GIB
@@ -57,6 +66,9 @@ class Figures:
     limit: int | None  # a per-process cap (memory fraction, MPS watermark) if printed
     others: list[ProcessUse] = field(default_factory=list)  # neighbours, self removed
     self_pid: int | None = None  # the listed PID judged to be this process
+    # Listed PIDs as likely to be this process as ``self_pid`` (the same size): one of them
+    # is, so none is a neighbour to stop. Includes ``self_pid`` when set.
+    self_candidates: frozenset[int] = frozenset()
     others_bytes: int | None = None  # memory held by everything but this process
     others_estimated: bool = False  # True: total - free - ours, not a process list
     notes: list[str] = field(default_factory=list)
@@ -169,9 +181,20 @@ def _split_self(facts: OomFacts, figures: Figures) -> None:
         return
     # The least memory outside PyTorch is the likeliest: a neighbour's size is anything.
     me = min(fits, key=lambda p: p.used_bytes - reserved)
+    tied = [p for p in fits if abs(p.used_bytes - me.used_bytes) <= SELF_TIE_BYTES]
     figures.self_pid = me.pid
+    figures.self_candidates = frozenset(p.pid for p in tied)
     figures.this_process = me.used_bytes
     figures.others = [p for p in figures.others if p is not me]
+    if len(tied) > 1:
+        pids = " or ".join(f"Process {p.pid}" for p in tied)
+        figures.notes.append(
+            f"{pids} ({format_size(me.used_bytes)} each) is most likely this process under its "
+            "host PID (a container has its own PID namespace), and their sizes cannot tell "
+            "which: check which is yours (nvidia-smi on the host, ps -o pid,user,cmd -p PID) "
+            "before stopping the other"
+        )
+        return
     if listed_holds_us:
         why = (
             f"the processes listed ({format_size(listed)}) plus PyTorch's own "
@@ -194,20 +217,42 @@ def _in_use(figures: Figures) -> int | None:
 
 
 def _estimate_others(facts: OomFacts, figures: Figures) -> None:
-    if facts.other_processes:
-        figures.others_bytes = sum(p.used_bytes for p in figures.others)
+    beyond_us = _in_use_beyond_us(figures)
+    if not facts.other_processes:
+        if beyond_us is not None:
+            # Pre-2.1 wordings and ROCm (no process list): what the card has in use
+            # beyond this process belongs to someone else.
+            figures.others_bytes = beyond_us
+            figures.others_estimated = True
         return
+    listed = sum(p.used_bytes for p in figures.others)
+    figures.others_bytes = listed
+    if beyond_us is None or figures.total is None:
+        return
+    unlisted = beyond_us - listed
+    if unlisted <= max(UNLISTED_MIN_BYTES, UNLISTED_MIN_SHARE * figures.total):
+        return
+    # A list that falls short of what the card had in use: the rest is held all the same,
+    # by processes NVML could not list, and must not make the others' share look smaller.
+    figures.others_bytes = beyond_us
+    figures.others_estimated = True
+    figures.notes.append(
+        f"{format_size(unlisted)} of the card is held by processes the message does not list "
+        f"(total - free - this process - the {format_size(listed)} listed): another container "
+        "or VM on the same GPU, or the memory of a process that died and that the driver has "
+        "not released yet"
+    )
+
+
+def _in_use_beyond_us(figures: Figures) -> int | None:
+    """total - free - this process (or PyTorch's reserve and a context), where known."""
     ours = figures.this_process
     if ours is None and figures.reserved is not None:
         ours = figures.reserved + CONTEXT_ALLOWANCE_BYTES
-    if figures.total is None or figures.free is None or ours is None:
-        return
-    if figures.free > figures.total:
-        return  # an APU's shared memory: "free" is not a share of this total
-    # Only pre-2.1 wordings and ROCm (no process list) get here: what the card has
-    # in use beyond this process belongs to someone else.
-    figures.others_bytes = max(0, figures.total - figures.free - ours)
-    figures.others_estimated = True
+    in_use = _in_use(figures)
+    if in_use is None or ours is None:
+        return None  # an APU's shared memory: "free" is not a share of this total
+    return max(0, in_use - ours)
 
 
 def _sanity_notes(figures: Figures) -> None:
@@ -228,6 +273,12 @@ def _sanity_notes(figures: Figures) -> None:
             f"a per-process limit of {format_size(limit)} is set (set_per_process_memory_fraction); "
             f"PyTorch had reserved {format_size(reserved)} of it"
         )
+    capped = (
+        limit is not None and reserved is not None and requested is not None
+        and reserved + requested > limit
+    )  # fmt: skip
+    if capped:
+        return  # the cap refused it (diagnosis._memory_fraction), not anything about free
     if requested is not None and free is not None and free >= requested and free <= (total or free):
         figures.notes.append(
             f"free ({format_size(free)}) was at least the request ({format_size(requested)}) "

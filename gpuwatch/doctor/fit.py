@@ -29,6 +29,10 @@ The formulas and their sources are in docs/doctor.md. In short, in bytes:
   working set during prefill, (4h + 2i) x seq x batch x 2 bytes, plus the last
   token's fp32 logits.
 * overhead: 1 GiB for the CUDA context, cuBLAS/cuDNN workspaces and allocator slack.
+* over N GPUs (``Workload.gpus``), one GPU's share (:func:`_per_gpu`): tensor parallel
+  for inference (weights and KV heads split; activations and overhead on each), FSDP /
+  ZeRO-3 for training (weights, gradients and optimizer state split, plus one layer
+  gathered whole; each GPU's own batch of activations).
 
 Activations are estimates (kernels and frameworks differ); everything else is exact
 arithmetic on the architecture.
@@ -53,7 +57,7 @@ from gpuwatch.doctor.architecture import Architecture, shape_variants, typical_s
 from gpuwatch.doctor.units import GIB
 from gpuwatch.errors import ConfigError
 
-Dtype = Literal["fp32", "bf16", "fp16", "int8", "int4", "nf4"]
+Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "nf4"]
 Mode = Literal["inference", "full", "lora", "qlora"]
 Verdict = Literal["fits", "tight", "does_not_fit", "unknown"]
 
@@ -61,11 +65,26 @@ BITS_PER_PARAM: dict[str, float] = {
     "fp32": 32,
     "bf16": 16,
     "fp16": 16,
+    "fp8": 8,  # E4M3/E5M2: a byte a weight, as int8 (vLLM --quantization fp8)
     "int8": 8,
-    "int4": 4 + 16 / 128,  # an fp16 scale per group of 128 (GPTQ/AWQ default)
+    # An fp16 scale per group of 128 (GPTQ/AWQ default); a config's own group_size and
+    # zeros are read into Architecture.stored_bits (architecture._group_bits).
+    "int4": 4 + 16 / 128,
     "nf4": 4 + 0.127,  # QLoRA double quantisation: 0.127 bits of constants per parameter
 }
-QUANTISED = ("int8", "int4", "nf4")
+QUANTISED = ("fp8", "int8", "int4", "nf4")
+# How people spell a dtype: torch's and config.json's torch_dtype names, any case.
+DTYPE_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "e4m3": "fp8",
+}
 FOUR_BIT = ("int4", "nf4")
 ADAM_BYTES_PER_TRAINABLE = 16
 # Training activations, in bytes a token at 16-bit, as a Hugging Face decoder layer
@@ -155,6 +174,9 @@ class Workload:
     batch: int = 1
     lora_rank: int = DEFAULT_LORA_RANK
     checkpointing: bool = False
+    # GPUs the model is split over: tensor parallel for inference, fully sharded data
+    # parallel (FSDP, ZeRO-3) for training; every figure is then one GPU's.
+    gpus: int = 1
 
 
 @dataclass
@@ -219,6 +241,22 @@ class Breakdown:
 # Tokens in flight past any workload (the longest contexts are a few million tokens): a
 # count past it is a typo, and the float arithmetic after it would overflow.
 MAX_TOKENS = 10**12
+# More GPUs than one tensor- or data-parallel group spans (a few thousand): a typo.
+MAX_GPUS = 4096
+
+
+def normalise_dtype(text: str) -> str:
+    """``"bfloat16"``, ``"BF16"`` -> ``"bf16"``: a dtype as fit names it, whatever its
+    spelling (torch's names, config.json's ``torch_dtype``, any case). Raises
+    ``ConfigError`` for an empty or unknown one."""
+    name = text.strip().lower()
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in get_args(Dtype):
+        raise ConfigError(
+            f"--dtype must be one of {', '.join(get_args(Dtype))} (or bfloat16, float16,"
+            f" float32), not {text!r}"
+        )
+    return name
 
 
 def validate(workload: Workload) -> Workload:
@@ -228,6 +266,8 @@ def validate(workload: Workload) -> Workload:
             f"--context x --batch: {Decimal(workload.context * workload.batch):.3g} tokens is"
             f" beyond any workload (at most {MAX_TOKENS:.0e})"
         )
+    if not 1 <= workload.gpus <= MAX_GPUS:
+        raise ConfigError(f"--gpus must be 1 to {MAX_GPUS}")
     if workload.dtype not in get_args(Dtype):
         raise ConfigError(f"--dtype must be one of {', '.join(get_args(Dtype))}")
     if workload.mode not in get_args(Mode):
@@ -379,7 +419,13 @@ def _estimate_shaped(workload: Workload) -> Breakdown:
             notes.append(f"KV cache: {unread}")
     if dtype in QUANTISED and as_stored(arch, dtype):
         notes.extend(_layout_notes(arch))
-    return Breakdown(
+    if arch.max_positions is not None and workload.context > arch.max_positions:
+        notes.append(
+            f"context {workload.context:,} is past the model's {arch.max_positions:,} positions"
+            " (max_position_embeddings): it was not trained for it, and transformers or vLLM"
+            " refuse it without RoPE scaling"
+        )
+    whole = Breakdown(
         weights,
         kv_cache,
         gradients,
@@ -389,6 +435,81 @@ def _estimate_shaped(workload: Workload) -> Breakdown:
         kv_per_token=per_token,
         kv_split=split,
     )
+    return _per_gpu(whole, workload) if workload.gpus > 1 else whole
+
+
+def _per_gpu(whole: Breakdown, workload: Workload) -> Breakdown:
+    """One GPU's share when the model is split over ``workload.gpus``.
+
+    Inference, tensor parallel (vLLM, TGI): each GPU holds 1/N of the weights and its
+    KV heads' share of the cache; where N exceeds the KV heads they are replicated
+    (vLLM), and a latent or per-block cache layout is counted whole. One layer's
+    activations and the overhead are on every GPU. Training, fully sharded (FSDP
+    FULL_SHARD, ZeRO-3): weights, gradients and optimizer state are 1/N each, plus the one
+    layer FSDP gathers whole for its forward and backward; activations are each GPU's own
+    --batch (data parallel).
+    """
+    gpus, arch = workload.gpus, workload.arch
+    notes = list(whole.notes)
+    if workload.mode == "inference":
+        keep, of = _kv_share(arch, gpus)
+        split = whole.kv_split
+        if split is not None:
+            split = replace(
+                split,
+                full_layers_bytes=-(-split.full_layers_bytes * keep // of),
+                sliding_layers_bytes=-(-split.sliding_layers_bytes * keep // of),
+                full_context_bytes=-(-split.full_context_bytes * keep // of),
+            )
+        kv = None if whole.kv_cache is None or split is None else split.total
+        if arch.heads and not arch.estimated and arch.heads % gpus:
+            notes.append(
+                f"tensor parallel over {gpus} GPUs needs the {arch.heads} attention heads to"
+                " divide by it (vLLM refuses otherwise); pipeline parallelism does not"
+            )
+        notes.append(
+            f"per GPU, tensor parallel over {gpus} GPUs: weights split {gpus} ways, KV cache"
+            f" {_kv_share_text(arch, gpus)}; activations (one layer's) and the"
+            f" {_gib(whole.overhead)} CUDA context counted on every GPU; NCCL buffers and CUDA"
+            " graphs not counted"
+        )
+        return replace(
+            whole, weights=-(-whole.weights // gpus), kv_cache=kv, kv_split=split, notes=notes
+        )
+    layers = arch.layers or 1
+    gathered = max(0, weight_bytes(arch, workload.dtype) - 2 * arch.embedding_params) // layers
+    notes.append(
+        f"per GPU, fully sharded over {gpus} GPUs (FSDP FULL_SHARD / ZeRO-3): weights,"
+        f" gradients and optimizer state split {gpus} ways, plus one layer gathered whole"
+        f" ({_gib(gathered)}); activations for --batch {workload.batch} on every GPU (data"
+        f" parallel) and the {_gib(whole.overhead)} CUDA context on each; NCCL buffers not"
+        " counted"
+    )
+    return replace(
+        whole,
+        weights=-(-whole.weights // gpus) + gathered,
+        gradients=-(-whole.gradients // gpus),
+        optimizer=-(-whole.optimizer // gpus),
+        notes=notes,
+    )
+
+
+def _kv_share(arch: Architecture, gpus: int) -> tuple[int, int]:
+    """The fraction (``keep`` / ``of``) of the KV cache one GPU holds under tensor
+    parallelism: ceil(KV heads / N) of the KV heads (at least one, replicated past N =
+    KV heads, as vLLM does); all of it for a latent (MLA) or per-block layout."""
+    kv_heads = arch.kv_heads or 0
+    if arch.kv_elements is not None or kv_heads == 0:
+        return 1, 1
+    return -(-kv_heads // gpus), kv_heads
+
+
+def _kv_share_text(arch: Architecture, gpus: int) -> str:
+    keep, of = _kv_share(arch, gpus)
+    if keep == of:
+        return "whole on every GPU (its layout is not split by KV head)"
+    replicated = " (replicated: fewer KV heads than GPUs)" if gpus > of else ""
+    return f"{keep} of its {of} KV heads on each{replicated}"
 
 
 def _layout_notes(arch: Architecture) -> list[str]:
@@ -398,7 +519,8 @@ def _layout_notes(arch: Architecture) -> list[str]:
         kept = ", ".join(arch.kept_unquantised)
         bits = f"; quantised weights at {arch.stored_bits:g} bits" if arch.stored_bits else ""
         notes.append(
-            f"weights: {kept} stay 16-bit, as the config's quantization_config leaves them"
+            f"weights: {kept} {'stays' if len(arch.kept_unquantised) == 1 else 'stay'} 16-bit,"
+            " as the config's quantization_config leaves them"
             f" ({_gib(2 * (arch.kept_params + arch.embedding_params))}){bits}"
         )
     if arch.unplaced_unquantised:
@@ -539,7 +661,8 @@ def options(workload: Workload, capacity: int) -> list[Option]:
         )
     if workload.mode != "inference" and not workload.checkpointing:
         consider(
-            "gradient checkpointing (model.gradient_checkpointing_enable())",
+            "gradient checkpointing (--gradient-checkpointing;"
+            " model.gradient_checkpointing_enable())",
             replace(workload, checkpointing=True),
         )
     if workload.batch > 1:
@@ -549,7 +672,8 @@ def options(workload: Workload, capacity: int) -> list[Option]:
     shorter = max_context(workload, capacity)
     if shorter is not None and shorter < workload.context:
         consider(f"shorter context (--context {shorter})", replace(workload, context=shorter))
-    offload = _offload(workload, capacity)
+    # Offloading to one GPU's CPU share is no advice for a model already split over GPUs.
+    offload = _offload(workload, capacity) if workload.gpus == 1 else None
     if offload is not None:
         found.append(offload)
     if not found:
@@ -557,6 +681,46 @@ def options(workload: Workload, capacity: int) -> list[Option]:
         if combined is not None:
             found.append(combined)
     return found
+
+
+def parallel_option(workload: Workload, capacity: int, max_gpus: int) -> Option | None:
+    """Split over more GPUs, up to ``max_gpus``: the fewest that fit with headroom
+    (``fits`` True), else the per-GPU figure at ``max_gpus`` (``fits`` False); ``None``
+    when no more GPUs are at hand.
+
+    Tensor parallelism needs the attention heads to divide by the GPU count (vLLM refuses
+    otherwise); without a config, powers of two. FSDP shards any count.
+    """
+    counts = [n for n in range(workload.gpus + 1, max_gpus + 1) if _can_split(workload, n)]
+    last: Option | None = None
+    for gpus in counts:
+        try:
+            breakdown = estimate(validate(replace(workload, gpus=gpus)))
+        except ConfigError:
+            return last
+        option = _option(_parallel_change(workload, gpus), breakdown)
+        if range_fits(breakdown, capacity):
+            return option
+        last = replace(option, fits=False)
+    return last
+
+
+def _can_split(workload: Workload, gpus: int) -> bool:
+    if workload.mode != "inference":
+        return True
+    heads = workload.arch.heads
+    if heads is None or workload.arch.estimated:
+        return gpus & (gpus - 1) == 0
+    return heads % gpus == 0
+
+
+def _parallel_change(workload: Workload, gpus: int) -> str:
+    if workload.mode == "inference":
+        return (
+            f"tensor parallel over {gpus} GPUs, per GPU (--gpus {gpus};"
+            f" vLLM --tensor-parallel-size {gpus})"
+        )
+    return f"shard over {gpus} GPUs with FSDP/ZeRO-3, per GPU (--gpus {gpus})"
 
 
 def _combined(workload: Workload, capacity: int) -> Option | None:

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from gpuwatch.doctor.architecture import Architecture, load_hf_config, parse_param_count
 from gpuwatch.doctor.fit import (
+    DEFAULT_LORA_RANK,
     FITS_HEADROOM,
     Breakdown,
     Dtype,
@@ -27,13 +28,23 @@ from gpuwatch.doctor.fit import (
     component_name,
     deciding_part,
     estimate,
+    fits,
+    normalise_dtype,
     options,
+    parallel_option,
     validate,
+    verdict,
 )
-from gpuwatch.doctor.gpus import GpuTarget, catalogue_target, local_targets, smallest_fitting
-from gpuwatch.doctor.live import fetch_local_snapshot
+from gpuwatch.doctor.gpus import (
+    GpuTarget,
+    catalogue_target,
+    larger_mig_profile,
+    local_targets,
+    smallest_fitting,
+)
+from gpuwatch.doctor.live import agent_url_problem, fetch_local_snapshot
 from gpuwatch.doctor.units import format_size
-from gpuwatch.errors import ConfigError
+from gpuwatch.errors import ConfigError, RemoteError
 from gpuwatch.terminal_text import printable
 
 
@@ -47,6 +58,11 @@ class GpuFit:
     fits_free_now: bool | None
     options: list[Option]
     bigger_gpu: str | None
+    # Splitting over more GPUs (this host's identical cards, or up to a node's 8 when
+    # the request already splits): the fewest that fit, or the most and still too big.
+    parallel: Option | None = None
+    # "fits" or "tight" in what is free now, with the verdict's headroom; None off-host.
+    free_now: Verdict | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,13 @@ class FitReport:
             "mode": self.workload.mode,
             "context": self.workload.context,
             "batch": self.workload.batch,
+            "gpus_per_model": self.workload.gpus,
+            "gradient_checkpointing": (
+                None if self.workload.mode == "inference" else self.workload.checkpointing
+            ),
+            "lora_rank": (
+                self.workload.lora_rank if self.workload.mode in ("lora", "qlora") else None
+            ),
             "kv_cache_bytes_per_token": self.breakdown.kv_per_token,
             "kv_cache": self._kv_cache_json(),
             "unquantised": self._unquantised_json(),
@@ -113,6 +136,7 @@ class FitReport:
                     "verdict": g.verdict,
                     "headroom_ratio": round(g.headroom_ratio, 4),
                     "fits_free_now": g.fits_free_now,
+                    "free_now_verdict": g.free_now,
                     "options": [
                         {
                             "change": o.change,
@@ -122,6 +146,7 @@ class FitReport:
                         for o in g.options
                     ],
                     "bigger_gpu": g.bigger_gpu,
+                    "parallel": _parallel_json(g.parallel),
                 }
                 for g in self.gpus
             ],
@@ -159,7 +184,7 @@ class FitReport:
             f"{w.arch.name or 'model'}: {w.arch.params / 1e9:.2f}B parameters{counted},"
             f" {w.dtype}{stored}, {w.mode}"
         )
-        lines = [f"{title}, context {w.context} x batch {w.batch}"]
+        lines = [f"{title}, context {w.context} x batch {w.batch}{_setup(w)}"]
         rows = [
             ("weights", "weights", b.weights),
             ("KV cache", "kv_cache", b.kv_cache),
@@ -187,14 +212,20 @@ class FitReport:
         lines.append(_row("total", b.total, total_range))
         for gpu in self.gpus:
             lines.append("")
-            lines.append(_verdict_line(gpu, b))
+            lines.append(_verdict_line(gpu, b, w))
+            if gpu.parallel is not None and gpu.parallel.fits:
+                lines.append(f"  makes it fit: {_option_text(gpu.parallel)}")
             lines.extend(f"  makes it fit: {_option_text(o)}" for o in gpu.options)
             if gpu.verdict == "fits":
                 continue
-            if gpu.bigger_gpu:
+            if gpu.bigger_gpu and gpu.bigger_gpu.startswith("a larger MIG"):
+                lines.append(f"  makes it fit: {gpu.bigger_gpu}")
+            elif gpu.bigger_gpu:
                 lines.append(f"  makes it fit: a bigger GPU ({gpu.bigger_gpu})")
-            elif not gpu.options:
+            elif not gpu.options and (gpu.parallel is None or not gpu.parallel.fits):
                 lines.append(f"  no single GPU or setting here fits it: {_sharding(w)}")
+            if gpu.parallel is not None and not gpu.parallel.fits:
+                lines.append(f"  still does NOT fit: {_option_text(gpu.parallel)}")
         if self.unknown_because:
             lines.append("")
             lines.append(f"cannot tell: {self.unknown_because}")
@@ -202,6 +233,17 @@ class FitReport:
         # A model's name is its folder's, a GPU's the agent's: text from outside, shown
         # with any control character escaped (as explain's report is).
         return "\n".join(printable(line) for line in lines) + "\n"
+
+
+def _parallel_json(option: Option | None) -> dict[str, Any] | None:
+    if option is None:
+        return None
+    return {
+        "change": option.change,
+        "total_bytes": option.total_bytes,
+        "total_high_bytes": option.high_bytes,
+        "fits": option.fits,
+    }
 
 
 def _kv_rows(split: KvSplit, context: int) -> list[str]:
@@ -249,9 +291,23 @@ def _row(label: str, value: int | None, spread: tuple[int, int] | None) -> str:
     return line
 
 
-def _verdict_line(gpu: GpuFit, breakdown: Breakdown) -> str:
+def _setup(workload: Workload) -> str:
+    """What the title says of the setup beyond the workload: the split over GPUs, and for
+    LoRA its rank."""
+    parts = []
+    if workload.mode in ("lora", "qlora"):
+        parts.append(f"LoRA rank {workload.lora_rank}")
+    if workload.gpus > 1:
+        how = "tensor parallel" if workload.mode == "inference" else "FSDP/ZeRO-3"
+        parts.append(f"{how} over {workload.gpus} GPUs: figures per GPU")
+    return "".join(f", {part}" for part in parts)
+
+
+def _verdict_line(gpu: GpuFit, breakdown: Breakdown, workload: Workload) -> str:
     card, total = gpu.target.total_bytes, breakdown.total
     name = f"{gpu.target.name} ({format_size(card)})"
+    if workload.gpus > 1:
+        name = f"{workload.gpus} x {gpu.target.name} ({format_size(card)} each)"
     if gpu.verdict == "does_not_fit" and total > card:
         # A negative "headroom" reads as nonsense: say how far over the card it is.
         line = (
@@ -269,8 +325,18 @@ def _verdict_line(gpu: GpuFit, breakdown: Breakdown) -> str:
             gpu.verdict
         ]
         line = f"{name}: {word} ({gpu.headroom_ratio:.0%} headroom; want >= {FITS_HEADROOM:.0%})"
-    if gpu.fits_free_now is not None:
-        line += "; fits in what is free now" if gpu.fits_free_now else "; NOT in what is free now"
+    if gpu.free_now is not None:
+        line += {
+            "fits": "; fits in what is free now",
+            "tight": "; fits, but tight, in what is free now",
+        }.get(gpu.free_now, "; NOT in what is free now (with the same headroom)")
+    if workload.mode != "inference":
+        # The exit code rests on it: say which way activations were counted.
+        line += (
+            "; with gradient checkpointing"
+            if workload.checkpointing
+            else "; without gradient checkpointing"
+        )
     return line
 
 
@@ -284,17 +350,44 @@ def run_fit(
     batch: int,
     gpu: list[str],
     agent: str,
+    gpus: int = 1,
+    checkpointing: bool | None = None,
+    lora_rank: int | None = None,
 ) -> FitReport:
-    """Build the report; raises ``ConfigError`` for bad option values or no local GPUs."""
+    """Build the report; raises ``ConfigError`` for bad option values, ``RemoteError``
+    when ``--gpu local`` finds no agent.
+
+    ``checkpointing`` ``None`` is the mode's usual setting: on for QLoRA, as
+    peft.prepare_model_for_kbit_training turns it on, off otherwise.
+    """
+    if dtype is not None:
+        dtype = normalise_dtype(dtype)
     arch = _architecture(params, config)
     chosen = dtype or _default_dtype(arch, mode)
-    workload = validate(Workload(arch, cast(Dtype, chosen), cast(Mode, mode), context, batch))
+    training = mode in ("full", "lora", "qlora")
+    if checkpointing is not None and not training:
+        raise ConfigError("--gradient-checkpointing applies to training (--mode full, lora, qlora)")
+    if lora_rank is not None and mode not in ("lora", "qlora"):
+        raise ConfigError("--lora-rank applies to --mode lora or qlora")
+    workload = validate(
+        Workload(
+            arch,
+            cast(Dtype, chosen),
+            cast(Mode, mode),
+            context,
+            batch,
+            lora_rank=lora_rank or DEFAULT_LORA_RANK,
+            checkpointing=mode == "qlora" if checkpointing is None else checkpointing,
+            gpus=gpus,
+        )
+    )
     breakdown = estimate(workload)
     from_config = dtype is None and chosen == arch.stored_dtype and mode != "qlora"
+    targets = _targets(gpu, agent, gpus)
     return FitReport(
         workload,
         breakdown,
-        [_fit_on(workload, breakdown, t) for t in _targets(gpu, agent)],
+        [_fit_on(workload, breakdown, t) for t in targets],
         dtype_source=arch.stored_as if from_config else None,
     )
 
@@ -332,39 +425,85 @@ def _architecture(params: str | None, config: Path | None) -> Architecture:
     return Architecture(params=parse_param_count(params), name=f"{params} model")
 
 
-def _targets(gpus: list[str], agent: str) -> list[GpuTarget]:
-    """Every GPU asked about, in order: each ``--gpu`` value, commas splitting a value."""
+def _targets(gpus: list[str], agent: str, split: int = 1) -> list[GpuTarget]:
+    """Every GPU asked about, in order: each ``--gpu`` value, commas splitting a value;
+    the same card twice (however spelt) once. With ``split`` > 1 GPUs, only this host's
+    GPUs of which it has that many alike."""
     names = [name.strip() for value in gpus for name in value.split(",")]
     if not names or "" in names:
         raise ConfigError("--gpu: empty GPU name; use a size like 24GiB, 'local' or a card name")
     targets: list[GpuTarget] = []
-    for name in dict.fromkeys(names):  # the same card twice is asked about once
-        targets += _local_targets(agent) if name.lower() == "local" else [catalogue_target(name)]
+    for name in names:
+        found = (
+            _local_targets(agent, split) if name.lower() == "local" else [catalogue_target(name)]
+        )
+        targets += [t for t in found if t not in targets]
     return targets
 
 
-def _local_targets(agent: str) -> list[GpuTarget]:
+def _local_targets(agent: str, split: int = 1) -> list[GpuTarget]:
+    # A URL that cannot be an agent's is a bad option (3); one that does not answer is
+    # an unreachable agent (RemoteError, 5), as docs/exit-codes.md has it.
+    problem = agent_url_problem(agent)
+    if problem is not None:
+        raise ConfigError(f"--agent {agent!r}: {problem}")
     snapshot = fetch_local_snapshot(agent)
     if snapshot is None:
-        raise ConfigError(f"--gpu local: no gpuwatch agent answered at {agent}; name a GPU instead")
+        raise RemoteError(f"--gpu local: no gpuwatch agent answered at {agent}; name a GPU instead")
     targets = local_targets(snapshot)
     if not targets:
         raise ConfigError("--gpu local: the agent reports no GPU with a known memory size")
+    if split > 1:
+        targets = [t for t in targets if t.peers >= split]
+        if not targets:
+            most = max(t.peers for t in local_targets(snapshot))
+            raise ConfigError(
+                f"--gpus {split}: this host has at most {most} alike GPU(s) to split over"
+                " (MIG instances are never split over)"
+            )
     return targets
 
 
 def _fit_on(workload: Workload, breakdown: Breakdown, target: GpuTarget) -> GpuFit:
     total = breakdown.total
     result = breakdown_verdict(breakdown, target.total_bytes)
-    free_now = None if target.free_bytes is None else total <= target.free_bytes
+    free_now = _free_now(breakdown, target)
+    parallel = None
+    if result != "fits":
+        parallel = parallel_option(workload, target.total_bytes, _most_gpus(workload, target))
     return GpuFit(
         target=target,
         verdict=result,
         headroom_ratio=1 - total / target.total_bytes,
-        fits_free_now=free_now,
+        fits_free_now=None if free_now is None else fits(free_now),
         options=[] if result == "fits" else options(workload, target.total_bytes),
         bigger_gpu=None if result == "fits" else _bigger_gpu(workload, breakdown, target),
+        parallel=parallel,
+        free_now=free_now,
     )
+
+
+# A node's GPUs: how far a split is offered for a catalogue card once the request splits.
+NODE_GPUS = 8
+
+
+def _most_gpus(workload: Workload, target: GpuTarget) -> int:
+    """The most GPUs a split may use: this host's alike cards for a local GPU; a node's
+    for a catalogue card when the request already splits, else none beyond the one."""
+    if target.local:
+        return target.peers
+    return max(NODE_GPUS, workload.gpus) if workload.gpus > 1 else 1
+
+
+def _free_now(breakdown: Breakdown, target: GpuTarget) -> Verdict | None:
+    """The verdict on what is free now, with the verdict's own headroom and at the top of
+    an estimated range: "fits in what is free" with no room to spare OOMs at the first
+    long batch. ``None`` when the free memory is unknown."""
+    if target.free_bytes is None:
+        return None
+    if target.free_bytes <= 0:
+        return "does_not_fit"
+    return verdict(breakdown.worst_total, target.free_bytes)
 
 
 def _bigger_gpu(workload: Workload, breakdown: Breakdown, target: GpuTarget) -> str | None:
@@ -374,6 +513,13 @@ def _bigger_gpu(workload: Workload, breakdown: Breakdown, target: GpuTarget) -> 
     For an estimated shape the central total may fit a card the high end does not; a
     suggestion that can still be "cannot tell" does not make it fit.
     """
+    if target.mig_profile is not None:
+        # A MIG instance: a larger slice of the card it is on comes before another card.
+        profile = larger_mig_profile(
+            breakdown.worst_total, headroom=FITS_HEADROOM, profile=target.mig_profile
+        )
+        if profile is not None:
+            return f"a larger MIG profile: {profile}"
     return smallest_fitting(
         breakdown.worst_total,
         headroom=FITS_HEADROOM,

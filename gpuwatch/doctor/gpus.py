@@ -37,11 +37,39 @@ CATALOGUE_MIB: dict[str, int] = {
     "A6000": 48 * 1024,  # nominal
     "A100-80GB": 81_920,  # driver total (= 80 GiB)
     "H100-80GB": 81_559,  # driver total
+    "H100-NVL": 95_830,  # driver total (sold as 94 GB)
     "H200": 143_771,  # driver total
     "B200": 180 * 1024,  # nominal
 }
 # Cards without bf16 arithmetic (before Ampere): no use as "a bigger GPU" for bf16.
 NO_BF16 = frozenset({"T4", "V100-16GB", "V100-32GB"})
+# Other spellings of a catalogue card.
+ALIASES = {"H10094GB": "H100-NVL", "H100NVL94GB": "H100-NVL", "H10080GBHBM3": "H100-80GB"}
+# A bare family name is several cards: refused with the variants rather than guessed.
+AMBIGUOUS = {
+    "H100": ("H100-80GB", "H100-NVL"),
+    "A100": ("A100-40GB", "A100-80GB"),
+    "V100": ("V100-16GB", "V100-32GB"),
+}
+# MIG profiles, MiB: the driver's total for the instance (nvidia-smi mig -lgip, GiB x
+# 1024), the smallest any card gives that profile name (an A100-80GB's 1g.10gb has
+# 9.50 GiB, an H100's a little more). A MIG instance is never the whole card.
+MIG_PROFILES_MIB: dict[str, int] = {
+    # A100-40GB
+    "1g.5gb": 4_864,
+    "2g.10gb": 9_984,
+    "3g.20gb": 20_090,
+    "4g.20gb": 20_090,
+    "7g.40gb": 40_448,
+    # A100-80GB, H100-80GB
+    "1g.10gb": 9_728,
+    "1g.20gb": 19_968,
+    "2g.20gb": 19_968,
+    "3g.40gb": 40_192,
+    "4g.40gb": 40_192,
+    "7g.80gb": 81_152,
+}
+_MIG_NAME = re.compile(r"\s*(?:MIG[\s-]*)?(\d+g\.\d+gb)\s*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -51,6 +79,12 @@ class GpuTarget:
     name: str
     total_bytes: int
     free_bytes: int | None = None
+    # This host's GPUs of the same size, this one included (what it can split over);
+    # 1 for a MIG instance, which is never split over.
+    peers: int = 1
+    local: bool = False
+    # The MIG profile (``3g.40gb``) of a MIG instance; None for a whole card.
+    mig_profile: str | None = None
 
 
 def _canonical(name: str) -> str:
@@ -67,15 +101,24 @@ def catalogue_target(name: str) -> GpuTarget:
 
     Raises ``ConfigError`` for anything else, listing the known names.
     """
-    known = _BY_CANONICAL.get(_canonical(name))
+    canonical = _canonical(name)
+    known = _BY_CANONICAL.get(canonical) or ALIASES.get(canonical)
     if known is not None:
         return GpuTarget(known, CATALOGUE_MIB[known] * MIB)
+    if canonical in AMBIGUOUS:
+        raise ConfigError(
+            f"--gpu: {name!r} is several cards; name one: {', '.join(AMBIGUOUS[canonical])}"
+        )
+    mig = _MIG_NAME.fullmatch(name)
+    if mig is not None and mig[1].lower() in MIG_PROFILES_MIB:
+        profile = mig[1].lower()
+        return GpuTarget(f"MIG {profile}", MIG_PROFILES_MIB[profile] * MIB, mig_profile=profile)
     match = _SIZE.fullmatch(name)
     if match is None:
         choices = ", ".join(CATALOGUE_MIB)
         raise ConfigError(
             f"--gpu: unknown GPU {name!r}; use a size like 24GiB (GB means GiB), 'local', "
-            f"or one of {choices}"
+            f"a MIG profile such as 1g.10gb, or one of {choices}"
         )
     size = size_to_bytes(match[1], match[2])
     if size <= 0:
@@ -92,6 +135,11 @@ def local_targets(snapshot: HostSnapshot) -> list[GpuTarget]:
     memory: a process gets one instance, never the whole card.
     """
     targets: list[GpuTarget] = []
+    whole = [
+        gpu.memory_total_bytes
+        for gpu in snapshot.gpus
+        if not gpu.lost and not gpu.mig_instances and gpu.memory_total_bytes
+    ]
     for gpu in snapshot.gpus:
         if gpu.lost:
             continue
@@ -101,7 +149,12 @@ def local_targets(snapshot: HostSnapshot) -> list[GpuTarget]:
             ]
         elif gpu.memory_total_bytes:
             name = f"GPU {gpu.index} ({gpu.name or 'unknown'})"
-            targets.append(GpuTarget(name, gpu.memory_total_bytes, gpu.memory_free_bytes))
+            peers = whole.count(gpu.memory_total_bytes)
+            targets.append(
+                GpuTarget(
+                    name, gpu.memory_total_bytes, gpu.memory_free_bytes, peers=peers, local=True
+                )
+            )
     return targets
 
 
@@ -117,7 +170,34 @@ def _mig_target(gpu_index: int, mig: MigInstance) -> GpuTarget:
     total = mig.memory_total_bytes or 0
     used = mig.memory_used_bytes
     free = None if used is None else max(0, total - used)
-    return GpuTarget(f"GPU {gpu_index} MIG {profile} ({which})", total, free)
+    known = profile.lower() if profile.lower() in MIG_PROFILES_MIB else None
+    name = f"GPU {gpu_index} MIG {profile} ({which})"
+    return GpuTarget(name, total, free, local=True, mig_profile=known or profile)
+
+
+def larger_mig_profile(needed_bytes: int, *, headroom: float, profile: str) -> str | None:
+    """The smallest MIG profile of ``profile``'s card larger than it that holds
+    ``needed_bytes`` with ``headroom``: for a MIG instance the advice is a larger slice
+    of the same card, not another card. ``None`` for an unknown profile or none fits."""
+    current = MIG_PROFILES_MIB.get(profile.lower())
+    if current is None:
+        return None
+    # The card's family by the profile's memory unit: a 1g slice of 5 GB or of 10 GB.
+    family = _mig_family(profile.lower())
+    for name, mib in sorted(MIG_PROFILES_MIB.items(), key=lambda item: item[1]):
+        if _mig_family(name) != family or mib <= current:
+            continue
+        if needed_bytes <= (1 - headroom) * mib * MIB:
+            return name
+    return None
+
+
+def _mig_family(profile: str) -> str:
+    """``"40gb"`` for an A100-40GB's profiles, ``"80gb"`` for an 80 GB card's."""
+    return "40gb" if profile in _MIG_40GB else "80gb"
+
+
+_MIG_40GB = frozenset({"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"})
 
 
 def smallest_fitting(

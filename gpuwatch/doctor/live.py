@@ -20,6 +20,12 @@ agent must never hold. Every exchange has a deadline on the whole of it and a ca
 the answer's size, and goes to the URL directly, never through a proxy
 (:func:`agent_exchange`).
 
+Against the message: a message that names another host gets no view of this one; a GPU
+split into MIG instances is matched instance by instance (a process sees only its own);
+and in the view, the process that printed the message is marked (never one to stop: a
+Jupyter kernel keeps its memory after an OOM), and the PIDs the message blames that are
+gone are named (:func:`relate_to_message`).
+
 Idle time: a snapshot is one instant. It has each process's SM share *now*
 (``sm_ratio``) and its start time, not how long it has been idle, so
 :class:`LiveProcess` reports ``running_seconds`` and ``sm_ratio`` and leaves
@@ -44,7 +50,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuwatch.doctor.units import format_size
-from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
+from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot, MigInstance
 
 log = logging.getLogger(__name__)
 
@@ -385,6 +391,10 @@ class LiveProcess(BaseModel):
     container_id: str | None = None
     torch_allocated_bytes: int | None = None
     torch_reserved_bytes: int | None = None
+    # Judged to be the process that printed the message (its PID, or its memory matches
+    # what the message says this process holds): never offered to stop. A Jupyter kernel
+    # keeps its memory after an OOM, so the one that failed is often still on the GPU.
+    probably_this_process: bool = False
 
 
 class LiveGpu(BaseModel):
@@ -403,6 +413,12 @@ class LiveGpu(BaseModel):
     # False when nothing ties the message to this GPU (it printed no card size to
     # check): the view is shown, but no command to kill what is on it.
     confirmed: bool = True
+    # The MIG instance the message is about ("3g.40gb"), when the GPU is split: the view
+    # is of that instance (its memory and its processes: instances share no memory).
+    mig_profile: str | None = None
+    # PIDs the message lists as holding memory that are not on this GPU now: exited since
+    # (or in a PID namespace the agent does not see).
+    absent_message_pids: list[int] = Field(default_factory=list)
 
 
 def live_gpu(
@@ -473,34 +489,173 @@ def match_live_gpu(
         )
     usable = [g for g in snapshot.gpus if not g.lost and g.memory_total_bytes]
     named = snapshot.gpu(index) if index is not None else (usable[0] if len(usable) == 1 else None)
-    if (
-        named is not None
-        and named.memory_total_bytes
-        and same_card(total_bytes, named.memory_total_bytes)
-    ):
-        return LiveMatch(_view(snapshot.hostname, named, snapshot.collected_at, clock))
-    matching = [g for g in usable if same_card(total_bytes, g.memory_total_bytes or 0)]
+    named_targets = _targets([named]) if named is not None and not named.lost else []
+    on_named = [t for t in named_targets if same_card(total_bytes, t.total)]
+    if len(on_named) == 1:
+        target = on_named[0]
+        note = None
+        if target.instance is not None:
+            note = f"this message is from a {format_size(total_bytes)} card: {target.describe()}"
+        return LiveMatch(target.view(snapshot, clock), note)
+    matching = [t for t in _targets(usable) if same_card(total_bytes, t.total)]
     card = f"this message is from a {format_size(total_bytes)} card"
     if named is not None and named.memory_total_bytes:
         here = f"this host's GPU {named.index} has {format_size(named.memory_total_bytes)}"
+        if named.mig_instances:
+            sizes = ", ".join(t.label() for t in named_targets)
+            here += f" split into MIG instances ({sizes or 'of unknown sizes'})"
     else:
         sizes = ", ".join(f"GPU {g.index} {format_size(g.memory_total_bytes or 0)}" for g in usable)
         here = f"this host has {sizes or 'no GPU with a known size'}"
     if len(matching) == 1:
         other = matching[0]
         return LiveMatch(
-            _view(snapshot.hostname, other, snapshot.collected_at, clock),
-            f"{card}; {here}: showing GPU {other.index} "
-            f"({format_size(other.memory_total_bytes or 0)}), the only GPU here of that size "
+            other.view(snapshot, clock),
+            f"{card}; {here}: showing {other.label()}, the only "
+            f"{'MIG instance' if other.instance is not None else 'GPU'} here of that size "
             "(CUDA_VISIBLE_DEVICES renumbers GPUs from 0)",
         )
     if matching:
         return LiveMatch(
             None,
-            f"{card}; {here}, and GPUs {', '.join(str(g.index) for g in matching)} are that "
+            f"{card}; {here}, and {', '.join(t.label() for t in matching)} are that "
             "size: live context not attached (which one is ambiguous)",
         )
     return LiveMatch(None, f"{card}; {here}: live context not attached")
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What one CUDA device on this host can be: a whole GPU, or one MIG instance of it
+    (a process on a MIG-enabled GPU sees only its instance's memory)."""
+
+    gpu: Gpu
+    instance: MigInstance | None = None
+
+    @property
+    def total(self) -> int:
+        holder = self.instance if self.instance is not None else self.gpu
+        return holder.memory_total_bytes or 0
+
+    def label(self) -> str:
+        if self.instance is None:
+            return f"GPU {self.gpu.index} ({format_size(self.total)})"
+        return (
+            f"GPU {self.gpu.index}'s MIG instance {self.instance.profile or self.instance.index} "
+            f"({format_size(self.total)})"
+        )
+
+    def describe(self) -> str:
+        return (
+            f"showing {self.label()}, the MIG instance of that size, and only its processes "
+            "(MIG instances share no memory)"
+        )
+
+    def view(self, snapshot: HostSnapshot, now: float) -> LiveGpu:
+        whole = _view(snapshot.hostname, self.gpu, snapshot.collected_at, now)
+        instance = self.instance
+        if instance is None:
+            return whole
+        mine = {
+            p.pid
+            for p in self.gpu.processes
+            if p.gpu_instance_id is not None and p.gpu_instance_id == instance.gpu_instance_id
+        }
+        used = instance.memory_used_bytes
+        total = instance.memory_total_bytes
+        return whole.model_copy(
+            update={
+                "processes": [p for p in whole.processes if p.pid in mine],
+                "memory_total_bytes": total,
+                "memory_used_bytes": used,
+                "memory_free_bytes": None
+                if used is None or total is None
+                else max(0, total - used),
+                "mig_profile": instance.profile or instance.name,
+            }
+        )
+
+
+def _targets(gpus: Iterable[Gpu]) -> list[_Target]:
+    """Each device a process may have been given: a GPU, or each MIG instance of one."""
+    targets: list[_Target] = []
+    for gpu in gpus:
+        if gpu.lost:
+            continue
+        if gpu.mig_instances:
+            targets.extend(_Target(gpu, m) for m in gpu.mig_instances if m.memory_total_bytes)
+        elif gpu.memory_total_bytes:
+            targets.append(_Target(gpu))
+    return targets
+
+
+# A live process is the one that printed the message when its memory is what the message
+# says this process held, within this much (NVML's figure moves as the allocator frees and
+# the context grows; the message's is printed to 10 MiB) ...
+THIS_PROCESS_MATCH_BYTES = 256 * 2**20
+THIS_PROCESS_MATCH_SHARE = 0.02
+# ... or, where the message gives only PyTorch's reserve, when it holds that reserve plus
+# at most this much outside PyTorch (a CUDA context, cuBLAS/cuDNN workspaces).
+OUTSIDE_RESERVE_BYTES = 2 * 2**30
+
+
+def same_host(message_host: str, hostname: str) -> bool:
+    """Whether the host a message names (NCCL's ``host:pid:tid`` prefix, Slurm's node) is
+    the agent's: the same first label, in any case (one may be fully qualified)."""
+    first = message_host.strip().lower().split(".")[0]
+    return first in ("", "localhost", hostname.strip().lower().split(".")[0])
+
+
+@dataclass(frozen=True)
+class MessageProcesses:
+    """What an OOM message says about the processes on its GPU, to compare with the view."""
+
+    listed: tuple[int, ...] = ()  # the PIDs of its "Process N has ..." list
+    this_process_pids: frozenset[int] = frozenset()  # listed, or printed, PIDs judged ours
+    this_process_bytes: int | None = None  # "this process has X memory in use"
+    reserved_bytes: int | None = None  # PyTorch's reserve, where "this process" is unknown
+
+
+def relate_to_message(gpu: LiveGpu, message: MessageProcesses) -> LiveGpu:
+    """``gpu`` with the process that printed the message marked, and the PIDs the message
+    lists that are no longer on it named."""
+    listed = set(message.listed)
+    processes = [
+        p.model_copy(update={"probably_this_process": True})
+        if _is_this_process(p, message, listed)
+        else p
+        for p in gpu.processes
+    ]
+    here = {p.pid for p in gpu.processes}
+    absent = [
+        pid for pid in message.listed if pid not in here and pid not in message.this_process_pids
+    ]
+    return gpu.model_copy(update={"processes": processes, "absent_message_pids": absent})
+
+
+def _is_this_process(process: LiveProcess, message: MessageProcesses, listed: set[int]) -> bool:
+    if process.pid in message.this_process_pids:
+        return True
+    if process.pid in listed or process.used_bytes is None:
+        return False  # the message names it as a neighbour
+    used, ours = process.used_bytes, message.this_process_bytes
+    if ours is not None:
+        return abs(used - ours) <= max(THIS_PROCESS_MATCH_BYTES, THIS_PROCESS_MATCH_SHARE * ours)
+    reserved = message.reserved_bytes
+    return reserved is not None and reserved <= used <= reserved + OUTSIDE_RESERVE_BYTES
+
+
+def room_now(gpu: LiveGpu, requested: int | None, *, margin: int) -> str | None:
+    """A note when the GPU has room for the failed request now, or ``None``."""
+    free = gpu.memory_free_bytes
+    if free is None or requested is None or free < requested + margin:
+        return None
+    where = f"MIG instance {gpu.mig_profile}" if gpu.mig_profile else f"GPU {gpu.index}"
+    return (
+        f"right now {format_size(free)} of {where} is free (live view), enough for the "
+        f"{format_size(requested)} request: what held the memory then has let go of it, so "
+        "a retry may succeed before anything is stopped"
+    )
 
 
 def _view(hostname: str, gpu: Gpu, collected_at: float, now: float) -> LiveGpu:

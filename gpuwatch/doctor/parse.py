@@ -18,11 +18,11 @@ import re
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families import FALLBACKS, FAMILIES, Found, generic
 from gpuwatch.doctor.families.clauses import forecast
-from gpuwatch.doctor.text import weak_lines, windows
+from gpuwatch.doctor.text import strip_escapes, weak_lines, windows
 from gpuwatch.errors import NotRecognized
 
 MAX_ADDITIONAL_MESSAGES = 16
-NOT_RECOGNISED = "not an OOM message I recognise"
+NOT_RECOGNISED = "not an OOM message I recognise: this does not look like an out-of-memory error"
 
 # Traceback frames that show the model being loaded or moved onto the GPU.
 _LOADING = re.compile(
@@ -60,6 +60,7 @@ def parse_oom(text: str) -> OomFacts:
 
 def find_all(text: str) -> list[OomFacts]:
     """Every distinct OOM message in ``text``, in the order they appear."""
+    text = strip_escapes(text)
     messages: list[OomFacts] = []
     # A log that repeats itself (one message per rank, a line printed 10,000 times) cuts
     # into windows with the same text: each text is read once. What a reading found, and

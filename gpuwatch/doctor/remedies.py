@@ -6,6 +6,8 @@ reviewed in one place, and so the rules read as arithmetic.
 
 from __future__ import annotations
 
+import math
+
 from gpuwatch.doctor.live import NVIDIA_DEVICE_TYPES, LiveGpu, LiveProcess
 from gpuwatch.doctor.units import format_size
 
@@ -93,18 +95,47 @@ def find_holders(device_type: str | None, *apis: str) -> list[str]:
     return holders_of(device_type)
 
 
-def fragmentation(alloc_conf_var: str | None, *, legacy: bool) -> list[str]:
-    """Allocator settings; ``legacy``: a pre-2.1 PyTorch without expandable segments."""
+def fragmentation(alloc_conf_var: str | None, *, legacy: bool, modern: bool = False) -> list[str]:
+    """Allocator settings; ``legacy``: a pre-2.1 PyTorch without expandable segments;
+    ``modern``: known to have them (no line for older versions)."""
     var = alloc_conf_var or "PYTORCH_CUDA_ALLOC_CONF"
     if legacy:
         return [
             f"export {var}=max_split_size_mb:128   # before python starts",
             "# or upgrade to PyTorch >= 2.1 and use expandable_segments:True",
         ]
-    return [
-        f"export {var}=expandable_segments:True   # before python starts",
-        f"# PyTorch < 2.1: export {var}=max_split_size_mb:128",
-    ]
+    commands = [f"export {var}=expandable_segments:True   # before python starts"]
+    if not modern:
+        commands.append(f"# PyTorch < 2.1: export {var}=max_split_size_mb:128")
+    return commands
+
+
+def memory_fraction(module: str, needed: int, total: int | None, free: int | None) -> list[str]:
+    """How to give a process capped by ``torch.<module>.set_per_process_memory_fraction``
+    the ``needed`` bytes (its reserve plus the request) on a ``total``-byte card."""
+    call = f"torch.{module}.set_per_process_memory_fraction"
+    commands = []
+    if total:
+        fraction = math.ceil(needed / total * 100) / 100
+        if fraction <= 1:
+            commands.append(
+                f"{call}({fraction:.2f})   # at least; the reserve plus this request is "
+                f"{format_size(needed)} of the {format_size(total)} card"
+            )
+        else:
+            commands.append(
+                f"# even the whole {format_size(total)} card is less than the "
+                f"{format_size(needed)} needed: raise the limit and make the working set smaller"
+            )
+    commands.append(
+        f"or remove the {call}(...) call (the default is the whole card); a framework may set "
+        "it for you (look for a memory-fraction or reserve-VRAM option)"
+    )
+    if free is not None and total and free < needed:
+        commands.append(
+            f"# the card had {format_size(free)} free: other processes may still leave too little"
+        )
+    return commands
 
 
 def reduce_activations(device: str = "cuda") -> list[str]:
@@ -740,13 +771,21 @@ def describe(process: LiveProcess) -> str:
 
 
 def reap_commands(live: LiveGpu, *, min_bytes: int, skip_pid: int | None = None) -> list[str]:
-    """``gpuwatch reap`` / ``kill`` lines for each live holder of at least ``min_bytes``."""
+    """``gpuwatch reap`` / ``kill`` lines for each live holder of at least ``min_bytes``;
+    none for the process that printed the message (``probably_this_process``)."""
     commands = []
     for process in live.processes:
         if process.pid == skip_pid or (process.used_bytes or 0) < min_bytes:
             continue
         commands.append(f"# {describe(process)}")
-        if process.uid == 0:
+        if process.probably_this_process:
+            # Stopping it is no fix for its own OOM; a notebook kernel keeps its memory.
+            commands.append(
+                "# probably the process that printed this message (its PID or memory matches "
+                "the message's): not one to stop; if it is a notebook kernel, free its memory "
+                "there (del ...; gc.collect(); torch.cuda.empty_cache()) or restart it"
+            )
+        elif process.uid == 0:
             # gpuwatch reap never stops root's processes (docs/reaper.md, protections).
             commands.append("# root's process: gpuwatch reap never stops it; ask the host's admin")
         elif process.sm_ratio:

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from gpuwatch.doctor import remedies
 from gpuwatch.doctor.explain import Explanation
+from gpuwatch.doctor.facts import OomFacts
+from gpuwatch.doctor.families import accelerate
+from gpuwatch.doctor.figures import read_figures
 from gpuwatch.doctor.units import format_size
 from gpuwatch.terminal_text import printable
 
@@ -75,6 +78,7 @@ def render(explanation: Explanation) -> str:
         lines.append(f"{number}. [{diagnosis.fix}] {diagnosis.summary}")
         lines.append(f"   evidence: {diagnosis.evidence}")
         lines.extend(_command_line(command) for command in diagnosis.commands)
+    lines.extend(_later_messages(explanation))
     lines.extend(_live(explanation))
     lines.extend(_history(explanation))
     if explanation.notes:
@@ -118,6 +122,8 @@ def _headline(explanation: Explanation) -> str:
         what = f"PyTorch {device_type.upper()} allocator"
     elif explanation.kind == "driver" and device_type == "hip":
         what = "HIP runtime (ROCm)"
+    elif explanation.category == accelerate.CATEGORY:
+        what = "Hugging Face Accelerate's batch-size search"
     elif explanation.kind == "device":
         category = explanation.category or ""
         what = next((t for p, t in _DEVICE_TITLES.items() if category.startswith(p)), what)
@@ -163,15 +169,60 @@ def _figures(explanation: Explanation) -> list[str]:
     return lines
 
 
+# Later messages listed one per line; past this, only how many more.
+MAX_LATER_LINES = 5
+
+
+def _later_messages(explanation: Explanation) -> list[str]:
+    """The OOM messages after the one explained: a caught OOM (a batch-size probe) often
+    comes first, and the one that ended the run last."""
+    later = explanation.printed.additional_messages if explanation.printed else []
+    if not later:
+        return []
+    count = f"{len(later)} more OOM message{'s' if len(later) > 1 else ''}"
+    lines = [
+        "",
+        f"{count} later in the text (the last is usually the one that ended the run: "
+        "explain it alone, or see printed.additional_messages in --json):",
+    ]
+    lines.extend(f"  - {_one_line(facts)}" for facts in later[:MAX_LATER_LINES])
+    if len(later) > MAX_LATER_LINES:
+        lines.append(f"  - and {len(later) - MAX_LATER_LINES} more")
+    return lines
+
+
+def _one_line(facts: OomFacts) -> str:
+    """One later message in a line: where, what, and the figures that tell it apart."""
+    figures = read_figures(facts)
+    parts = [f"{facts.device or 'no device named'}: {_TITLES.get(facts.kind, facts.kind)}"]
+    if figures.requested is not None:
+        parts.append(f"{format_size(figures.requested)} request")
+    if figures.free is not None:
+        of = f" of {format_size(figures.total)}" if figures.total is not None else ""
+        parts.append(f"{format_size(figures.free)} free{of}")
+    if figures.others_bytes:
+        parts.append(f"other processes {format_size(figures.others_bytes)}")
+    return ", ".join(parts)
+
+
 def _live(explanation: Explanation) -> list[str]:
     live = explanation.live
     if live is None:
         return []
     name = f" ({live.name})" if live.name else ""
-    lines = ["", f"Right now on {live.hostname}, GPU {live.index}{name}:"]
+    where = f"GPU {live.index}{name}"
+    if live.mig_profile:
+        where += f", MIG instance {live.mig_profile}"
+    lines = ["", f"Right now on {live.hostname}, {where}:"]
     if not live.processes:
         lines.append("  no processes")
-    lines.extend(f"  {remedies.describe(p)}" for p in live.processes)
+    lines.extend(
+        f"  {remedies.describe(p)}{'  <- probably the process that printed this' if p.probably_this_process else ''}"
+        for p in live.processes
+    )
+    if live.absent_message_pids:
+        gone = ", ".join(str(pid) for pid in live.absent_message_pids)
+        lines.append(f"  gone since the message: pid {gone} (exited, or in another PID namespace)")
     lines.append("  (idle time needs the agent's history: SM share is for this instant)")
     return lines
 

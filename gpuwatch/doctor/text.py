@@ -166,6 +166,9 @@ ANCHORS = (
     "-2147024882",
     "e_outofmemory",
     "not enough memory resources",
+    # Accelerate's batch-size search after every size ran out: "No executable batch size
+    # found, reached zero."
+    "no executable batch size found",
 )
 
 # Words of the wordings no family knows (families/generic.py). Logs that hold no OOM
@@ -206,6 +209,14 @@ _LINE_PREFIXES = tuple(
         r"^\s*\(\w+(?: rank=\d+)? pid=\d+\)\s",
         # vLLM/logging level + date + source: "ERROR 04-19 09:40:35 [core.py:1132] "
         r"^\s*(?:ERROR|WARNING|INFO|DEBUG|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d\s+\[?[\w.]+:\d+\]\s?",
+        # Kubernetes' container log files (CRI): "2024-05-01T12:00:00.123456789Z stderr F "
+        # (before the timestamps below, which would leave its stream and tag).
+        r"^\s*\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)\s+(?:stdout|stderr)\s+[FP]\s",
+        # syslog and journald: "May 01 12:00:00 gpu-host python[4242]: ", and journalctl's
+        # short-iso "2024-05-01T12:00:00+0000 gpu-host python[4242]: "
+        r"^\s*(?:[A-Z][a-z]{2}\s+\d{1,2}\s\d\d:\d\d:\d\d"
+        r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?[+-]\d\d:?\d\d)"
+        r"\s+[\w.-]+\s+[\w.@/-]+(?:\[\d+\])?:\s",
         # ISO-ish timestamps, optionally followed by a "|" column separator
         r"^\s*\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?\]?:?\s*(?:\|\s*)?",
         r"^\s*[\w.-]+-\d+\s+\|\s",  # docker compose: "vllm-1  | "
@@ -219,6 +230,22 @@ _LINE_PREFIXES = tuple(
         r"^\s*`+",
     )
 )
+
+
+# Terminal escape sequences: CSI (colours, "\x1b[1;35m"), OSC (titles, hyperlinks, ended by
+# BEL or ST) and the two-character ones. Python 3.13 colours tracebacks on a terminal, and
+# coloured loggers colour figures inside a message ("Tried to allocate \x1b[1m1.00 GiB").
+_ESCAPES = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]{0,2048}(?:\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]"
+)
+
+
+def strip_escapes(text: str) -> str:
+    """``text`` without terminal escape sequences (colour, titles, hyperlinks): the first
+    repair, done on the whole text so that anchors and figures coloured apart match."""
+    if "\x1b" not in text and "\x9b" not in text:
+        return text
+    return _ESCAPES.sub("", text)
 
 
 def windows(text: str) -> list[list[str]]:

@@ -458,3 +458,39 @@ BERT_BASE_UNCASED: dict[str, Any] = {
     "use_cache": True,
     "vocab_size": 30522,
 }
+
+# Qwen/Qwen2.5-72B-Instruct: 64 query heads over 8 KV heads, 32,768 positions.
+QWEN25_72B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 8192,
+    "intermediate_size": 29568,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 70,
+    "model_type": "qwen2",
+    "num_attention_heads": 64,
+    "num_hidden_layers": 80,
+    "num_key_value_heads": 8,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+
+# Qwen/Qwen2.5-7B-Instruct: 28 query heads over 4 KV heads.
+QWEN25_7B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}

@@ -58,8 +58,16 @@ def test_explain_takes_the_message_pasted_as_its_argument(
     code, _, err = run(["explain", "train.log", "--no-live"], capsys)
     assert (
         code == 3
-        and err.strip() == "gpuwatch: error: cannot read train.log: No such file or directory"
+        and err.strip()
+        == "gpuwatch: error: cannot read train.log: No such file or directory (to explain "
+        "this text itself, use --text)"
     )
+    # A short message with an OOM's words in it is the message, not a missing file.
+    code, out, _ = run(["explain", "cudaErrorMemoryAllocation", "--json", "--no-live"], capsys)
+    assert code == 0 and json.loads(out)["recognized"] is True
+    # ... but a name like a file's, with such a word in it, is still a missing file.
+    code, _, err = run(["explain", "cudnn_oom.log", "--no-live"], capsys)
+    assert code == 3 and "cannot read cudnn_oom.log" in err
     # A file whose name happens to be a sentence is read as a file.
     (tmp_path / "a b c d").write_text(MESSAGE)
     code, out, _ = run(["explain", "a b c d", "--json", "--no-live"], capsys)
@@ -119,7 +127,10 @@ def test_not_an_oom_exits_6_with_one_line(
     args = ["explain", "--text", "epoch 3: loss 0.41, CUDA memory allocated 9.8 GiB", "--no-live"]
     code, out, err = run([*args, "--json"] if as_json else args, capsys)
     assert code == 6
-    assert err.strip().splitlines() == ["gpuwatch: error: not an OOM message I recognise"]
+    assert err.strip().splitlines() == [
+        "gpuwatch: error: not an OOM message I recognise: this does not look like an "
+        "out-of-memory error"
+    ]
     if as_json:
         assert json.loads(out)["recognized"] is False
     else:
@@ -175,11 +186,14 @@ def test_fit_human_output_names_what_makes_it_fit(capsys: pytest.CaptureFixture[
 
 def test_fit_params_only_agrees_with_the_config(capsys: pytest.CaptureFixture[str]) -> None:
     # The case: --params 8B said "fits (77% headroom)", the config said no.
+    # Without checkpointing (QLoRA's default is on, as PEFT turns it on).
+    off = "--no-gradient-checkpointing"
     by_params = run(
-        ["fit", "--params", "8B", "--mode", "qlora", "--gpu", "24GiB", "--json"], capsys
+        ["fit", "--params", "8B", "--mode", "qlora", off, "--gpu", "24GiB", "--json"], capsys
     )
     by_config = run(
-        ["fit", "--config", str(LLAMA), "--mode", "qlora", "--gpu", "24GiB", "--json"], capsys
+        ["fit", "--config", str(LLAMA), "--mode", "qlora", off, "--gpu", "24GiB", "--json"],
+        capsys,
     )
     for code, out, _ in (by_params, by_config):
         assert code == 10
@@ -520,3 +534,15 @@ def test_explain_a_title_that_goes_on_in_another_script_after_the_first_line(
         ["explain", "--text", "cuda out of memoryless", "--agent", no_agent_url], capsys
     )
     assert code == 6
+
+
+@pytest.mark.parametrize("how", ["argument", "text", "stdin", "file"])
+def test_empty_input_is_exit_3_however_it_comes(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blank = tmp_path / "blank.log"
+    blank.write_text("\n  \n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"  \n")))
+    args = {"argument": [""], "text": ["--text", " "], "stdin": ["-"], "file": [str(blank)]}[how]
+    code, _, err = run(["explain", *args, "--no-live"], capsys)
+    assert code == 3 and "nothing to explain: the input is empty" in err

@@ -393,6 +393,7 @@ def test_bigger_gpu_is_strictly_bigger_and_fits_the_top_of_the_range(
         batch=1,
         gpu=[gpu],
         agent="",
+        checkpointing=False,  # the figures above are without it
     )
     fit = report.gpus[0]
     assert fit.verdict == verdict

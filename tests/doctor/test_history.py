@@ -11,6 +11,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from doctor.cli_run import run
 from gpuwatch.doctor.explain import explain
 from gpuwatch.doctor.history import WINDOW_SECONDS, fetch_gpu_history
 from gpuwatch.doctor.report import render
@@ -78,3 +79,17 @@ def test_report_shows_the_history(server) -> None:
     explanation.history = fetch_gpu_history(url, hostname="box", gpu_index=0, now=1.0)
     text = render(explanation)
     assert "In the last hour on this GPU" in text and "alice's kernel holds 20 GiB" in text
+
+
+def test_a_message_from_another_host_asks_the_server_nothing(
+    server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, seen = server
+    text = "node-elsewhere-9:311:312 [1] NCCL WARN Cuda failure 'out of memory'"
+    code, _, _ = run(["explain", "--text", text, "--no-live", "--server", url], capsys)
+    assert code == 0
+    assert seen == []  # this host's history is not that host's
+    # The same text printed on this host is asked about.
+    here = text.replace("node-elsewhere-9", socket.gethostname())
+    code, _, _ = run(["explain", "--text", here, "--no-live", "--server", url], capsys)
+    assert code == 0 and seen and seen[0]["gpu"] == ["1"]

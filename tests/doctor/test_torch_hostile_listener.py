@@ -38,7 +38,7 @@ OOM = (
 )
 # A hostile listener gives up after this long, so that a reporter without a deadline
 # fails these tests by taking this long instead of hanging the test run.
-STALL_SECONDS = 8.0
+STALL_SECONDS = 30.0
 
 
 class OneDevice:
@@ -161,9 +161,9 @@ def test_a_report_to_a_dripping_listener_ends_within_its_deadline(
     reporter = gt.Reporter(agent_url=listener.url, stats=OneDevice())
     started = time.monotonic()
     assert reporter.report_once() == 0
-    # Bounded by the deadline, far from the listener's STALL_SECONDS: half of it leaves
+    # Bounded by the deadline, far from the listener's STALL_SECONDS: a third of it leaves
     # room for a loaded CI machine and still fails a reporter that waits on the listener.
-    assert time.monotonic() - started < STALL_SECONDS / 2
+    assert time.monotonic() - started < STALL_SECONDS / 3
 
 
 @pytest.mark.parametrize("answer", [drip_body, drip_head], ids=["body", "head"])
@@ -178,7 +178,7 @@ def test_explain_against_a_dripping_agent_ends_within_its_deadline(
     code, out, _ = run(["explain", "--agent", listener.url, OOM], capsys)
     assert code == 0 and "Out of memory" in out  # from the message alone
     # The fetch's deadline is 0.5 s; a fetch without one waits for STALL_SECONDS.
-    assert time.monotonic() - started < STALL_SECONDS / 2
+    assert time.monotonic() - started < STALL_SECONDS / 3
 
 
 def test_an_endless_answer_is_dropped_not_buffered(listen: Callable[..., Listener]) -> None:
@@ -235,8 +235,9 @@ def test_an_oom_job_exits_within_seconds_whatever_the_listener_does(
     assert done.returncode == 1  # the user's OOM, uncaught
     assert "gpuwatch: diagnosis of this out-of-memory error" in done.stderr
     assert done.stderr.rstrip().endswith(OOM)
-    # The snapshot's deadline (0.5 s) and the incident's (2 s), and the start-up.
-    assert took < 6.0, done.stderr
+    # The snapshot's deadline (0.5 s) and the incident's (2 s), and the start-up (about
+    # 3 s in all on a quiet machine); without the deadlines, STALL_SECONDS.
+    assert took < STALL_SECONDS / 2.5, done.stderr
 
 
 # -- 2. never through a proxy; a broken proxy variable breaks nothing ------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuwatch.doctor.families import (
+    accelerate,
     accelerators,
     catboost,
     compute_apis,
@@ -71,6 +72,7 @@ FAMILIES: tuple[Callable[[str], list[Found]], ...] = (
     wgpu.find,
     sglang.find,
     nvenc.find,
+    accelerate.find,
 )
 
 FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (

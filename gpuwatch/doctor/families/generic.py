@@ -237,6 +237,22 @@ def says_failed_at(window: str, pos: int) -> bool:
     )
 
 
+# Levels below a warning: a line logged at one reports something the program handled.
+_QUIET_LEVEL = re.compile(
+    r"(?:^|[\s\[|(])(?:INFO|DEBUG|TRACE)\b|\b(?i:level=(?:info|debug))\b|^\s*\[?I\s?\d{4}\b"
+)
+
+
+def went_on_at(window: str, pos: int) -> bool:
+    """Whether the line of ``window`` that holds ``pos`` says the program went on after it
+    (*retrying*, *falling back*, *reducing*, ...) at an info or debug level: a handled
+    failure logged, not the one that ended the run."""
+    begin = window.rfind("\n", 0, pos) + 1
+    end = window.find("\n", pos)
+    line = window[begin : min(len(window) if end == -1 else end, begin + MAX_LINE_CHARS)]
+    return bool(_WENT_ON.search(line) and _QUIET_LEVEL.search(line))
+
+
 def _around(lines: list[str], n: int) -> str:
     """The :data:`CONTEXT_LINES` lines before ``lines[n]`` and after it."""
     return "\n".join(lines[max(0, n - CONTEXT_LINES) : n] + lines[n + 1 : n + 1 + CONTEXT_LINES])

@@ -278,7 +278,7 @@ def find_applications(window: str) -> list[Found]:
 # run together (Kubernetes' reason, read above only where its status field prints it,
 # since pull requests and code name it too).
 _SCHEDULER_KILL = re.compile(
-    r"(?P<slurm>\bsrun:\s+error:\s+[\w.-]{1,64}:\s+tasks?\s+[\d,-]{1,40}:\s+Out\s+Of\s+Memory\b"
+    r"(?P<slurm>\bsrun:\s+error:\s+(?P<node>[\w.-]{1,64}):\s+tasks?\s+[\d,-]{1,40}:\s+Out\s+Of\s+Memory\b"
     r"|\bDetected\s+\d+\s+oom[-_]kill\s+events?\b)"
     r"|(?i:\bkilled\s+by\s+(?:the\s+)?(?:linux\s+|kernel(?:'s)?\s+)?oom[\s-]?killer\b"
     r"|\boom[\s-]killed\b)"
@@ -295,6 +295,7 @@ def _find_scheduler_kill(window: str) -> list[Found]:
             kind="host",
             category="cgroup_oom_killer" if match["slurm"] else "linux_oom_killer",
             device_type="host",
+            host=match["node"],  # the node Slurm ran the task on
             message=span.snippet,
         )
         return [Found(span.start, facts)]

@@ -117,8 +117,12 @@ _NAME_MET_BEFORE = re.compile(
     r"|(?:crash|fail)(?:s|ed|ing)?\s+with)\s+(?:\w+\s+){0,2}?[`'\"]?$",
     re.IGNORECASE,
 )
+# ... or of what the type is for: "torch.cuda.OutOfMemoryError is raised when the allocator
+# cannot ...", "... gets thrown if", "... can be raised by".
 _NAME_DEFINED_AFTER = re.compile(
-    r"[`'\"]?\s+(?:is|are)\s+(?:a|an|the|now|just|also|only|not)\b", re.IGNORECASE
+    r"[`'\"]?\s+(?:(?:is|are)\s+(?:a|an|the|now|just|also|only|not)\b"
+    r"|(?:is|are|gets?|(?:will|can|may|might|would|should)\s+be)\s+(?:raised|thrown)\b)",
+    re.IGNORECASE,
 )
 NAME_LOOKBACK_CHARS = 120
 _REQUESTED = compile_clause(r"Tried\s+to\s+allocate\s+")
@@ -179,6 +183,11 @@ def find_first_line(window: str) -> list[Found]:
         # exception's: read it only where the fallback for other wordings would read its
         # line as a failure (not a warning, a skipped batch, a retry, ...).
         if header["oom"] and not generic.says_failed_at(window, span.start):
+            continue
+        # The long form, too, is no failure on a line that says the program went on, at an
+        # info or debug level ("INFO: Reducing batch size to 16 after CUDA out of memory;
+        # retrying"): the fallback for other wordings' rule.
+        if header["dev"] and generic.went_on_at(window, span.start):
             continue
         if header["qualified"] and (
             _name_not_met(window, span.start, header.end())

@@ -45,6 +45,12 @@ _V1_AVAILABLE = compile_clause(r"available\s+KV\s+cache\s+memory\s+\(\s*", r"\s*
 # "the estimated maximum model length is 5632" within a sentence, or a sentence of its own
 # in later versions: "Estimated maximum model length is 57344." (digits may be grouped).
 _V1_ESTIMATE = re.compile(r"estimated\s+maximum\s+model\s+length\s+is\s+(\d[\d,]*)", re.IGNORECASE)
+# The same refusal quoted without its head ("To serve at least one request ..."): the
+# needed size starts it.
+_V1_HEADLESS = compile_clause(
+    r"(?<![\w.(])", r"\s+KV\s+cache\s+is\s+needed,?\s+which\s+is\s+larger\s+than\s+the\s+available"
+)
+V1_HEAD_LOOKBACK_CHARS = 300
 _SAMPLER = re.compile(
     r"CUDA\s+out\s+of\s+memory\s+occurred\s+when\s+warming\s+up\s+sampler\s+with\s+(?P<n>\d+)"
     r"\s+dummy\s+requests"
@@ -78,6 +84,14 @@ def find(window: str) -> list[Found]:
         assert match is not None
         facts = _facts(window, span.start, "vllm_v1_kv_cache_insufficient", span.snippet)
         facts.max_model_len = int(match["len"])
+        facts.kv_cache_needed_bytes = span.size(_V1_NEEDED)
+        facts.kv_cache_available_bytes = span.size(_V1_AVAILABLE)
+        facts.estimated_max_model_len = span.integer(_V1_ESTIMATE)
+        found.append(Found(span.start, facts))
+    for span in spans(window, _V1_HEADLESS, limit=600):
+        if _V1.search(window, max(0, span.start - V1_HEAD_LOOKBACK_CHARS), span.start):
+            continue  # the sentence's head is there: read above
+        facts = _facts(window, span.start, "vllm_v1_kv_cache_insufficient", span.snippet)
         facts.kv_cache_needed_bytes = span.size(_V1_NEEDED)
         facts.kv_cache_available_bytes = span.size(_V1_AVAILABLE)
         facts.estimated_max_model_len = span.integer(_V1_ESTIMATE)
