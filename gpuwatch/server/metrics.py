@@ -77,7 +77,9 @@ SERVER_JOB_RUNS = MetricSpec(
     "gpuwatch_server_job_runs",
     "counter",
     "Scheduled job runs, by job and result (ok, failed, skipped: another replica).",
-    ("job", "result"),
+    # Not "job": Prometheus sets that target label on every series it scrapes (it
+    # would arrive as "exported_job", and `by (job)` lump every scheduled job together).
+    ("scheduled_job", "result"),
 )
 SERVER_NOTIFICATIONS = MetricSpec(
     "gpuwatch_server_notifications",

@@ -218,7 +218,8 @@ def test_templated_by_host_and_gpu(
     for where, expr in _queries(dashboard):
         agent_series = {
             n for n in metric_names(expr)
-            if not n.startswith(("gpuwatch_fleet_", "gpuwatch_server_")) and n != "up"
+            if not n.startswith(("gpuwatch_fleet_", "gpuwatch_server_"))
+            and n not in ("up", "ALERTS")  # Prometheus's own: by job, tested below
         }  # fmt: skip
         if agent_series or 'job="gpuwatch-agent"' in expr:
             assert '"$instance"' in expr, f"{where}: {expr}"
@@ -244,6 +245,63 @@ def test_the_dashboards_show_what_the_brief_promises() -> None:
         "gpuwatch_agent_push_batches_total", "gpuwatch_fleet_open_events",
     ):  # fmt: skip
         assert metric in text, metric
+
+
+# Each kind of alert the rules raise, by the labels it carries besides its name: on one
+# GPU of an agent, on an agent, about a host or an event kind of the whole fleet (the
+# server's gpuwatch_fleet_* series, aggregated by host or kind: no instance), on the
+# server, and absent() of the agents' job (no label at all).
+ALERT_KINDS = {
+    "GpuLost": {"job": "gpuwatch-agent", "instance": "a:9402", "gpu": "0", "uuid": "GPU-1"},
+    "GpuwatchAgentDown": {"job": "gpuwatch-agent", "instance": "a:9402"},
+    "GpuHostMemoryHeldByOrphans": {"job": "gpuwatch-server", "host": "a"},
+    "GpuRunawayProcesses": {"job": "gpuwatch-server", "kind": "runaway"},
+    "GpuwatchServerDown": {"job": "gpuwatch-server", "instance": "s:9403"},
+    "GpuwatchAgentsMissing": {},
+}
+_ALERTS_SELECTOR = re.compile(r"^ALERTS\{(?P<matchers>.*)\}$")
+_ALERTS_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"\\]*)"')
+
+
+def _selects(expr: str, labels: dict[str, str], instance: str) -> bool:
+    """Whether the annotation query ``expr`` (one ALERTS selector) selects the series
+    ``labels`` with ``$instance`` as given (a missing label is "", as in PromQL)."""
+    selector = _ALERTS_SELECTOR.match(expr)
+    assert selector, expr
+    for name, op, value in _ALERTS_MATCHER.findall(selector["matchers"]):
+        value = value.replace("$instance", instance)
+        have = labels.get(name, "")
+        equal = re.fullmatch(value, have) is not None if "~" in op else value == have
+        if equal == op.startswith("!"):
+            return False
+    return True
+
+
+def _render(template: str, labels: dict[str, str]) -> str:
+    """A legend or annotation text as Grafana fills it: ``{{label}}`` -> its value."""
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m[1], ""), template)
+
+
+def test_the_alert_annotations_show_every_alert_once_and_say_where(
+    dashboard: Dashboard, all_rules: list[dict[str, Any]]
+) -> None:
+    """The audit: the one annotation filtered on `instance`, which the fleet's alerts
+    do not have and the server's is not an agent's, so only agent alerts were ever
+    shown, and "{{instance}} GPU {{gpu}}" read "host:9402 GPU " for an agent's."""
+    assert ALERT_KINDS.keys() <= {rule["alert"] for rule in all_rules if "alert" in rule}
+    annotations = [a for a in dashboard["annotations"]["list"] if "expr" in a]
+    # "All" as Grafana writes it: the variable's allValue, else every value as a regex.
+    all_value = _variables(dashboard)["instance"].get("allValue") or "(a:9402|b:9402)"
+    assert all_value == ".*"  # short for a 500-host fleet
+    for name, labels in ALERT_KINDS.items():
+        series = {"alertname": name, "alertstate": "firing", **labels}
+        shown = [a for a in annotations if _selects(a["expr"], series, all_value)]
+        assert len(shown) == 1, (name, [a["name"] for a in shown])
+        text = _render(shown[0]["textFormat"], series)
+        assert not text.rstrip().endswith("GPU") and (text.strip() or not labels), (name, text)
+        # With another host selected, what is about no agent is still shown.
+        elsewhere = [a for a in annotations if _selects(a["expr"], series, "b:9402")]
+        assert len(elsewhere) == (labels.get("job") != "gpuwatch-agent"), name
 
 
 def test_every_query_names_only_known_metrics(
@@ -502,6 +560,8 @@ def _substitute(expr: str, dashboard: Dashboard, values: dict[str, list[str]]) -
         assert found, f"variable {name} has no values"
         var = variables[name]
         if var.get("multi") or var.get("includeAll"):  # "All" selected
+            if var.get("allValue"):
+                return str(var["allValue"])
             return "(" + "|".join(_escape(v) for v in found) + ")"
         return found[0]
 
@@ -525,12 +585,20 @@ def _resolve_variables(dashboard: Dashboard, api: Prometheus) -> dict[str, list[
     return values
 
 
+def _needs_the_idle_window(expr: str) -> bool:
+    """A query of processes idle for the server's idle window (an hour): it reads each
+    process's series an hour back, which a stack minutes old does not have."""
+    return "gpuwatch_gpu_process_sm_ratio" in expr and "offset 1h" in expr
+
+
 def _empty_targets(
     dashboard: Dashboard, api: Prometheus
 ) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
     values = _resolve_variables(dashboard, api)
     empty = []
     for title, expr in _targets(dashboard):
+        if _needs_the_idle_window(expr):
+            continue  # empty here by design: test_a_process_seen_for_less_than_...
         query = _substitute(expr, dashboard, values)
         if not api.query(query):
             empty.append((title, query))
@@ -557,6 +625,66 @@ def test_every_panel_query_returns_data(path: Path, prometheus: Prometheus) -> N
         assert set(values["gpu"]) == {"0", "1", "2", "3"}, values
     empty = _until_settled(lambda: _empty_targets(dashboard, prometheus)[1])
     assert not empty, "queries without data:\n" + "\n".join(f"{t}: {q}" for t, q in empty)
+
+
+def test_a_process_seen_for_less_than_the_idle_window_is_not_counted_idle(
+    prometheus: Prometheus,
+) -> None:
+    """The audit: the idle panels counted a process idle once its series, however short,
+    had no SM activity: one that appeared a minute ago and has not launched a kernel
+    yet (loading data, compiling). The server calls a process idle after its idle
+    window (an hour) of none; so do the panels, and a stack minutes old has no idle
+    process although it has processes with no SM activity so far."""
+    dashboard = _load(GRAFANA / "dashboards" / "gpuwatch-holders.json")
+    idle = [(title, expr) for title, expr in _targets(dashboard) if _needs_the_idle_window(expr)]
+    assert {title for title, _ in idle} == {
+        "Held by idle processes", "Idle holders", "Idle memory by user", "Idle holders over time",
+    }  # fmt: skip
+    quiet = "max_over_time(gpuwatch_gpu_process_sm_ratio[1h]) == 0"
+    assert not _until_settled(lambda: [] if prometheus.query(quiet) else [quiet])
+    values = _resolve_variables(dashboard, prometheus)
+    for title, expr in idle:
+        assert prometheus.query(_substitute(expr, dashboard, values)) == [], title
+
+
+def _legends(dashboard: Dashboard, api: Prometheus) -> dict[str, list[str]]:
+    """Panel title -> the legend of each series its targets return, as Grafana writes
+    it, with "All" selected."""
+    values = _resolve_variables(dashboard, api)
+    legends: dict[str, list[str]] = {}
+    for panel in _panels(dashboard["panels"]):
+        for target in panel.get("targets", []):
+            if not (target.get("expr") and target.get("legendFormat")):
+                continue
+            for series in api.query(_substitute(target["expr"], dashboard, values)):
+                legend = _render(target["legendFormat"], series["metric"])
+                legends.setdefault(panel["title"], []).append(legend)
+    return legends
+
+
+def _legend_problems(dashboard: Dashboard, api: Prometheus) -> list[str]:
+    problems = []
+    for title, legends in _legends(dashboard, api).items():
+        repeated = sorted({legend for legend in legends if legends.count(legend) > 1})
+        problems += [f"{title}: {legend!r} names several series" for legend in repeated]
+        # "MIG" with no instance after it: a whole GPU's series under an instance's legend.
+        problems += [
+            f"{title}: {legend!r}" for legend in legends if re.search(r"MIG(?! \d)", legend)
+        ]
+    return problems
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+def test_every_series_of_a_panel_has_a_legend_of_its_own(
+    path: Path, prometheus: Prometheus
+) -> None:
+    """The audit: with every host selected (the default) the host dashboard's "Agent"
+    stat showed 3 values per host, all named "scrape", "simulated GPUs" and "PID
+    namespace isolated"; a Hopper in MIG mode's whole-GPU GPM series read "GPU 1 MIG
+    (engines busy, GPM)" beside its instances', and per-instance PCIe lines collided."""
+    dashboard = _load(path)
+    problems = _until_settled(lambda: _legend_problems(dashboard, prometheus))
+    assert not problems, "\n".join(problems)
 
 
 def test_nvidia_dcgm_exporter_dashboard_works_unchanged(

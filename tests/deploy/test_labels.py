@@ -39,6 +39,8 @@ _SELECTOR = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)\s*\{([^{}]*)\}")
 _MATCHER = re.compile(rf"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)\s*(?:{STRING})")
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.*),\s*(?P<label>\w+)\s*\)$")
 _LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+# label_replace(v, "dst", "replacement", "src", "regex"): the label it writes, "dst".
+_REPLACED = re.compile(r'"(\w+)"\s*,\s*"[^"]*"\s*,\s*"\w*"\s*,\s*"[^"]*"\s*\)')
 # `{{ range $i, $p := printf `query` ... | query }}` ... `$p.Labels.pid`
 _RANGE_QUERY = re.compile(r"range\s+\$\w+\s*,\s*\$(\w+)\s*:=\s*printf\s+`([^`]*)`")
 _PRINTF_QUERY = re.compile(r"printf\s+`([^`]*)`")
@@ -182,6 +184,8 @@ def _dashboard_problems(
             where = f"panel {panel.get('title')!r}"
             problems += _check(where, expr, known, metric_names)
             allowed = _union(known, metric_names(expr))
+            if allowed is not None and "label_replace" in expr:
+                allowed |= frozenset(_REPLACED.findall(expr))
             for label in _LEGEND.findall(target.get("legendFormat") or ""):
                 if allowed is not None and label not in allowed:
                     problems.append(

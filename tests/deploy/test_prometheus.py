@@ -279,13 +279,23 @@ def test_the_job_names_the_rules_select_are_scraped(job: str, all_rules: Rules) 
     assert any(f'job="{job}"' in r["expr"] for r in all_rules)
 
 
-def test_per_process_labels_never_collide_with_prometheus_job() -> None:
-    """The Slurm job is exported as `slurm_job`: a `job` label would clash with the target's."""
+def test_no_metric_has_a_label_prometheus_sets_on_the_target(
+    metric_labels: dict[str, frozenset[str]],
+) -> None:
+    """A `job` or `instance` label of our own clashes with the target's: with the shipped
+    prometheus.yml (honor_labels false) it arrives as `exported_job`, and `by (job)`
+    lumps every value together. The audit found the server's scheduled jobs so; the
+    Slurm job is exported as `slurm_job`."""
     from gpuwatch.agent.collectors import process
 
-    for spec in process.METRICS:
-        assert "job" not in spec.labels and "instance" not in spec.labels
+    clashing = {
+        name: sorted(labels & {"job", "instance"})
+        for name, labels in metric_labels.items()
+        if labels & {"job", "instance"}
+    }
+    assert clashing == {}
     assert "slurm_job" in process.MEMORY.labels
+    assert "scheduled_job" in metric_labels["gpuwatch_server_job_runs_total"]
 
 
 def test_metric_name_extraction_sees_metrics_and_nothing_else(metric_names: Names) -> None:

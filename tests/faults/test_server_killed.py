@@ -98,7 +98,7 @@ def notification_rows(database: Database) -> list[NotificationRow]:
 
 def alert_runs(server: ServerProcess) -> float:
     """How many alert runs (evaluate, then deliver) the server has completed."""
-    return server.metric("gpuwatch_server_job_runs_total", job="alerts", result="ok")
+    return server.metric("gpuwatch_server_job_runs_total", scheduled_job="alerts", result="ok")
 
 
 def alert_runs_after(server: ServerProcess, runs: float) -> float | None:

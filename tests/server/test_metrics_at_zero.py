@@ -84,8 +84,9 @@ def test_declared_jobs_start_at_zero_for_every_result(app: FastAPI, live: Live) 
 
     runs = by_label(scrape(live.client), "gpuwatch_server_job_runs_total")
 
+    # Keyed in label-name order: result, scheduled_job.
     assert runs == {
-        (job, result): 0 for job in ("agent_silent", "retention") for result in JOB_RESULTS
+        (result, job): 0 for job in ("agent_silent", "retention") for result in JOB_RESULTS
     }
 
 
@@ -100,4 +101,4 @@ def test_a_server_running_the_scheduler_exports_its_jobs_at_zero(
 
     specs = job_specs(settings, app.state.gpuwatch.alerts)
     assert "alerts" in {spec.name for spec in specs}
-    assert runs == {(spec.name, result): 0 for spec in specs for result in JOB_RESULTS}
+    assert runs == {(result, spec.name): 0 for spec in specs for result in JOB_RESULTS}

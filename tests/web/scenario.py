@@ -65,7 +65,8 @@ def _host_a(seq: int) -> list[Any]:
 
 
 def _host_b(seq: int) -> list[Any]:
-    ghost = process(4100, used_gib=12, sm=0.0, alive=False, orphaned=True, user="ghost")
+    # A dead PID has no parent for the agent to check: not reparented, not alive.
+    ghost = process(4100, used_gib=12, sm=0.0, alive=False, orphaned=False, user="ghost")
     reaped = [process(4200, used_gib=6, sm=0.0, user="carol")] if seq < 80 else []
     lost = seq >= SNAPSHOTS - 2
     return [

@@ -34,6 +34,7 @@ from server.harness import make_token
 
 from gpuwatch.server.web.charts import memory_chart
 from gpuwatch.server.web.service import History, Layer
+from gpuwatch.terminal_text import printable
 from web.browser import Browser
 from web.conftest import READ_TOKEN, Site, running_site
 from web.test_pages import assert_clean
@@ -85,9 +86,10 @@ def test_a_hostile_name_stays_text_in_its_own_box_and_fits_the_window(
 ) -> None:
     browser.open(f"{hostile_site.url}/hosts/{quote(name, safe='')}/gpus/0")
     heading = browser.driver.find_element(By.TAG_NAME, "h1")
-    # The name is isolated, so the override in it cannot turn " · GPU 0" around.
+    # The name is isolated, so right-to-left text in it cannot turn " · GPU 0" around,
+    # and an override in it is shown as an escape, so it cannot turn the name around.
     isolated = heading.find_element(By.TAG_NAME, "bdi")
-    assert isolated.get_attribute("textContent") == name
+    assert isolated.get_attribute("textContent") == printable(name)
     assert browser.js("return document.querySelectorAll('main i, main img').length") == 0
     assert browser.js(
         "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
@@ -126,7 +128,7 @@ def test_a_silent_hosts_tile_names_its_holder_as_last_known(site: Site, browser:
     ActionChains(browser.driver).move_to_element(tile).perform()
     assert tile.get_attribute("title").splitlines() == [
         "GPU 0: no current reading (host silent)",
-        "at the last report: largest: gina 5.0 GiB · 1 processes, 1 users",
+        "at the last report: largest: gina 5.0 GiB · 1 process, 1 user",
     ]
     legend = browser.driver.find_element(By.CSS_SELECTOR, ".summary").text
     assert "\nunknown\n2\n" in legend  # the lost GPU and the silent host's

@@ -18,9 +18,12 @@ import pytest
 from server.harness import make_token
 from sqlalchemy import select
 
+from gpuwatch.server.events.schemas import EventOut
 from gpuwatch.server.events.service import record_reported_event
 from gpuwatch.server.hosts.models import Host
 from gpuwatch.server.web.charts import Mark, event_timeline
+from gpuwatch.server.web.templates.events import events_table
+from gpuwatch.server.web.templates.layout import Chrome
 from gpuwatch.wire import ReportedEvent
 from web.conftest import Site, running_site
 
@@ -118,3 +121,34 @@ def test_a_time_axis_has_at_most_seven_labels_whatever_its_span(span: float) -> 
         width=1100,
     )
     assert 1 <= svg.count('<text class="tick"') <= 7
+
+
+def _idle_event(*, started_at: float, last_seen_at: float, ended_at: float | None) -> EventOut:
+    return EventOut(
+        id=1, kind="idle", reason="idle", hostname=HOST, gpu_index=0, gpu_uuid="GPU-1",
+        pid=42, user="dave", held_bytes=2**30, evidence={},
+        summary="holds 1.0 GiB with no SM activity for 18 s",
+        started_at=started_at, last_seen_at=last_seen_at, ended_at=ended_at,
+        open=ended_at is None,
+    )  # fmt: skip
+
+
+def test_an_open_events_row_shows_how_long_it_has_lasted_and_when_its_summary_was_written() -> None:
+    """The audit: an open idle event read "no SM activity for 3.3 min" while its
+    process's flag said "idle 29 min": a summary's figures are as of the detector's
+    last look, not now. The row says how long the event has been open, now, and, once
+    its summary is over a minute old, when it was written."""
+    now = 10_000.0
+    chrome = Chrome(root="", now=now, firing=0, sign_out=False)
+    stale = _idle_event(started_at=now - 1800, last_seen_at=now - 600, ended_at=None)
+    fresh = _idle_event(started_at=now - 1800, last_seen_at=now - 15, ended_at=None)
+    ended = _idle_event(started_at=now - 1800, last_seen_at=now - 600, ended_at=now - 600)
+    cells = [
+        re.findall(r"<td>(.*?)</td>", events_table(chrome, [ev], with_host=False))
+        for ev in (stale, fresh, ended)
+    ]
+    lasted, summary = cells[0][1], cells[0][-1]
+    assert lasted == '<span class="badge open">open</span> 30 min'
+    assert summary.endswith("(as of 10 min ago)</span>")
+    assert "as of" not in cells[1][-1] and "as of" not in cells[2][-1]
+    assert cells[2][1] == "20 min"  # an ended event: how long it lasted

@@ -102,3 +102,18 @@ def test_a_silent_hosts_tiles_are_grey_with_their_holders_as_last_known(
     assert held[1:] == ("t u i", "/gw/hosts/gone/gpus/0", f"- 30720 3 2 {HOSTILE}", "mal+")
     assert empty[1:] == ("t u", "/gw/hosts/gone/gpus/1", "- 0 0 0 ", "")
     assert "silent" in browser.driver.find_element(By.CSS_SELECTOR, "section.host").text
+
+
+def test_a_tile_tells_numbered_users_apart_and_shows_an_override_as_an_escape(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Users user0 .. user36 all read "use" on their tiles; a holder or host name with
+    a direction override was drawn reversed, in the tile and in its tooltip."""
+    users = ["user0", "user36", "\u202eevil", "bob"]
+    tiles = [[i, 50, 40960, 81920, 4096, 1, 1, user, 0] for i, user in enumerate(users)]
+    html = page_of(FleetHost("rtl-\u202ehost", False, json.dumps(tiles)))
+    drawn_tiles = drawn(browser, html, tmp_path)
+    assert [text for *_, text in drawn_tiles] == ["us0", "u36", "\\u2", "bob"]
+    assert drawn_tiles[2][3].endswith(" \\u202eevil")  # the tooltip's figures
+    heading = browser.driver.find_element(By.CSS_SELECTOR, "section.host h2 bdi")
+    assert heading.get_attribute("textContent") == "rtl-\\u202ehost"

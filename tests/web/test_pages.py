@@ -223,3 +223,33 @@ def test_the_api_docs_render_offline(site: Site, browser: Browser, tmp_path: Pat
     assert "/api/v1/fleet" in paths
     assert_clean(browser, site)
     browser.screenshot("dashboard-api-docs", tmp_path)
+
+
+def test_a_dead_pid_is_orphaned_not_idle_in_the_api_and_the_process_table(site: Site) -> None:
+    """The audit's ``gpuwatch demo``: a dead PID still holding memory, its orphaned
+    (dead_pid) event open, read "idle 53 s" with no orphaned flag, and the API said
+    ``"orphaned": false``, as if its owner could come back for it."""
+    host, index = site.fleet.orphaned
+    listed = site.client.get("/api/v1/processes", params={"host": host, "open": "true"})
+    by_pid = {p["pid"]: p for p in listed.json()["items"]}
+    ghost, dave = by_pid[4100], by_pid[301]
+    assert ghost["orphaned"] is True and ghost["orphan_reason"] == "dead_pid"
+    assert ghost["idle_since"] is None and ghost["idle_seconds"] is None
+    assert dave["orphaned"] is False and dave["orphan_reason"] is None
+    assert dave["idle_seconds"] > 0  # an idle process, alive, stays idle
+    rows = {}
+    for path in (f"/hosts/{host}", f"/hosts/{host}/gpus/{index}"):
+        page = site.client.get(path).text
+        rows[path] = re.findall(r"<tr><td>(?:<a [^>]*>\d+</a></td><td>)?(\d+)</td>(.*?)</tr>", page)
+    for path, found in rows.items():
+        (ghost_row,) = [cells for pid, cells in found if pid == "4100"]
+        assert "orphaned: process gone" in ghost_row and "idle" not in ghost_row, path
+    (dave_row,) = [cells for pid, cells in rows[f"/hosts/{host}"] if pid == "301"]
+    assert '<span class="kind idle">idle ' in dave_row
+
+
+def test_one_process_is_one_process(site: Site) -> None:
+    """The audit read "1 processes: bob" on a GPU's line."""
+    host, index = site.fleet.idle  # dave's one process
+    page = site.client.get(f"/hosts/{host}/gpus/{index}").text
+    assert " · 1 process: <bdi>dave</bdi>" in page and "1 processes" not in page

@@ -24,6 +24,7 @@ from gpuwatch.server.alerts.config import (
 )
 from gpuwatch.server.alerts.facts import EventFact, Facts, GpuFact, GpuHealth, Holder
 from gpuwatch.server.notifications.model import Culprit
+from gpuwatch.server.notifications.receivers.text import shorten
 from gpuwatch.terminal_text import printable
 
 
@@ -103,10 +104,16 @@ def growth_rate(slope: float | None) -> float | None:
     return slope if slope is not None and slope > 0 else None
 
 
+# Characters of a culprit's command in a description, as the dashboard's tables show a
+# command (docs/dashboard.md); the whole command stays the culprit's own.
+DESCRIBED_COMMAND_CHARS = 120
+
+
 def describe(c: Culprit) -> str:
     """``alice's pid 4242 (python train.py, pod 1a2b) holds 20.0 GiB, +1.0 GiB/min``:
-    one line, its user-given parts with control and bidi characters escaped."""
-    where = [c.command or "?"]
+    one line, its user-given parts with control and bidi characters escaped, and the
+    command cut (a 3,000-character command filled screens of the alerts page)."""
+    where = [shorten(c.command or "?", DESCRIBED_COMMAND_CHARS)]
     if c.container_id:
         where.append(f"container {c.container_id[:12]}")
     if c.pod_uid:
@@ -341,7 +348,8 @@ def _job_ended(facts: Facts, settings: AlertSettings, name: str, now: float) -> 
                 settings, name, ended.hostname, ended.gpu, pid=ended.holder.pid, user=user
             ),
             summary=(
-                f"pid {ended.holder.pid} ({ended.holder.command or '?'}) on GPU {ended.gpu} of "
+                f"pid {ended.holder.pid} ({shorten(ended.holder.command or '?', DESCRIBED_COMMAND_CHARS)})"
+                f" on GPU {ended.gpu} of "
                 f"{ended.hostname} ended after {ran}, peak {format_bytes(ended.peak_bytes or 0)}; "
                 f"{freed}"
             ),

@@ -140,9 +140,10 @@ def _largest_open(
         .order_by(ProcessLifetime.current_bytes.desc().nulls_last(), ProcessLifetime.id)
     ).all()
     by_gpu: dict[int, list[ProcessOut]] = {}
-    for row in rows:
-        # The read API's one shape of a lifetime (processes/service.py).
-        by_gpu.setdefault(row[0].gpu_id, []).append(process_service.to_out(*row))
+    # The read API's one shape of a lifetime (processes/service.py), with its open
+    # orphaned event's state: a dead PID is orphaned, not idle.
+    for row, out in zip(rows, process_service.to_outs(session, rows), strict=True):
+        by_gpu.setdefault(row[0].gpu_id, []).append(out)
     return by_gpu
 
 

@@ -24,14 +24,25 @@ class ProcessOut(BaseModel):
     container_id: str | None
     pod_uid: str | None
     slurm_job_id: str | None
-    orphaned: bool
+    orphaned: bool = Field(
+        description="Its owner is gone: the agent saw it lose its parent, or it has an open"
+        " orphaned event (a dead PID still holding memory included)."
+    )
+    orphan_reason: str | None = Field(
+        None,
+        description="The reason of its open orphaned event (dead_pid, reparented, job_ended,"
+        " jupyter_server_gone); null when it has none.",
+    )
     first_seen_at: float
     last_seen_at: float
     ended_at: float | None = Field(description="Null while the process still holds the GPU.")
     current_bytes: int | None
     peak_bytes: int | None
     sm_ratio: float | None
-    idle_since: float | None = Field(description="Start of its current run of zero SM activity.")
+    idle_since: float | None = Field(
+        description="Start of its current run of zero SM activity; null when it is active,"
+        " its activity is unknown, or it has an open orphaned event (orphaned, not idle)."
+    )
     idle_seconds: float | None = Field(description="last_seen_at - idle_since.")
 
 

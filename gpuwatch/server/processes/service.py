@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
+from gpuwatch.server.events.models import Event
 from gpuwatch.server.hosts.models import Gpu, Host
 from gpuwatch.server.pagination import Cursor, after
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
@@ -58,7 +62,7 @@ def list_processes(
             limit + 1
         )
     ).all()
-    items = [to_out(*row) for row in rows[:limit]]
+    items = to_outs(session, rows[:limit])
     next_cursor = None
     if len(rows) > limit:
         last = items[-1]
@@ -73,7 +77,7 @@ def open_processes(*, session: Session, host_id: int) -> list[ProcessOut]:
         .where(ProcessLifetime.host_id == host_id, ProcessLifetime.ended_at.is_(None))
         .order_by(ProcessLifetime.current_bytes.desc().nulls_last(), ProcessLifetime.id)
     ).all()
-    return [to_out(*row) for row in rows]
+    return to_outs(session, rows)
 
 
 def process_samples(
@@ -101,7 +105,7 @@ def process_samples(
         query = query.where(ProcessSample.t < until)
     newest = session.scalars(query.order_by(ProcessSample.t.desc()).limit(limit + 1)).all()
     return ProcessSamples(
-        lifetime=to_out(*row),
+        lifetime=to_outs(session, [row])[0],
         sample_interval_seconds=sample_interval_seconds,
         samples=[ProcessSampleOut.model_validate(s) for s in reversed(newest[:limit])],
         truncated=len(newest) > limit,
@@ -116,12 +120,48 @@ def _base_query() -> Select[ProcessLifetime, str, int, str]:
     )
 
 
-def to_out(lifetime: ProcessLifetime, hostname: str, gpu_index: int, uuid: str) -> ProcessOut:
-    idle_seconds = (
-        None
-        if lifetime.idle_since is None
-        else max(0.0, lifetime.last_seen_at - lifetime.idle_since)
-    )
+def to_outs(session: Session, rows: Sequence[Any]) -> list[ProcessOut]:
+    """Rows of :func:`_base_query` (lifetime, hostname, GPU index, UUID) in the read
+    API's shape, each with its open ``orphaned`` event's reason (one query for all)."""
+    reasons = open_orphan_reasons(session, [row[0].id for row in rows])
+    return [to_out(*row, orphan_reason=reasons.get(row[0].id)) for row in rows]
+
+
+# Lifetime ids per query: far under any driver's limit on bound parameters.
+_IDS_PER_QUERY = 500
+
+
+def open_orphan_reasons(session: Session, lifetime_ids: Sequence[int]) -> dict[int, str]:
+    """Lifetime id -> the reason of its open ``orphaned`` event (``dead_pid``,
+    ``reparented``, ...), for those of ``lifetime_ids`` that have one."""
+    reasons: dict[int, str] = {}
+    for start in range(0, len(lifetime_ids), _IDS_PER_QUERY):
+        chunk = lifetime_ids[start : start + _IDS_PER_QUERY]
+        rows = session.execute(
+            select(Event.lifetime_id, Event.reason).where(
+                Event.lifetime_id.in_(chunk), Event.kind == "orphaned", Event.ended_at.is_(None)
+            )
+        ).all()
+        reasons.update({lifetime_id: reason for lifetime_id, reason in rows if lifetime_id})
+    return reasons
+
+
+def to_out(
+    lifetime: ProcessLifetime,
+    hostname: str,
+    gpu_index: int,
+    uuid: str,
+    *,
+    orphan_reason: str | None = None,
+) -> ProcessOut:
+    """``orphan_reason``: that of the lifetime's open ``orphaned`` event, if any
+    (:func:`open_orphan_reasons`). Such a process is orphaned whatever the agent's
+    parent check said (a dead PID has no parent to check) and is not called idle:
+    orphaned takes precedence over idle, as for events (docs/detection.md), and nobody
+    will come back to a dead PID's memory."""
+    orphaned = lifetime.orphaned or orphan_reason is not None
+    idle_since = None if orphan_reason is not None else lifetime.idle_since
+    idle_seconds = None if idle_since is None else max(0.0, lifetime.last_seen_at - idle_since)
     return ProcessOut(
         id=lifetime.id,
         hostname=hostname,
@@ -137,13 +177,14 @@ def to_out(lifetime: ProcessLifetime, hostname: str, gpu_index: int, uuid: str) 
         container_id=lifetime.container_id,
         pod_uid=lifetime.pod_uid,
         slurm_job_id=lifetime.slurm_job_id,
-        orphaned=lifetime.orphaned,
+        orphaned=orphaned,
+        orphan_reason=orphan_reason,
         first_seen_at=lifetime.first_seen_at,
         last_seen_at=lifetime.last_seen_at,
         ended_at=lifetime.ended_at,
         current_bytes=lifetime.current_bytes,
         peak_bytes=lifetime.peak_bytes,
         sm_ratio=lifetime.sm_ratio,
-        idle_since=lifetime.idle_since,
+        idle_since=idle_since,
         idle_seconds=idle_seconds,
     )

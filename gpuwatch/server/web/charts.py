@@ -128,7 +128,7 @@ def memory_chart(
     xs = [round(frame.x(history.since + (k + 0.5) * history.step), 1) for k in range(columns)]
     parts = [
         f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{escape(label)}">',
+        f'aria-label="{tooltip(label)}">',
         _y_axis(frame),
         _x_axis(frame, frame.top + frame.height + lane + 4),
     ]

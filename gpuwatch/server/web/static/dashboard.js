@@ -32,6 +32,32 @@
     return String(text).replace(/[&<>"']/g, function (c) { return ESCAPES[c]; });
   }
 
+  // An agent-sent name as the server's pages show it (gpuwatch/terminal_text.py):
+  // controls, direction overrides and other invisible characters as escapes
+  // ("\u202e"), so none can reverse what a tile or its tooltip shows.
+  var HIDDEN = /[\x00-\x1f\x7f-\x9f\p{Cf}\p{Zl}\p{Zp}\p{Cs}]/gu;
+  var NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"};
+
+  function printable(text) {
+    return text.replace(HIDDEN, function (ch) {
+      if (NAMED[ch]) return NAMED[ch];
+      var code = ch.codePointAt(0);
+      var hex = code.toString(16);
+      if (code <= 0xff) return "\\x" + ("0" + hex).slice(-2);
+      if (code <= 0xffff) return "\\u" + ("000" + hex).slice(-4);
+      return "\\U" + ("0000000" + hex).slice(-8);
+    });
+  }
+
+  // A tile's text: its holder's first three characters, or, for a name ending in
+  // digits (user0 .. user36 all began "use"), its first ones and its last two digits.
+  function initials(name) {
+    var chars = Array.from(name);
+    var digits = /[0-9]{1,2}$/.exec(name);
+    if (chars.length <= 3 || !digits) return chars.slice(0, 3).join("");
+    return chars.slice(0, 3 - digits[0].length).join("") + digits[0];
+  }
+
   // Each host card of the fleet page carries its GPUs in data-t, as ingest keeps them
   // (gpuwatch/server/hosts/tiles.py): per GPU [index, whole percent used (null: no
   // current reading), used MiB, total MiB, largest holder's MiB, processes, users,
@@ -59,8 +85,9 @@
       var name = user ? String(user) : "?";
       var known = names[name];
       if (!known) {
-        var initials = escapeHtml(Array.from(name).slice(0, 3).join(""));
-        known = names[name] = [escapeHtml(name), initials, initials + "+"];
+        var shown = printable(name);
+        var short = escapeHtml(initials(shown));
+        known = names[name] = [escapeHtml(shown), short, short + "+"];
       }
       return known;
     }
@@ -131,6 +158,10 @@
     return (Number(mib) / 1024).toFixed(1);
   }
 
+  function count(n, one, many) {
+    return n + " " + (n === "1" ? one : many);
+  }
+
   function tileTitle(tile) {
     var v = tile.getAttribute("data-v").split(" ");
     var href = tile.getAttribute("href");
@@ -149,7 +180,8 @@
       lines.push(known + "no processes");
     } else {
       lines.push(known + "largest: " + holder.slice(3).join(" ") + " " + gib(holder[0]) +
-        " GiB · " + holder[1] + " processes, " + holder[2] + " users");
+        " GiB · " + count(holder[1], "process", "processes") + ", " +
+        count(holder[2], "user", "users"));
     }
     var flags = [];
     for (var css in TILE_FLAGS) {

@@ -9,8 +9,16 @@ from collections.abc import Sequence
 from html import escape as e
 
 from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceOut
-from gpuwatch.server.web.format import ago, host_path, size, when
-from gpuwatch.server.web.templates.layout import Chrome, cell_text, page, sent_text, table
+from gpuwatch.server.web.format import ago, host_path, size, tooltip, when
+from gpuwatch.server.web.templates.layout import (
+    Chrome,
+    cell_text,
+    command_text,
+    page,
+    table,
+    text,
+)
+from gpuwatch.terminal_text import printable
 
 
 def alerts_page(
@@ -38,7 +46,7 @@ def _alerts(chrome: Chrome, alerts: Sequence[AlertOut], *, empty: str) -> str:
         where = _where(chrome, alert.labels)
         culprits = "<br>".join(
             f"pid {c.pid} {cell_text(c.user or '?')} {size(c.memory_bytes)}"
-            + (f" <code>{e((c.command or '')[:80])}</code>" if c.command else "")
+            + (f" {command_text(c.command)}" if c.command else "")
             for c in alert.culprits
         )
         muted = (
@@ -52,13 +60,7 @@ def _alerts(chrome: Chrome, alerts: Sequence[AlertOut], *, empty: str) -> str:
                 f'<span class="severity {e(alert.severity)}">{e(alert.severity)}</span>',
                 e(alert.rule),
                 where,
-                f"<b>{sent_text(alert.summary)}</b>"
-                + (
-                    f'<div class="muted">{sent_text(alert.description)}</div>'
-                    if alert.description
-                    else ""
-                )
-                + muted,
+                f"<b>{text(alert.summary)}</b>{_description(alert.description)}{muted}",
                 culprits,
                 f'<span title="{when(since)}">{ago(since, chrome.now)}</span>',
             ]
@@ -69,6 +71,26 @@ def _alerts(chrome: Chrome, alerts: Sequence[AlertOut], *, empty: str) -> str:
         empty=empty,
         css="alerts",
     )
+
+
+# Characters of a description line shown; a longer line is whole in its tooltip.
+DESCRIPTION_LINE_CHARS = 240
+
+
+def _description(description: str) -> str:
+    """An alert's description, a line per culprit (rules.describe) or the detail its
+    event gave: each line shown as :func:`text`, so a line break is a break, not the
+    escape ``\\n`` that a control character inside a line is shown as; a line past
+    ``DESCRIPTION_LINE_CHARS`` is cut, whole in its tooltip, so one row stays a row."""
+    lines = [_line(line) for line in description.split("\n") if line]
+    return f'<div class="muted">{"<br>".join(lines)}</div>' if lines else ""
+
+
+def _line(line: str) -> str:
+    shown = printable(line)
+    if len(shown) <= DESCRIPTION_LINE_CHARS:
+        return text(line)
+    return f'<bdi title="{tooltip(line)}">{e(shown[: DESCRIPTION_LINE_CHARS - 1])}…</bdi>'
 
 
 def _where(chrome: Chrome, labels: dict[str, str]) -> str:
@@ -86,7 +108,8 @@ def _silences(silences: Sequence[SilenceOut]) -> str:
     rows = []
     for s in silences:
         matchers = " ".join(
-            f"<code>{e(m.name)}{'=~' if m.regex else '='}{e(m.value)}</code>" for m in s.matchers
+            f"<code>{text(m.name)}{'=~' if m.regex else '='}{text(m.value)}</code>"
+            for m in s.matchers
         )
         rows.append(
             [
@@ -95,8 +118,8 @@ def _silences(silences: Sequence[SilenceOut]) -> str:
                 matchers,
                 when(s.starts_at),
                 when(s.ends_at),
-                sent_text(s.created_by),
-                sent_text(s.comment),
+                text(s.created_by),
+                text(s.comment),
             ]
         )
     return table(
@@ -115,7 +138,7 @@ def _receivers(chrome: Chrome, receivers: Sequence[ReceiverOut]) -> str:
             f'<span class="badge {e(r.status)}">{e(r.status)}</span>',
             ago(r.last_sent_at, chrome.now) if r.last_sent_at else "never",
             str(r.pending),
-            sent_text(r.last_error or ""),
+            text(r.last_error or ""),
         ]
         for r in receivers
     ]

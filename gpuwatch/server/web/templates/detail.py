@@ -12,20 +12,18 @@ from gpuwatch.server.events.schemas import EventOut
 from gpuwatch.server.hosts.schemas import GpuOut, HostDetail
 from gpuwatch.server.processes.schemas import ProcessOut
 from gpuwatch.server.web.charts import Mark, memory_chart, user_colour
-from gpuwatch.server.web.format import ago, duration, host_path, ratio, size, tooltip, when
+from gpuwatch.server.web.format import ago, duration, host_path, ratio, size, when
 from gpuwatch.server.web.service import History
 from gpuwatch.server.web.templates.events import events_table
 from gpuwatch.server.web.templates.layout import (
     Chrome,
     cell_text,
+    command_text,
     page,
     ranges,
-    sent_text,
     table,
     text,
 )
-
-COMMAND_CHARS = 120
 
 
 def host_page(
@@ -56,7 +54,7 @@ def host_page(
         href = host_path(chrome.root, host.hostname, gpu.index)
         cards.append(
             f'<section class="card gpu"><h2><a href="{href}">GPU {gpu.index}</a> '
-            f"<small>{sent_text(gpu.name or '')}</small></h2>{_gpu_line(chrome, host, gpu)}{chart}"
+            f"<small>{text(gpu.name or '')}</small></h2>{_gpu_line(chrome, host, gpu)}{chart}"
             "</section>"
         )
     # The host's largest holders: each GPU's are at most MAX_PROCESSES_SHOWN already.
@@ -124,10 +122,10 @@ def gpu_page(
     body = (
         f'<nav class="crumbs"><a href="{e(chrome.root)}/">Fleet</a> / '
         f'<a href="{host_href}">{text(host.hostname)}</a> / GPU {gpu.index}</nav>'
-        f"<h1>{text(host.hostname)} · GPU {gpu.index} <small>{sent_text(gpu.name or '')}</small>"
+        f"<h1>{text(host.hostname)} · GPU {gpu.index} <small>{text(gpu.name or '')}</small>"
         f"{_state_badge(chrome, host)}</h1>{_retired_notice(chrome, host)}"
         f"{_gpu_line(chrome, host, gpu)}"
-        f'<p class="meta">UUID <code>{e(gpu.uuid)}</code> · last reading '
+        f'<p class="meta">UUID <code>{text(gpu.uuid)}</code> · last reading '
         f"{ago(gpu.last_seen_at, chrome.now)}</p>"
         f'{ranges(chrome, base, range_key)}<section class="card wide">{chart}'
         f"{_legend(history)}</section>"
@@ -146,6 +144,22 @@ def _marks(events: Sequence[EventOut], gpu_index: int) -> list[Mark]:
         for ev in events
         if ev.gpu_index in (gpu_index, None)
     ]
+
+
+# An open orphaned event's reason -> what the flag adds to "orphaned".
+ORPHAN_WORDS = {
+    "dead_pid": "process gone",
+    "job_ended": "job ended",
+    "jupyter_server_gone": "notebook server gone",
+    "reparented": "parent gone",
+}
+
+
+def _orphaned_flag(reason: str | None) -> str:
+    """The flag of an orphaned process: its memory will not be freed by its owner, so
+    it is never also called idle (orphaned takes precedence, as for events)."""
+    words = ORPHAN_WORDS.get(reason or "")
+    return f'<span class="kind orphaned">orphaned{": " + words if words else ""}</span>'
 
 
 def _stale(host: HostDetail, gpu: GpuOut) -> str | None:
@@ -174,12 +188,12 @@ def _gpu_line(chrome: Chrome, host: HostDetail, gpu: GpuOut) -> str:
     if stale is not None:
         state = f'<span class="badge silent">no current reading: {stale}</span> last known: '
     elif gpu.read_error:
-        state = f'<span class="badge silent">read error: {sent_text(gpu.read_error)}</span> '
+        state = f'<span class="badge silent">read error: {text(gpu.read_error)}</span> '
     users = sorted({p.user or "?" for p in gpu.processes})
     utilisation = "–" if gpu.utilization_ratio is None else f"{gpu.utilization_ratio:.0%}"
     # Users of the processes listed (the largest holders, when not all are).
     holders = (
-        f"{gpu.processes_total} processes"
+        f"{gpu.processes_total} process{'' if gpu.processes_total == 1 else 'es'}"
         f"{': ' + ', '.join(text(u) for u in users) if users else ''}"
         f"{', …' if users and gpu.processes_truncated else ''}"
     )
@@ -199,8 +213,8 @@ def _host_line(chrome: Chrome, host: HostDetail) -> str:
         else ""
     )
     return (
-        f'<p class="meta">driver {sent_text(host.driver_version or "–")} · CUDA '
-        f"{sent_text(host.cuda_driver_version or '–')} · agent <code>{e(host.agent_id or '–')}</code>"
+        f'<p class="meta">driver {text(host.driver_version or "–")} · CUDA '
+        f"{text(host.cuda_driver_version or '–')} · agent <code>{text(host.agent_id or '–')}</code>"
         f" · last report {ago(host.last_received_at, chrome.now)}"
         f"{' · simulated GPUs' if host.fake else ''}{dropped}</p>"
     )
@@ -250,7 +264,7 @@ def _legend(history: History) -> str:
                 str(layer.pid),
                 cell_text(layer.user or "?"),
                 size(layer.peak_bytes),
-                _command(layer.command),
+                command_text(layer.command),
             ]
         )
     return table(
@@ -281,8 +295,8 @@ def process_table(
             )
         held_until = chrome.now if why is None else p.last_seen_at
         if p.orphaned:
-            flags.append('<span class="kind orphaned">orphaned</span>')
-        if p.idle_seconds:
+            flags.append(_orphaned_flag(p.orphan_reason))
+        elif p.idle_seconds:
             flags.append(f'<span class="kind idle">idle {duration(p.idle_seconds)}</span>')
         job = p.slurm_job_id or p.pod_uid or p.container_id
         row = [
@@ -293,7 +307,7 @@ def process_table(
             "–" if p.sm_ratio is None else f"{p.sm_ratio:.0%}",
             f'<span title="{when(p.first_seen_at)}">{duration(held_until - p.first_seen_at)}</span>',
             " ".join(flags),
-            _command(p.command),
+            command_text(p.command),
             cell_text(job or ""),
         ]
         if with_gpu:
@@ -304,10 +318,3 @@ def process_table(
     if with_gpu:
         headers.insert(0, "GPU")
     return table(headers, rows, empty="No process holds memory now.", css="processes")
-
-
-def _command(command: str | None) -> str:
-    if not command:
-        return ""
-    short = command if len(command) <= COMMAND_CHARS else command[: COMMAND_CHARS - 1] + "…"
-    return f'<code title="{tooltip(command)}">{e(short)}</code>'

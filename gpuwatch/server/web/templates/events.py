@@ -13,14 +13,14 @@ from urllib.parse import urlencode
 from gpuwatch.server.events.models import EVENT_KINDS
 from gpuwatch.server.events.schemas import EventOut
 from gpuwatch.server.web.charts import Mark, event_timeline, overlaps
-from gpuwatch.server.web.format import duration, host_path, size, when
+from gpuwatch.server.web.format import ago, duration, host_path, size, when
 from gpuwatch.server.web.templates.layout import (
     Chrome,
     cell_text,
     kind_badge,
     page,
-    sent_text,
     table,
+    text,
 )
 
 # The latest time a filter takes: the snapshots' Epoch maximum (year 2242).
@@ -103,11 +103,10 @@ def _form(chrome: Chrome, f: EventFilters) -> str:
 def events_table(chrome: Chrome, events: Sequence[EventOut], *, with_host: bool) -> str:
     rows = []
     for ev in events:
-        ended = (
-            '<span class="badge open">open</span>'
-            if ev.ended_at is None
-            else ("–" if ev.ended_at == ev.started_at else duration(ev.ended_at - ev.started_at))
-        )
+        if ev.ended_at is None:
+            ended = f'<span class="badge open">open</span> {duration(chrome.now - ev.started_at)}'
+        else:
+            ended = "–" if ev.ended_at == ev.started_at else duration(ev.ended_at - ev.started_at)
         gpu = ""
         if ev.gpu_index is not None:
             href = host_path(chrome.root, ev.hostname, ev.gpu_index)
@@ -120,7 +119,7 @@ def events_table(chrome: Chrome, events: Sequence[EventOut], *, with_host: bool)
             "" if ev.pid is None else str(ev.pid),
             cell_text(ev.user or ""),
             size(ev.held_bytes) if ev.held_bytes is not None else "",
-            sent_text(ev.summary),
+            text(ev.summary) + _as_of(chrome, ev),
         ]
         if with_host:
             href = host_path(chrome.root, ev.hostname)
@@ -130,6 +129,21 @@ def events_table(chrome: Chrome, events: Sequence[EventOut], *, with_host: bool)
     if with_host:
         headers.insert(3, "Host")
     return table(headers, rows, empty="No events.", css="events")
+
+
+# How old an open event's summary may be before the page says when it was written: the
+# detectors refresh it when they look again (the idle detector once per sample
+# interval), so a figure in it ("no SM activity for 18 s") is as of then, not now.
+SUMMARY_FRESH_SECONDS = 60.0
+
+
+def _as_of(chrome: Chrome, ev: EventOut) -> str:
+    if ev.ended_at is not None or chrome.now - ev.last_seen_at <= SUMMARY_FRESH_SECONDS:
+        return ""
+    return (
+        f' <span class="muted" title="{when(ev.last_seen_at)}">'
+        f"(as of {ago(ev.last_seen_at, chrome.now)})</span>"
+    )
 
 
 def parse_utc(value: str) -> float | None:

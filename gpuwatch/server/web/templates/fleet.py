@@ -19,7 +19,7 @@ from html import escape as e
 from gpuwatch.server.fleet.schemas import FULL_BUCKET, UNKNOWN_BUCKET
 from gpuwatch.server.web.charts import fullness_bar
 from gpuwatch.server.web.format import gpus_prefix, host_path, size
-from gpuwatch.server.web.templates.layout import Chrome, page
+from gpuwatch.server.web.templates.layout import Chrome, page, text
 from gpuwatch.server.web.tiles import TILE_FLAGS, Fleet, FleetHost
 
 # Open event kind -> tile class and the word its tooltip uses.
@@ -106,7 +106,7 @@ def _host(host: FleetHost, root: str) -> str:
         tiles = ""
         data = f' data-t="{e(host.tiles)}" data-g="{gpus_prefix(root, host.hostname)}"'
     return (
-        f'<section class="{css}" data-h="{name}"{data}><h2><a href="{href}"><bdi>{name}</bdi>'
+        f'<section class="{css}" data-h="{name}"{data}><h2><a href="{href}">{text(host.hostname)}'
         f'</a>{badge}</h2><div class="tiles">{tiles}</div></section>'
     )
 

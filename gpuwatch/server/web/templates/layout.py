@@ -95,24 +95,34 @@ def ranges(chrome: Chrome, base: str, current: str) -> str:
 
 def text(value: str) -> str:
     """Text an agent or a user sent, escaped and isolated (``<bdi>``): right-to-left
-    text or a stray direction override in it cannot reorder what follows it."""
-    return f"<bdi>{e(value)}</bdi>"
+    text cannot reorder what follows it, and direction overrides and other invisible
+    characters in it are shown as escapes (``\\u202e``), as in tooltips, so one cannot
+    reverse the value itself either (a command ``"…\\u202eexe.txt"`` drawn as
+    ``"…txt.exe"``). Right-to-left letters are shown as they are."""
+    return f"<bdi>{e(printable(value))}</bdi>"
 
 
 def cell_text(value: str) -> str:
-    """A name in a table column that does not wrap (a user, a host, a job id): isolated
+    """A name in a table column that does not wrap (a user, a host, a job id): shown
     as :func:`text` and cut by the stylesheet to a width (``bdi.cut``), with its whole
     value in the title, so one 256-character name cannot push the table past the
     window."""
-    return f'<bdi class="cut" title="{tooltip(value)}">{e(value)}</bdi>'
+    return f'<bdi class="cut" title="{tooltip(value)}">{e(printable(value))}</bdi>'
 
 
-def sent_text(value: str) -> str:
-    """Words around values an agent sent (an event's summary holds a Slurm job id, a
-    GPU UUID, a whole OOM message): isolated as :func:`text`, and with direction
-    overrides and other invisible characters shown as escapes (``\\u202e``), so one
-    inside cannot reverse the words that follow it (who holds how much)."""
-    return text(printable(value))
+# Characters of a command shown in a table; the whole command is in its tooltip.
+COMMAND_CHARS = 120
+
+
+def command_text(command: str | None) -> str:
+    """A command line as every table shows it: as :func:`text`, cut to
+    ``COMMAND_CHARS`` characters (an ellipsis says so), and whole in its tooltip."""
+    if not command:
+        return ""
+    shown = printable(command)
+    if len(shown) > COMMAND_CHARS:
+        shown = shown[: COMMAND_CHARS - 1] + "…"
+    return f'<code title="{tooltip(command)}"><bdi>{e(shown)}</bdi></code>'
 
 
 def kind_badge(kind: str) -> str:
