@@ -101,7 +101,7 @@ class ServerSettings(_Base):
     )
     read_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token the read API, /metrics and the web dashboard (as a bearer header or the sign-in form's cookie) require. Unset: reads are open (keep listen on localhost). While admin_token is unset it also makes changes (silences, receiver tests).",
+        description="Bearer token the read API, /metrics and the web dashboard (as a bearer header or the sign-in form's cookie) require. Unset: reads are open (keep listen on localhost). While admin_token is unset it also makes changes (silences, receiver tests). Empty, or equal to admin_token: the server refuses to start (exit 3).",
     )
     agent_push_interval_seconds: float = Field(
         default=15.0,
@@ -135,13 +135,52 @@ class ServerSettings(_Base):
     )
     admin_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token for changes through the API (creating and expiring silences, receiver tests); it reads too, but not the dashboard's pages. Unset: changes need what reads need, the read token (nothing when read_token is unset too), so whoever holds the read token can silence every alert: set both (docs/server.md).",
+        description="Bearer token for changes through the API (creating and expiring silences, receiver tests); it reads too, but not the dashboard's pages. Unset: changes need what reads need, the read token (nothing when read_token is unset too), so whoever holds the read token can silence every alert: set both (docs/server.md), to different tokens. Empty: the server refuses to start (exit 3).",
     )
 
     allowed_hosts: list[str] = Field(
         default=[],
         description="Host names (or addresses) the server answers to besides localhost and loopback addresses, any port; '*' for any. On a loopback listen address other Host headers get 421 (a web page whose name re-resolves to 127.0.0.1, DNS rebinding, cannot use the API); on another address any Host is answered unless this is set (then these names, localhost and IP addresses). Behind a reverse proxy, list the name browsers use: changes (POST, PUT, PATCH, DELETE) whose Origin is neither the request's own host and port nor one of these are refused 403.",
     )
+
+    cookie_secure: bool | None = Field(
+        default=None,
+        description="Mark the dashboard's sign-in cookies Secure (sent over HTTPS only). Unset: Secure when alerts.external_url is https:// (the documented TLS reverse proxy, which the server sees as plain HTTP) or the request itself came over HTTPS. false: only the latter.",
+    )
+
+    @field_validator("read_token", "admin_token")
+    @classmethod
+    def _strip_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # Credentials are stripped before they are compared: spaces around a token
+        # would make it one nobody can send. (An empty one is refused by `gpuwatch
+        # server` at start; a client reading these treats it as none.)
+        return None if value is None else SecretStr(value.get_secret_value().strip())
+
+    def token_refusal(self) -> str | None:
+        """Why the server must not start with these tokens (``None``: they are fine).
+
+        An empty token (``GPUWATCH_SERVER_READ_TOKEN=`` uncommented) is a mistake the
+        server would otherwise take as a token; one token for both roles makes every
+        read-token holder an administrator, unannounced."""
+        for name, token in (("read_token", self.read_token), ("admin_token", self.admin_token)):
+            if token is not None and not token.get_secret_value():
+                return f"{name} is empty: set a token, or leave it unset"
+        read, admin = self.read_token, self.admin_token
+        if (
+            read is not None
+            and admin is not None
+            and read.get_secret_value() == admin.get_secret_value()
+        ):
+            return "admin_token equals read_token: give admin_token a token of its own"
+        return None
+
+    def cookies_secure(self) -> bool:
+        """Whether the dashboard's cookies are Secure whatever scheme a request came by
+        (``cookie_secure``; unset, an https ``alerts.external_url``)."""
+        if self.cookie_secure is not None:
+            return self.cookie_secure
+        url = self.alerts.external_url
+        return url is not None and url.lower().startswith("https://")
 
     @field_validator("allowed_hosts")
     @classmethod

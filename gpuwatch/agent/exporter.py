@@ -26,7 +26,12 @@ deadline on every request (:mod:`gpuwatch.agent.port`); ``/snapshot`` (every use
 from this host only unless ``snapshot_access`` says otherwise; OOM incidents refused
 when ``accept_oom_incidents`` is off, and otherwise tagged with who posted them
 (:mod:`gpuwatch.agent.incident_origin`): any local user can post over TCP loopback, and the agent
-forwards under the host's token.
+forwards under the host's token. So each poster (uid, as the kernel knows it) may post
+:data:`OOM_POSTS_BURST` incidents at once and then one every
+``1 / OOM_POSTS_PER_SECOND`` seconds (:class:`PosterRateLimit`); past that it gets 429
+with ``Retry-After`` before its body is read, and the connection closes. What is taken
+is forwarded by the agent's one event sender, whose queue is bounded
+(:mod:`gpuwatch.agent.push`): no post costs a thread, and none holds memory for long.
 
 Web pages in a browser on this host (:mod:`gpuwatch.host_origin`, before any route):
 on a loopback listener a ``Host`` other than ``localhost``, a loopback address or one
@@ -42,8 +47,10 @@ import gzip
 import hmac
 import json
 import logging
+import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -74,6 +81,55 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# OOM incidents one poster (uid) may send: ten at once (the ranks of a job failing
+# together), then one every 6 s. A process's real OOMs are rarer than that.
+OOM_POSTS_BURST = 10.0
+OOM_POSTS_PER_SECOND = 1 / 6
+# Posters remembered; past it the least recently seen starts again with a full burst
+# (only root can post as many uids).
+MAX_POSTERS = 1024
+
+
+class PosterRateLimit:
+    """A token bucket per poster uid (``None``: a poster the kernel did not name, all
+    in one bucket), on a monotonic ``clock``."""
+
+    def __init__(
+        self,
+        *,
+        burst: float = OOM_POSTS_BURST,
+        per_second: float = OOM_POSTS_PER_SECOND,
+        clock: Callable[[], float] = time.monotonic,
+        max_posters: int = MAX_POSTERS,
+    ) -> None:
+        self._burst = burst
+        self._per_second = per_second
+        self._clock = clock
+        self._max_posters = max_posters
+        self._buckets: OrderedDict[int | None, tuple[float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.refused_total = 0
+
+    def take(self, uid: int | None) -> float | None:
+        """Take one post for ``uid``: ``None`` when it may post now, else the seconds
+        until it may (nothing taken)."""
+        now = self._clock()
+        with self._lock:
+            units, at = self._buckets.pop(uid, (self._burst, now))
+            units = min(self._burst, units + max(0.0, now - at) * self._per_second)
+            at = max(at, now)
+            if units >= 1.0:
+                self._buckets[uid] = (units - 1.0, at)
+                wait = None
+            else:
+                self._buckets[uid] = (units, at)
+                self.refused_total += 1
+                wait = (1.0 - units) / self._per_second
+            while len(self._buckets) > self._max_posters:
+                self._buckets.popitem(last=False)
+        return wait
+
+
 _Body = TypeVar("_Body", bound=BaseModel)
 
 # /healthz turns unhealthy when the newest poll is older than this many intervals.
@@ -96,11 +152,15 @@ class Exporter:
         clock: Callable[[], float] = time.time,
         policy: PortPolicy | None = None,
         on_oom_from: Callable[[OomIncident, IncidentOrigin], None] | None = None,
+        oom_posts: PosterRateLimit | None = None,
     ) -> None:
         """``policy`` bounds the port and guards ``/snapshot`` (default: 8 workers,
         10 s per request, snapshot for this host only). ``on_oom_from``, when given,
-        receives each incident with its :class:`IncidentOrigin` instead of ``on_oom``."""
+        receives each incident with its :class:`IncidentOrigin` instead of ``on_oom``.
+        ``oom_posts`` limits each poster's OOM incidents (default: a fresh
+        :class:`PosterRateLimit`)."""
         policy = policy or PortPolicy()
+        self.oom_posts = oom_posts or PosterRateLimit()
         handler = _handler_class(
             render_metrics=render_metrics,
             state=state,
@@ -114,7 +174,9 @@ class Exporter:
         guard = RequestGuard.for_listener(
             address[0], policy.allowed_hosts, setting="[agent] allowed_hosts"
         )
-        self._server = BoundedHTTPServer(address, _guarded(handler, policy, guard), policy=policy)
+        self._server = BoundedHTTPServer(
+            address, _guarded(handler, policy, guard, self.oom_posts), policy=policy
+        )
         self._thread: threading.Thread | None = None
 
     @property
@@ -181,6 +243,9 @@ def _handler_class(
                 return None
             length_header = self.headers.get("Content-Length")
             if length_header is None or not length_header.isdigit():
+                # The body (chunked, or of no stated length) stays unread: the
+                # connection must not carry it into the next request.
+                self.close_connection = True
                 self._error(411, "Content-Length required")
                 return None
             length = int(length_header)
@@ -200,6 +265,7 @@ def _handler_class(
             try:
                 data = json.loads(raw)
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                self.close_connection = True  # a client that sends this is not ours
                 self._error(400, f"body is not JSON: {err}")
                 return None
             try:
@@ -346,7 +412,10 @@ def _forwarder(
 
 
 def _guarded(
-    handler: type[BaseHTTPRequestHandler], policy: PortPolicy, guard: RequestGuard
+    handler: type[BaseHTTPRequestHandler],
+    policy: PortPolicy,
+    guard: RequestGuard,
+    oom_posts: PosterRateLimit,
 ) -> type[BaseHTTPRequestHandler]:
     """``handler`` with the access rules applied before any route runs (the routes
     themselves are unchanged)."""
@@ -391,11 +460,34 @@ def _guarded(
                     self.close_connection = True
                     self._error(415, "an OOM incident must be sent as application/json")
                     return False
-                _request.origin = self._origin()
+                _request.origin = origin = self._origin()
+                wait = oom_posts.take(origin.peer_uid)
+                if wait is not None:
+                    self._too_many(origin, wait)
+                    return False
             elif self.command == "POST" and path == TORCH_PATH:
                 # A report speaks for its process: only its owner or root may send one.
                 _request.origin = self._origin()
             return True
+
+        def _too_many(self, origin: IncidentOrigin, wait: float) -> None:
+            """429 before the body is read; the connection closes, its body unread."""
+            if oom_posts.refused_total == 1 or oom_posts.refused_total % 100 == 0:
+                log.warning(
+                    "OOM incidents from uid %s (%s) come faster than the agent forwards "
+                    "them: refused with 429 (%d refused since the agent started)",
+                    origin.peer_uid,
+                    origin.peer_user,
+                    oom_posts.refused_total,
+                )
+            self.close_connection = True
+            body = json.dumps({"error": "too many OOM incidents from this user"}).encode()
+            self._send(
+                429,
+                body + b"\n",
+                "application/json",
+                {"Retry-After": str(max(1, math.ceil(wait))), "Connection": "close"},
+            )
 
         def _may_read_snapshot(self) -> bool:
             if policy.snapshot_access == "open" or is_loopback_address(self.client_address[0]):
@@ -413,6 +505,11 @@ def _guarded(
 
         def _error(self, status: int, message: str) -> None:  # routes define it too
             super()._error(status, message)  # type: ignore[misc]
+
+        def _send(
+            self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
+        ) -> None:  # routes define it too
+            super()._send(status, body, content_type, headers)  # type: ignore[misc]
 
     Guarded.__name__ = Guarded.__qualname__ = handler.__name__
     return Guarded

@@ -5,7 +5,9 @@ the agent's threads or memory for long. One thread per connection let 200 half-s
 thread (serve_forever) accepts connections and reads each request head into a small
 buffer with a selector, costing no thread; only a complete head is handed to one of
 ``workers`` threads, which serves that one request and hands a keep-alive connection
-back to the selector to wait for the next. Every stage has a deadline: the head must
+back to the selector to wait for the next (with what the client already sent of it: a
+pipelined request's head is read under the same rules). A head longer than
+MAX_HEAD_BYTES gets 431 and the connection closes. Every stage has a deadline: the head must
 arrive within ``header_timeout_seconds`` (``keepalive_idle_seconds`` for an idle
 kept-alive connection), and a request in a worker is cut off (its socket shut down)
 after ``request_timeout_seconds``. Past ``workers`` x QUEUE_PER_WORKER requests in
@@ -92,6 +94,7 @@ def _one_request_per_handoff(
     class HandedOff(handler):  # type: ignore[valid-type,misc]
         server: BoundedHTTPServer
         handed_back = False
+        leftover = b""
 
         def setup(self) -> None:
             self.connection = self.request
@@ -107,23 +110,22 @@ def _one_request_per_handoff(
             self.close_connection = True
             self.server.begin(self.connection)
             self.handle_one_request()
-            while not self.close_connection:
-                if not self._next_request_buffered():
-                    # Wait for the next request in the selector, not in this thread.
-                    self.handed_back = True
-                    return
-                self.server.begin(self.connection)
-                self.handle_one_request()
+            if not self.close_connection:
+                # The next request's head is read by the selector, under the same
+                # limits as the first, starting from what the client already sent.
+                self.leftover = self._take_buffered()
+                self.handed_back = not self.close_connection
 
-        def _next_request_buffered(self) -> bool:
-            """True when the client already sent (part of) its next request; it was
-            read into ``rfile``'s buffer, so this thread must serve it."""
+        def _take_buffered(self) -> bytes:
+            """What the client sent past this request (its next request, pipelined),
+            taken out of ``rfile``'s buffer without waiting for more."""
             self.connection.setblocking(False)
             try:
-                return bool(self.rfile.peek(1))
+                buffered = self.rfile.peek(1)
+                return self.rfile.read(len(buffered)) if buffered else b""
             except OSError:
                 self.close_connection = True
-                return False
+                return b""
             finally:
                 self.connection.setblocking(True)
                 self.connection.settimeout(header_timeout)
@@ -170,6 +172,11 @@ class _SocketWriter(io.BufferedIOBase):
             return view.nbytes
 
 
+_HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: 37\r\n\r\n"
+    b'{"error": "request head over 8 KiB"}\n'
+)
 _SERVICE_UNAVAILABLE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 40\r\n\r\n"
@@ -202,7 +209,8 @@ class BoundedHTTPServer(HTTPServer):
         self._heads: dict[socket.socket, bytes] = {}  # complete heads for the workers
         self._busy: dict[socket.socket, float] = {}  # in a worker: request deadline
         self._in_flight = 0
-        self._returned: queue.SimpleQueue[tuple[socket.socket, Any]] = queue.SimpleQueue()
+        # Kept-alive connections back from the workers, with what their client sent next.
+        self._returned: queue.SimpleQueue[tuple[socket.socket, Any, bytes]] = queue.SimpleQueue()
         self._wake_read, self._wake_write = socket.socketpair()
         self._pool = ThreadPoolExecutor(policy.workers, thread_name_prefix="gpuwatch-http")
         self._stopping = threading.Event()
@@ -268,15 +276,19 @@ class BoundedHTTPServer(HTTPServer):
                 self._drop(next(iter(self._waiting)))  # the oldest waiting head
             self._wait_for_head(conn, address, self.policy.header_timeout_seconds)
 
-    def _wait_for_head(self, conn: socket.socket, address: Any, timeout: float) -> None:
+    def _wait_for_head(
+        self, conn: socket.socket, address: Any, timeout: float, sent: bytes = b""
+    ) -> None:
         conn.setblocking(False)
         self._waiting[conn] = (time.monotonic() + timeout, address, bytearray())
         self._selector.register(conn, selectors.EVENT_READ, address)
+        if sent:  # a pipelined request: the selector will not signal what already came
+            self._add_to_head(conn, sent)
 
     def _read_head(self, conn: socket.socket) -> None:
-        deadline, address, head = self._waiting[conn]
+        head = self._waiting[conn][2]
         try:
-            chunk = conn.recv(MAX_HEAD_BYTES - len(head))
+            chunk = conn.recv(max(1, MAX_HEAD_BYTES - len(head)))
         except BlockingIOError:
             return
         except OSError:
@@ -284,14 +296,26 @@ class BoundedHTTPServer(HTTPServer):
         if not chunk:
             self._drop(conn)  # the client went away
             return
+        self._add_to_head(conn, chunk)
+
+    def _add_to_head(self, conn: socket.socket, chunk: bytes) -> None:
+        deadline, address, head = self._waiting[conn]
         if not head:  # an idle kept-alive connection starts a request: its head timer
             deadline = min(deadline, time.monotonic() + self.policy.header_timeout_seconds)
         head += chunk
         self._waiting[conn] = (deadline, address, head)
-        if b"\r\n\r\n" in head or len(head) >= MAX_HEAD_BYTES:
+        end = head.find(b"\r\n\r\n")
+        if end != -1 and end + 4 <= MAX_HEAD_BYTES:
             self._selector.unregister(conn)
             del self._waiting[conn]
             self._dispatch(conn, address, bytes(head))
+        elif len(head) >= MAX_HEAD_BYTES:
+            # A head this long is no client of ours; reading the rest in a worker
+            # would make the limit none.
+            self.refused_total += 1
+            with contextlib.suppress(OSError):
+                conn.send(_HEAD_TOO_LARGE)
+            self._drop(conn)
 
     def _dispatch(self, conn: socket.socket, address: Any, head: bytes) -> None:
         with self._lock:
@@ -310,10 +334,10 @@ class BoundedHTTPServer(HTTPServer):
     def _take_back(self) -> None:
         while True:
             try:
-                conn, address = self._returned.get_nowait()
+                conn, address, sent = self._returned.get_nowait()
             except queue.Empty:
                 return
-            self._wait_for_head(conn, address, KEEPALIVE_IDLE_SECONDS)
+            self._wait_for_head(conn, address, KEEPALIVE_IDLE_SECONDS, sent)
 
     def _expire(self, now: float) -> None:
         for conn in [c for c, (deadline, _, _) in self._waiting.items() if deadline <= now]:
@@ -356,9 +380,11 @@ class BoundedHTTPServer(HTTPServer):
 
     def _serve(self, conn: socket.socket, address: Any) -> None:
         handed_back = False
+        sent = b""
         try:
             handler = self.RequestHandlerClass(conn, address, self)  # type: ignore[arg-type]
             handed_back = bool(getattr(handler, "handed_back", False))
+            sent = getattr(handler, "leftover", b"")
         except Exception as err:  # a client that vanished mid-response, a cut-off request
             log.debug("connection from %s ended: %s", address, err)
         finally:
@@ -367,7 +393,7 @@ class BoundedHTTPServer(HTTPServer):
                 timed_out = self._busy.pop(conn, None) is None
                 self._heads.pop(conn, None)
             if handed_back and not timed_out and not self._stopping.is_set():
-                self._returned.put((conn, address))
+                self._returned.put((conn, address, sent))
                 self._wake()
             else:
                 _close(conn)

@@ -44,6 +44,9 @@ def register(app: typer.Typer) -> None:
 
         use_config_file(config)
         settings = load(ServerSettings, listen=listen, database_url=database_url)
+        refused = settings.token_refusal()
+        if refused is not None:
+            raise ConfigError(f"invalid server settings: {refused}")
         database = database_for(settings)
         upgrade(database)
         database.dispose()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,12 @@ from reaper.test_policy import candidate, one
 from gpuwatch.agent.reaper.policy import Protections
 from gpuwatch.agent.reaper.settings import ReapSettings
 
-PROTECTIONS = Protections.from_settings(ReapSettings(), self_pids=(), proc_root=Path("/proc"))
+# The processes here are the test's own (root's, where it runs as root) and stand for
+# uid 4242's: the uids in /proc are left out, so only the executable rule is judged
+# (test_setuid_protection.py judges those).
+PROTECTIONS = replace(
+    Protections.from_settings(ReapSettings(), self_pids=(), proc_root=Path("/proc")), uids=None
+)
 
 RENAMED = """
 import ctypes, time

@@ -13,7 +13,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from web.browser import Browser
-from web.conftest import READ_TOKEN, Site
+from web.conftest import READ_TOKEN, Site, running_site
 
 PAGES = ["/", "/hosts/gpu-a", "/hosts/gpu-a/gpus/1", "/events", "/alerts"]
 
@@ -58,10 +58,21 @@ def test_the_login_form_sets_a_strict_http_only_cookie(anonymous: httpx.Client) 
 
     page = anonymous.get("/events?kind=idle")  # the client kept the cookie
     assert page.status_code == 200 and "dave" in page.text
+    assert "secure" not in attributes  # plain HTTP, and nothing says the browser's side is TLS
     assert 'action="/logout"' in page.text
 
     anonymous.post("/logout")
     assert anonymous.get("/").status_code == 401
+
+
+def test_behind_a_tls_proxy_the_cookie_is_secure(tmp_path: Path) -> None:
+    # The proxy speaks HTTPS to the browser and plain HTTP to the server: the setting says so.
+    with running_site(tmp_path, read_token=READ_TOKEN, cookie_secure=True) as behind_tls:
+        with httpx.Client(base_url=behind_tls.url, timeout=30) as browser_side:
+            response = browser_side.post("/login", data={"token": READ_TOKEN, "next": "/"})
+    assert response.status_code == 303
+    for cookie in response.headers.get_list("set-cookie"):
+        assert "secure" in {part.strip().lower() for part in cookie.split(";")}, cookie
 
 
 def test_a_stale_cookie_asks_to_sign_in_again(anonymous: httpx.Client) -> None:
@@ -105,6 +116,14 @@ def test_static_assets_and_docs_need_no_token(anonymous: httpx.Client) -> None:
         "/docs",
     ):
         assert anonymous.get(path).status_code == 200, path
+
+
+def test_the_docs_page_cannot_be_framed(anonymous: httpx.Client) -> None:
+    # Its "Try it out" form sends calls with a token the user typed: no clickjacking.
+    for path in ("/docs", "/docs/oauth2-redirect"):
+        page = anonymous.get(path)
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"], path
+        assert page.headers["x-frame-options"] == "DENY", path
 
 
 def test_signing_in_with_a_browser(guarded_site: Site, browser: Browser, tmp_path: Path) -> None:

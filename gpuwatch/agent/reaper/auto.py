@@ -17,7 +17,12 @@ stop:
    instance), since stopping it frees memory for nobody else.
 2. **Warning first**: the owner and the alert channel are told (a ``reaped`` event
    with ``stage: warning``, an audit row and a log line) "pid 4242 (alice, jupyter
-   kernel, 11.0 GiB on gpu1) will be stopped in 30m unless it becomes active".
+   kernel, 11.0 GiB on gpu1) will be stopped in 30m unless it becomes active". With a
+   server configured, nobody is stopped on a warning the server has not stored: while
+   it is on its way (the server away, or answering 429), its ``warn_before`` starts
+   again at every check, so the owner has at least ``warn_before`` less one
+   ``check_interval`` after it arrives; one the server refuses for good, or the agent
+   had to drop, is issued again at once (:meth:`AutoReaper._undelivered`).
 3. **Spared on activity**: at every check a warned process is planned again; if it
    ran anything on the GPU (its idle stretch restarts), its GPU is no longer
    contended, it exited, or a GPU it held memory on can no longer be read (lost, an
@@ -56,7 +61,7 @@ from dataclasses import dataclass
 
 from gpuwatch.agent.reaper.central import ServerLookup, on_clock
 from gpuwatch.agent.reaper.errors import ReapRefused
-from gpuwatch.agent.reaper.events import describe
+from gpuwatch.agent.reaper.events import EventDelivery, describe
 from gpuwatch.agent.reaper.evidence import format_duration
 from gpuwatch.agent.reaper.execute import Executor, decision_row
 from gpuwatch.agent.reaper.history import ProcessHistory
@@ -96,6 +101,9 @@ class PendingWarning:
     warned_at: float
     deadline: float
     issued: bool = True
+    # Its way to the server (None: no server to wait for, or not issued).
+    delivery: EventDelivery | None = None
+    held: bool = False  # logged once: its stop waits for the delivery
 
 
 class AutoReaper:
@@ -216,8 +224,12 @@ class AutoReaper:
             warning = self.warnings.get(key)
             if key in self._acted:
                 continue
+            if warning is not None and _lost(warning):
+                warning = None  # the owner was never told: tell them now
             if warning is None:
                 warning = self._warn(plan, decision, why, now)
+            if self._undelivered(warning, now):
+                continue
             if now >= warning.deadline:
                 due.append(decision)
         self._stop(plan, self._within_caps(due, now))
@@ -339,7 +351,7 @@ class AutoReaper:
         self._executor.audit(
             "warning", dry_run=self.dry_run, hostname=plan.hostname, **decision_row(decision)
         )
-        self._executor.notify(
+        warning.delivery = self._executor.notify(
             decision,
             plan.hostname,
             stage="warning",
@@ -347,6 +359,25 @@ class AutoReaper:
             extra={"deadline": deadline_epoch, "contention": why, "dry_run": self.dry_run},
         )
         return warning
+
+    def _undelivered(self, warning: PendingWarning, now: float) -> bool:
+        """True while ``warning`` is on its way to the server, so its process is not due.
+
+        Any local user can keep the host's event budget busy, and a stop must never
+        follow a warning nobody received: while it is pending its deadline moves to
+        ``now + warn_before`` (one given up is issued again: :func:`_lost`)."""
+        delivery = warning.delivery
+        if delivery is None or not delivery.pending:
+            return False
+        if now >= warning.deadline and not warning.held:
+            warning.held = True
+            log.warning(
+                "reaper: the warning for %s has not reached the server yet; "
+                "it is not stopped until warn_before has passed since it did",
+                describe(warning.decision),
+            )
+        warning.deadline = max(warning.deadline, now + self.settings.warn_before_seconds)
+        return True
 
     def _withdraw(
         self, snapshot: HostSnapshot, plan: Plan, eligible: dict[Key, tuple[Decision, str]]
@@ -439,6 +470,18 @@ class AutoReaper:
         """Wait for a stop in progress (tests, shutdown)."""
         if self._worker is not None:
             self._worker.join(timeout)
+
+
+def _lost(warning: PendingWarning) -> bool:
+    """True when ``warning`` will never reach the server: refused for good, or dropped."""
+    delivery = warning.delivery
+    lost = delivery is not None and not delivery.pending and not delivery.delivered
+    if lost:
+        log.warning(
+            "reaper: the warning for %s did not reach the server; warning again",
+            describe(warning.decision),
+        )
+    return lost
 
 
 def _unreadable(snapshot: HostSnapshot, warned: Decision, current: Decision | None) -> list[int]:

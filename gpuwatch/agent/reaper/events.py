@@ -1,7 +1,9 @@
 """``reaped`` events for the central server: what was (or would be) stopped, by whom.
 
-Inside the agent the events go through its sink (``SnapshotSink.send_event``, POSTed
-in the background with retries). ``gpuwatch reap`` on the command line POSTs them
+Inside the agent the events go through its sink (``SnapshotSink.send_event``: one
+sender thread, ``reaped`` events first and retried until the server stores them,
+:mod:`gpuwatch.agent.push`); the sink answers each with an :class:`EventDelivery`, which
+the policy reads to know whether a warning reached the server. ``gpuwatch reap`` on the command line POSTs them
 itself with the agent's token, when the agent settings name a server and a token;
 a failure is reported and never stops the reaper: the audit log is the record.
 """
@@ -9,6 +11,7 @@ a failure is reported and never stops the reaper: the audit log is the record.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +97,31 @@ def reaped_event(
         evidence=evidence,
         occurred_at=occurred_at,
     )
+
+
+class EventDelivery:
+    """One event on its way to the server: pending until the sender settles it,
+    ``delivered`` (stored by the server) or not (refused, dropped, or given up)."""
+
+    def __init__(self) -> None:
+        self._settled = threading.Event()
+        self.delivered = False
+
+    def settle(self, *, delivered: bool) -> None:
+        self.delivered = delivered
+        self._settled.set()
+
+    @property
+    def pending(self) -> bool:
+        return not self._settled.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until it is settled (at most ``timeout`` seconds)."""
+        self._settled.wait(timeout)
+
+    def is_alive(self) -> bool:
+        """Still pending: a thread's word, so a caller may wait for it like one."""
+        return self.pending
 
 
 class EventPoster:

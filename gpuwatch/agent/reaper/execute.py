@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpuwatch.agent.reaper.audit import AuditLog
-from gpuwatch.agent.reaper.events import Actor, describe, reaped_event
+from gpuwatch.agent.reaper.events import Actor, EventDelivery, describe, reaped_event
 from gpuwatch.agent.reaper.evidence import IdleEvidence
 from gpuwatch.agent.reaper.history import classify
 from gpuwatch.agent.reaper.killer import GONE, Killer, KillReport, Target
@@ -124,7 +123,7 @@ class Executor:
     ) -> None:
         self._killer = killer
         self.rejudge = rejudge
-        self._sending: list[threading.Thread] = []
+        self._sending: list[EventDelivery] = []
         self._audit = audit
         self._observer = observer
         self._protections = protections
@@ -431,10 +430,14 @@ class Executor:
         stage: str,
         summary: str,
         extra: dict[str, Any] | None = None,
-    ) -> None:
-        """Hand a ``reaped`` event for ``decision`` to ``report`` (never raises)."""
+    ) -> EventDelivery | None:
+        """Hand a ``reaped`` event for ``decision`` to ``report`` (never raises).
+
+        Returns its delivery when ``report`` answers with one (the agent's sink), for
+        the policy to hold a stop until its warning has reached the server; ``None``
+        when there is nothing to wait for (no server, or a synchronous poster)."""
         if self._report is None:
-            return
+            return None
         event = reaped_event(
             decision,
             hostname=hostname,
@@ -448,18 +451,20 @@ class Executor:
             handed = self._report(event)
         except Exception:  # a notification must never stop or undo a reap
             log.exception("could not hand over the reaped event for pid %s", event.pid)
-            return
-        if isinstance(handed, threading.Thread):
-            self._sending = [t for t in self._sending if t.is_alive()] + [handed]
+            return None
+        if isinstance(handed, EventDelivery):
+            self._sending = [d for d in self._sending if d.pending] + [handed]
+            return handed
+        return None
 
     def flush(self, timeout_seconds: float) -> None:
         """Wait (at most ``timeout_seconds`` in all) for events still being sent in the
-        background (the agent's sink posts each on a daemon thread, which an exiting
+        background (the agent's sink sends them from a daemon thread, which an exiting
         agent would otherwise cut off)."""
         deadline = self._monotonic() + timeout_seconds
-        for thread in self._sending:
-            thread.join(max(0.0, deadline - self._monotonic()))
-        self._sending = [t for t in self._sending if t.is_alive()]
+        for delivery in self._sending:
+            delivery.join(max(0.0, deadline - self._monotonic()))
+        self._sending = [d for d in self._sending if d.pending]
 
 
 def unfinished_stops(rows: list[dict[str, Any]], *, via: str) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from typing import Literal
 
 from gpuwatch.agent.cgroup import parse_cgroup
 from gpuwatch.agent.reaper.evidence import IdleEvidence
-from gpuwatch.agent.reaper.procfs import Executable, executable, login_uid_min
+from gpuwatch.agent.reaper.procfs import Executable, executable, login_uid_min, process_uids
 from gpuwatch.agent.reaper.settings import ReapSettings
 from gpuwatch.snapshot import ProcessOwner
 
@@ -146,6 +146,9 @@ class Protections:
     # UID_MIN of /etc/login.defs: uids below it are root and system accounts, which an
     # ordinary user cannot run a process as.
     login_uid_min: int = 1000
+    # pid -> its real, effective and saved uids now (procfs.process_uids); None: the
+    # candidate's uid alone (pure callers and tests with no real processes).
+    uids: Callable[[int], tuple[int, ...]] | None = None
 
     @classmethod
     def from_settings(
@@ -154,6 +157,7 @@ class Protections:
         """``proc_root`` given: display servers are recognised by their executable."""
         return cls(
             executable=None if proc_root is None else partial(executable, proc_root=proc_root),
+            uids=None if proc_root is None else partial(process_uids, proc_root=proc_root),
             system_uid_max=settings.system_uid_max,
             users=frozenset(settings.protected_users),
             commands=tuple(re.compile(p) for p in settings.protected_commands),
@@ -244,10 +248,17 @@ def protection(c: Candidate, p: Protections) -> tuple[str, str] | None:
         return "protected_pid1", "PID 1 (init) is never signalled"
     if c.pid in p.self_pids:
         return "protected_self", "gpuwatch itself is never signalled"
-    if c.uid == 0:
-        return "protected_root", "runs as uid 0: root's processes are never reaped"
-    if c.uid is not None and c.uid <= p.system_uid_max:
-        return "protected_system_user", f"system user (uid {c.uid} <= {p.system_uid_max})"
+    uids = _uids(c, p)
+    if 0 in uids:
+        kind = _uid_kind(c, 0)
+        return "protected_root", f"runs as uid 0 ({kind}): root's processes are never reaped"
+    system = sorted(u for u in uids if u <= p.system_uid_max)
+    if system:
+        kind = _uid_kind(c, system[0])
+        return (
+            "protected_system_user",
+            f"system user (uid {system[0]} <= {p.system_uid_max}, {kind})",
+        )
     display = _display_server(c, p)
     if display is not None:
         return "protected_display_server", f"display server {display}"
@@ -268,6 +279,20 @@ def protection(c: Candidate, p: Protections) -> tuple[str, str] | None:
     if owner is not None and owner.pod_uid is not None and owner.pod_uid in p.pods:
         return "protected_job", f"pod {owner.pod_uid} is protected"
     return None
+
+
+def _uids(c: Candidate, p: Protections) -> set[int]:
+    """Every uid ``c`` runs as: its real uid, and its effective and saved ones where
+    ``/proc`` can be read. A setuid-root helper (``Uid: 1001 0 0 0``) runs as root
+    whatever its real uid, and is protected like root's own."""
+    uids = {c.uid} if c.uid is not None else set()
+    if p.uids is not None:
+        uids.update(p.uids(c.pid))
+    return uids
+
+
+def _uid_kind(c: Candidate, uid: int) -> str:
+    return "real uid" if c.uid == uid else "effective or saved uid"
 
 
 def _undelegated(cgroup: str) -> str:

@@ -4,9 +4,12 @@
 life and is owned by the sampler's thread. The reaper needs the opposite: a read taken
 *now*, right before a signal, that says whether PID *n* is still the process the
 decision was about. This module reads ``<proc_root>/<pid>/stat`` (state, start time,
-CPU time) and ``status`` (real uid) and nothing else, with no cache.
+CPU time) and ``status`` (real, effective and saved uids) and nothing else, with no cache.
 
 Identity is ``(pid, start time, uid)``: a reused PID always has a later start time.
+The uid must be the process's real, effective *and* saved uid: a process that ran a
+setuid binary (``Uid: 1001 0 0 0``) is no longer only its user's, and one that did so
+between the plan and the signal is not the process the plan was about.
 Start times are compared in epoch seconds computed from the same boot time
 (``btime``) as the sampler's, within :data:`START_TIME_TOLERANCE_SECONDS`.
 """
@@ -37,7 +40,8 @@ _EXITED = frozenset({"Z", "X", "x"})
 @dataclass(frozen=True, slots=True)
 class ProcState:
     """One read of ``/proc/<pid>``. ``start_time`` is epoch seconds (``None`` without a
-    boot time); ``cpu_seconds`` is user + system time; ``uid`` the real uid."""
+    boot time); ``cpu_seconds`` is user + system time; ``uid`` the real uid, ``uids``
+    the real, effective and saved ones (empty: unreadable)."""
 
     pid: int
     name: str
@@ -46,6 +50,7 @@ class ProcState:
     start_time: float | None
     cpu_seconds: float
     uid: int | None
+    uids: tuple[int, ...] = ()
 
     @property
     def exited(self) -> bool:
@@ -56,11 +61,13 @@ class ProcState:
         """True when this is the process observed with ``start_time`` and ``uid``.
 
         An unknown expected start time or uid never matches: without them a reused PID
-        cannot be told apart, and the reaper does not act on what it cannot tell.
+        cannot be told apart, and the reaper does not act on what it cannot tell. Every
+        one of its real, effective and saved uids must be ``uid``.
         """
         if start_time is None or self.start_time is None or uid is None or self.uid is None:
             return False
-        return abs(self.start_time - start_time) <= START_TIME_TOLERANCE_SECONDS and self.uid == uid
+        same_user = self.uid == uid and all(u == uid for u in self.uids)
+        return abs(self.start_time - start_time) <= START_TIME_TOLERANCE_SECONDS and same_user
 
 
 class ProcReader:
@@ -95,6 +102,7 @@ class ProcReader:
             start_time=None if self._boot_time is None else self._boot_time + start / self._ticks,
             cpu_seconds=cpu_ticks / self._ticks,
             uid=_real_uid(status),
+            uids=_uids(status),
         )
 
     def cpu_seconds(self, pid: int) -> float | None:
@@ -136,6 +144,24 @@ def _real_uid(status: str) -> int | None:
             parts = line.split()
             return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
     return None
+
+
+def _uids(status: str) -> tuple[int, ...]:
+    """The real, effective and saved uids of a ``status`` text (empty: unreadable)."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            parts = line.split()[1:4]
+            return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+    return ()
+
+
+def process_uids(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> tuple[int, ...]:
+    """The real, effective and saved uids of ``pid`` now (empty: gone or unreadable)."""
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as file:
+            return _uids(file.read().decode("utf-8", errors="replace"))
+    except OSError:
+        return ()
 
 
 CAP_KILL = 5  # linux/capability.h

@@ -543,8 +543,27 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
+        files = [row[2] for row in cursor.execute("PRAGMA database_list") if row[1] == "main"]
     finally:
         cursor.close()
+    for path in files:
+        _owner_only(path)
+
+
+def _owner_only(path: str) -> None:
+    """Mode 0600 for a SQLite file of ours and its ``-wal``/``-shm``: they hold every
+    user's command lines and the token hashes. Under the shipped units ``UMask=0077``
+    does this; by hand, a umask of 022 or an existing 0755 directory would leave them
+    world-readable. Another user's file (a shared database) is left as it is."""
+    if not path:
+        return
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        try:
+            info = os.stat(name)
+            if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+                os.chmod(name, info.st_mode & 0o7700)
+        except OSError:
+            continue  # not there (yet), or not ours to change
 
 
 def _sqlite_on_begin(connection: Any) -> None:

@@ -1,11 +1,16 @@
 """Events: the read API, and the agent-authenticated POST for reaped / oom events.
 
 The POST resolves its arguments itself (:class:`ReportRoute`), in the order that keeps
-a hostile client cheap: the token from the headers (401/403), the host's rate limit
-(429), then at most ``MAX_EVENT_BODY`` bytes of body within the server's parse budget
-(413/503, ingest/body.py), then validation (422), and only then a write transaction,
-which confirms the token again. FastAPI's own handler would read and parse the body
-before any of that.
+a hostile client cheap: the token from the headers (401/403), the host's rate limits
+(429 when both its buckets are empty), then at most ``MAX_EVENT_BODY`` bytes of body
+within the server's parse budget (413/503, ingest/body.py), then validation (422), the
+bucket of the event's kind (429), and only then a write transaction, which confirms
+the token again. FastAPI's own handler would read and parse the body before any of that.
+
+Each host has two buckets (auth/limits.py): one for the reaper's ``reaped`` events
+(warnings, withdrawals, stops) and one for everything else. Any local user can make the
+host's agent forward OOM incidents, and those must never use up the budget of the
+warning an owner is owed before their process is stopped.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from gpuwatch.server.auth.limits import event_cost, retry_after_header
+from gpuwatch.server.auth.limits import HostRateLimiter, event_cost, retry_after_header
 from gpuwatch.server.database.core import describe
 from gpuwatch.server.deps import (
     Agent,
@@ -121,7 +126,8 @@ def report_event(
 
     At most MAX_EVENT_BODY bytes (evidence at most MAX_EVIDENCE_BYTES); each host may
     report a burst of events, then about one every 5 s (more for large ones): 429 with
-    Retry-After past that.
+    Retry-After past that. ``reaped`` events have a budget of their own, so OOM
+    incidents cannot use up the reaper's.
     """
     forbid_other_host(identity, body.hostname)
     result = service.record_reported_event(
@@ -143,7 +149,8 @@ class ReportRoute(APIRoute):
             context = await get_context(request)
             credential = await pushing_agent_of(request, context)
             host_id = credential.identity.host_id
-            _limit(context, host_id, cost=1.0, taking=False)  # before reading anything
+            buckets = (context.event_limits, reaper_limits(request))
+            _limit(buckets, context, host_id, cost=1.0, taking=False)  # before reading
             require_json(request)
             deadline = Deadline.after(
                 context.settings.ingest_time_budget_seconds, clock=context.monotonic
@@ -152,38 +159,64 @@ class ReportRoute(APIRoute):
                 raw = await read_body(
                     request, limit=MAX_EVENT_BODY, reservation=reservation, deadline=deadline
                 )
-                _limit(context, host_id, cost=event_cost(len(raw)), taking=True)
                 reservation.grow_to(parse_estimate(raw, byte_factor=FREE_JSON_BYTE_FACTOR))
-                result = await run_in_threadpool(_record, raw, credential, context)
+                body = await run_in_threadpool(_parse, raw)
+                bucket = buckets[1] if body.kind == "reaped" else buckets[0]
+                _limit((bucket,), context, host_id, cost=event_cost(len(raw)), taking=True)
+                result = await run_in_threadpool(_record, body, credential, context)
             return Response(result.model_dump_json(), media_type="application/json")
 
         return handle
 
 
-def _limit(context: ServerContext, host_id: int, *, cost: float, taking: bool) -> None:
-    """429 with Retry-After unless the host's bucket holds ``cost`` units (taken if
-    ``taking``)."""
-    limits = context.event_limits
-    ask = limits.take if taking else limits.wait
-    wait = ask(host_id, now=context.clock(), cost=cost)
-    if wait is not None:
-        raise HTTPException(
-            status.HTTP_429_TOO_MANY_REQUESTS,
-            detail="this host reports events faster than the server accepts them",
-            headers=retry_after_header(wait),
-        )
+def reaper_limits(request: Request) -> HostRateLimiter:
+    """The app's per-host bucket for ``reaped`` events, made on first use (kept on the
+    app's state beside its :class:`ServerContext`, which holds the other bucket)."""
+    state = request.app.state
+    limits: HostRateLimiter | None = getattr(state, "gpuwatch_reaper_event_limits", None)
+    if limits is None:
+        limits = state.gpuwatch_reaper_event_limits = HostRateLimiter()
+    return limits
 
 
-def _record(
-    raw: bytearray, credential: PushCredential, context: ServerContext
-) -> ReportedEventResult:
+def _limit(
+    buckets: tuple[HostRateLimiter, ...],
+    context: ServerContext,
+    host_id: int,
+    *,
+    cost: float,
+    taking: bool,
+) -> None:
+    """429 with Retry-After unless one of the host's ``buckets`` holds ``cost`` units
+    (taken from it if ``taking``)."""
+    now = context.clock()
+    waits = []
+    for limits in buckets:
+        ask = limits.take if taking else limits.wait
+        wait = ask(host_id, now=now, cost=cost)
+        if wait is None:
+            return
+        waits.append(wait)
+    raise HTTPException(
+        status.HTTP_429_TOO_MANY_REQUESTS,
+        detail="this host reports events faster than the server accepts them",
+        headers=retry_after_header(min(waits)),
+    )
+
+
+def _parse(raw: bytearray) -> ReportedEvent:
     try:
-        body = ReportedEvent.model_validate_json(raw)
+        return ReportedEvent.model_validate_json(raw)
     except ValidationError as err:
         errors = err.errors(include_url=False, include_input=False)
         for error in errors:
             error["loc"] = ("body", *error["loc"])
         raise RequestValidationError(errors) from err
+
+
+def _record(
+    body: ReportedEvent, credential: PushCredential, context: ServerContext
+) -> ReportedEventResult:
     _check_time(body.occurred_at, context)
     with context.database.writer() as session:
         confirm_push(session, context, credential)

@@ -6,7 +6,9 @@ page needs ``Authorization: Bearer <read_token>`` (as the API does; a wrong one 
 403) or the ``gpuwatch_read`` cookie holding the same token. Without either the page
 answers 401 with the login form. The cookie is ``HttpOnly`` (no script reads it),
 ``SameSite=Strict`` (no other site can make the browser send it) and ``Secure`` over
-HTTPS; it lives until the browser closes or the user signs out. The token is compared
+HTTPS, or always when ``cookie_secure`` says so (unset: when ``alerts.external_url`` is
+https, as behind a TLS reverse proxy); it lives until the browser closes or the user
+signs out. An empty credential never matches. The token is compared
 in constant time and never appears in a URL or a log line.
 
 ``SameSite=Strict`` also withholds the cookie when a user follows a link from another
@@ -52,6 +54,10 @@ def _matches(candidate: str, context: ServerContext) -> bool:
     expected = context.settings.read_token
     if expected is None:
         return True
+    # An empty credential (``Authorization: Bearer``, an empty cookie) is none at all,
+    # whatever the settings hold (they refuse an empty token at start).
+    if not candidate:
+        return False
     return hmac.compare_digest(candidate.encode(), expected.get_secret_value().encode())
 
 
@@ -113,7 +119,10 @@ def sign_in(request: Request, token: str, next_path: str) -> Response:
     """303 to ``next_path`` (when it is local) with the cookies set; the caller has
     checked ``token`` with :func:`token_accepted`."""
     response = RedirectResponse(safe_next(next_path), status_code=status.HTTP_303_SEE_OTHER)
-    secure = request.url.scheme == "https"
+    # Behind the documented TLS reverse proxy the server sees plain HTTP: the setting
+    # (or an https external_url) says the browser's side is HTTPS.
+    context: ServerContext = request.app.state.gpuwatch
+    secure = request.url.scheme == "https" or context.settings.cookies_secure()
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure, path="/")
     response.set_cookie(MARKER, "1", httponly=True, samesite="lax", secure=secure, path="/")
     return response

@@ -24,6 +24,16 @@ ASSETS = Path(fastapi_offline.__file__).resolve().parent / "static"
 ASSETS_URL = "/static/apidocs"
 DOCS_URL = "/docs"
 OAUTH2_REDIRECT_URL = "/docs/oauth2-redirect"
+# The pages' headers (web/views.py HEADERS) but their script rule: Swagger UI starts
+# from an inline script. Its "Try it out" form sends calls with a token the user typed,
+# so no other site may frame it.
+DOCS_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 
 def install_docs(app: FastAPI) -> None:
@@ -35,7 +45,7 @@ def install_docs(app: FastAPI) -> None:
     @app.get(DOCS_URL, include_in_schema=False)
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
-        return get_swagger_ui_html(
+        page = get_swagger_ui_html(
             openapi_url=root + openapi_url,
             title=f"{app.title} - API",
             swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
@@ -44,7 +54,11 @@ def install_docs(app: FastAPI) -> None:
             oauth2_redirect_url=root + OAUTH2_REDIRECT_URL,
             swagger_ui_parameters=app.swagger_ui_parameters,
         )
+        page.headers.update(DOCS_HEADERS)
+        return page
 
     @app.get(OAUTH2_REDIRECT_URL, include_in_schema=False)
     async def swagger_ui_redirect() -> HTMLResponse:
-        return get_swagger_ui_oauth2_redirect_html()
+        page = get_swagger_ui_oauth2_redirect_html()
+        page.headers.update(DOCS_HEADERS)
+        return page
