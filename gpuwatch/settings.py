@@ -3,7 +3,8 @@
 Sources, highest priority first:
 
 1. command-line options (passed to :func:`load` as overrides),
-2. environment variables ``GPUWATCH_AGENT_*`` / ``GPUWATCH_SERVER_*``,
+2. environment variables ``GPUWATCH_AGENT_*`` / ``GPUWATCH_SERVER_*`` (a key of a table
+   in :attr:`_Base.keyed_tables` also has its own, which wins over the table's JSON one),
 3. the TOML file named by ``GPUWATCH_CONFIG`` (default ``/etc/gpuwatch/gpuwatch.toml``),
    sections ``[agent]`` and ``[server]``,
 4. the defaults below.
@@ -90,6 +91,11 @@ class _Base(BaseModel):
     # in upper case) of each kind.
     section: ClassVar[str]
     env_prefix: ClassVar[str]
+    # Table settings whose keys each have a variable of their own, PREFIX + TABLE_KEY
+    # (GPUWATCH_AGENT_REAP_AUDIT_LOG). systemd lets EnvironmentFile= replace Environment=
+    # whole: a secret key given as the table's JSON in the root-only env file would
+    # silently drop the keys a drop-in sets through the same variable.
+    keyed_tables: ClassVar[tuple[str, ...]] = ()
     # validate_default: a default is checked like a given value. allow_inf_nan: "nan"
     # passes no bound check of its own and was refused as "less than or equal to 3600",
     # or, with no upper bound, accepted ("inf" days of retention).
@@ -133,22 +139,60 @@ def _toml_section(kind: type[_Base]) -> dict[str, Any]:
 
 def _environment(kind: type[_Base]) -> dict[str, Any]:
     """``kind``'s settings from ``PREFIX + NAME`` variables (any case). A table or list
-    setting is written as JSON; the others are strings the field's type parses."""
+    setting is written as JSON; the others are strings the field's type parses. A key of
+    a keyed table set by its own variable wins over the same key in the table's JSON."""
     variables = {name.lower(): value for name, value in os.environ.items()}
     found: dict[str, Any] = {}
     for name, field in kind.model_fields.items():
         variable = kind.env_prefix + name.upper()
         value = variables.get(variable.lower())
-        if value is None:
-            continue
-        if is_structured(field.annotation):
-            try:
-                found[name] = json.loads(value)
-            except ValueError as err:
-                raise ConfigError(f"{variable} must be JSON: {err}") from err
-        else:
-            found[name] = value
+        if value is not None:
+            found[name] = _parsed(variable, value, field.annotation)
+    for table, keys in _table_key_variables(kind).items():
+        given = {
+            key: _parsed(variable, variables[variable.lower()], annotation)
+            for key, (variable, annotation) in keys.items()
+            if variable.lower() in variables
+        }
+        table_json = found.get(table, {})
+        # Not a table at all: left for validation to refuse, naming the setting.
+        if given and isinstance(table_json, Mapping):
+            found[table] = _merged(table_json, given)
     return found
+
+
+def _parsed(variable: str, value: str, annotation: Any) -> Any:
+    if not is_structured(annotation):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as err:
+        raise ConfigError(f"{variable} must be JSON: {err}") from err
+
+
+def _table_key_variables(kind: type[_Base]) -> dict[str, dict[str, tuple[str, Any]]]:
+    """table -> key (as written in the file) -> (its own variable, the key's type)."""
+    tables: dict[str, dict[str, tuple[str, Any]]] = {}
+    for table in kind.keyed_tables:
+        model = kind.model_fields[table].annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel), table
+        tables[table] = {
+            (field.alias or name): (
+                f"{kind.env_prefix}{table.upper()}_{(field.alias or name).upper()}",
+                field.annotation,
+            )
+            for name, field in model.model_fields.items()
+        }
+    return tables
+
+
+def environment_variables(kind: type[_Base]) -> dict[str, str]:
+    """Every variable ``kind`` reads -> the setting it sets (``reap.audit_log`` for a key
+    of a keyed table)."""
+    names = {kind.env_prefix + name.upper(): name for name in kind.model_fields}
+    for table, keys in _table_key_variables(kind).items():
+        names.update((variable, f"{table}.{key}") for key, (variable, _) in keys.items())
+    return names
 
 
 def is_structured(annotation: Any) -> bool:
@@ -184,6 +228,9 @@ class AgentSettings(_Base):
 
     section: ClassVar[str] = "agent"
     env_prefix: ClassVar[str] = "GPUWATCH_AGENT_"
+    # GPUWATCH_AGENT_REAP_SERVER_READ_TOKEN in the root-only agent.env, beside the CAP_KILL
+    # drop-in's GPUWATCH_AGENT_REAP_AUDIT_LOG (deploy/systemd/).
+    keyed_tables: ClassVar[tuple[str, ...]] = ("reap",)
 
     listen: str = Field(
         default="127.0.0.1:9402",
@@ -287,7 +334,7 @@ class AgentSettings(_Base):
     )
     reap: ReapSettings = Field(
         default_factory=lambda: ReapSettings.model_validate({}),
-        description="[agent.reap]: the reaper's idle rule, protections and automatic policy (off by default; docs/reaper.md).",
+        description="[agent.reap]: the reaper's idle rule, protections and automatic policy (off by default; docs/reaper.md). Each key also has a variable of its own, GPUWATCH_AGENT_REAP_ plus the key in upper case (GPUWATCH_AGENT_REAP_SERVER_READ_TOKEN), which wins over the same key in GPUWATCH_AGENT_REAP: give the secret server_read_token that way in a root-only environment file (systemd: agent.env).",
     )
 
     @field_validator("listen")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +298,127 @@ def test_server_takes_a_read_token_an_admin_token_and_receivers_from_its_secret(
     monkeypatch.setenv("GPUWATCH_CONFIG", "/dev/null")
     monkeypatch.setenv("GPUWATCH_SERVER_RECEIVERS", literals["receivers"])
     assert [r.name for r in load(ServerSettings).receivers] == ["oncall"]
+
+
+def _wrapper_script(manifests: list[Manifest], tokens: Path, recheck_seconds: str) -> str:
+    """The DaemonSet's wrapper, pointed at ``tokens`` and rechecking that often."""
+    (container,) = _one(manifests, "DaemonSet", "gpuwatch-agent")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    script: str = container["args"][0]
+    assert "recheck_seconds=30\n" in script
+    return script.replace("/etc/gpuwatch/tokens", str(tokens)).replace(
+        "recheck_seconds=30\n", f"recheck_seconds={recheck_seconds}\n"
+    )
+
+
+def _fake_long_running_gpuwatch(bin_dir: Path, log: Path) -> None:
+    """A `gpuwatch` that logs each start (arguments and token) and runs until SIGTERM."""
+    bin_dir.mkdir()
+    fake = bin_dir / "gpuwatch"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'printf "start %s token=%s\\n" "$*" "${{GPUWATCH_AGENT_TOKEN:-}}" >> {log}\n'
+        f"trap 'kill $! 2>/dev/null; echo stopped >> {log}; exit 0' TERM\n"
+        "sleep 60 &\nwait $!\n"
+    )
+    fake.chmod(0o755)
+
+
+def _wait_for_lines(log: Path, count: int, proc: subprocess.Popen[str]) -> list[str]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) >= count:
+            return lines
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    pytest.fail(f"wrapper log never reached {count} lines: {log.read_text()!r}")
+
+
+def test_agent_wrapper_switches_to_pushing_when_the_token_arrives_in_the_secret(
+    manifests: list[Manifest], tmp_path: Path
+) -> None:
+    """The documented order (pods first, token Secret later) must end with agents pushing,
+    without a restart by hand: the kubelet fills the Secret volume in, the wrapper sees it.
+    A rotated token restarts the agent with the new one; SIGTERM stops the agent."""
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    log = tmp_path / "starts.log"
+    _fake_long_running_gpuwatch(tmp_path / "bin", log)
+    proc = subprocess.Popen(
+        ["/bin/sh", "-ec", _wrapper_script(manifests, tokens, "0.05")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "NODE_NAME": "gpu-node-01"},
+    )
+    try:
+        assert _wait_for_lines(log, 1, proc) == ["start agent token="]
+        (tokens / "gpu-node-01").write_text("first")
+        server = "--server=http://gpuwatch-server.gpuwatch.svc:9403"
+        assert _wait_for_lines(log, 3, proc)[1:] == ["stopped", f"start agent {server} token=first"]
+        (tokens / "gpu-node-01").write_text("second")
+        assert _wait_for_lines(log, 5, proc)[3:] == [
+            "stopped",
+            f"start agent {server} token=second",
+        ]
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert log.read_text().splitlines()[5:] == ["stopped"]
+    assert "metrics only" in stderr and "changed: restarting the agent" in stderr
+
+
+def test_agent_wrapper_exits_with_the_agents_status_when_it_fails(
+    manifests: list[Manifest], tmp_path: Path
+) -> None:
+    """A failing agent is the kubelet's to restart (and count), not hidden in a loop."""
+    fake = tmp_path / "bin" / "gpuwatch"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 4\n")
+    fake.chmod(0o755)
+    result = subprocess.run(
+        ["/bin/sh", "-ec", _wrapper_script(manifests, tmp_path / "tokens", "30")],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={"PATH": f"{fake.parent}:{os.environ['PATH']}", "NODE_NAME": "gpu-node-01"},
+    )
+    assert result.returncode == 4, result.stderr
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl missing")
+def test_the_postgres_component_runs_replicas_without_the_read_write_once_volume(
+    tmp_path: Path,
+) -> None:
+    """A second replica (or a rolling update's surge pod) on another node cannot attach the
+    ReadWriteOnce PVC: the rollout hangs in ContainerCreating. The component drops the PVC,
+    and requires the database URL so replicas never fall back to SQLite files of their own."""
+    base = tmp_path / "kubernetes"
+    shutil.copytree(K8S, base)
+    # What `kustomize edit add component postgres` writes (kubectl has no `edit`).
+    with (base / "kustomization.yaml").open("a", encoding="utf-8") as kustomization:
+        kustomization.write("components:\n  - postgres\n")
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(base)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert not [d for d in rendered if d["kind"] == "PersistentVolumeClaim"]
+    server = _one(rendered, "Deployment", "gpuwatch-server")
+    assert server["spec"]["replicas"] >= 2
+    assert server["spec"]["strategy"]["type"] == "RollingUpdate"
+    pod = server["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    (container,) = pod["containers"]
+    mounted = {m["name"] for m in container["volumeMounts"]}
+    assert mounted <= {v["name"] for v in pod["volumes"]}
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    assert env["GPUWATCH_SERVER_DATABASE_URL"]["optional"] is False
+    # The rest of the base is untouched.
+    _one(rendered, "DaemonSet", "gpuwatch-agent")

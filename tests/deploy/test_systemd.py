@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from gpuwatch.settings import AgentSettings, ServerSettings, load
+from gpuwatch.settings import AgentSettings, ServerSettings, environment_variables, load
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 AGENT = SYSTEMD_DIR / "gpuwatch-agent.service"
@@ -292,7 +293,79 @@ def test_env_examples_name_real_settings(name: str, prefix: str, settings: type)
     assert keys
     for key in keys:
         assert key.startswith(prefix), key
-        assert key.removeprefix(prefix).lower() in settings.model_fields, key
+        assert key in environment_variables(settings), key
+
+
+def test_agent_env_example_names_every_secret_of_the_agent() -> None:
+    """agent.env is the one root-only place for them; gpuwatch.toml is world-readable."""
+    text = (SYSTEMD_DIR / "agent.env.example").read_text(encoding="utf-8")
+    named = set(re.findall(r"^#?(GPUWATCH_AGENT_[A-Z0-9_]+)=", text, flags=re.MULTILINE))
+    secrets = {
+        variable
+        for variable, setting in environment_variables(AgentSettings).items()
+        if _is_secret(AgentSettings, setting)
+    }
+    assert secrets == {
+        "GPUWATCH_AGENT_TOKEN",
+        "GPUWATCH_AGENT_SNAPSHOT_TOKEN",
+        "GPUWATCH_AGENT_REAP_SERVER_READ_TOKEN",
+    }
+    assert secrets <= named, sorted(secrets - named)
+
+
+def _is_secret(model: type[BaseModel], setting: str) -> bool:
+    name, _, rest = setting.partition(".")
+    by_key = {(f.alias or n): f for n, f in model.model_fields.items()}
+    annotation = by_key[name].annotation
+    if rest:
+        assert isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        return _is_secret(annotation, rest)
+    return "SecretStr" in str(annotation)
+
+
+def _unit_environment(*units: Path) -> dict[str, str]:
+    """Environment= of ``units`` (a unit, then its drop-ins), as systemd assigns it."""
+    found: dict[str, str] = {}
+    for path in units:
+        for value in parse_unit(path)["Service"].get("Environment", []):
+            for assignment in shlex.split(value):
+                key, _, val = assignment.partition("=")
+                found[key] = val.replace("%S", "/var/lib")
+    return found
+
+
+def test_the_reap_drop_in_s_audit_log_survives_the_secret_read_token_in_agent_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """systemd lets EnvironmentFile= values replace Environment= ones. The reaper's read
+    token (a secret: agent.env) once went in the same JSON variable as the drop-in's audit
+    log, which it then replaced: the audit log fell back to the dynamic user's $HOME ("/",
+    read-only) and the policy refused every stop. Both ways an admin may write it must
+    leave the drop-in's audit log and set the token."""
+    for name in os.environ:
+        if name.startswith("GPUWATCH_AGENT_"):
+            monkeypatch.delenv(name)
+    config = tmp_path / "gpuwatch.toml"
+    config.write_text("[agent.reap]\nenabled = true\n")
+    monkeypatch.setenv("GPUWATCH_CONFIG", str(config))
+    # The dynamic user: not root, $HOME is "/".
+    monkeypatch.setattr(os, "geteuid", lambda: 61234)
+    monkeypatch.setenv("HOME", "/")
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    unit = _unit_environment(AGENT, SYSTEMD_DIR / "gpuwatch-agent-reap.conf")
+    example = (SYSTEMD_DIR / "agent.env.example").read_text(encoding="utf-8")
+    assert "#GPUWATCH_AGENT_REAP_SERVER_READ_TOKEN=" in example
+    for agent_env in (
+        {"GPUWATCH_AGENT_REAP_SERVER_READ_TOKEN": "read-secret"},
+        {"GPUWATCH_AGENT_REAP": '{"server_read_token": "read-secret"}'},
+    ):
+        with monkeypatch.context() as env:
+            for key, value in {**unit, **agent_env}.items():
+                env.setenv(key, value)
+            reap = load(AgentSettings).reap
+        assert reap.audit_log == Path("/var/lib/gpuwatch/reap-audit.jsonl"), agent_env
+        assert reap.server_read_token is not None, agent_env
+        assert reap.server_read_token.get_secret_value() == "read-secret"
 
 
 def test_server_env_example_sets_up_an_admin_token_apart_from_the_read_token(
@@ -341,3 +414,39 @@ def test_toml_example_says_what_a_hung_nvml_call_does(all_rules: list[dict[str, 
     alerts = {rule.get("alert") for rule in all_rules}
     for named in re.findall(r"\b(?:Gpu|Gpuwatch)[A-Z]\w+", text):
         assert named in alerts, f"gpuwatch.toml.example names no such alert: {named}"
+
+
+_SYSTEMD_UNITS = {"s": 1, "min": 60, "h": 3600}
+
+
+def _seconds(value: str) -> int:
+    match = re.fullmatch(r"(\d+)(s|min|h)", value)
+    assert match, f"unexpected time span {value!r}"
+    return int(match.group(1)) * _SYSTEMD_UNITS[match.group(2)]
+
+
+@pytest.mark.parametrize("path", [AGENT, SERVER], ids=["agent", "server"])
+def test_restarts_outlast_a_driver_or_database_that_is_not_up_yet_and_say_how_long(
+    path: Path,
+) -> None:
+    """A DKMS rebuild after a kernel update takes minutes: the agent exits 4 (no NVML) at
+    each start until it is done. Five starts 5 s apart gave up after 30 s and left the
+    unit failed for good. The restarts must span at least 15 minutes, still stop a crash
+    loop within the rate-limit window, and the unit and docs/deploy.md must say how long."""
+    unit = parse_unit(path)
+    burst = int(unit["Unit"]["StartLimitBurst"][0])
+    window = _seconds(unit["Unit"]["StartLimitIntervalSec"][0])
+    # Each start takes about a second to fail (0.8 s measured for exit 4).
+    span_minutes = burst * (_seconds(single(unit, "RestartSec")) + 1) / 60
+    assert span_minutes >= 15, f"{path.name}: restarts span only {span_minutes:.1f} min"
+    assert span_minutes * 60 < window, f"{path.name}: the rate limit would never stop a loop"
+    doc = (SYSTEMD_DIR.parents[1] / "docs" / "deploy.md").read_text(encoding="utf-8")
+    doc_rows = "\n".join(line for line in doc.splitlines() if "StartLimitBurst" in line)
+    for where, text in (
+        (path.name, path.read_text(encoding="utf-8")),
+        ("docs/deploy.md", doc_rows),
+    ):
+        said = [int(n) for n in re.findall(r"about (\d+)\s+(?:#\s*)?minutes", text)]
+        assert any(abs(n - span_minutes) <= 0.2 * span_minutes for n in said), (
+            f"{where} does not say the restarts span about {span_minutes:.0f} minutes: {said}"
+        )
