@@ -66,7 +66,7 @@ def explain(
     """Explain a GPU out-of-memory message: the numbers, the likely cause, the exact fix."""
     from gpuwatch.doctor.explain import Explanation
     from gpuwatch.doctor.explain import explain as explain_text
-    from gpuwatch.doctor.live import fetch_local_snapshot, same_host
+    from gpuwatch.doctor.live import agent_url_problem, fetch_local_snapshot, same_host
     from gpuwatch.doctor.parse import NOT_RECOGNISED
     from gpuwatch.doctor.report import render
     from gpuwatch.errors import NotRecognized
@@ -80,6 +80,12 @@ def explain(
             "gpuwatch explain: reading the message from the terminal; end with Ctrl-D",
             file=sys.stderr,
         )
+    problem = None if no_live else agent_url_problem(agent)
+    if problem is not None:
+        from gpuwatch.errors import ConfigError
+
+        # An absent agent is a normal case; a URL that can be nobody's is a typo to report.
+        raise ConfigError(f"--agent {agent!r}: {problem}")
     message = text if text is not None else _read_input(source)
     if not message.strip():
         from gpuwatch.errors import ConfigError

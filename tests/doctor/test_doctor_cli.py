@@ -48,6 +48,17 @@ def test_explain_text_option_human_output(
     assert "$ gpuwatch status" in out
 
 
+@pytest.mark.parametrize("url", ["notaurl", "ftp://127.0.0.1:9402", "http://"])
+def test_explain_refuses_an_agent_url_that_can_be_nobodys(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A typo in --agent was ignored and the live view silently left out.
+    code, out, err = run(["explain", "--text", MESSAGE, "--agent", url], capsys)
+    assert (code, out) == (3, "") and err.count("\n") == 1 and "--agent" in err
+    code, out, _ = run(["explain", "--text", MESSAGE, "--agent", url, "--no-live"], capsys)
+    assert code == 0 and out.startswith("Out of memory on cuda:0")
+
+
 def test_explain_takes_the_message_pasted_as_its_argument(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
