@@ -105,7 +105,11 @@ class Sampler:
         # processes: what was known of them carries over. Forgetting when a context was
         # first listed let the next poll take a process that had since been given a
         # dead owner's PID for the context's owner (blamed, then idle for an hour).
-        unread = {r.index for r in readings if isinstance(r, DeviceTimeout) or r.lost}
+        unread = {
+            r.index
+            for r in readings
+            if isinstance(r, DeviceTimeout) or r.lost or r.read_error is not None
+        }
         self._gone_before = self._gone_now | {k for k in self._gone_before if k[0] in unread}
         self._gone_now = set()
         self._listed_since = {
@@ -152,6 +156,14 @@ class Sampler:
             return Gpu(**self._last_identity(reading.index), read_error="timeout")
         if reading.lost:
             return Gpu(**self._last_identity(reading.index, reading), lost=True)
+        if reading.read_error is not None:
+            # No handle (NO_PERMISSION, UNKNOWN after the board fell off the bus, ...):
+            # nothing was read, so nothing is known of its processes either.
+            return Gpu(
+                **self._last_identity(reading.index, reading),
+                read_error=reading.read_error,
+                processes_visible=False,
+            )
         if not reading.uuid.startswith(UNKNOWN_GPU_UUID_PREFIX):
             self._known[reading.index] = (reading.uuid, reading.name, reading.pci_bus_id)
         processes = [self._process(reading, usage) for usage in _one_per_pid(reading.processes)]
@@ -310,7 +322,8 @@ def _unattributed(reading: DeviceReading, *, masked: bool) -> int | None:
 
     ``None`` when it cannot be known: masked (coherent memory, processes not visible),
     MIG (the parent's "used" spans instances), a process whose usage NVML withholds,
-    or a read that was not consistent.
+    "used" from memory info v1 (it includes the driver's reserved memory, which no
+    figure separates), or a read that was not consistent.
 
     Consistent: NVML has no call that returns a GPU's memory and its process list
     together, so the library reads the process list, then the memory, then the process
@@ -324,6 +337,8 @@ def _unattributed(reading: DeviceReading, *, masked: bool) -> int | None:
     races a change and add another chance to meet a hung NVML call.
     """
     if masked or reading.mig or reading.memory_used_bytes is None:
+        return None
+    if reading.memory_used_includes_reserved:
         return None
     held = _held_bytes(reading.processes)
     if held is None or reading.processes_before_memory is None:

@@ -11,7 +11,13 @@ Errors are translated here, in two classes:
 * **per field**: ``NOT_SUPPORTED``, ``NO_PERMISSION``, ``NOT_FOUND``, a missing
   function, or any other error on one call make that field ``None`` (never 0) and are
   counted in :class:`NvmlErrorCounts` by function and error. ``GPU_IS_LOST`` marks the
-  whole device lost; the other devices are read as usual.
+  whole device lost; the other devices are read as usual. A device whose handle NVML
+  will not give (NO_PERMISSION, UNKNOWN, INSUFFICIENT_POWER, ...) comes back with a
+  ``read_error`` and its processes unlisted: nothing of it was read.
+
+A MIG GPU's aggregate process lists and memory need privileges; when NVML refuses them
+(NO_PERMISSION), they are read from each MIG instance's handle and combined, and the
+parent is not asked again while the GPU stays in MIG mode.
 
 Versioned functions are probed once per session: memory info v2 (which separates the
 driver's reserved memory from "used") falls back to v1; running-process lists v3 fall
@@ -28,7 +34,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, Literal, TypeVar
 
@@ -49,17 +55,27 @@ _ERROR_NAMES = {
     4: "no_permission",
     6: "not_found",
     7: "insufficient_size",
+    8: "insufficient_power",
     9: "driver_not_loaded",
     10: "timeout",
+    11: "irq_issue",
     12: "library_not_found",
     13: "function_not_found",
+    14: "corrupted_inforom",
     15: "gpu_is_lost",
     16: "reset_required",
     17: "operating_system",
     18: "lib_rm_version_mismatch",
+    19: "in_use",
+    20: "memory",
+    21: "no_data",
+    23: "insufficient_resources",
     25: "argument_version_mismatch",
+    28: "gpu_not_found",
+    29: "invalid_state",
     999: "unknown",
 }
+NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
@@ -167,6 +183,10 @@ class DeviceReading:
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
     memory_reserved_bytes: int | None = None
+    # True when "used" came from memory info v1 (a driver before R510, a vGPU guest that
+    # refuses v2): it then includes the driver's reserved memory, which no process holds
+    # and no figure separates, so "used less what processes hold" is not unattributed.
+    memory_used_includes_reserved: bool = False
     utilization_ratio: float | None = None
     memory_busy_ratio: float | None = None
     temperature_celsius: float | None = None
@@ -198,6 +218,9 @@ class DeviceReading:
     # True on ATS-addressed (cache-coherent, Grace Hopper style) GPUs; None when the
     # driver cannot say (nvmlDeviceGetAddressingMode needs R570 or newer).
     coherent_memory: bool | None = None
+    # Set when NVML would not give this GPU's handle (``"no handle: unknown"``): nothing
+    # was read, so nothing is known of its processes (``processes_unlisted`` too).
+    read_error: str | None = None
     processes: list[ProcessUsage] = field(default_factory=list)
     # True when NVML failed to list this GPU's processes (UNKNOWN, TIMEOUT, ...):
     # ``processes`` is then what it could list, not all there are.
@@ -243,6 +266,9 @@ class NvmlSession(HealthReads, GpmReads):
         # the driver's next sample is due (see _read_process_sm).
         self._util_last: dict[int, dict[int, float]] = {}
         self._handles: dict[int, Any] = {}
+        # MIG GPUs whose aggregate process lists and memory NVML refuses (NO_PERMISSION:
+        # they need privileges this process lacks); read from their instances instead.
+        self._per_instance: set[int] = set()
         self._health = HealthState()
         self._gpm = GpmState()
         self.driver_version: str | None = None
@@ -338,13 +364,15 @@ class NvmlSession(HealthReads, GpmReads):
         except self._nv.NVMLError as err:
             raise NvmlUnavailable(f"cannot count GPUs: {error_name(err.value)}") from err
 
-    def _handle(self, index: int) -> Any:
+    def _handle(self, index: int) -> tuple[Any, int]:
+        """The device's handle and 0, or None and NVML's error code."""
         handle = self._handles.get(index)
-        if handle is None:
-            handle = self._call("nvmlDeviceGetHandleByIndex", index)
-            if handle is not None:
-                self._handles[index] = handle
-        return handle
+        if handle is not None:
+            return handle, 0
+        handle, code = self._attempt("nvmlDeviceGetHandleByIndex", index)
+        if handle is not None:
+            self._handles[index] = handle
+        return handle, code
 
     def read_device(self, index: int) -> DeviceReading:
         """Read everything gpuwatch needs from GPU ``index`` (``nvidia-smi -i INDEX -q``).
@@ -354,8 +382,14 @@ class NvmlSession(HealthReads, GpmReads):
         """
         reading = DeviceReading(index=index, uuid=unknown_uuid(index))
         try:
-            handle = self._handle(index)
+            handle, code = self._handle(index)
             if handle is None:
+                # NO_PERMISSION, UNKNOWN (a GPU gone since this process started: NVML
+                # says GPU_IS_LOST only to a process that held its handle), IRQ_ISSUE,
+                # INSUFFICIENT_POWER...: nothing of this GPU can be read, and an empty
+                # list here would read as every process on it having ended.
+                reading.read_error = f"no handle: {error_name(code)}"
+                reading.processes_unlisted = True
                 return reading
             uuid = self._call("nvmlDeviceGetUUID", handle)
             if uuid is not None:
@@ -364,18 +398,26 @@ class NvmlSession(HealthReads, GpmReads):
             mode = self._call("nvmlDeviceGetAddressingMode", handle)
             if mode is not None:
                 reading.coherent_memory = mode == self._nv.NVML_DEVICE_ADDRESSING_MODE_ATS
-            # Processes, memory, processes again, back to back: see processes_before_memory.
-            reading.processes_before_memory = self._read_processes(handle)
-            self._read_memory(handle, reading)
-            reading.processes = self._read_processes(handle, reading)
+            per_instance = index in self._per_instance
+            refused = not per_instance and self._read_aggregate(handle, reading)
             self._read_activity(handle, reading)
             self._read_health(index, handle, reading)
             reading.process_sm = self._read_process_sm(index, handle)
-            reading.mig = self._read_mig(handle)
+            instances = self._read_mig(index, handle)
+            reading.mig = [mig for mig, _ in instances]
+            if instances and (per_instance or refused):
+                self._per_instance.add(index)
+                self._read_from_instances(reading, instances)
+            elif per_instance:
+                # Out of MIG mode now (or its instances unreadable): the GPU's own
+                # figures are what there is.
+                self._per_instance.discard(index)
+                self._read_aggregate(handle, reading)
             self._read_gpm(index, handle, reading)
         except GpuLost:
             # Keep what identifies the GPU; everything else is unknowable now.
             self._handles.pop(index, None)
+            self._per_instance.discard(index)
             self._forget_gpm(index)
             self._util_last.pop(index, None)
             return DeviceReading(index=index, uuid=reading.uuid, name=reading.name, lost=True)
@@ -388,7 +430,51 @@ class NvmlSession(HealthReads, GpmReads):
         if pci is not None:
             reading.pci_bus_id = _to_str(pci.busId)
 
-    def _read_memory(self, handle: Any, reading: DeviceReading) -> None:
+    def _read_aggregate(self, handle: Any, reading: DeviceReading) -> bool:
+        """The GPU's memory and process lists through its own handle; True when NVML
+        refused any of them for want of privileges (a MIG GPU, read unprivileged)."""
+        # Processes, memory, processes again, back to back: see processes_before_memory.
+        reading.processes_before_memory, _ = self._list_processes(handle)
+        memory_code = self._read_memory(handle, reading)
+        reading.processes, failed = self._list_processes(handle)
+        reading.processes_unlisted = bool(failed)
+        return NVML_ERROR_NO_PERMISSION in {*failed, memory_code}
+
+    def _read_from_instances(
+        self, reading: DeviceReading, instances: list[tuple[MigReading, Any]]
+    ) -> None:
+        """A MIG GPU's processes and memory as the sums of its instances'.
+
+        NVML gives a MIG GPU's aggregate process lists and memory only to a privileged
+        caller (root, or the MIG monitor capability); the agent runs unprivileged. Each
+        instance's handle still answers, and together the instances hold every
+        process. Memory is then what the instances hold and can hold: total is the
+        instances' sum (less than the board's), and no reserved figure is known.
+        """
+        reading.processes, reading.processes_unlisted = [], False
+        reading.processes_before_memory = None
+        for mig, mig_handle in instances:
+            listed, failed = self._list_processes(mig_handle)
+            reading.processes_unlisted |= bool(failed)
+            reading.processes += [
+                p
+                if p.gpu_instance_id is not None
+                else replace(p, gpu_instance_id=mig.gpu_instance_id)
+                for p in listed
+            ]
+        used = total = 0
+        for mig, _ in instances:
+            if mig.memory_used_bytes is None or mig.memory_total_bytes is None:
+                reading.memory_used_bytes = reading.memory_total_bytes = None
+                reading.memory_free_bytes = reading.memory_reserved_bytes = None
+                return
+            used += mig.memory_used_bytes
+            total += mig.memory_total_bytes
+        reading.memory_used_bytes, reading.memory_total_bytes = used, total
+        reading.memory_free_bytes, reading.memory_reserved_bytes = total - used, None
+
+    def _read_memory(self, handle: Any, reading: DeviceReading) -> int:
+        """The memory figures into ``reading``; 0, or the code of the read that failed."""
         # v2 reports the driver's reserved memory separately from "used"; v1 folds it in.
         if self._memory_v2 is not False:
             try:
@@ -409,23 +495,26 @@ class NvmlSession(HealthReads, GpmReads):
                 reading.memory_used_bytes = int(mem.used)
                 reading.memory_free_bytes = int(mem.free)
                 reading.memory_reserved_bytes = int(mem.reserved)
-                return
+                return 0
             if code not in _MEMORY_V2_ABSENT:
                 # This read failed (UNKNOWN, TIMEOUT...), not the v2 call: the fields are
                 # unknown this time. Falling back would serve v1's "used", which counts
                 # the reserved memory too, and on a first read would switch every GPU
                 # to v1 for good.
-                return
+                return code
             if self._memory_v2 is None:
                 log.info("memory info v2 unavailable; using v1 (no separate reserved figure)")
                 self._memory_v2 = False
-        mem = self._call("nvmlDeviceGetMemoryInfo", handle)
+        # v1's "used" includes the reserved memory: see memory_used_includes_reserved.
+        mem, code = self._attempt("nvmlDeviceGetMemoryInfo", handle)
         if mem is not None:
             reading.memory_total_bytes = int(mem.total)
             reading.memory_used_bytes = int(mem.used)
             reading.memory_free_bytes = int(mem.free)
             reserved = getattr(mem, "reserved", None)  # present when a v2 struct came back
             reading.memory_reserved_bytes = None if reserved is None else int(reserved)
+            reading.memory_used_includes_reserved = reserved is None
+        return code
 
     def _read_activity(self, handle: Any, reading: DeviceReading) -> None:
         util = self._call("nvmlDeviceGetUtilizationRates", handle)
@@ -439,11 +528,10 @@ class NvmlSession(HealthReads, GpmReads):
         limit = self._call("nvmlDeviceGetEnforcedPowerLimit", handle)
         reading.power_limit_watts = None if limit is None else limit / 1000.0
 
-    def _read_processes(
-        self, handle: Any, reading: DeviceReading | None = None
-    ) -> list[ProcessUsage]:
-        """Compute, graphics and MPS contexts on the GPU; ``reading.processes_unlisted``
-        set when a list failed (one the GPU or driver does not have is no failure)."""
+    def _list_processes(self, handle: Any) -> tuple[list[ProcessUsage], set[int]]:
+        """Compute, graphics and MPS contexts on the GPU, and the codes of the lists that
+        failed (one the GPU or driver does not have is no failure)."""
+        failed: set[int] = set()
         rows: dict[tuple[int, str], ProcessUsage] = {}
         kinds: tuple[tuple[Literal["compute", "graphics", "mps"], str], ...] = (
             ("compute", "nvmlDeviceGetComputeRunningProcesses"),
@@ -452,8 +540,8 @@ class NvmlSession(HealthReads, GpmReads):
         )
         for kind, base in kinds:
             listed, code = self._process_list(base, handle)
-            if code not in _NO_SUCH_LIST and reading is not None:
-                reading.processes_unlisted = True
+            if code not in _NO_SUCH_LIST:
+                failed.add(code)
             for proc in listed or ():
                 used = proc.usedGpuMemory  # pynvml maps NVML_VALUE_NOT_AVAILABLE to None
                 instance = getattr(proc, "gpuInstanceId", None)  # v2 and later
@@ -465,7 +553,7 @@ class NvmlSession(HealthReads, GpmReads):
                     if instance is None or instance == _NO_INSTANCE
                     else int(instance),
                 )
-        return list(rows.values())
+        return list(rows.values()), failed
 
     def _process_list(self, base: str, handle: Any) -> tuple[list[Any] | None, int]:
         """The list and NVML's return code (0, or the error: see :data:`_NO_SUCH_LIST`)."""
@@ -529,12 +617,14 @@ class NvmlSession(HealthReads, GpmReads):
         self._util_last[index] = busy
         return dict(busy)
 
-    def _read_mig(self, handle: Any) -> list[MigReading]:
-        mode = self._call("nvmlDeviceGetMigMode", handle)
+    def _read_mig(self, index: int, handle: Any) -> list[tuple[MigReading, Any]]:
+        """Each MIG instance of the GPU, with its handle; none off MIG."""
+        # A board without MIG answers NOT_SUPPORTED: asked once (see HealthReads._board).
+        mode, _ = self._board(index, "nvmlDeviceGetMigMode", handle)
         if not mode or not mode[0]:
             return []
         count = self._call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
-        instances: list[MigReading] = []
+        instances: list[tuple[MigReading, Any]] = []
         for i in range(int(count)):
             mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
             if mig is None:
@@ -544,15 +634,18 @@ class NvmlSession(HealthReads, GpmReads):
             mem = self._call("nvmlDeviceGetMemoryInfo", mig)
             instance_id = self._call("nvmlDeviceGetGpuInstanceId", mig)
             instances.append(
-                MigReading(
-                    index=i,
-                    uuid=_to_str(uuid) if uuid is not None else f"MIG-unknown-{i}",
-                    name=name,
-                    memory_total_bytes=None if mem is None else int(mem.total),
-                    memory_used_bytes=None if mem is None else int(mem.used),
-                    gpu_instance_id=None if instance_id is None else int(instance_id),
-                    # "NVIDIA A100-SXM4-80GB MIG 3g.40gb" -> "3g.40gb", nvidia-smi's profile.
-                    profile=name.rpartition(" MIG ")[2] if name and " MIG " in name else None,
+                (
+                    MigReading(
+                        index=i,
+                        uuid=_to_str(uuid) if uuid is not None else f"MIG-unknown-{i}",
+                        name=name,
+                        memory_total_bytes=None if mem is None else int(mem.total),
+                        memory_used_bytes=None if mem is None else int(mem.used),
+                        gpu_instance_id=None if instance_id is None else int(instance_id),
+                        # "NVIDIA A100-SXM4-80GB MIG 3g.40gb" -> "3g.40gb", nvidia-smi's profile.
+                        profile=name.rpartition(" MIG ")[2] if name and " MIG " in name else None,
+                    ),
+                    mig,
                 )
             )
         return instances

@@ -192,6 +192,35 @@ def test_uuid_is_stable_across_edits_of_the_file(write_scenario: Callable[..., P
             "fault[0].seconds: hang needs",
         ),
         (GPU + '[[fault]]\nkind = "gpu_lost"\n', "fault[0].gpu: gpu_lost needs the index"),
+        # States no driver produces: MIG on a board without it, one GI id twice.
+        (
+            GPU
+            + 'cuda_capability = "8.6"\n[[gpu.mig]]\nprofile = "1g.10gb"\nmemory_total = "10GiB"\n',
+            "gpu[0].mig: this board has no MIG",
+        ),
+        (GPU + 'cuda_capability = "7.0"\nmig_capable = true\n', "no board before Ampere"),
+        (
+            GPU
+            + '[[gpu.mig]]\nprofile = "1g.10gb"\nmemory_total = "10GiB"\ngpu_instance_id = 3\n'
+            + '[[gpu.mig]]\nprofile = "1g.10gb"\nmemory_total = "10GiB"\ngpu_instance_id = 3\n',
+            "gpu[0].mig: gpu_instance_id 3 is used more than once",
+        ),
+        ('driver_version = "banana"\n' + GPU, "fake.driver_version: expected e.g."),
+        (GPU + 'pci_bus_id = "18-00"\n', "gpu[0].pci_bus_id: expected a PCI bus id"),
+        # Fault scopes and the init kinds.
+        (
+            GPU + '[[fault]]\nmig = 0\nkind = "unknown"\nfunction = "nvmlDeviceGetName"\n',
+            "fault[0].mig: needs gpu = N",
+        ),
+        (
+            GPU
+            + '[[fault]]\ngpu = 0\nmig = "parent"\nkind = "unknown"\nfunction = "nvmlDeviceGetName"\n',
+            "fault[0].mig: GPU 0 is not in MIG mode",
+        ),
+        (
+            GPU + '[[fault]]\ngpu = 0\nkind = "driver_not_loaded"\n',
+            "fault[0].gpu: driver_not_loaded fails nvmlInit",
+        ),
         ("[gpu]\nmemory_total = 1\n", "test-1.toml: gpu: must be an array of tables"),
         ("gpu = 3\n", "test-1.toml: fake.gpu: unknown key"),
         ("[[gpu]\n", "test-1.toml: not valid TOML"),

@@ -67,9 +67,9 @@ def test_the_login_form_sets_a_strict_http_only_cookie(anonymous: httpx.Client) 
 
 def test_behind_a_tls_proxy_the_cookie_is_secure(tmp_path: Path) -> None:
     # The proxy speaks HTTPS to the browser and plain HTTP to the server: the setting says so.
-    with running_site(tmp_path, read_token=READ_TOKEN, cookie_secure=True) as behind_tls:
-        with httpx.Client(base_url=behind_tls.url, timeout=30) as browser_side:
-            response = browser_side.post("/login", data={"token": READ_TOKEN, "next": "/"})
+    site = running_site(tmp_path, read_token=READ_TOKEN, cookie_secure=True)
+    with site as behind_tls, httpx.Client(base_url=behind_tls.url, timeout=30) as browser_side:
+        response = browser_side.post("/login", data={"token": READ_TOKEN, "next": "/"})
     assert response.status_code == 303
     for cookie in response.headers.get_list("set-cookie"):
         assert "secure" in {part.strip().lower() for part in cookie.split(";")}, cookie

@@ -71,7 +71,7 @@ MEMORY_UNATTRIBUTED = MetricSpec(
     "gauge",
     "Memory in use that no listed process accounts for.",
     _L,
-    availability="absent on coherent-memory and MIG GPUs, when processes are not visible, when NVML withholds a process's usage, or when the process list changed during the read",
+    availability="absent on coherent-memory and MIG GPUs, when processes are not visible, when NVML withholds a process's usage, when the driver gives only memory info v1 (its used includes the reserved memory), or when the process list changed during the read",
 )
 MEMORY_DEAD = MetricSpec(
     "gpuwatch_gpu_memory_dead_process_bytes",

@@ -1,7 +1,8 @@
 """MIG symbols: mode, instance handles, and the way back from an instance to its GPU.
 
 A GPU is in MIG mode (current and pending) exactly when the scenario gives it
-``[[gpu.mig]]`` instances; each instance has one compute instance.
+``[[gpu.mig]]`` instances; each instance has one compute instance. A board without MIG
+(``mig_capable = false``: an RTX A6000, an L4, a V100) answers NOT_SUPPORTED for its mode.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class MigCalls(CallsBase):
     def device_get_mig_mode(self, device: DeviceRef, t: float, current: Any, pending: Any) -> int:
         if current is None or pending is None:
             return nv.NVML_ERROR_INVALID_ARGUMENT
+        if not device.gpu.mig_capable:  # NVML: "if device doesn't support MIG mode"
+            return nv.NVML_ERROR_NOT_SUPPORTED
         mode = nv.NVML_DEVICE_MIG_ENABLE if device.gpu.mig else nv.NVML_DEVICE_MIG_DISABLE
         cargs.store(current, mode)
         cargs.store(pending, mode)

@@ -8,6 +8,7 @@ from typing import Any
 import pynvml as nv
 
 from gpuwatch.nvml.fake import cargs
+from gpuwatch.nvml.fake.scenario_values import parse_bus_id
 from gpuwatch.nvml.fake.symbols import CallsBase, nvml_symbol
 
 
@@ -93,12 +94,11 @@ class SystemCalls(CallsBase):
         wanted = cargs.value(bus_id)
         if not isinstance(wanted, bytes) or device is None:
             return nv.NVML_ERROR_INVALID_ARGUMENT
-        text = wanted.decode(errors="replace").upper()
+        address = parse_bus_id(wanted.decode(errors="replace"))
+        if address is None:
+            return nv.NVML_ERROR_INVALID_ARGUMENT
 
         def matches(gpu: Any, mig: Any) -> bool:
-            return mig is None and text in (
-                gpu.pci_bus_id.upper(),
-                short_bus_id(gpu.pci_bus_id).upper(),
-            )
+            return mig is None and parse_bus_id(gpu.pci_bus_id) == address
 
         return self._handle_where(t, device, matches)

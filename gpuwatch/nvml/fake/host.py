@@ -309,15 +309,13 @@ class FakeHost:
             f.kind == "gpu_lost" and f.gpu == gpu and f.active(t) for f in self.scenario.faults
         )
 
-    def fault(self, symbol: str, gpu: int | None, t: float) -> FaultSpec | None:
-        """The first active unsupported / no_permission / hang fault on ``symbol``."""
+    def fault(
+        self, symbol: str, gpu: int | None, t: float, mig: int | None = None
+    ) -> FaultSpec | None:
+        """The first active fault other than ``gpu_lost`` on ``symbol``, called on GPU
+        ``gpu`` (None: a system call) through its own handle or MIG instance ``mig``'s."""
         for f in self.scenario.faults:
-            if (
-                f.kind != "gpu_lost"
-                and f.active(t)
-                and f.matches(symbol)
-                and (f.gpu is None or f.gpu == gpu)
-            ):
+            if f.kind != "gpu_lost" and f.active(t) and f.matches(symbol) and f.covers(gpu, mig):
                 return f
         return None
 

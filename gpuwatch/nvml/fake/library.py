@@ -9,8 +9,9 @@ accepts ``restype``/``argtypes`` assignment (pynvml sets ``restype`` on some).
 Every call first does what NVML does: NVML_ERROR_UNINITIALIZED before ``nvmlInit``,
 NVML_ERROR_INVALID_ARGUMENT for a handle the library did not issue, then the
 scenario's faults: NVML_ERROR_GPU_IS_LOST for every call on a lost GPU, the
-configured code for ``unsupported``/``no_permission``, a real (bounded) sleep for
-``hang``. Symbols a program asks for but the fake lacks are logged once at DEBUG and
+kind's error code for the other kinds (``no_permission``, ``unknown``, ...; from
+nvmlInit for ``driver_not_loaded`` and ``lib_rm_version_mismatch``), a real
+(bounded) sleep for ``hang``. Symbols a program asks for but the fake lacks are logged once at DEBUG and
 collected in :attr:`FakeNvmlLibrary.missing`.
 """
 
@@ -41,6 +42,14 @@ log = logging.getLogger(__name__)
 _FAULT_CODES = {
     "unsupported": nv.NVML_ERROR_NOT_SUPPORTED,
     "no_permission": nv.NVML_ERROR_NO_PERMISSION,
+    "unknown": nv.NVML_ERROR_UNKNOWN,
+    "timeout": nv.NVML_ERROR_TIMEOUT,
+    "function_not_found": nv.NVML_ERROR_FUNCTION_NOT_FOUND,
+    "insufficient_power": nv.NVML_ERROR_INSUFFICIENT_POWER,
+    "irq_issue": nv.NVML_ERROR_IRQ_ISSUE,
+    "reset_required": nv.NVML_ERROR_RESET_REQUIRED,
+    "driver_not_loaded": nv.NVML_ERROR_DRIVER_NOT_LOADED,
+    "lib_rm_version_mismatch": nv.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
 }
 
 
@@ -129,14 +138,23 @@ class FakeNvmlLibrary(
                 return nv.NVML_ERROR_INVALID_ARGUMENT
             if device.mig is not None and not info.mig:
                 return nv.NVML_ERROR_NOT_SUPPORTED
-            return self._guarded(symbol, device.index, t, lambda: method(device, t, *args[1:]))
+            return self._guarded(
+                symbol, device.index, t, lambda: method(device, t, *args[1:]), device.mig_index
+            )
 
         return call
 
-    def _guarded(self, symbol: str, gpu: int | None, t: float, run: Callable[[], Any]) -> Any:
+    def _guarded(
+        self,
+        symbol: str,
+        gpu: int | None,
+        t: float,
+        run: Callable[[], Any],
+        mig: int | None = None,
+    ) -> Any:
         if gpu is not None and self.host.lost(gpu, t):
             return nv.NVML_ERROR_GPU_IS_LOST
-        fault = self.host.fault(symbol, gpu, t)
+        fault = self.host.fault(symbol, gpu, t, mig)
         if fault is not None and fault.kind == "hang":
             log.debug("fake NVML: %s hangs for %.1f s (scenario fault)", symbol, fault.seconds)
             time.sleep(fault.seconds)

@@ -14,7 +14,28 @@ from typing import Literal
 
 from gpuwatch.nvml.fake.timeline import Timeline
 
-FaultKind = Literal["gpu_lost", "unsupported", "no_permission", "hang"]
+FaultKind = Literal[
+    "gpu_lost",
+    "hang",
+    # The named functions answer this NVML error (NVML_ERROR_<KIND>).
+    "unsupported",
+    "no_permission",
+    "unknown",
+    "timeout",
+    "function_not_found",
+    "insufficient_power",
+    "irq_issue",
+    "reset_required",
+    # nvmlInit answers this: the library cannot start at all.
+    "driver_not_loaded",
+    "lib_rm_version_mismatch",
+]
+# Kinds that fail nvmlInit (every version of it) rather than named functions.
+INIT_FAULT_KINDS: tuple[FaultKind, ...] = ("driver_not_loaded", "lib_rm_version_mismatch")
+INIT_FUNCTIONS = ("nvmlInit", "nvmlInitWithFlags")
+# Which handles of a GPU a fault applies to: None, the GPU and its MIG instances;
+# "parent", the GPU's own handle only; N, MIG instance N's handle only.
+MigScope = int | Literal["parent"] | None
 ProcessKind = Literal["compute", "graphics", "mps"]
 
 # NVML's "not in MIG mode" marker for gpuInstanceId / computeInstanceId.
@@ -96,6 +117,8 @@ class GpuSpec:
     display_active: bool
     mig: tuple[MigSpec, ...]
     health: HealthSpec
+    # The board has MIG (A100, H100, ...); without it nvmlDeviceGetMigMode is NOT_SUPPORTED.
+    mig_capable: bool = True
     # GPU Performance Monitoring (nvmlGpm*): Hopper and later; per MIG instance too.
     gpm: bool = False
 
@@ -168,12 +191,22 @@ class FaultSpec:
     at: float
     duration: float | None
     seconds: float  # hang only: real seconds each matching call sleeps
+    mig: MigScope = None
 
     def active(self, t: float) -> bool:
         return self.at <= t and (self.duration is None or t < self.at + self.duration)
 
     def matches(self, symbol: str) -> bool:
         return symbol in self.functions or symbol_family(symbol) in self.functions
+
+    def covers(self, gpu: int | None, mig: int | None) -> bool:
+        """True for a call on GPU ``gpu`` through its own handle (``mig`` None) or
+        through MIG instance ``mig``'s."""
+        if self.gpu is not None and self.gpu != gpu:
+            return False
+        if self.mig is None:
+            return True
+        return mig is None if self.mig == "parent" else self.mig == mig
 
 
 @dataclass(frozen=True)

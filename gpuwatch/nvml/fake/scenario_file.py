@@ -11,20 +11,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from gpuwatch.errors import ScenarioError
 from gpuwatch.files import file_problem
 from gpuwatch.nvml.fake import scenario_values as values
 from gpuwatch.nvml.fake.scenario import (
+    INIT_FAULT_KINDS,
+    INIT_FUNCTIONS,
     Attach,
     FaultKind,
     FaultSpec,
     Ghost,
     GpuSpec,
+    MigScope,
     MigSpec,
     ProcessKind,
     ProcessSpec,
@@ -48,7 +52,13 @@ MAX_LIFETIME_SECONDS = 7 * 86400.0
 DEFAULT_LIFETIME_SECONDS = 8 * 3600.0
 MAX_HANG_SECONDS = 300.0
 
-_FAULT_KINDS: tuple[FaultKind, ...] = ("gpu_lost", "unsupported", "no_permission", "hang")
+# "550.54.15", "535.104.05", "470.82"; what nvmlSystemGetDriverVersion answers.
+_DRIVER_VERSION = re.compile(r"\d{2,4}\.\d{1,4}(\.\d{1,4})?")
+_MAX_CUDA_VERSION = 99_990  # CUDA 99.9
+# Boards that have MIG by default: A100 and A30 (8.0), H100 and H200 (9.0), Blackwell
+# data-centre parts (10.x). Other Ampere and Ada boards (8.6, 8.9: A6000, L40, L4) do not.
+_MIG_CAPABILITIES = ((8, 0), (9, 0))
+_FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
 _PROCESS_KINDS: tuple[ProcessKind, ...] = ("compute", "graphics", "mps")
 
 
@@ -126,6 +136,13 @@ class _ScenarioReader:
         if not 0 < lifetime <= MAX_LIFETIME_SECONDS:
             raise fake.error("lifetime", "must be longer than 0s and at most 7d")
         driver = fake.get("driver_version", values.string, "550.54.15")
+        if not _DRIVER_VERSION.fullmatch(driver):
+            raise fake.error("driver_version", f'expected e.g. "550.54.15", got {driver!r}')
+        cuda = fake.get("cuda_driver_version", values.index, 12040)
+        if not 1000 <= cuda <= _MAX_CUDA_VERSION:
+            raise fake.error(
+                "cuda_driver_version", f"expected MAJOR * 1000 + MINOR * 10 (12040), got {cuda}"
+            )
         # Processes and faults are checked against the GPUs, so they are added second.
         scenario = Scenario(
             name=name,
@@ -136,7 +153,7 @@ class _ScenarioReader:
             lifetime=lifetime,
             driver_version=driver,
             nvml_version=fake.get("nvml_version", values.string, f"12.{driver}"),
-            cuda_driver_version=fake.get("cuda_driver_version", values.index, 12040),
+            cuda_driver_version=cuda,
             gpus=tuple(self._gpu(t, i, name) for i, t in enumerate(top.tables("gpu"))),
             processes=(),
             faults=(),
@@ -166,15 +183,21 @@ class _ScenarioReader:
             raise table.error("mig", f"at most {MAX_MIG_INSTANCES} MIG instances")
         if sum(m.memory_total for m in mig) > total - reserved:
             raise table.error("mig", "MIG instances add up to more than memory_total - reserved")
+        instance_ids = [m.gpu_instance_id for m in mig]
+        repeated = sorted({i for i in instance_ids if instance_ids.count(i) > 1})
+        if repeated:
+            # NVML gives each GPU instance its own id; processes and metrics key on it.
+            raise table.error("mig", f"gpu_instance_id {repeated[0]} is used more than once")
         capability = table.get("cuda_capability", values.string, "9.0")
         major, _, minor = capability.partition(".")
         if not (major.isdigit() and minor.isdigit()):
             raise table.error("cuda_capability", f'expected "MAJOR.MINOR", got {capability!r}')
+        mig_capable = self._mig_capable(table, (int(major), int(minor)), has_mig=bool(mig))
         spec = GpuSpec(
             index=index,
             name=table.get("name", values.string, "NVIDIA H100 80GB HBM3"),
             uuid=table.get("uuid", values.string, values.derived_id("GPU", scenario_name, index)),
-            pci_bus_id=table.get("pci_bus_id", values.string, f"00000000:{index + 1:02X}:00.0"),
+            pci_bus_id=table.get("pci_bus_id", values.pci_bus_id, f"00000000:{index + 1:02X}:00.0"),
             pci_device_id=table.get("pci_device_id", values.index, 0x233010DE),
             memory_total=total,
             memory_reserved=reserved,
@@ -195,12 +218,27 @@ class _ScenarioReader:
             persistence_mode=table.get("persistence_mode", values.boolean, True),
             display_active=table.get("display_active", values.boolean, False),
             mig=mig,
+            mig_capable=mig_capable,
             health=read_health(table),
             # Real GPM needs Hopper (compute capability 9.0) or later.
             gpm=table.get("gpm", values.boolean, int(major) >= 9),
         )
         table.done()
         return spec
+
+    def _mig_capable(self, table: Table, capability: tuple[int, int], *, has_mig: bool) -> bool:
+        """Whether the board has MIG (``mig_capable``; default by compute capability).
+        Before Ampere no board has it, and only a board that has it can be in MIG mode."""
+        default = capability in _MIG_CAPABILITIES or capability[0] == 10
+        capable = table.get("mig_capable", values.boolean, default)
+        if capable and capability < (8, 0):
+            raise table.error("mig_capable", "no board before Ampere (cuda_capability 8.0) has MIG")
+        if has_mig and not capable:
+            raise table.error(
+                "mig",
+                "this board has no MIG (cuda_capability 8.0, 9.0 and 10.x do; or set mig_capable = true)",
+            )
+        return capable
 
     def _mig(self, table: Table, index: int, gpu: int, scenario_name: str) -> MigSpec:
         spec = MigSpec(
@@ -330,6 +368,11 @@ class _ScenarioReader:
                 )
             if gpu is None:
                 raise table.error("gpu", "gpu_lost needs the index of the GPU that is lost")
+        elif kind in INIT_FAULT_KINDS:
+            for key in ("function", "gpu", "mig"):
+                if table.has(key):
+                    raise table.error(key, f"{kind} fails nvmlInit, before any GPU; drop {key}")
+            functions = INIT_FUNCTIONS
         elif not functions:
             raise table.error("function", f'{kind} needs function = "nvmlDevice..." (or a list)')
         for name in functions:
@@ -347,6 +390,23 @@ class _ScenarioReader:
             at=table.get("at", parse_seconds, 0.0),
             duration=table.get("duration", parse_seconds, None),
             seconds=seconds,
+            mig=self._fault_mig(table, kind, gpu, scenario),
         )
         table.done()
         return spec
+
+    def _fault_mig(self, table: Table, kind: str, gpu: int | None, scenario: Scenario) -> MigScope:
+        """Which of the GPU's handles a fault hits: ``mig = "parent"`` or ``mig = N``."""
+        if not table.has("mig"):
+            return None
+        if kind == "gpu_lost":
+            raise table.error("mig", "gpu_lost takes the whole GPU and its instances; drop mig")
+        if gpu is None:
+            raise table.error("mig", "needs gpu = N, the GPU whose handles it names")
+        instances = len(scenario.gpus[gpu].mig)
+        if instances == 0:
+            raise table.error("mig", f"GPU {gpu} is not in MIG mode (it has no [[gpu.mig]])")
+        scope = table.get("mig", values.mig_scope, None)
+        if isinstance(scope, int) and scope >= instances:
+            raise table.error("mig", f"GPU {gpu} has no MIG instance {scope}")
+        return scope

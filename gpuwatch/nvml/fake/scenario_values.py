@@ -153,6 +153,42 @@ def attach_target(value: object) -> int | Literal["self", "parent"]:
     return pid(value)
 
 
+def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of a PCI bus id in any form NVML takes, read as
+    hex numbers: ``"domain:bus:device.function"``, ``"domain:bus:device"`` (function 0)
+    or ``"bus:device.function"`` (domain 0). None: not a bus id."""
+    head, dot, function = text.strip().partition(".")
+    parts = head.split(":")
+    if dot and len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3 or (not dot and text.count(".")):
+        return None
+    try:
+        domain, bus, device = (int(part, 16) for part in parts)
+        return domain, bus, device, int(function, 16) if dot else 0
+    except ValueError:
+        return None
+
+
+def pci_bus_id(value: object) -> str:
+    """A bus id in any form NVML takes, written as NVML writes it (``"00000000:18:00.0"``)."""
+    text = string(value)
+    address = parse_bus_id(text)
+    limits = (0xFFFFFFFF, 0xFF, 0x1F, 7)  # domain, bus, device, function
+    if address is None or any(n > top for n, top in zip(address, limits, strict=True)):
+        raise ValueError(f'expected a PCI bus id like "00000000:18:00.0", got {text!r}')
+    domain, bus, device, function = address
+    return f"{domain:08X}:{bus:02X}:{device:02X}.{function:X}"
+
+
+def mig_scope(value: object) -> int | Literal["parent"]:
+    if value == "parent":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f'expected "parent" or a MIG instance index >= 0, got {value!r}')
+    return value
+
+
 def symbols(value: object) -> tuple[str, ...]:
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
