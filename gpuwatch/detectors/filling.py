@@ -7,8 +7,8 @@ so memory that breathes, a GPU that is full but flat, and one job loading a seco
 model are not filling up. On top of that, the growth must still be going on (the floor
 rose over the newest third of the window at the minimum slope or more: a warm-up that
 has levelled off is not filling up however steep the window's line is), a verdict
-opens only while the newest bucket shows the memory rising, and at the window's rate
-the line must reach the GPU's total within a horizon. The processes that grew
+opens only while the newest bucket shows the memory rising, and the line must reach the GPU's total within a horizon (at the current rate, see
+:func:`~gpuwatch.detectors.growth.current_rate`). The processes that grew
 are named, largest contribution first.
 """
 
@@ -21,6 +21,7 @@ from gpuwatch.detectors.growth import (
     CLEARANCE_MIN_BYTES,
     Growth,
     climbing_at_poll,
+    current_rate,
     floor_slope,
     growing_now,
     keeping_pace,
@@ -29,6 +30,7 @@ from gpuwatch.detectors.growth import (
     points,
     recent_slope,
     step_held,
+    through_dips,
 )
 from gpuwatch.detectors.types import Finding, Sample
 
@@ -53,8 +55,8 @@ def detect_filling(
     ``samples`` are the GPU's bucket samples of used memory (``used_bytes`` the lowest of
     the bucket, ``peak_bytes`` the highest; bytes, epoch s), judged as by
     :func:`~gpuwatch.detectors.detect_leak` with the same ``min_slope_bytes_per_second``
-    and ``min_duration_seconds``. ``free_bytes`` (the GPU's, now) over the slope is the
-    time to full; when it is unknown, ``total_bytes`` minus the newest floor is used. A
+    and ``min_duration_seconds``. ``free_bytes`` (the GPU's, now) over the current rate
+    is the time to full; when it is unknown, ``total_bytes`` minus the newest floor is used. A
     GPU whose total and free are both unknown cannot be judged.
 
     A verdict *opens* (``already_open`` False) only while the newest bucket shows the
@@ -76,10 +78,17 @@ def detect_filling(
     Evidence: the growth numbers (``slope_bytes_per_second``, ``confidence``, ...),
     ``recent_slope_bytes_per_second`` (how fast the floor rose over the newest third of
     the window, which must also be at least the minimum slope: growth that has stopped
-    is not filling up), ``time_to_full_seconds`` (room over the window's slope),
+    is not filling up), ``full_rate_bytes_per_second`` (the window's slope, or the
+    recent one where faster, up to twice the slope: :func:`current_rate`),
+    ``time_to_full_seconds`` (room over that rate),
     ``horizon_seconds``, ``full_basis`` (``free`` or ``total``), ``gpu_free_bytes``,
     ``gpu_total_bytes`` and ``culprits``.
     """
+    if already_open:
+        # An open verdict looks through a dip the memory came back from (or, newest, may).
+        samples, min_duration_seconds = through_dips(
+            samples, now=now, min_duration_seconds=min_duration_seconds
+        )
     growth = passing_growth(
         samples,
         now=now,
@@ -106,11 +115,12 @@ def detect_filling(
         basis, room = "total", max(total_bytes - growth.newest_bytes, 0)
     else:
         return None
-    # The window's fitted slope (robust to noise) times room; the recent rise is the gate.
-    time_to_full = room / growth.slope
+    # At the current rate: the window's slope is a blend where growth began inside it.
+    rate = current_rate(growth, recent)
+    time_to_full = room / rate
     if time_to_full > horizon_seconds * (OPEN_HORIZON_SLACK if already_open else 1.0):
         return None
-    culprits = _culprits(growth, processes, now=now)
+    culprits = _culprits(growth, samples, processes, now=now)
     summary = (
         f"GPU memory grew {growth.slope * 60 / 2**20:.1f} MiB/min for "
         f"{format_seconds(growth.window_seconds)} ({recent * 60 / 2**20:.1f} MiB/min "
@@ -128,6 +138,7 @@ def detect_filling(
         evidence={
             **growth.evidence(),
             "recent_slope_bytes_per_second": recent,
+            "full_rate_bytes_per_second": rate,
             "time_to_full_seconds": time_to_full,
             "horizon_seconds": horizon_seconds,
             "full_basis": basis,
@@ -189,7 +200,11 @@ def _opening(
 
 
 def _culprits(
-    growth: Growth, processes: Mapping[int, Sequence[Sample]], *, now: float
+    growth: Growth,
+    samples: Sequence[Sample],
+    processes: Mapping[int, Sequence[Sample]],
+    *,
+    now: float,
 ) -> list[tuple[int, float, int]]:
     """``(pid, slope, growth)`` of the processes whose floor rose from the GPU's reference
     span to its current one, largest growth first.
@@ -197,11 +212,18 @@ def _culprits(
     A process that was not there in the reference span held nothing then, but what
     processes gone since held is set against the newcomers' holdings, largest first: a
     server restarted under a new PID is not a 20 GiB grower beside the process that
-    really leaks."""
+    really leaks. Nor is one whose predecessor is not among ``processes`` at all (the
+    caller passes the live ones): the newcomers together are credited with no more than
+    the GPU's net growth leaves once the processes there all along (their rises and
+    falls) and those gone since are accounted for. A steady 30 GiB job restarted under a
+    new PID (within one poll) beside a grower was otherwise named the grower of all
+    30 GiB, for as long as the verdict stayed open."""
     current_from = growth.window_end - growth.current_seconds
+    gpu_reference, gpu_spread = _reference_level(growth, samples, now=now)
     grown: list[tuple[int, float, int]] = []
     newcomers: list[tuple[int, float, int]] = []
     departed = 0
+    incumbents_changed = 0
     for pid, samples in processes.items():
         pts = [p for p in points(samples, now=now) if p[0] >= growth.window_start]
         current = [f for t, f, _ in pts if t >= current_from]
@@ -215,17 +237,46 @@ def _culprits(
             newcomers.append((pid, floor_slope(pts), min(current)))
             continue
         gained = min(current) - min(reference)
+        incumbents_changed += gained
         # Risen by more than its floors moved in the reference span: a steady job's
         # lowest poll wanders by its noise, a grower's floor rises past all of it.
         if gained > max(CULPRIT_MIN_BYTES, max(reference) - min(reference)):
             grown.append((pid, floor_slope(pts), gained))
+    # What the newcomers can hold in all: the GPU's rise less the incumbents' change,
+    # plus what the known departed freed (their holding is in the GPU's reference floor).
+    # What the newcomers can hold in all: the GPU's rise less the incumbents' change,
+    # plus what the known departed freed (their holding is in the GPU's reference floor).
+    arrived = growth.current_floor_bytes - gpu_reference - incumbents_changed + departed
     for pid, slope, held in sorted(newcomers, key=lambda c: (-c[2], c[0])):
-        replaced = min(held, departed)
+        counted = max(0, min(held, arrived))
+        arrived -= counted
+        replaced = min(counted, departed)
         departed -= replaced
-        if held - replaced > CULPRIT_MIN_BYTES:
-            grown.append((pid, slope, held - replaced))
+        # Beyond what the GPU's level moves within a bucket: the budget sets GPU levels
+        # against the processes' floors, which differ by that much.
+        if counted - replaced > max(CULPRIT_MIN_BYTES, gpu_spread):
+            grown.append((pid, slope, counted - replaced))
     grown.sort(key=lambda c: (-c[2], c[0]))
     return grown
+
+
+def _reference_level(growth: Growth, samples: Sequence[Sample], *, now: float) -> tuple[int, int]:
+    """The GPU's level in its reference span, and its buckets' usual spread (a bucket's
+    peak over its floor, the median over the window). The level is the lowest of the
+    span's floors, each raised to its peak less the usual spread where it spread wider:
+    a bucket that spread far wider than the rest held a dip. A restart's moment (the old
+    PID gone, the new one not yet up) sank its floor by all that the new PID then held,
+    and in a reference span of one bucket that named the restarted job the grower of
+    it."""
+    pts = [p for p in points(samples, now=now) if p[0] >= growth.window_start]
+    usual = _median_int([peak - floor for _, floor, peak in pts])
+    levels = [max(f, p - usual) for t, f, p in pts if t <= growth.reference_end]
+    return min(levels, default=growth.reference_floor_bytes), usual
+
+
+def _median_int(values: list[int]) -> int:
+    values = sorted(values)
+    return values[len(values) // 2] if values else 0
 
 
 def _ranked(grown: list[tuple[int, float, int]]) -> list[dict[str, object]]:

@@ -240,6 +240,62 @@ def passing_growth(
     return growth
 
 
+# The longest dip (in buckets) that an open verdict looks through (:func:`without_dips`).
+DIP_BUCKETS = 3
+
+
+def without_dips(samples: Sequence[Sample], *, now: float) -> list[Sample]:
+    """The known ``samples`` up to ``now``, oldest first, less the dips an open verdict
+    looks through: runs of at most :data:`DIP_BUCKETS` samples whose floors lie below
+    the floor before them by more than any sample's spread before them (its peak over
+    its floor: the memory's breath and noise) and :data:`CLEARANCE_MIN_BYTES`, that the next sample is back from (within that margin),
+    or that are the newest (the memory may yet come back: a drop that lasts closes the
+    verdict :data:`DIP_BUCKETS` buckets late).
+
+    A leaking process that frees its cache and takes it back (``empty_cache()``), or a
+    neighbour restarted under a new PID beside a GPU's grower, leaves one low floor in
+    the window, which sinks the floors' upward share and r² until it leaves: one dip of
+    20 s closed open leak and filling-up verdicts for 30 minutes, and the second event
+    came 10 minutes before the GPU was full (the 2026-12-07 audit). Opening still judges
+    every sample."""
+    known = sorted(
+        (s for s in samples if s.used_bytes is not None and s.t <= now), key=lambda s: s.t
+    )
+    floors = [s.used_bytes or 0 for s in known]
+    # Deeper than the memory breathed before it (the widest spread of a bucket up to
+    # the level, its peak over its floor): a breath's trough is the memory's own level.
+    spreads = [max(0, (s.peak_bytes or 0) - (s.used_bytes or 0)) for s in known]
+    dropped: set[int] = set()
+    widest = spreads[0] if spreads else 0
+    i = 1
+    while i < len(known):
+        widest = max(widest, spreads[i - 1])
+        depth = CLEARANCE_MIN_BYTES + widest
+        level = floors[i - 1]
+        end = i
+        while end < len(known) and end - i < DIP_BUCKETS and floors[end] < level - depth:
+            end += 1
+        if end == i:
+            i += 1
+            continue
+        if end == len(known) or floors[end] >= level - depth:
+            dropped.update(range(i, end))
+        i = end
+    return [s for k, s in enumerate(known) if k not in dropped]
+
+
+def through_dips(
+    samples: Sequence[Sample], *, now: float, min_duration_seconds: float
+) -> tuple[list[Sample], float]:
+    """:func:`without_dips`, and the window an open verdict then needs: shorter by the
+    dip at the window's end, if any (it is the newest buckets that are left out)."""
+    kept = without_dips(samples, now=now)
+    newest = max((s.t for s in samples if s.used_bytes is not None and s.t <= now), default=None)
+    if not kept or newest is None:
+        return kept, min_duration_seconds
+    return kept, min_duration_seconds - (newest - kept[-1].t)
+
+
 def _newest_floor_clears_oldest_peak(samples: Sequence[Sample], now: float) -> bool:
     """A necessary condition for any clearance: every split's floor(C) is at most the
     newest floor and its peak(E) at least the oldest peak (ties: the most favourable)."""
@@ -499,11 +555,22 @@ def climbing_at_poll(
     that stops within the last quarter of that time cannot be told from one that goes
     on.
 
+    The poll at hand is one poll, the floor the lowest of a bucket's: memory that
+    breathes (a training step's activations, faster than a bucket) puts the poll
+    anywhere from its floor to its top, so the poll is taken less the usual breath
+    (:func:`breath`) before it is compared. Compared whole, a 1 or 2 GiB breath read as
+    growth going on for minutes after a warm-up or a staircase levelled off, and
+    filling-up opened on a GPU that had stopped filling (31 of 96 ramps under a breath
+    of 20 to 45 s in the 2026-12-07 audit). Where the breath is wider than the poll's
+    margin, growth is judged by the floors instead (:func:`_floors_climbing`), which
+    the breath does not move: a bucket later, so there a load that stops in the last
+    quarter of the bucket before the newest cannot be told from one that goes on.
+
     ``buckets_back`` 2 judges from the bucket before the newest instead: where a step
     came in (:func:`step_held`), which the newest bucket's floor is already past.
     """
-    pts = points(samples, now=now)
-    pts = pts[: len(pts) - (buckets_back - 1)]
+    every = points(samples, now=now)
+    pts = every[: len(every) - (buckets_back - 1)]
     if now_bytes is None or len(pts) < 2:
         return True
     (before, before_floor, _), (start, floor, _) = pts[-2], pts[-1]
@@ -515,7 +582,108 @@ def climbing_at_poll(
     width = bucket_width(t for t, _, _ in pts[-1 - 2 * MIN_NOW_POINTS :])
     whole = math.floor((now - start) / width) if width > 0 else 0
     elapsed = width * whole if whole >= 1 else now - start
-    return now_bytes > floor + POLL_SHARE * rate * elapsed
+    breathing = breath(every)
+    if now_bytes - breathing > floor + POLL_SHARE * rate * elapsed:
+        return True
+    hidden = breathing > (1 - POLL_SHARE) * rate * elapsed
+    return hidden and _floors_climbing(every, buckets_back, slope)
+
+
+# How many of the newest buckets (or stretches) the floors' wander and earlier rate are
+# read from (:func:`_floor_wander`, :func:`_floors_climbing`).
+BREATH_BUCKETS = 2 * MIN_NOW_POINTS
+
+
+# Where the breath hides the poll at hand, growth must lift this many stretch floors in
+# a row over the one before (:func:`_floors_climbing`): a chunk lifts one, and a chunk
+# that a bucket's edge splits, seen through a breath's aliased polls, lifted two.
+FLOOR_RISES = 3
+# Stretches of one bucket, or of two or three where one-bucket floors do not show the
+# growth (a breath of two or three buckets' period puts its trough in one bucket of two
+# or three). The wider ones also need the newest floor to rise (_newest_floor_rose):
+# their own floors lag by as many buckets, and under a breath the one-bucket floors
+# resolve, they opened filling-up two minutes after a warm-up levelled off.
+FLOOR_STRETCHES = (1, 2, 3)
+
+
+def _floors_climbing(pts: list[_Point], buckets_back: int, slope: float) -> bool:
+    """Whether the floors show growth up to the newest bucket, beyond how far they
+    wander: what :func:`climbing_at_poll` falls back on where the breath hides the poll
+    at hand. Stretches of one bucket (or of two or three, each's lowest floor, with the
+    newest floor rising too: :func:`_newest_floor_rose`) must each stand above the
+    stretch before by :data:`POLL_SHARE` of what growth adds between them,
+    :data:`FLOOR_RISES` times in a row; ``buckets_back`` 2 (a step, which lifts one
+    floor by design and is judged by :func:`step_held` and :func:`keeping_pace`) asks
+    only that the newest floor stand so far above the floor two buckets before it.
+
+    The rate: the window's ``slope``, or the median rate of the stretches before those
+    judged where it is faster (a ramp steeper than the window's line). Not the judged
+    stretches' own, at which any rise would pass. The floors lag the poll at hand by a
+    bucket: a load that stops within the newest bucket cannot be told from one that goes
+    on."""
+    if buckets_back > 1:
+        return _stretches_rise(pts, width=1, step=buckets_back, rises=1, slope=slope)
+    for width in FLOOR_STRETCHES:
+        rose = _stretches_rise(pts, width=width, step=width, rises=FLOOR_RISES, slope=slope)
+        if rose and (width == 1 or _newest_floor_rose(pts, slope)):
+            return True
+    return False
+
+
+def _newest_floor_rose(pts: list[_Point], slope: float) -> bool:
+    """Whether the newest floor stands above the one before by :data:`POLL_SHARE` of
+    what growth adds between them, beyond the floors' wander: at the window's ``slope``,
+    or at the median rate of the floors before where that is faster. What growth under
+    a breath of two or three buckets' period shows at one bucket in two or three, and
+    memory that stopped in an older bucket of the newest wide stretch does not (that
+    stretch's floor is from before the stop: a lag of two or three buckets)."""
+    (before, before_floor, _), (newest, newest_floor, _) = pts[-2], pts[-1]
+    earlier = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in pairwise(pts[-2 - BREATH_BUCKETS : -1])]
+    rate = max(slope, _median(earlier)) if earlier else slope
+    rise = newest_floor - before_floor - _floor_wander(pts)
+    return rise > POLL_SHARE * rate * (newest - before)
+
+
+def _stretches_rise(pts: list[_Point], *, width: int, step: int, rises: int, slope: float) -> bool:
+    """Stretches of ``width`` buckets, ``step`` apart from the newest back: each of the
+    ``rises`` newest stands above the one before by POLL_SHARE of the growth between,
+    beyond the stretches' wander (see :func:`_floors_climbing`). False where they wander
+    by more than that growth (they cannot show it), or are too few."""
+    count = min((len(pts) - width) // step + 1, rises + 1 + BREATH_BUCKETS)
+    if count < rises + 2:
+        return False
+    stretches: list[_Point] = []  # newest first: (newest bucket's start, lowest floor, 0)
+    for i in range(count):
+        end = len(pts) - i * step
+        lowest = min(f for _, f, _ in pts[end - width : end])
+        stretches.append((pts[end - 1][0], lowest, 0))
+    stretches.reverse()  # oldest first
+    wander = _floor_wander(stretches)
+    judged = stretches[-rises - 1 :]
+    earlier = [
+        (new - old) / (t_new - t_old)
+        for (t_old, old, _), (t_new, new, _) in pairwise(stretches[:-rises])
+    ]
+    rate = max(slope, _median(earlier))
+    if wander > POLL_SHARE * slope * (judged[-1][0] - judged[-2][0]):
+        return False
+    return all(
+        new - old - wander > POLL_SHARE * rate * (t_new - t_old)
+        for (t_old, old, _), (t_new, new, _) in pairwise(judged)
+    )
+
+
+def _floor_wander(pts: list[_Point]) -> int:
+    """How far a floor of the newest :data:`BREATH_BUCKETS` + 1 of ``pts`` stood above a
+    later one (bytes): growth never lowers a floor, so that is noise, or a breath the
+    polls catch at other phases from bucket to bucket."""
+    wander = 0
+    lowest_after: int | None = None
+    for _, f, _ in reversed(pts[-1 - BREATH_BUCKETS :]):
+        if lowest_after is not None:
+            wander = max(wander, f - lowest_after)
+        lowest_after = f if lowest_after is None else min(lowest_after, f)
+    return wander
 
 
 def step_held(
@@ -569,6 +737,21 @@ def _usual_rise(before: list[_Point], newest_floor: int) -> int:
     return usual
 
 
+def breath(pts: list[_Point]) -> int:
+    """How far a poll can stand above its bucket's floor by breathing or noise alone
+    (bytes): the widest rise of the window's buckets before the newest that did not
+    last (:func:`_usual_rise`; a rise the floors after it kept is growth). 0 for fewer
+    than two buckets.
+
+    The whole window, not only the newest buckets: during a ramp steeper than the
+    breath, the floors after a bucket keep most of its top, and the newest buckets
+    showed half a 1.5 GiB breath, which let the poll at hand a minute after the ramp
+    stopped pass for growth."""
+    if len(pts) < 2:
+        return 0
+    return _usual_rise(pts[:-1], pts[-1][1])
+
+
 def keeping_pace(
     samples: Sequence[Sample],
     *,
@@ -590,18 +773,23 @@ def keeping_pace(
     staircase the docs call growth) put at least one step's rise, the line's slope
     times the spacing, between any of those floors and now. A plateau's pass is short
     of the minutes of growth the window's slope says should lie behind it once the
-    plateau is a few buckets old. (Memory that breathes after a warm-up is a documented
-    gap of the leak's rule 3: a breath's tops would pass this too.)
+    plateau is a few buckets old.
+
+    Tops less the usual breath (:func:`breath`): a top of memory that breathes stands
+    above its floors by the breath alone. Taken whole, a 1 GiB breath carried the
+    last step of a staircase that had stopped past this check, and filling-up opened
+    two minutes after the GPU stopped filling (the 2026-12-07 audit).
     """
     pts = points(samples, now=now)
     if len(pts) < 2 * MIN_NOW_POINTS:
         return True
     # The level: the highest poll of the newest stretch (as growing_now cuts it), or
-    # the poll at hand if higher, timed (leniently) at the newest bucket's start. A
-    # highest poll, so memory that breathes under its growth is judged at its tops.
+    # the poll at hand if higher, less the breath, timed (leniently) at the newest
+    # bucket's start; never below the stretch's highest floor.
     start = pts[-1][0] - (pts[-1][0] - pts[0][0]) / SPANS
     k = max(MIN_NOW_POINTS, sum(1 for t, _, _ in pts if t >= start))
-    level = max(max(peak for _, _, peak in pts[-k:]), now_bytes or 0)
+    top = max(max(peak for _, _, peak in pts[-k:]), now_bytes or 0)
+    level = max(top - breath(pts), max(f for _, f, _ in pts[-k:]))
     at = pts[-1][0] if now_bytes is None else now
     # The floors before that stretch, back to W/3 before ``at``.
     return all(
@@ -609,6 +797,24 @@ def keeping_pace(
         for t, f, _ in pts[:-k]
         if at - t <= window_seconds / 3
     )
+
+
+# The current rate counts up to this many times the window's slope (:func:`current_rate`).
+CURRENT_RATE_CAP = 2.0
+
+
+def current_rate(growth: Growth, recent: float) -> float:
+    """The rate to project the time to full at (bytes/s): the window's slope, or the
+    ``recent`` one (:func:`recent_slope`) where that is faster, up to
+    :data:`CURRENT_RATE_CAP` times the slope.
+
+    Growth that began inside the window is a hinge, flat then rising, and the window's
+    robust slope is a blend of the two: about half of the rise's own rate. Projected at
+    the window's slope, a GPU full in 39 minutes was said to be full in 65, and the
+    verdict opened three minutes late where the true time sat at the horizon (the
+    2026-12-07 audit). Capped: the recent rate is a difference of two levels, and noise
+    or a breath moves a level by more than the fitted line moves."""
+    return max(growth.slope, min(recent, CURRENT_RATE_CAP * growth.slope))
 
 
 def highest_floor(samples: Sequence[Sample]) -> int | None:

@@ -26,10 +26,12 @@ from gpuwatch.detectors._format import format_bytes, format_seconds
 from gpuwatch.detectors.growth import (
     MAX_SAMPLES,
     Growth,
+    current_rate,
     growing_now,
     new_height,
     passing_growth,
     recent_slope,
+    through_dips,
 )
 from gpuwatch.detectors.types import Finding, Sample
 
@@ -72,11 +74,19 @@ def detect_leak(
     window climbs back to where its last cycle went, and that is no leak.
 
     Evidence, besides the growth numbers and ``confidence`` (0..1):
-    ``time_to_exhaust_seconds``, ``gpu_free_bytes / slope``, the time until the GPU is
-    full at this rate. When free memory is unknown but the total is known,
-    ``(gpu_total_bytes - held) / slope`` is given instead as an upper bound (other
-    holders use memory too) and ``exhaust_basis`` says which one it is.
+    ``time_to_exhaust_seconds``, ``gpu_free_bytes / rate``, the time until the GPU is
+    full at the current rate (``exhaust_rate_bytes_per_second``: the window's slope, or
+    ``recent_slope_bytes_per_second`` where faster, up to twice the slope, see
+    :func:`~gpuwatch.detectors.growth.current_rate`). When free memory is unknown but
+    the total is known, ``(gpu_total_bytes - held) / rate`` is given instead as an
+    upper bound (other holders use memory too) and ``exhaust_basis`` says which one it
+    is.
     """
+    if already_open:
+        # An open verdict looks through a dip the memory came back from (or, newest, may).
+        samples, min_duration_seconds = through_dips(
+            samples, now=now, min_duration_seconds=min_duration_seconds
+        )
     growth = passing_growth(
         samples,
         now=now,
@@ -93,11 +103,13 @@ def detect_leak(
         return None  # it grew, but the newest bucket is flat: a load that has finished
     if not already_open and not new_height(growth, held_before_bytes):
         return None  # back to a level it held before: the rise of a long cycle
-    return _finding(growth, gpu_total_bytes, gpu_free_bytes)
+    return _finding(growth, recent, gpu_total_bytes, gpu_free_bytes)
 
 
-def _finding(growth: Growth, gpu_total_bytes: int | None, gpu_free_bytes: int | None) -> Finding:
-    held, slope = growth.newest_bytes, growth.slope
+def _finding(
+    growth: Growth, recent: float, gpu_total_bytes: int | None, gpu_free_bytes: int | None
+) -> Finding:
+    held, slope = growth.newest_bytes, current_rate(growth, recent)
     if gpu_free_bytes is not None:
         basis: str | None = "free"
         exhaust: float | None = gpu_free_bytes / slope
@@ -105,7 +117,7 @@ def _finding(growth: Growth, gpu_total_bytes: int | None, gpu_free_bytes: int | 
         basis, exhaust = "total", max(gpu_total_bytes - held, 0) / slope
     else:
         basis, exhaust = None, None
-    per_minute = slope * 60 / 2**20
+    per_minute = growth.slope * 60 / 2**20
     summary = (
         f"memory grew {per_minute:.1f} MiB/min for {format_seconds(growth.window_seconds)}"
         f" to {format_bytes(held)}, {format_bytes(growth.clearance_bytes)} above its"
@@ -121,6 +133,8 @@ def _finding(growth: Growth, gpu_total_bytes: int | None, gpu_free_bytes: int | 
         held_bytes=held,
         evidence={
             **growth.evidence(),
+            "recent_slope_bytes_per_second": recent,
+            "exhaust_rate_bytes_per_second": slope,
             "time_to_exhaust_seconds": exhaust,
             "exhaust_basis": basis,
             "gpu_free_bytes": gpu_free_bytes,

@@ -117,7 +117,19 @@ def test_a_newcomer_counts_what_it_holds_beyond_what_left_and_shrinking_or_gone_
     gone = [
         s for s in buckets(40, lambda e: 1 * GIB + 0.2 * GIB * e / MINUTE) if s.t < T0 + 20 * MINUTE
     ]
-    gpu = buckets(40, lambda e: 40 * GIB + 0.5 * GIB * e / MINUTE)
+    # The GPU holds what they hold (the newcomer's 6 GiB counts only up to what the
+    # GPU's own rise leaves for it).
+    gpu = buckets(
+        40,
+        lambda e: (
+            4 * GIB
+            + 0.5 * GIB * e / MINUTE
+            + (6 * GIB if e >= 25 * MINUTE else 0)
+            + 30 * GIB
+            - 0.1 * GIB * e / MINUTE
+            + (1 * GIB + 0.2 * GIB * e / MINUTE if e < 20 * MINUTE else 0)
+        ),
+    )
     finding = filling(gpu, {1: grower, 2: newcomer, 3: shrinking, 4: gone})
     assert finding is not None
     culprits = {c["pid"]: c for c in finding.evidence["culprits"]}  # type: ignore[attr-defined]
