@@ -90,7 +90,7 @@ EXIT_CODES: dict[int, str] = {
     5: "the gpuwatch server or agent is unreachable, or refused the token",
     6: "input not recognised (e.g. `gpuwatch explain` on text that is not an OOM message)",
     7: "database unreachable or not migrated",
-    8: "not found: no silence with that id or receiver with that name on the server, or no active token for that host (`gpuwatch token revoke`)",
+    8: "not found: no silence with that id or receiver with that name on the server, no host of that name on the server (`gpuwatch history --host`), or no active token for that host (`gpuwatch token revoke`)",
     9: "a receiver refused or failed the test notification (`gpuwatch alerts test-receiver`)",
     10: "`gpuwatch fit`: the model does not fit on any of the GPUs asked about",
     11: "`gpuwatch fit`: cannot tell; the answer depends on an input not given (e.g. --config)",

@@ -13,9 +13,11 @@ Times are local: ``14:05`` (the latest past 14:05), ``2026-12-01T14:05``, ``7d``
 from __future__ import annotations
 
 import re
+import sys
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from difflib import get_close_matches
+from typing import TYPE_CHECKING, get_args
 
 import typer
 
@@ -93,15 +95,45 @@ def _range(since: str | None, until: str | None) -> tuple[float | None, float | 
     return since_at, until_at
 
 
-def _check_kind(value: str | None) -> str | None:
-    from typing import get_args
-
+def _kinds() -> tuple[str, ...]:
     from gpuwatch.server.events.schemas import EventKind
 
-    kinds = get_args(EventKind)
+    return get_args(EventKind)
+
+
+def _check_kind(value: str | None) -> str | None:
+    kinds = _kinds()
     if value is not None and value not in kinds:
         raise typer.BadParameter(f"one of {', '.join(kinds)}")
     return value
+
+
+def _say_if_cut(shown: int, more: bool, noun: str) -> None:
+    """Say on stderr (``--json``'s output stays the API's list) that ``--limit`` cut the
+    list: without it the oldest rows vanished without a word."""
+    if more:
+        print(
+            f"gpuwatch: showing the newest {shown:,} {noun}; more match (raise --limit or"
+            " narrow the filters)",
+            file=sys.stderr,
+        )
+
+
+def _check_host(client: HistoryClient, host: str | None) -> None:
+    """:class:`NotFound` (exit 8) when the server knows no host named ``host``: nothing
+    matching on a mistyped or wrong-case name (hostnames are matched exactly) is not the
+    same answer as a quiet host. Asked only when nothing matched."""
+    from gpuwatch.errors import NotFound
+
+    if host is None:
+        return
+    known = client.hostnames()
+    if host in known:
+        return
+    alike = [name for name in known if name.casefold() == host.casefold()]
+    alike = alike or get_close_matches(host, known, n=3)
+    hint = f" (did you mean {' or '.join(alike)}?)" if alike else ""
+    raise NotFound(f"the server has no host named {host!r}{hint}")
 
 
 def _client(server: str | None, token: str | None) -> HistoryClient:
@@ -132,7 +164,12 @@ def processes(
     """Process lifetimes on GPUs, newest first."""
     when = _time_option(at)
     with _client(server, token) as client:
-        rows = client.processes(limit=limit, host=host, gpu=gpu, user=user, at=when, open=open_)
+        # One more than shown: whether --limit cut the list.
+        rows = client.processes(limit=limit + 1, host=host, gpu=gpu, user=user, at=when, open=open_)
+        if not rows:
+            _check_host(client, host)
+    rows, more = rows[:limit], len(rows) > limit
+    _say_if_cut(len(rows), more, "processes")
     if as_json:
         print_json(rows)
         return
@@ -162,7 +199,7 @@ def events(
         None,
         "--kind",
         callback=_check_kind,
-        help="orphaned, runaway, idle, gpu_lost, gpu_back, agent_silent, reaped or oom.",
+        help=f"{', '.join(_kinds()[:-1])} or {_kinds()[-1]}.",
     ),
     host: str | None = HOST,
     gpu: int | None = GPU,
@@ -179,7 +216,7 @@ def events(
     since_at, until_at = _range(since, until)
     with _client(server, token) as client:
         rows = client.events(
-            limit=limit,
+            limit=limit + 1,  # one more than shown: whether --limit cut the list
             kind=kind,
             host=host,
             gpu=gpu,
@@ -188,6 +225,10 @@ def events(
             until=until_at,
             open=open_,
         )
+        if not rows:
+            _check_host(client, host)
+    rows, more = rows[:limit], len(rows) > limit
+    _say_if_cut(len(rows), more, "events")
     if as_json:
         print_json(rows)
         return

@@ -31,6 +31,7 @@ from gpuwatch.bearer import bearer_headers, without_secrets
 from gpuwatch.errors import AuthError, ConfigError, NotFound, RemoteError
 from gpuwatch.server.alerts.schemas import AlertOut, ReceiverOut, SilenceIn, SilenceOut, TestResult
 from gpuwatch.server.events.schemas import EventOut, EventPage, IdleHolderOut
+from gpuwatch.server.hosts.schemas import HostOut
 from gpuwatch.server.processes.schemas import ProcessOut, ProcessPage, ProcessSamples
 
 PAGE_SIZE = 500
@@ -194,6 +195,11 @@ class HistoryClient(_ApiClient):
         for page in self._pages("/api/v1/events", EventPage, limit, filters):
             items += page.items
         return items[:limit]
+
+    def hostnames(self) -> list[str]:
+        """Every host the server knows (``/api/v1/hosts``), retired ones included."""
+        data = self._get("/api/v1/hosts", {})
+        return [host.hostname for host in _parse(TypeAdapter(list[HostOut]), data, self._base_url)]
 
     def top_idle(self, *, since: float, until: float | None, limit: int) -> list[IdleHolderOut]:
         """Users ranked by idle byte-seconds in ``[since, until]``."""

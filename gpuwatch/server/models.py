@@ -5,7 +5,7 @@ from gpuwatch.server.auth.models import AgentToken
 from gpuwatch.server.database.core import Base
 from gpuwatch.server.events.models import Event
 from gpuwatch.server.events.outbox import OutboxRow
-from gpuwatch.server.hosts.models import Gpu, GpuSample, GpuWindow, Host
+from gpuwatch.server.hosts.models import Gpu, GpuIndex, GpuSample, GpuWindow, Host
 from gpuwatch.server.ingest.models import SnapshotSeen
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
@@ -18,6 +18,7 @@ __all__ = [
     "Base",
     "Event",
     "Gpu",
+    "GpuIndex",
     "GpuSample",
     "GpuWindow",
     "Host",

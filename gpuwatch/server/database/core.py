@@ -500,6 +500,9 @@ def _check_sqlite_file(engine: Engine, path: str, *, create: bool) -> None:
     """A clear error naming the path where SQLite would only say "unable to open
     database file"; and, without ``create``, connections that never create the file
     (``mode=rw``), so a mistyped path does not leave an empty database behind."""
+    if os.path.isdir(path):
+        # SQLite would only say "unable to open database file".
+        raise DatabaseError(f"the database {path} is a directory, not a SQLite file")
     if create:
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):

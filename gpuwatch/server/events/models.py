@@ -43,6 +43,9 @@ class Event(Base):
         Index(None, "host_id", "ended_at"),
         Index(None, "started_at", "id"),
         Index(None, "kind", "started_at"),
+        # Retention deletes by ``ended_at`` across hosts: without this, each of its
+        # batches scanned the whole table under SQLite's write lock.
+        Index(None, "ended_at"),
     )
 
     id: Mapped[int] = mapped_column(IdType, primary_key=True)

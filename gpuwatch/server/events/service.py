@@ -12,8 +12,11 @@ from gpuwatch.server.events.models import Event
 from gpuwatch.server.events.outbox import PendingChange, write_changes
 from gpuwatch.server.events.schemas import EventOut, EventPage, IdleHolderOut
 from gpuwatch.server.hosts.models import Host
-from gpuwatch.server.pagination import Cursor, after
+from gpuwatch.server.pagination import Cursor, after, bytewise
 from gpuwatch.wire import ReportedEvent, ReportedEventResult
+
+# The list this module's cursors page (pagination.Cursor).
+EVENTS = "events"
 
 
 def list_events(
@@ -49,7 +52,7 @@ def list_events(
         query = query.where(Event.started_at <= until)
     if is_open is not None:
         query = query.where(Event.ended_at.is_(None) if is_open else Event.ended_at.is_not(None))
-    clause = after(cursor, Event.started_at, Event.id)
+    clause = after(cursor, EVENTS, Event.started_at, Event.id)
     if clause is not None:
         query = query.where(clause)
     rows = session.execute(
@@ -58,7 +61,7 @@ def list_events(
     items = [to_out(event, hostname) for event, hostname in rows[:limit]]
     next_cursor = None
     if len(rows) > limit:
-        next_cursor = Cursor(t=items[-1].started_at, id=items[-1].id).encode()
+        next_cursor = Cursor(EVENTS, t=items[-1].started_at, id=items[-1].id).encode()
     return EventPage(items=items, next_cursor=next_cursor)
 
 
@@ -105,10 +108,12 @@ class _Written(NamedTuple):
 def top_idle_users(
     *, session: Session, since: float, until: float, limit: int = 10
 ) -> list[IdleHolderOut]:
-    """Users ranked by idle holding in ``[since, until]``: held bytes x seconds flagged.
+    """Users ranked by idle holding in ``[since, until]``: held bytes x seconds flagged,
+    ties by user (bytewise, no user last), so both databases name the same users.
 
     Counts the time each ``idle`` event was open within the range (an event opens
     once a holder has already been idle for the whole idle window, so this is a floor).
+    Users with none (their events held no bytes within the range) are not ranked.
     """
     end = func.coalesce(Event.ended_at, Event.last_seen_at)
     clipped_end = case((end > until, until), else_=end)
@@ -123,7 +128,8 @@ def top_idle_users(
             or_(Event.ended_at.is_(None), Event.ended_at >= since),
         )
         .group_by(Event.user)
-        .order_by(byte_seconds.desc())
+        .having(byte_seconds > 0)
+        .order_by(byte_seconds.desc(), bytewise(Event.user).asc().nulls_last())
         .limit(limit)
     ).all()
     return [

@@ -53,7 +53,7 @@ from gpuwatch.server.ingest.body import (
     require_json,
 )
 from gpuwatch.server.ingest.service import MAX_FUTURE_SKEW_SECONDS
-from gpuwatch.server.pagination import MAX_LIMIT, Cursor
+from gpuwatch.server.pagination import MAX_LIMIT, Cursor, refuse_reversed_range
 from gpuwatch.snapshot import NO_NUL
 from gpuwatch.wire import EVENTS_PATH, MAX_EVENT_BODY, ReportedEvent, ReportedEventResult
 
@@ -71,8 +71,12 @@ def list_events(
     gpu: int | None = Query(None, ge=0, lt=64, description="GPU index on the host."),
     user: str | None = Query(None, max_length=256, pattern=NO_NUL),
     kind: EventKind | None = Query(None, description=f"One of {_KINDS}."),
-    since: float | None = Query(None, ge=0, description="Epoch s: still open or ended after."),
-    until: float | None = Query(None, ge=0, description="Epoch s: started at or before."),
+    since: float | None = Query(
+        None, ge=0, allow_inf_nan=False, description="Epoch s: still open or ended after."
+    ),
+    until: float | None = Query(
+        None, ge=0, allow_inf_nan=False, description="Epoch s: started at or before."
+    ),
     open: bool | None = Query(
         None,
         description="true: only events whose condition still holds; false: only ended ones.",
@@ -82,7 +86,9 @@ def list_events(
         None, max_length=200, pattern=NO_NUL, description="next_cursor of a page."
     ),
 ) -> EventPage:
-    """Events overlapping ``[since, until]``, newest first."""
+    """Events overlapping ``[since, until]``, newest first; ``until`` before ``since``
+    is a 422."""
+    refuse_reversed_range(since, until)
     return service.list_events(
         session=session,
         hostname=host,
@@ -93,7 +99,7 @@ def list_events(
         until=until,
         is_open=open,
         limit=limit,
-        cursor=None if cursor is None else Cursor.decode(cursor),
+        cursor=None if cursor is None else Cursor.decode(cursor, of=service.EVENTS),
     )
 
 
@@ -106,17 +112,18 @@ def list_events(
 def top_idle(
     session: ReadSession,
     context: Context,
-    since: float = Query(ge=0, description="Epoch seconds."),
-    until: float | None = Query(None, ge=0, description="Epoch seconds; default now."),
+    since: float = Query(ge=0, allow_inf_nan=False, description="Epoch seconds."),
+    until: float | None = Query(
+        None, ge=0, allow_inf_nan=False, description="Epoch seconds; default now."
+    ),
     limit: int = Query(10, ge=1, le=100),
 ) -> list[IdleHolderOut]:
-    """Held bytes x seconds flagged idle per user, largest first."""
-    return service.top_idle_users(
-        session=session,
-        since=since,
-        until=context.clock() if until is None else until,
-        limit=limit,
-    )
+    """Held bytes x seconds flagged idle per user, largest first (ties by user); users
+    with none in the range are not listed. ``until`` (default now) before ``since`` is
+    a 422."""
+    end = context.clock() if until is None else until
+    refuse_reversed_range(since, end)
+    return service.top_idle_users(session=session, since=since, until=end, limit=limit)
 
 
 def report_event(

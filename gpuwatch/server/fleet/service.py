@@ -15,6 +15,7 @@ from gpuwatch.server.fleet.schemas import (
 )
 from gpuwatch.server.hosts.models import Gpu, Host
 from gpuwatch.server.hosts.service import silent_before
+from gpuwatch.server.pagination import bytewise
 from gpuwatch.settings import ServerSettings
 
 TOP_IDLE = 10
@@ -87,7 +88,7 @@ def fleet_summary(
             Host.last_received_at.is_(None) | (Host.last_received_at < silent_before(settings, now))
         )
         .where(Host.retired_at.is_(None))
-        .order_by(Host.hostname)
+        .order_by(bytewise(Host.hostname))
     ).all()
     return FleetOut(
         generated_at=now,

@@ -152,3 +152,18 @@ class GpuSample(Base):
     used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     total_bytes: Mapped[int | None] = mapped_column(BigInteger)
     unattributed_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class GpuIndex(Base):
+    """The index a GPU had from ``since`` (ingest's time) until its next row: indices
+    move between boots (NVML's PCI order changes when a board is removed, replaced or
+    falls off the bus), and history answers "what was on GPU 2 at 14:05" by the GPU
+    that had index 2 then. Ingest writes a row when it first sees a GPU and whenever
+    its index changes, so there are few. A GPU stored before the server kept this has
+    one row from ``since`` 0: the index it had at the upgrade stands for its past."""
+
+    __tablename__ = "gpu_indices"
+
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True)
+    since: Mapped[float] = mapped_column(Double, primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer)

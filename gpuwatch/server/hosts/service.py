@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from gpuwatch.server.hosts.models import Gpu, Host
 from gpuwatch.server.hosts.schemas import GpuOut, HostDetail, HostOut
+from gpuwatch.server.pagination import bytewise
 from gpuwatch.server.processes import service as process_service
 from gpuwatch.server.processes.models import ProcessLifetime
 from gpuwatch.server.processes.schemas import ProcessOut
@@ -57,7 +58,7 @@ def list_hosts(*, session: Session, settings: ServerSettings, now: float) -> lis
     gpu_count = (
         select(func.count(Gpu.id)).where(Gpu.host_id == Host.id).correlate(Host).scalar_subquery()
     )
-    rows = session.execute(select(Host, gpu_count).order_by(Host.hostname)).all()
+    rows = session.execute(select(Host, gpu_count).order_by(bytewise(Host.hostname))).all()
     return [_host_out(host, count, now=now, settings=settings) for host, count in rows]
 
 

@@ -216,7 +216,11 @@ def _upsert_gpu(
                 "remap_failure": None,
             }
         )
-    row.gpu_index = gpu.index
+        state.record_gpu_index(row, since=at)
+    elif row.gpu_index != gpu.index:
+        # History answers by the index of then: keep when this one began.
+        row.gpu_index = gpu.index
+        state.record_gpu_index(row, since=at)
     row.name = gpu.name or row.name
     row.lost = gpu.lost
     row.read_error = gpu.read_error

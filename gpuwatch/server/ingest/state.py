@@ -29,13 +29,21 @@ from gpuwatch.server.database.dialects import (
     upsert,
 )
 from gpuwatch.server.events.book import EventBook
-from gpuwatch.server.hosts.models import GPU_FLAG_KINDS, Gpu, GpuSample, GpuWindow, Host
+from gpuwatch.server.hosts.models import (
+    GPU_FLAG_KINDS,
+    Gpu,
+    GpuIndex,
+    GpuSample,
+    GpuWindow,
+    Host,
+)
 from gpuwatch.server.hosts.tiles import tiles_text
 from gpuwatch.server.ingest.cache import HostStateCache, KeptState
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample, ProcessWindow
 
 _HOSTS: Table = Host.__table__  # type: ignore[assignment]
 _GPUS: Table = Gpu.__table__  # type: ignore[assignment]
+_GPU_INDICES: Table = GpuIndex.__table__  # type: ignore[assignment]
 _LIFETIMES: Table = ProcessLifetime.__table__  # type: ignore[assignment]
 _PROCESS_SAMPLES: Table = ProcessSample.__table__  # type: ignore[assignment]
 _GPU_SAMPLES: Table = GpuSample.__table__  # type: ignore[assignment]
@@ -249,6 +257,14 @@ class HostState:
         gpu = GpuRow(id=gpu_id, **values)
         self.gpus[gpu.uuid] = gpu
         return gpu
+
+    def record_gpu_index(self, gpu: GpuRow, *, since: float) -> None:
+        """Note that ``gpu`` has had its ``gpu_index`` since ``since`` (GpuIndex).
+        Written at once: a GPU's index changes between boots only, so this is rare."""
+        self.connection.execute(
+            upsert(_GPU_INDICES, self.dialect, key=["gpu_id", "since"], columns=["gpu_index"]),
+            {"gpu_id": gpu.id, "since": since, "gpu_index": gpu.gpu_index},
+        )
 
     def end(self, lifetime: LifetimeRow, *, at: float) -> None:
         """Mark an open lifetime ended at ``at`` (written by :meth:`flush`)."""

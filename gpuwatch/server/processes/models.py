@@ -51,6 +51,9 @@ class ProcessLifetime(Base):
         # History: "what was on this GPU at T".
         Index(None, "gpu_id", "first_seen_at"),
         Index(None, "user", "first_seen_at"),
+        # Retention deletes by ``ended_at`` across hosts: without this, each of its
+        # batches scanned the whole table under SQLite's write lock.
+        Index(None, "ended_at"),
         rewritten_in_place("process_lifetimes"),
     )
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from gpuwatch.server.events.models import Event
-from gpuwatch.server.hosts.models import Gpu, Host
+from gpuwatch.server.hosts.models import Gpu, GpuIndex, Host
 from gpuwatch.server.pagination import Cursor, after
 from gpuwatch.server.processes.models import ProcessLifetime, ProcessSample
 from gpuwatch.server.processes.schemas import (
@@ -18,6 +18,9 @@ from gpuwatch.server.processes.schemas import (
     ProcessSampleOut,
     ProcessSamples,
 )
+
+# The list this module's cursors page (pagination.Cursor).
+PROCESSES = "processes"
 
 
 def list_processes(
@@ -37,11 +40,11 @@ def list_processes(
     first seen at or before it, and either ended after it or still open and seen
     since. ``open_only`` keeps the ones still holding memory now.
     """
-    query = _base_query()
+    query = _base_query(at)
     if hostname is not None:
         query = query.where(Host.hostname == hostname)
     if gpu_index is not None:
-        query = query.where(Gpu.gpu_index == gpu_index)
+        query = query.where(_held(gpu_index, at))
     if user is not None:
         query = query.where(ProcessLifetime.user == user)
     if open_only:
@@ -54,7 +57,7 @@ def list_processes(
                 and_(ProcessLifetime.ended_at.is_(None), ProcessLifetime.last_seen_at >= at),
             ),
         )
-    clause = after(cursor, ProcessLifetime.first_seen_at, ProcessLifetime.id)
+    clause = after(cursor, PROCESSES, ProcessLifetime.first_seen_at, ProcessLifetime.id)
     if clause is not None:
         query = query.where(clause)
     rows = session.execute(
@@ -66,7 +69,7 @@ def list_processes(
     next_cursor = None
     if len(rows) > limit:
         last = items[-1]
-        next_cursor = Cursor(t=last.first_seen_at, id=last.id).encode()
+        next_cursor = Cursor(PROCESSES, t=last.first_seen_at, id=last.id).encode()
     return ProcessPage(items=items, next_cursor=next_cursor)
 
 
@@ -112,9 +115,49 @@ def process_samples(
     )
 
 
-def _base_query() -> Select[ProcessLifetime, str, int, str]:
+def index_at(t: Any) -> ColumnElement[int]:
+    """The index the lifetime's GPU had at ``t`` (a value or a lifetime column), from
+    the GPU's recorded indices (:class:`GpuIndex`); the index it has now where none
+    was recorded by then. Indices move between boots, so the GPU's own (last known)
+    index would put another user's process on "GPU 2 at 14:05"."""
+    recorded = (
+        select(GpuIndex.gpu_index)
+        .where(GpuIndex.gpu_id == ProcessLifetime.gpu_id, GpuIndex.since <= t)
+        .order_by(GpuIndex.since.desc())
+        .limit(1)
+        .correlate(ProcessLifetime)
+        .scalar_subquery()
+    )
+    return func.coalesce(recorded, Gpu.gpu_index)
+
+
+def _held(gpu_index: int, at: float | None) -> ColumnElement[bool]:
+    """The lifetime's GPU had index ``gpu_index`` at ``at``, or (no ``at``) at some
+    moment of the lifetime: when it was first seen, or from a change recorded before
+    its end (a lifetime reopened across a boot that renumbered its GPU)."""
+    if at is not None:
+        return index_at(at) == gpu_index
+    end = func.coalesce(ProcessLifetime.ended_at, ProcessLifetime.last_seen_at)
+    changed_to = (
+        select(GpuIndex.gpu_id)
+        .where(
+            GpuIndex.gpu_id == ProcessLifetime.gpu_id,
+            GpuIndex.gpu_index == gpu_index,
+            GpuIndex.since > ProcessLifetime.first_seen_at,
+            GpuIndex.since <= end,
+        )
+        .correlate(ProcessLifetime)
+        .exists()
+    )
+    return or_(index_at(ProcessLifetime.first_seen_at) == gpu_index, changed_to)
+
+
+def _base_query(at: float | None = None) -> Select[ProcessLifetime, str, int, str]:
+    """Lifetimes with their hostname, GPU index and UUID: the index the GPU had at
+    ``at`` (a history query's moment) or else at the lifetime's last observation."""
+    index = index_at(ProcessLifetime.last_seen_at if at is None else at)
     return (
-        select(ProcessLifetime, Host.hostname, Gpu.gpu_index, Gpu.uuid)
+        select(ProcessLifetime, Host.hostname, index, Gpu.uuid)
         .join(Host, Host.id == ProcessLifetime.host_id)
         .join(Gpu, Gpu.id == ProcessLifetime.gpu_id)
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from gpuwatch.server.deps import Context, Reader, ReadSession
-from gpuwatch.server.pagination import MAX_LIMIT, Cursor
+from gpuwatch.server.pagination import MAX_LIMIT, Cursor, refuse_reversed_range
 from gpuwatch.server.processes import service
 from gpuwatch.server.processes.schemas import ProcessPage, ProcessSamples
 from gpuwatch.snapshot import NO_NUL
@@ -22,7 +22,9 @@ def list_processes(
     host: str | None = Query(None, max_length=256, pattern=NO_NUL, description="Hostname."),
     gpu: int | None = Query(None, ge=0, lt=64, description="GPU index on the host."),
     user: str | None = Query(None, max_length=256, pattern=NO_NUL),
-    at: float | None = Query(None, ge=0, description="Epoch seconds: what held the GPU then."),
+    at: float | None = Query(
+        None, ge=0, allow_inf_nan=False, description="Epoch seconds: what held the GPU then."
+    ),
     open: bool = Query(False, description="Only processes still holding memory."),
     limit: int = Query(100, ge=1, le=MAX_LIMIT),
     cursor: str | None = Query(
@@ -38,7 +40,7 @@ def list_processes(
         at=at,
         open_only=open,
         limit=limit,
-        cursor=None if cursor is None else Cursor.decode(cursor),
+        cursor=None if cursor is None else Cursor.decode(cursor, of=service.PROCESSES),
     )
 
 
@@ -53,15 +55,20 @@ def process_samples(
     context: Context,
     lifetime_id: int = Path(ge=1, le=2**62, description="The id of a lifetime (GET /processes)."),
     since: float | None = Query(
-        None, ge=0, description="Epoch seconds: buckets starting then or later."
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Epoch seconds: buckets starting then or later.",
     ),
     until: float | None = Query(
-        None, ge=0, description="Epoch seconds: buckets starting before then."
+        None, ge=0, allow_inf_nan=False, description="Epoch seconds: buckets starting before then."
     ),
     limit: int = Query(1440, ge=1, le=MAX_SAMPLES, description="At most this many, the newest."),
 ) -> ProcessSamples:
     """A lifetime's coarse per-bucket samples (floor and peak bytes, busiest SM), oldest
-    first: the history the reaper reads when the local agent's is shorter."""
+    first: the history the reaper reads when the local agent's is shorter. ``until``
+    before ``since`` is a 422."""
+    refuse_reversed_range(since, until)
     found = service.process_samples(
         session=session,
         lifetime_id=lifetime_id,

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from gpuwatch.server.fleet.service import gpus_by_fullness, held_bytes
 from gpuwatch.server.hosts.models import GPU_FLAG_KINDS, Gpu, Host
 from gpuwatch.server.hosts.service import silence_threshold_seconds
+from gpuwatch.server.pagination import bytewise
 from gpuwatch.settings import ServerSettings
 
 # Event kinds a tile flags (an open event of the kind on that GPU), in the order of the
@@ -89,7 +90,7 @@ def fleet_tiles(*, session: Session, settings: ServerSettings, now: float) -> Fl
 _HOSTS = (
     select(Host.hostname, Host.last_received_at, Host.push_interval_seconds, Host.tiles)
     .where(Host.retired_at.is_(None))
-    .order_by(Host.hostname)
+    .order_by(bytewise(Host.hostname))
 )
 _FLAGGED = (
     select(Gpu.open_flags, func.count())

@@ -287,7 +287,7 @@ def events(
         try:
             if len(cursor) > 200:
                 raise InvalidCursor("invalid cursor")
-            page_cursor = Cursor.decode(cursor)
+            page_cursor = Cursor.decode(cursor, of=event_service.EVENTS)
         except (ValueError, InvalidCursor):
             errors.append("Ignored a filter: invalid cursor (a page link this page did not make).")
     filters = EventFilters(host, gpu, user, kind, state, since, until)
