@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from gpuwatch.agent.collectors.agent import PushStats
+from gpuwatch.agent.event_delivery import EventDelivery
 from gpuwatch.agent.http_post import Endpoint, Poster, Reply, Unreachable
-from gpuwatch.agent.reaper.events import EventDelivery
 from gpuwatch.agent.reporter import HTTP_TIMEOUT_SECONDS, Reporter
 from gpuwatch.bearer import bearer_headers
 from gpuwatch.settings import AgentSettings

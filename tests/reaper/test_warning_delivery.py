@@ -14,7 +14,7 @@ from pathlib import Path
 from reaper.policy_rig import Events, policy_agent, run_polls
 from reaper.rig import Hold, Rig, Victim
 
-from gpuwatch.agent.reaper.events import EventDelivery
+from gpuwatch.agent.event_delivery import EventDelivery
 from gpuwatch.wire import ReportedEvent
 
 

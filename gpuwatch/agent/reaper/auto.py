@@ -59,9 +59,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gpuwatch.agent.event_delivery import EventDelivery
 from gpuwatch.agent.reaper.central import ServerLookup, on_clock
 from gpuwatch.agent.reaper.errors import ReapRefused
-from gpuwatch.agent.reaper.events import EventDelivery, describe
+from gpuwatch.agent.reaper.events import describe
 from gpuwatch.agent.reaper.evidence import format_duration
 from gpuwatch.agent.reaper.execute import Executor, decision_row
 from gpuwatch.agent.reaper.history import ProcessHistory

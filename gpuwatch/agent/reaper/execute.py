@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from gpuwatch.agent.event_delivery import EventDelivery
 from gpuwatch.agent.reaper.audit import AuditLog
-from gpuwatch.agent.reaper.events import Actor, EventDelivery, describe, reaped_event
+from gpuwatch.agent.reaper.events import Actor, describe, reaped_event
 from gpuwatch.agent.reaper.evidence import IdleEvidence
 from gpuwatch.agent.reaper.history import classify
 from gpuwatch.agent.reaper.killer import GONE, Killer, KillReport, Target
