@@ -14,8 +14,9 @@ bound.
   its warning is delivered (:mod:`gpuwatch.agent.reaper.auto`). At most
   :data:`MAX_QUEUED_REAPED` wait; past that the oldest is dropped and counted.
 - OOM incidents wait in a queue of :data:`MAX_QUEUED_OOMS`; past it the oldest is
-  dropped and counted (``dropped_ooms``, and a log line per streak). Each is tried up to
-  :data:`EVENT_ATTEMPTS` times, then logged locally with its summary: *at most once*.
+  dropped and counted (``dropped``, and a log line per streak). Each is tried up to
+  :data:`EVENT_ATTEMPTS` times, then logged locally with its summary and counted: *at
+  most once*. Both counts are exported (``gpuwatch_agent_events_dropped``).
 - A 429 or 503 is retried after its ``Retry-After`` (capped at
   :data:`MAX_RETRY_AFTER_SECONDS`), otherwise after a backoff.
 """
@@ -26,7 +27,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
@@ -90,8 +91,9 @@ class EventSender:
         self._ooms: deque[_Queued] = deque()
         self._thread: threading.Thread | None = None
         self._busy = False
-        self.dropped_ooms = 0
-        self.dropped_reaped = 0
+        # (kind, reason) -> events never stored: queue_full (the oldest, past the
+        # queue's bound), given_up (out of tries, or refused for good).
+        self.dropped: dict[tuple[str, str], int] = {}
 
     def submit(self, event: ReportedEvent) -> EventDelivery:
         """Queue ``event``; the answer settles once the server stored it or it was given up."""
@@ -109,12 +111,7 @@ class EventSender:
         if len(queue) >= bound:
             oldest = queue.popleft()
             oldest.delivery.settle(delivered=False)
-            if oldest.event.kind == "reaped":
-                self.dropped_reaped += 1
-                dropped = self.dropped_reaped
-            else:
-                self.dropped_ooms += 1
-                dropped = self.dropped_ooms
+            dropped = self._count(oldest.event, "queue_full")
             if dropped == 1 or dropped % 100 == 0:  # one line per streak, not per post
                 log.warning(
                     "%d %s event(s) waiting for the server: dropped the oldest "
@@ -124,6 +121,11 @@ class EventSender:
                     dropped,
                 )
         queue.append(item)
+
+    def _count(self, event: ReportedEvent, reason: str) -> int:
+        key = (event.kind, reason)
+        self.dropped[key] = self.dropped.get(key, 0) + 1
+        return self.dropped[key]
 
     def _start(self) -> None:
         if self._thread is None:
@@ -177,6 +179,7 @@ class EventSender:
                 delay = min(EVENT_BACKOFF_SECONDS * attempt, MAX_BACKOFF_SECONDS)
             if self._wait(min(delay, MAX_RETRY_AFTER_SECONDS)):
                 break  # closing: what is queued gets one try each
+        self._count(event, "given_up")
         log.error(
             "could not record %s event for pid %s on the server (%s); it is only in this log: %s",
             event.kind,
@@ -231,7 +234,8 @@ class ServerSink:
         self.reporter.offer(snapshot)
 
     def push_stats(self) -> PushStats:
-        return self.reporter.push_stats()
+        dropped = dict(self.events.dropped)  # a copy: the sender thread counts on
+        return replace(self.reporter.push_stats(), events_dropped=dropped)
 
     def start(self) -> None:
         self.reporter.start()

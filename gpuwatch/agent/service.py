@@ -181,6 +181,8 @@ class Agent:
                 self.state,
                 torch_reports_total=lambda: self._torch.received_total,
                 push_stats=self._sink.push_stats if self._sink else None,
+                # Read at scrape time: the exporter is built after its renderer.
+                oom_posts_refused_total=lambda: self.exporter.oom_posts.refused_total,
             ),
             ReaperCollector(self.reaper.policy_counts),
         ]

@@ -15,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpuwatch.agent.exporter import OOM_POSTS_BURST
 from gpuwatch.nvml.fake.lifecycle import stop_all
 from gpuwatch.nvml.fake.runtime_state import default_runtime_dir
+from gpuwatch.wire import INCIDENTS_OOM_PATH
 
 GiB = 2**30
 GPUWATCH = [sys.executable, "-m", "gpuwatch"]
@@ -194,6 +196,14 @@ def test_agent_serves_metrics_and_stops_cleanly_on_sigterm(env, scenario) -> Non
         assert "gpuwatch_gpu_memory_orphaned_bytes" in text
         snap = httpx.get(f"{url}/snapshot").json()
         assert snap["gpus"][1]["processes"][0]["orphaned"] is True
+        # A local user's OOM incidents past the per-poster burst are refused, and counted.
+        incident = {"pid": 1, "message": "CUDA out of memory"}
+        answers = [
+            httpx.post(f"{url}{INCIDENTS_OOM_PATH}", json=incident).status_code
+            for _ in range(int(OOM_POSTS_BURST) + 2)
+        ]
+        assert answers.count(429) == 2, answers
+        assert "gpuwatch_agent_oom_posts_refused_total 2.0" in httpx.get(f"{url}/metrics").text
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=20) == 0
     finally:

@@ -101,7 +101,7 @@ def test_events_go_out_from_one_thread_and_the_oldest_ooms_are_dropped_past_the_
     deliveries = [sender.submit(_event("oom", pid)) for pid in range(1, 201)]
     assert threading.active_count() <= before + 1  # one sender, however many posts
     # One in flight, MAX_QUEUED_OOMS waiting: the rest (the oldest) were dropped.
-    assert sender.dropped_ooms == 200 - MAX_QUEUED_OOMS
+    assert sender.dropped == {("oom", "queue_full"): 200 - MAX_QUEUED_OOMS}
     assert not any(d.pending or d.delivered for d in deliveries[: 200 - MAX_QUEUED_OOMS])
     release.set()
     sender.close(timeout_seconds=10)
@@ -150,6 +150,7 @@ def test_a_reaped_event_is_retried_past_the_oom_attempts_and_a_refusal_is_final(
     refused = sender.submit(_event("reaped", 2))
     refused.join(10)
     assert not refused.pending and not refused.delivered  # 422: asking again is no use
+    assert sender.dropped == {("reaped", "given_up"): 1}  # exported, not only logged
 
 
 def test_the_server_sink_sends_through_its_one_sender(tmp_path: Path) -> None:
@@ -174,6 +175,7 @@ def test_an_unreachable_server_is_retried_then_given_up_for_an_oom() -> None:
     delivery = sender.submit(_event("oom", 1))
     delivery.join(10)
     assert not delivery.delivered and waits == [2.0, 4.0]
+    assert sender.dropped == {("oom", "given_up"): 1}
 
 
 # -- the port's own hygiene -------------------------------------------------------------------

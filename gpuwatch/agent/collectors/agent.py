@@ -12,7 +12,7 @@ from prometheus_client.metrics_core import Metric
 from gpuwatch import __version__
 from gpuwatch.agent.state import AgentState
 from gpuwatch.metricspec import Families, MetricSpec
-from gpuwatch.wire import ItemResult
+from gpuwatch.wire import ItemResult, ReportedKind
 
 # Every value these counters' labels can take, each exported at 0 from the first scrape.
 # A series that first appears at its first increment hides that increment from rate()
@@ -31,6 +31,10 @@ BATCH_RESULTS = (
 DROP_REASONS = (
     "spool_full", "corrupt", "rejected", "too_large", "write_failed", "hostname_changed",
 )  # fmt: skip
+# The events the agent relays (wire.ReportedKind) and why one was never stored
+# (gpuwatch/agent/push.py's EventSender).
+EVENT_KINDS: tuple[str, ...] = get_args(ReportedKind)
+EVENT_DROP_REASONS = ("queue_full", "given_up")
 
 BUILD = MetricSpec(
     "gpuwatch_agent_build",
@@ -85,6 +89,17 @@ DROPPED = MetricSpec(
     f"Snapshots dropped before the server stored them, by reason ({', '.join(DROP_REASONS)}).",
     ("reason",), availability="server_url set",
 )  # fmt: skip
+EVENTS_DROPPED = MetricSpec(
+    "gpuwatch_agent_events_dropped", "counter",
+    "Events the agent relays (kind: oom incidents, reaped warnings and stops) that the"
+    " server never stored, by reason (queue_full: the oldest, past the queue's bound;"
+    " given_up: out of tries or refused for good; each is logged with its summary).",
+    ("kind", "reason"), availability="server_url set",
+)  # fmt: skip
+OOM_POSTS_REFUSED = MetricSpec(
+    "gpuwatch_agent_oom_posts_refused", "counter",
+    "OOM incident posts answered 429 by the per-poster rate limit of the agent's port.",
+)  # fmt: skip
 PENDING = MetricSpec(
     "gpuwatch_agent_spool_pending", "gauge", "Snapshots waiting in the spool for the server.",
     availability="server_url set",
@@ -96,7 +111,7 @@ LAST_PUSH = MetricSpec(
 
 METRICS = (
     BUILD, POLLS, LAST_POLL, POLL_DURATION, FAKE, ISOLATED, NVML_ERRORS, TORCH_REPORTS,
-    PUSHED, PUSHES, DROPPED, PENDING, LAST_PUSH,
+    PUSHED, PUSHES, DROPPED, EVENTS_DROPPED, OOM_POSTS_REFUSED, PENDING, LAST_PUSH,
 )  # fmt: skip
 
 
@@ -109,6 +124,7 @@ class PushStats:
     pending: int = 0
     last_success_time: float | None = None
     pushed: dict[str, int] = field(default_factory=dict)
+    events_dropped: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class AgentCollector:
@@ -120,9 +136,11 @@ class AgentCollector:
         *,
         torch_reports_total: Callable[[], int] = lambda: 0,
         push_stats: Callable[[], PushStats] | None = None,
+        oom_posts_refused_total: Callable[[], int] = lambda: 0,
     ) -> None:
         self._state = state
         self._torch_total = torch_reports_total
+        self._oom_posts_refused = oom_posts_refused_total
         self._push_stats = push_stats
 
     def collect(self) -> Iterable[Metric]:
@@ -147,11 +165,17 @@ class AgentCollector:
         for (function, error), n in sorted(self._state.nvml_errors.snapshot().items()):
             f.add(NVML_ERRORS, (function, error), n)
         f.add(TORCH_REPORTS, (), self._torch_total())
+        f.add(OOM_POSTS_REFUSED, (), self._oom_posts_refused())
         if self._push_stats is not None:
             stats = self._push_stats()
             _add_counts(f, PUSHED, PUSH_RESULTS, stats.pushed)
             _add_counts(f, PUSHES, BATCH_RESULTS, stats.batches)
             _add_counts(f, DROPPED, DROP_REASONS, stats.dropped)
+            for kind in EVENT_KINDS:  # 0 until counted, so a rate() sees the first drop
+                for reason in EVENT_DROP_REASONS:
+                    f.add(
+                        EVENTS_DROPPED, (kind, reason), stats.events_dropped.get((kind, reason), 0)
+                    )
             f.add(PENDING, (), stats.pending)
             f.add(LAST_PUSH, (), stats.last_success_time)
         return f.collected()
