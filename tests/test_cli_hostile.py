@@ -1,6 +1,7 @@
 """Hostile input through the real command line: each case must end in ONE line on
 stderr and a documented exit code (docs/exit-codes.md), never a traceback, and never a
-setting dropped without a word. Every case fails before any GPU, fake or real, is used.
+setting dropped without a word. Every case but `fake-nvml exec`'s (which boots its
+scenario before it runs CMD) fails before any GPU, fake or real, is used.
 """
 
 from __future__ import annotations
@@ -9,24 +10,31 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuwatch.errors import EXIT_CODES
+from gpuwatch.nvml.fake.lifecycle import stop_all
+from gpuwatch.nvml.fake.runtime_state import default_runtime_dir
 
 GPUWATCH = [sys.executable, "-m", "gpuwatch"]
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
-    return environ | {
+    environ |= {
         "GPUWATCH_CONFIG": "/dev/null",
         "HOME": str(tmp_path),
         "XDG_DATA_HOME": str(tmp_path / "data"),
         "XDG_RUNTIME_DIR": str(tmp_path),
     }
+    yield environ
+    # `fake-nvml exec` boots its scenario and leaves it running (it becomes CMD): stop
+    # what the test booted, as `gpuwatch fake-nvml stop --all` would.
+    stop_all(default_runtime_dir(environ))
 
 
 def run(env: dict[str, str], *args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:

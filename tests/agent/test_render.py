@@ -74,17 +74,22 @@ def test_status_into_a_file_keeps_whole_commands(tmp_path) -> None:  # type: ign
     import subprocess
     import sys
 
-    out = subprocess.run(
-        [sys.executable, "-m", "gpuwatch", "status", "--fake-gpus", "workstation"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "GPUWATCH_CONFIG": "/dev/null",
-            "XDG_RUNTIME_DIR": str(tmp_path),
-            "COLUMNS": "80",
-        },
-    )
+    from gpuwatch.nvml.fake.lifecycle import stop_all
+
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "status", "--fake-gpus", "workstation"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "GPUWATCH_CONFIG": "/dev/null",
+                "XDG_RUNTIME_DIR": str(tmp_path),
+                "COLUMNS": "80",
+            },
+        )
+    finally:
+        stop_all(tmp_path / "gpuwatch-fake")  # status leaves the scenario running for the next
     assert out.returncode == 0, out.stderr
     assert "runtime/kernel-3f2a9c.json" in out.stdout
