@@ -34,9 +34,30 @@ def event_cost(body_bytes: int) -> float:
 
 
 @dataclass
-class _Bucket:
+class TokenBucket:
     units: float
     at: float
+
+
+def refilled(
+    buckets: BoundedLru[int, TokenBucket],
+    host_id: int,
+    *,
+    now: float,
+    burst: float,
+    per_second: float,
+) -> TokenBucket:
+    """``host_id``'s bucket (a full one the first time), refilled up to ``now``; the
+    caller holds the lock that guards ``buckets``."""
+    bucket = buckets.get(host_id)
+    if bucket is None:
+        bucket = TokenBucket(units=burst, at=now)
+        buckets.put(host_id, bucket)
+    # A clock that steps back refills nothing (and takes nothing away).
+    elapsed = max(0.0, now - bucket.at)
+    bucket.units = min(burst, bucket.units + elapsed * per_second)
+    bucket.at = max(bucket.at, now)
+    return bucket
 
 
 class HostRateLimiter:
@@ -53,7 +74,7 @@ class HostRateLimiter:
             raise ValueError("burst must be at least 1 and per_second positive")
         self.burst = burst
         self.per_second = per_second
-        self._buckets: BoundedLru[int, _Bucket] = BoundedLru(max_hosts)
+        self._buckets: BoundedLru[int, TokenBucket] = BoundedLru(max_hosts)
         self._lock = threading.Lock()
 
     def take(self, host_id: int, *, now: float, cost: float = 1.0) -> float | None:
@@ -72,14 +93,9 @@ class HostRateLimiter:
     def _ask(self, host_id: int, *, now: float, cost: float, taking: bool) -> float | None:
         cost = min(cost, self.burst)
         with self._lock:
-            bucket = self._buckets.get(host_id)
-            if bucket is None:
-                bucket = _Bucket(units=self.burst, at=now)
-                self._buckets.put(host_id, bucket)
-            # A clock that steps back refills nothing (and takes nothing away).
-            elapsed = max(0.0, now - bucket.at)
-            bucket.units = min(self.burst, bucket.units + elapsed * self.per_second)
-            bucket.at = max(bucket.at, now)
+            bucket = refilled(
+                self._buckets, host_id, now=now, burst=self.burst, per_second=self.per_second
+            )
             if bucket.units >= cost:
                 if taking:
                     bucket.units -= cost

@@ -40,8 +40,8 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from gpuwatch.server.auth.limits import TokenBucket, refilled
 from gpuwatch.server.lru import BoundedLru
 from gpuwatch.snapshot import GpuProcess, HostSnapshot
 
@@ -102,12 +102,6 @@ def _share(counts: list[int], most: int) -> int:
     return low
 
 
-@dataclass
-class _Bucket:
-    units: float
-    at: float
-
-
 class HostWork:
     """Work buckets per host id: ``burst`` units, refilled at ``per_second``, that may
     go into debt (a push's first snapshot is always applied).
@@ -129,7 +123,7 @@ class HostWork:
         self.burst = burst
         self.per_second = per_second
         self._clock = clock
-        self._buckets: BoundedLru[int, _Bucket] = BoundedLru(max_hosts)
+        self._buckets: BoundedLru[int, TokenBucket] = BoundedLru(max_hosts)
         self._lock = threading.Lock()
 
     def debt_seconds(self, host_id: int) -> float | None:
@@ -147,16 +141,14 @@ class HostWork:
         with self._lock:
             self._refilled(host_id).units -= units
 
-    def _refilled(self, host_id: int) -> _Bucket:
-        now = self._clock()
-        bucket = self._buckets.get(host_id)
-        if bucket is None:
-            bucket = _Bucket(units=self.burst, at=now)
-            self._buckets.put(host_id, bucket)
-        elapsed = max(0.0, now - bucket.at)
-        bucket.units = min(self.burst, bucket.units + elapsed * self.per_second)
-        bucket.at = now
-        return bucket
+    def _refilled(self, host_id: int) -> TokenBucket:
+        return refilled(
+            self._buckets,
+            host_id,
+            now=self._clock(),
+            burst=self.burst,
+            per_second=self.per_second,
+        )
 
 
 class PushWork:
