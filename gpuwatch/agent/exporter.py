@@ -66,6 +66,7 @@ from gpuwatch.agent.reaper.served import HISTORY_PATH
 from gpuwatch.agent.state import AgentState
 from gpuwatch.agent.torch_reports import TorchReports
 from gpuwatch.host_origin import RequestGuard, is_loopback_address
+from gpuwatch.ratelimit import TokenBucket, refill
 from gpuwatch.wire import (
     INCIDENTS_OOM_PATH,
     MAX_INCIDENT_BODY,
@@ -106,7 +107,7 @@ class PosterRateLimit:
         self._per_second = per_second
         self._clock = clock
         self._max_posters = max_posters
-        self._buckets: OrderedDict[int | None, tuple[float, float]] = OrderedDict()
+        self._buckets: OrderedDict[int | None, TokenBucket] = OrderedDict()
         self._lock = threading.Lock()
         self.refused_total = 0
 
@@ -115,16 +116,15 @@ class PosterRateLimit:
         until it may (nothing taken)."""
         now = self._clock()
         with self._lock:
-            units, at = self._buckets.pop(uid, (self._burst, now))
-            units = min(self._burst, units + max(0.0, now - at) * self._per_second)
-            at = max(at, now)
-            if units >= 1.0:
-                self._buckets[uid] = (units - 1.0, at)
+            bucket = self._buckets.pop(uid, None) or TokenBucket(units=self._burst, at=now)
+            refill(bucket, now=now, burst=self._burst, per_second=self._per_second)
+            self._buckets[uid] = bucket
+            if bucket.units >= 1.0:
+                bucket.units -= 1.0
                 wait = None
             else:
-                self._buckets[uid] = (units, at)
                 self.refused_total += 1
-                wait = (1.0 - units) / self._per_second
+                wait = (1.0 - bucket.units) / self._per_second
             while len(self._buckets) > self._max_posters:
                 self._buckets.popitem(last=False)
         return wait

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 
+from gpuwatch.ratelimit import TokenBucket, refill
 from gpuwatch.server.lru import BoundedLru
 
 # An OOM's event is about 30-60 KiB (the diagnosis and the host's snapshot): 2-4 units.
@@ -33,12 +33,6 @@ def event_cost(body_bytes: int) -> float:
     return 1.0 + body_bytes // EVENT_UNIT_BYTES
 
 
-@dataclass
-class TokenBucket:
-    units: float
-    at: float
-
-
 def refilled(
     buckets: BoundedLru[int, TokenBucket],
     host_id: int,
@@ -53,10 +47,7 @@ def refilled(
     if bucket is None:
         bucket = TokenBucket(units=burst, at=now)
         buckets.put(host_id, bucket)
-    # A clock that steps back refills nothing (and takes nothing away).
-    elapsed = max(0.0, now - bucket.at)
-    bucket.units = min(burst, bucket.units + elapsed * per_second)
-    bucket.at = max(bucket.at, now)
+    refill(bucket, now=now, burst=burst, per_second=per_second)
     return bucket
 
 

@@ -41,7 +41,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpuwatch.server.auth.limits import TokenBucket, refilled
+from gpuwatch.ratelimit import TokenBucket
+from gpuwatch.server.auth.limits import refilled
 from gpuwatch.server.lru import BoundedLru
 from gpuwatch.snapshot import GpuProcess, HostSnapshot
 
