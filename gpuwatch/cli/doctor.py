@@ -262,6 +262,12 @@ def fit(
     lora_rank: int | None = typer.Option(
         None, "--lora-rank", min=1, max=65536, help="LoRA/QLoRA adapter rank (default 16)."
     ),
+    kv_cache_dtype: str | None = typer.Option(
+        None,
+        "--kv-cache-dtype",
+        help="Inference: the KV cache's element type, auto (16-bit; fp32 for an fp32 model),"
+        " bf16, fp16, fp32 or fp8 (vLLM --kv-cache-dtype fp8, fp8_e4m3, fp8_e5m2).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Will this model fit on this GPU? Weights, KV cache, gradients, optimizer, activations.
@@ -284,6 +290,7 @@ def fit(
         gpus=gpus,
         checkpointing=gradient_checkpointing,
         lora_rank=lora_rank,
+        kv_cache_dtype=kv_cache_dtype,
     )
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))

@@ -59,6 +59,10 @@ from gpuwatch.errors import ConfigError
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "nf4"]
 Mode = Literal["inference", "full", "lora", "qlora"]
+# What an engine may keep its KV cache in, whatever the weights are (vLLM's
+# --kv-cache-dtype fp8 halves a 16-bit cache).
+KvDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+KV_ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 Verdict = Literal["fits", "tight", "does_not_fit", "unknown"]
 
 BITS_PER_PARAM: dict[str, float] = {
@@ -177,6 +181,9 @@ class Workload:
     # GPUs the model is split over: tensor parallel for inference, fully sharded data
     # parallel (FSDP, ZeRO-3) for training; every figure is then one GPU's.
     gpus: int = 1
+    # The KV cache's element type; ``None``: the engine's default, 16-bit (fp32 for an
+    # fp32 model), whatever the weights' quantisation.
+    kv_cache_dtype: KvDtype | None = None
 
 
 @dataclass
@@ -278,20 +285,36 @@ def validate(workload: Workload) -> Workload:
         raise ConfigError("--mode qlora means a 4-bit base: use --dtype nf4 or int4")
     if workload.mode == "lora" and workload.dtype in FOUR_BIT:
         raise ConfigError("LoRA on a 4-bit base is QLoRA: use --mode qlora")
+    if workload.kv_cache_dtype is not None:
+        if workload.kv_cache_dtype not in get_args(KvDtype):
+            raise ConfigError(f"--kv-cache-dtype must be one of {', '.join(get_args(KvDtype))}")
+        if workload.mode != "inference":
+            raise ConfigError(
+                "--kv-cache-dtype applies to --mode inference (training keeps no cache)"
+            )
     return workload
 
 
-def kv_bytes_per_token(arch: Architecture, dtype: Dtype) -> int | None:
+def kv_element_bytes(dtype: Dtype, kv_dtype: KvDtype | None = None) -> int:
+    """Bytes of one KV cache element: ``kv_dtype``'s, else 16-bit (4 for an fp32 model)."""
+    if kv_dtype is not None:
+        return KV_ELEMENT_BYTES[kv_dtype]
+    return 4 if dtype == "fp32" else 2
+
+
+def kv_bytes_per_token(
+    arch: Architecture, dtype: Dtype, kv_dtype: KvDtype | None = None
+) -> int | None:
     """2 (K and V) x layers x kv_heads x head_dim x element bytes; ``None`` without a shape.
 
     Only the layers that keep a cache count (``kv_layers``), and where the config gives
     another layout its elements a token (``kv_elements``: multi-head latent attention's
     latent, per-layer head counts). The cache stays 16-bit for quantised weights (fp32
-    only for an fp32 model).
+    only for an fp32 model) unless ``kv_dtype`` says otherwise.
     """
     if not arch.has_shape:
         return None
-    element = 4 if dtype == "fp32" else 2
+    element = kv_element_bytes(dtype, kv_dtype)
     layers = _kv_layers(arch)
     if arch.kv_elements is not None:
         return arch.kv_elements * element
@@ -302,10 +325,16 @@ def _kv_layers(arch: Architecture) -> int:
     return arch.layers or 0 if arch.kv_layers is None else arch.kv_layers
 
 
-def kv_split(arch: Architecture, dtype: Dtype, context: int, batch: int) -> KvSplit | None:
+def kv_split(
+    arch: Architecture,
+    dtype: Dtype,
+    context: int,
+    batch: int,
+    kv_dtype: KvDtype | None = None,
+) -> KvSplit | None:
     """The KV cache at ``context`` x ``batch``: full-attention layers hold the context,
     sliding-window layers ``min(context, window)`` tokens; ``None`` without a shape."""
-    per_token = kv_bytes_per_token(arch, dtype)
+    per_token = kv_bytes_per_token(arch, dtype, kv_dtype)
     if per_token is None:
         return None
     layers = _kv_layers(arch)
@@ -404,12 +433,12 @@ def _estimate_shaped(workload: Workload) -> Breakdown:
             weights += arch.embedding_params * 2
         gradients = trainable * 4
         optimizer = trainable * (ADAM_BYTES_PER_TRAINABLE - 8)
-    per_token = kv_bytes_per_token(arch, dtype)
+    per_token = kv_bytes_per_token(arch, dtype, workload.kv_cache_dtype)
     kv_cache = None
     split = None
     notes: list[str] = list(arch.notes)
     if mode == "inference" and per_token is not None:
-        split = kv_split(arch, dtype, workload.context, workload.batch)
+        split = kv_split(arch, dtype, workload.context, workload.batch, workload.kv_cache_dtype)
         if split is not None:
             kv_cache = split.total
         unread = arch.window_unread
@@ -648,6 +677,11 @@ def options(workload: Workload, capacity: int) -> list[Option]:
         for dtype in ("int8", "nf4"):
             if BITS_PER_PARAM[dtype] < BITS_PER_PARAM[workload.dtype]:
                 consider(f"quantise to {dtype} (--dtype {dtype})", replace(workload, dtype=dtype))
+        if kv_element_bytes(workload.dtype, workload.kv_cache_dtype) > 1:
+            consider(
+                "fp8 KV cache (--kv-cache-dtype fp8; vLLM --kv-cache-dtype fp8)",
+                replace(workload, kv_cache_dtype="fp8"),
+            )
     elif workload.mode == "full":
         consider("LoRA instead of full fine-tuning (--mode lora)", replace(workload, mode="lora"))
         consider(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from gpuwatch.doctor.architecture import Architecture, load_hf_config, parse_param_count
 from gpuwatch.doctor.fit import (
@@ -18,6 +18,7 @@ from gpuwatch.doctor.fit import (
     FITS_HEADROOM,
     Breakdown,
     Dtype,
+    KvDtype,
     KvSplit,
     Mode,
     Option,
@@ -121,6 +122,7 @@ class FitReport:
             "lora_rank": (
                 self.workload.lora_rank if self.workload.mode in ("lora", "qlora") else None
             ),
+            "kv_cache_dtype": self._kv_cache_dtype_json(),
             "kv_cache_bytes_per_token": self.breakdown.kv_per_token,
             "kv_cache": self._kv_cache_json(),
             "unquantised": self._unquantised_json(),
@@ -151,6 +153,13 @@ class FitReport:
                 for g in self.gpus
             ],
         }
+
+    def _kv_cache_dtype_json(self) -> str | None:
+        """The KV cache's element type as counted (``None`` when training: no cache)."""
+        w = self.workload
+        if w.mode != "inference":
+            return None
+        return w.kv_cache_dtype or ("fp32" if w.dtype == "fp32" else "16-bit")
 
     def _kv_cache_json(self) -> dict[str, Any] | None:
         """The KV cache by kind of layer (inference with a shape; else ``None``), and
@@ -297,6 +306,8 @@ def _setup(workload: Workload) -> str:
     parts = []
     if workload.mode in ("lora", "qlora"):
         parts.append(f"LoRA rank {workload.lora_rank}")
+    if workload.kv_cache_dtype is not None:
+        parts.append(f"{workload.kv_cache_dtype} KV cache")
     if workload.gpus > 1:
         how = "tensor parallel" if workload.mode == "inference" else "FSDP/ZeRO-3"
         parts.append(f"{how} over {workload.gpus} GPUs: figures per GPU")
@@ -353,6 +364,7 @@ def run_fit(
     gpus: int = 1,
     checkpointing: bool | None = None,
     lora_rank: int | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> FitReport:
     """Build the report; raises ``ConfigError`` for bad option values, ``RemoteError``
     when ``--gpu local`` finds no agent.
@@ -362,6 +374,8 @@ def run_fit(
     """
     if dtype is not None:
         dtype = normalise_dtype(dtype)
+    if kv_cache_dtype is not None:
+        kv_cache_dtype = _kv_cache_dtype(kv_cache_dtype)
     arch = _architecture(params, config)
     chosen = dtype or _default_dtype(arch, mode)
     training = mode in ("full", "lora", "qlora")
@@ -379,6 +393,7 @@ def run_fit(
             lora_rank=lora_rank or DEFAULT_LORA_RANK,
             checkpointing=mode == "qlora" if checkpointing is None else checkpointing,
             gpus=gpus,
+            kv_cache_dtype=cast(KvDtype | None, kv_cache_dtype),
         )
     )
     breakdown = estimate(workload)
@@ -390,6 +405,26 @@ def run_fit(
         [_fit_on(workload, breakdown, t) for t in targets],
         dtype_source=arch.stored_as if from_config else None,
     )
+
+
+def _kv_cache_dtype(text: str) -> str | None:
+    """``--kv-cache-dtype``: ``auto`` is the engine's default (``None``); vLLM's
+    ``fp8_e4m3``/``fp8_e5m2`` are a byte an element, as ``fp8``."""
+    name = text.strip().lower()
+    if name == "auto":
+        return None
+    if name in ("fp8_e4m3", "fp8_e5m2"):
+        return "fp8"
+    try:
+        kind = normalise_dtype(name)
+    except ConfigError:
+        kind = name
+    if kind not in get_args(KvDtype):
+        raise ConfigError(
+            f"--kv-cache-dtype must be auto or one of {', '.join(get_args(KvDtype))}"
+            " (fp8_e4m3 and fp8_e5m2 count as fp8)"
+        )
+    return kind
 
 
 def _default_dtype(arch: Architecture, mode: str) -> str:

@@ -44,6 +44,8 @@ def _applied(workload: Workload, change: str) -> Workload:
     changed = workload
     if dtype := re.search(r"--dtype (\w+)", change):
         changed = replace(changed, dtype=dtype[1])  # type: ignore[arg-type]
+    if kv := re.search(r"--kv-cache-dtype (\w+)", change):
+        changed = replace(changed, kv_cache_dtype=kv[1])  # type: ignore[arg-type]
     if mode := re.search(r"--mode (\w+)", change):
         changed = replace(changed, mode=mode[1])  # type: ignore[arg-type]
     if context := re.search(r"--context (\d+)", change):
