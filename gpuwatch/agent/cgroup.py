@@ -20,10 +20,27 @@ by the directory names it creates (systemd cgroup driver / cgroupfs driver)::
     Slurm         /system.slice/[<node>_]slurmstepd.scope/job_<n>/...   /slurm[_<node>]/uid_<u>/job_<n>/...
 
 (``<node>_`` appears when Slurm is built for several slurmd per host: real hosts show
-``gx10-ac12_slurmstepd.scope``.) Below a ``user@<uid>.service`` the user's own service manager
-owns the subtree and the user may name directories at will (systemd delegates it), so nothing
-there is taken for a Slurm job: slurmstepd never runs there. Container and pod names there are
-still read, because rootless Podman, Docker and Kubernetes (kind, k3s) legitimately live there.
+``gx10-ac12_slurmstepd.scope``.)
+
+**Delegated subtrees.** Some directories hand the subtree below them to someone other than the
+host's own managers, who may then create and name directories there at will:
+
+* ``user@<uid>.service``: systemd delegates it to that user. Nothing below it is taken for a
+  Slurm job (slurmstepd never runs there); container and pod names there are still read,
+  because rootless Podman, Docker and Kubernetes (kind, k3s) legitimately live there.
+* A *system container*: LXC/LXD/Incus (``lxc.payload.<name>``, ``/lxc/<name>``) and
+  systemd-nspawn or libvirt-lxc machines (``machine-<name>.scope``), whose root runs its own
+  init and owns its cgroup. The host's runtime knows the container and nothing in it, so the
+  container reported is that one (nspawn's is not named: no runtime of ours), and no inner
+  container, pod or Slurm job below it is read; units still are.
+* Any container's own directory: a container with a writable cgroupfs (privileged, systemd
+  in a container, a kind node) names what is below it. Inner containers and pods there are
+  read (kind, Docker-in-Docker) and are that container's word.
+
+``user_manager_uid`` (whose service manager runs the process) is trusted only at the host's
+own position, ``/user.slice/user-<uid>.slice/user@<uid>.service``: the same directories inside
+a container name the container's uid, not the host's. :func:`undelegated` is the part of a
+path that no tenant named, the only part the reaper's protections read.
 
 Read from inside a private cgroup namespace (an agent container on cgroup v2, which
 containerd, CRI-O and Docker give every non-privileged container), the ancestors of the
@@ -86,7 +103,12 @@ _SLURM_ROOT = re.compile(r"slurm(?:_[\w.-]+)?|(?:[\w.-]+_)?slurmstepd\.scope")
 # A user's own systemd instance: everything below it is delegated to that user.
 _USER_MANAGER = re.compile(r"user@(\d{1,10})\.service")
 _SLURM_JOB = re.compile(r"job_(\d{1,20})")
-_SYSTEMD_UNIT = re.compile(r"[\w:.@\\-]{1,249}\.(?:service|scope)")
+# systemd's own bound on a unit name (UNIT_NAME_MAX) is MAX_NAME_CHARS, so a longer name is
+# no unit, and a kernfs directory name may be far longer than NAME_MAX (up to a page).
+_SYSTEMD_UNIT = re.compile(r"[\w:.@\\-]{1,248}\.(?:service|scope)")
+# A systemd-nspawn or libvirt-lxc machine (module docstring, "Delegated subtrees").
+_MACHINE_SCOPE = re.compile(r"machine-[^/]{1,240}\.scope")
+_LXC_NAME = re.compile(r"[\w.-]{1,255}")
 _LINE = re.compile(r"(\d+):([^:]*):(/.*)")
 
 
@@ -181,7 +203,8 @@ def _paths_by_priority(text: str) -> list[str]:
 
 
 def _parse_path(path: str) -> CgroupOwner:
-    """Facts from one cgroup path. Inner (later) directories win: docker-in-docker, nesting."""
+    """Facts from one cgroup path. Inner (later) directories win (Docker-in-Docker, kind),
+    except below a system container, which stays the container (module docstring)."""
     parts = [p for p in path.split("/") if p]
     runtime: ContainerRuntime | None = None
     container_id: str | None = None
@@ -193,13 +216,28 @@ def _parse_path(path: str) -> CgroupOwner:
     manager_uid: int | None = None
     in_slurm = False
     delegated = False
+    sealed = False  # below a system container: only units are read
 
     for i, part in enumerate(parts):
         previous = parts[i - 1] if i else ""
+        if sealed:
+            if _is_unit(part):
+                unit = part
+            continue
         match_runtime = _container_dir(part, previous)
+        system = _system_container(part, previous)
         if match_runtime is not None:
-            runtime, container_id = match_runtime
             container_parts.add(i)
+            # LXC run inside another container is that container's doing: the outer stays.
+            if not (system and container_id is not None):
+                runtime, container_id = match_runtime
+        if system:
+            # The host knows this container and nothing inside it: what its root names
+            # below is not read (a forged pod, job or container would hide it).
+            sealed, in_slurm = True, False
+            if _is_unit(part) and i not in container_parts:
+                unit = part
+            continue
         if pod := _POD_SLICE.fullmatch(part):
             pod_qos = pod.group(1) or "guaranteed"
             pod_uid = pod.group(2).replace("_", "-")
@@ -210,15 +248,16 @@ def _parse_path(path: str) -> CgroupOwner:
             pod_qos = previous if previous in _QOS_DIRS else None
             pod_uid = pod.group(1)
         if manager := _USER_MANAGER.fullmatch(part):
-            # The outermost one is systemd's; below it the user names directories at will.
-            if not delegated:
+            # Only the host's own user manager says whose it is; one anywhere else is
+            # named by a container or by the user (user@0.service below user@1000).
+            if not delegated and _host_user_manager(parts, i, manager.group(1)):
                 manager_uid = int(manager.group(1))
             delegated, in_slurm = True, False
         elif not delegated and _SLURM_ROOT.fullmatch(part):
             in_slurm = True
         elif in_slurm and (job := _SLURM_JOB.fullmatch(part)):
             slurm_job = job.group(1)
-        if i not in container_parts and _SYSTEMD_UNIT.fullmatch(part):
+        if i not in container_parts and _is_unit(part):
             unit = part
 
     return CgroupOwner(
@@ -230,6 +269,51 @@ def _parse_path(path: str) -> CgroupOwner:
         slurm_job_id=slurm_job,
         systemd_unit=unit,
         user_manager_uid=manager_uid,
+    )
+
+
+def undelegated(path: str) -> str:
+    """The part of cgroup ``path`` that no tenant named: all of it, or up to and including
+    the first delegated directory (``user@<uid>.service``, a system container, any
+    container's own directory), below which a user or a container's root names directories
+    at will, a protected pod's or job's included (module docstring)."""
+    end = 0
+    previous = ""
+    for part in path.split("/"):
+        end += len(part) + 1
+        if part and (
+            _USER_MANAGER.fullmatch(part)
+            or _system_container(part, previous)
+            or _container_dir(part, previous) is not None
+        ):
+            return path[: end - 1]
+        if part:
+            previous = part
+    return path
+
+
+def _is_unit(part: str) -> bool:
+    return len(part) <= MAX_NAME_CHARS and _SYSTEMD_UNIT.fullmatch(part) is not None
+
+
+def _system_container(part: str, previous: str) -> bool:
+    """An LXC/LXD/Incus container or a systemd-nspawn/libvirt machine: its own init, its
+    own cgroup subtree (module docstring)."""
+    if previous == "lxc" and _LXC_NAME.fullmatch(part):
+        return True
+    return part.startswith("lxc.payload.") or _MACHINE_SCOPE.fullmatch(part) is not None
+
+
+def _host_user_manager(parts: list[str], index: int, uid: str) -> bool:
+    """``parts[index]`` (``user@<uid>.service``) is at the host's own place for it:
+    ``/user.slice/user-<uid>.slice/user@<uid>.service``, the reader's ``..`` aside."""
+    start = 0
+    while start < len(parts) and parts[start] == "..":
+        start += 1
+    return (
+        index == start + 2
+        and parts[start] == "user.slice"
+        and parts[start + 1] == f"user-{uid}.slice"
     )
 
 
@@ -249,7 +333,7 @@ def _container_dir(part: str, previous: str) -> tuple[ContainerRuntime | None, s
             return runtime, match.group(1)
     if previous == "docker" and _BARE_ID.fullmatch(part):
         return "docker", part
-    if previous == "lxc" and re.fullmatch(r"[\w.-]{1,255}", part):
+    if previous == "lxc" and _LXC_NAME.fullmatch(part):
         return "lxc", part
     if _BARE_ID.fullmatch(part):
         return None, part

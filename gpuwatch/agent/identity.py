@@ -13,9 +13,10 @@ name a person recognises has to come from somewhere that agrees with the host:
 * *Subuids*: a rootless container's users (jovyan, uid 1000 inside) and every process of an
   unprivileged LXC/LXD/Incus container are host *subuids* such as 100999, which have no
   passwd entry. They belong to the user whose ``/etc/subuid`` range holds them, else to the
-  user whose own service manager (``user@<uid>.service`` in the process's cgroup) runs them:
-  that user is reported as the owner, while the uid stays the kernel's (the reaper checks
-  permissions on the uid, never on the name).
+  user whose own service manager runs them (the host's ``user@<uid>.service``, at its own
+  place in the process's cgroup: :mod:`gpuwatch.agent.cgroup`): that user is reported as the
+  owner, while the uid stays the kernel's (the reaper checks permissions on the uid, never
+  on the name).
 * *The container image's passwd*: an agent in a container resolves names through the
   image's ``/etc/passwd``, which names other uids than the host's (the image's ``gpuwatch``
   account has uid 10001, a common first uid of a site's users). The image keeps a copy of

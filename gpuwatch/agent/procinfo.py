@@ -62,7 +62,15 @@ says when the mount hides processes from this reader.
 **Users.** The uid is the kernel's, translated out of the reader's user namespace, and the
 name is the host's (:mod:`gpuwatch.agent.identity`): a subuid is named after the user who
 owns it, an unmappable uid (the overflow uid in a user namespace) is unknown (``None``), and
-a uid is shown as a number, never under another account's name.
+a uid is shown as a number, never under another account's name. Only the uid is cached with
+the process: the name is asked of :class:`~gpuwatch.agent.identity.UserNames` at every
+describe, so a lookup that failed (sssd restarting) is retried as that class says instead of
+leaving the process a number for its whole life.
+
+**Bounds.** Every string of the owner is cut to the snapshot's bound where it is built
+(:func:`_short`): a user name from NSS or a scenario, or a directory name a user chose
+(kernfs accepts names far longer than ``NAME_MAX``), must never fail the snapshot's
+validation and so cost the whole poll.
 
 **PID namespaces.** NVML reports host (initial-namespace) PIDs: the driver is not
 namespace-aware. When ``proc_root`` shows another namespace, a PID NVML reports is either
@@ -85,11 +93,11 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.agent.cgroup import CgroupOwner, parse_cgroup
+from gpuwatch.agent.cgroup import MAX_NAME_CHARS, MAX_PATH_CHARS, CgroupOwner, parse_cgroup
 from gpuwatch.agent.identity import UidMap, UserNames, read_uid_map
 from gpuwatch.agent.notebooks import is_jupyter_kernel, is_jupyter_server
 from gpuwatch.agent.proc_mounts import hiding_mount_option, is_own_procfs
@@ -181,8 +189,11 @@ class _Identity:
     name: str
     command: str | None
     uid: int | None
-    user: str | None
-    owner: ProcessOwner
+    # Who names the uid: a scenario's declared user, else UserNames at each describe (its
+    # failed lookups are retried there), with the cgroup's host user manager for a subuid.
+    declared_user: str | None
+    manager_uid: int | None
+    owner: ProcessOwner  # as last described: its user is replaced when the name changes
     jupyter_kernel: bool
     jupyter_server: bool
     elastic_worker: bool  # a torchrun worker: started in its own session by its agent
@@ -281,6 +292,7 @@ class ProcInfo:
             return ProcessFacts(pid=pid, alive=False)
         parent = self._peek_stat(stat.ppid) if stat.ppid > 1 else None
         reparented = self._adopted(stat, identity, parent)
+        owner = self._owner(pid, stat, identity)
         return ProcessFacts(
             pid=pid,
             alive=True,
@@ -288,13 +300,32 @@ class ProcInfo:
             command=identity.command,
             start_time=self._epoch(stat.start_ticks),
             ppid=stat.ppid,
-            user=identity.user,
+            user=owner.user,
             uid=identity.uid,
             orphaned=self._orphaned(pid, stat, identity, reparented),
             jupyter_kernel=identity.jupyter_kernel,
             jupyter_server_alive=self._server_alive(stat, identity, parent, reparented),
-            owner=identity.owner,
+            owner=owner,
         )
+
+    def _user(self, identity: _Identity) -> str | None:
+        """The name of the identity's uid now (module docstring, "Users")."""
+        if identity.declared_user is not None:
+            return identity.declared_user
+        if identity.uid is None:
+            return None
+        return _short(self._names.name(identity.uid, manager_uid=identity.manager_uid))
+
+    def _owner(self, pid: int, stat: _Stat, identity: _Identity) -> ProcessOwner:
+        """The cached owner, with the user named as :class:`UserNames` names it now. A name
+        that changed (a retried lookup succeeded) is cached with the process; the frozen
+        owner is otherwise shared, not rebuilt, poll after poll."""
+        user = self._user(identity)
+        if user == identity.owner.user:
+            return identity.owner
+        owner = identity.owner.model_copy(update={"user": user})
+        self._identities[pid] = (stat.start_ticks, replace(identity, owner=owner))
+        return owner
 
     def uptime(self) -> float | None:
         """Seconds since boot (``<proc_root>/uptime``), or None if unreadable."""
@@ -407,17 +438,17 @@ class ProcInfo:
         uid = None if seen_uid is None else self._uid_map.outside(seen_uid)
         nspid = (_status_field(status, "NSpid") or "").split()
         cgroup = parse_cgroup(_read_text(files / "cgroup") or "")
-        user = self._declared_users.get((pid, stat.start_ticks))
-        if user is None and uid is not None:
-            user = self._names.name(uid, manager_uid=cgroup.user_manager_uid)
+        declared = self._declared_users.get((pid, stat.start_ticks))
         environ = _read_environ(files / "environ")
-        owner = _process_owner(cgroup, user, uid, _slurm_job_id(environ))
+        # The user is filled in by describe (_owner), which names the uid at every call.
+        owner = _process_owner(cgroup, None, uid, _slurm_job_id(environ))
         command = " ".join(_shown(arg) for arg in argv)[:MAX_COMMAND_CHARS] or None
         return _Identity(
-            name=stat.comm,
+            name=_short(stat.comm),
             command=command,
             uid=uid,
-            user=user,
+            declared_user=None if declared is None else _short(declared),
+            manager_uid=cgroup.user_manager_uid,
             owner=owner,
             jupyter_kernel=is_jupyter_kernel(argv),
             jupyter_server=is_jupyter_server(argv),
@@ -627,21 +658,37 @@ def _namespace_inode(link: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _short(text: str) -> str:
+    """``text`` within the snapshot's ShortStr: no NUL, at most MAX_NAME_CHARS characters."""
+    return text.replace("\x00", "\ufffd")[:MAX_NAME_CHARS]
+
+
+def _optional_short(text: str | None) -> str | None:
+    return None if text is None else _short(text)
+
+
+def _optional_long(text: str | None) -> str | None:
+    """``text`` within the snapshot's LongStr (the cgroup path)."""
+    return None if text is None else text.replace("\x00", "\ufffd")[:MAX_PATH_CHARS]
+
+
 def _process_owner(
     cgroup: CgroupOwner, user: str | None, uid: int | None, env_job_id: str | None
 ) -> ProcessOwner:
+    # Each string is bounded here, where the owner is built (module docstring, "Bounds"):
+    # the parser bounds what it matches too, but one miss must not cost the poll.
     return ProcessOwner(
-        user=user,
+        user=_optional_short(user),
         uid=uid,
         container_runtime=cgroup.container_runtime,
-        container_id=cgroup.container_id,
-        pod_uid=cgroup.pod_uid,
-        pod_qos=cgroup.pod_qos,
+        container_id=_optional_short(cgroup.container_id),
+        pod_uid=_optional_short(cgroup.pod_uid),
+        pod_qos=_optional_short(cgroup.pod_qos),
         # The cgroup is the kernel's word; the environment is inherited and can be stale
         # (a process started inside one allocation that outlives it), so it only fills a gap.
         # It is for attribution only: the process sets its own environment, so the reaper
         # protects a job on the cgroup's word alone (reaper.policy.protection).
-        slurm_job_id=cgroup.slurm_job_id or env_job_id,
-        systemd_unit=cgroup.systemd_unit,
-        cgroup=cgroup.cgroup,
+        slurm_job_id=_optional_short(cgroup.slurm_job_id or env_job_id),
+        systemd_unit=_optional_short(cgroup.systemd_unit),
+        cgroup=_optional_long(cgroup.cgroup),
     )

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpuwatch.containers import container_label
 from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 from gpuwatch.terminal_text import printable
 
@@ -80,7 +81,7 @@ def process_flags(proc: GpuProcess, *, isolated: bool = True) -> list[str]:
     if owner.pod_uid:
         flags.append(f"pod {owner.pod_uid[:8]}")
     elif owner.container_id:
-        flags.append(f"{owner.container_runtime or 'container'} {owner.container_id[:12]}")
+        flags.append(container_label(owner.container_runtime, owner.container_id))
     return flags
 
 

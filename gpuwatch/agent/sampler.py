@@ -7,6 +7,7 @@ the process (``gpuwatch.agent.torch_reports``). It owns none of them; they are p
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,6 +38,10 @@ from gpuwatch.wire import NamedDevice
 # GPUs whose memory is coherent with the CPU (Grace Hopper / Grace Blackwell): NVML's
 # "used" there includes memory no process list accounts for, so "unattributed" is masked.
 _COHERENT_MARKERS = ("GH200", "GB200", "GB300", "Grace")
+# At most one log line per this many seconds for PIDs that could not be described.
+DESCRIBE_FAILURE_LOG_SECONDS = 300.0
+
+log = logging.getLogger(__name__)
 
 
 __all__ = ["PID_REUSE_TOLERANCE_SECONDS", "HostIdentity", "Sampler"]
@@ -91,6 +96,9 @@ class Sampler:
         # GPU index -> (uuid, name, PCI bus id) as last read: a GPU that falls off the
         # bus, or whose read hangs, answers nothing, but it is still the board it was.
         self._known: dict[int, tuple[str, str | None, str | None]] = {}
+        # Describe failures since the last line about them, and when that line was written.
+        self._describe_failures = 0
+        self._describe_logged_at: float | None = None
 
     def poll(self) -> HostSnapshot:
         started = time.perf_counter()
@@ -212,7 +220,7 @@ class Sampler:
         )
 
     def _process(self, reading: DeviceReading, usage: ProcessUsage) -> GpuProcess:
-        facts = self._owner(reading.index, self._procinfo.describe(usage.pid))
+        facts = self._owner(reading.index, self._describe(usage.pid))
         sm: float | None = None
         if reading.process_sm is not None:
             sm = reading.process_sm.get(usage.pid, 0.0)
@@ -237,6 +245,33 @@ class Sampler:
             torch=torch,
             **facts.to_gpu_process_fields(),
         )
+
+    def _describe(self, pid: int) -> ProcessFacts:
+        """``ProcInfo.describe``, which must never cost the poll: other users choose their
+        processes' names, cgroups and users, and one oddity nobody foresaw would otherwise
+        stop the agent (metrics, pushes and the reaper with it). Such a PID is reported
+        owner unknown (not visible; :meth:`_owner` keeps what was last seen of it), with a
+        log line at most every :data:`DESCRIBE_FAILURE_LOG_SECONDS`."""
+        try:
+            return self._procinfo.describe(pid)
+        except Exception as err:  # the poll goes on: see the docstring
+            self._describe_failures += 1
+            now = self._clock()
+            last = self._describe_logged_at
+            # abs(): a wall clock stepped back must not silence the line for that long.
+            if last is None or abs(now - last) >= DESCRIBE_FAILURE_LOG_SECONDS:
+                first_line = (str(err).splitlines() or [""])[0]
+                log.warning(
+                    "cannot describe PID %d (shown as owner unknown; %d such failure(s) since"
+                    " the last line): %s: %s",
+                    pid,
+                    self._describe_failures,
+                    type(err).__name__,
+                    first_line,
+                )
+                self._describe_failures = 0
+                self._describe_logged_at = now
+            return ProcessFacts(pid=pid, alive=True, visible=False)
 
     def _owner(self, index: int, facts: ProcessFacts) -> ProcessFacts:
         """What ``/proc`` says of the PID NVML listed, checked against NVML's past lists.

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from gpuwatch.containers import shown_container_id
 from gpuwatch.detectors._format import format_bytes, format_seconds
 from gpuwatch.server.alerts.config import (
     AlertSettings,
@@ -115,7 +116,7 @@ def describe(c: Culprit) -> str:
     command cut (a 3,000-character command filled screens of the alerts page)."""
     where = [shorten(c.command or "?", DESCRIBED_COMMAND_CHARS)]
     if c.container_id:
-        where.append(f"container {c.container_id[:12]}")
+        where.append(f"container {shown_container_id(c.container_id)}")
     if c.pod_uid:
         where.append(f"pod {c.pod_uid}")
     if c.slurm_job_id:

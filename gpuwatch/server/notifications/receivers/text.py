@@ -6,6 +6,7 @@ way a person reads ``nvidia-smi`` output, not bytes per second.
 
 from __future__ import annotations
 
+from gpuwatch.containers import shown_container_id
 from gpuwatch.server.notifications.model import Culprit
 from gpuwatch.terminal_text import printable
 
@@ -54,7 +55,7 @@ def culprit_facts(culprit: Culprit) -> list[str]:
     if culprit.pod_uid:
         facts.append(f"pod {culprit.pod_uid}")
     if culprit.container_id:
-        facts.append(f"container {culprit.container_id[:12]}")
+        facts.append(f"container {shown_container_id(culprit.container_id)}")
     return facts
 
 
