@@ -10,7 +10,9 @@ Errors are translated here, in two classes:
   install or check.
 * **per field**: ``NOT_SUPPORTED``, ``NO_PERMISSION``, ``NOT_FOUND``, a missing
   function, or any other error on one call make that field ``None`` (never 0) and are
-  counted in :class:`NvmlErrorCounts` by function and error. ``GPU_IS_LOST`` marks the
+  counted in :class:`NvmlErrorCounts` by function and error, except answers that only say
+  "none here" every poll: an empty MIG slot (NOT_FOUND), and NOT_SUPPORTED for the
+  utilization NVML has no figure for in MIG mode. ``GPU_IS_LOST`` marks the
   whole device lost; the other devices are read as usual. A device whose handle NVML
   will not give (NO_PERMISSION, UNKNOWN, INSUFFICIENT_POWER, ...) comes back with a
   ``read_error`` and its processes unlisted: nothing of it was read.
@@ -83,6 +85,9 @@ NVML_ERROR_NOT_SUPPORTED = 3
 # Answers that mean "no such list here" (a GPU without graphics or MPS contexts, an
 # older driver), not a failure to list: the list is then empty.
 _NO_SUCH_LIST = frozenset({0, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND})
+# What NVML answers, in MIG mode, for the GPU-wide and per-process utilization it does
+# not have there: documented absences, not errors to count.
+_MIG_UNSUPPORTED = (NVML_ERROR_NOT_SUPPORTED,)
 # gpuInstanceId of a process on a GPU not in MIG mode (0xFFFFFFFF in nvml.h).
 _NO_INSTANCE = 0xFFFFFFFF
 # What nvmlDeviceGetMemoryInfo_v2 answers on a driver without it: missing symbol, the
@@ -400,10 +405,11 @@ class NvmlSession(HealthReads, GpmReads):
                 reading.coherent_memory = mode == self._nv.NVML_DEVICE_ADDRESSING_MODE_ATS
             per_instance = index in self._per_instance
             refused = not per_instance and self._read_aggregate(handle, reading)
-            self._read_activity(handle, reading)
+            mig_mode = self._mig_mode(index, handle)
+            self._read_activity(handle, reading, mig_mode=mig_mode)
             self._read_health(index, handle, reading)
-            reading.process_sm = self._read_process_sm(index, handle)
-            instances = self._read_mig(index, handle)
+            reading.process_sm = self._read_process_sm(index, handle, mig_mode=mig_mode)
+            instances = self._read_mig(handle) if mig_mode else []
             reading.mig = [mig for mig, _ in instances]
             if instances and (per_instance or refused):
                 self._per_instance.add(index)
@@ -516,8 +522,13 @@ class NvmlSession(HealthReads, GpmReads):
             reading.memory_used_includes_reserved = reserved is None
         return code
 
-    def _read_activity(self, handle: Any, reading: DeviceReading) -> None:
-        util = self._call("nvmlDeviceGetUtilizationRates", handle)
+    def _read_activity(self, handle: Any, reading: DeviceReading, *, mig_mode: bool) -> None:
+        # In MIG mode NVML has no GPU-wide utilization: NOT_SUPPORTED is its answer there,
+        # not a failure (gpuwatch_nvml_errors_total counts failures). Still asked, in case
+        # a driver adds it.
+        util, _ = self._attempt(
+            "nvmlDeviceGetUtilizationRates", handle, quiet=_MIG_UNSUPPORTED if mig_mode else ()
+        )
         if util is not None:
             reading.utilization_ratio = min(int(util.gpu), 100) / 100.0
             reading.memory_busy_ratio = min(int(util.memory), 100) / 100.0
@@ -569,7 +580,9 @@ class NvmlSession(HealthReads, GpmReads):
                 return result, code
         return None, NVML_ERROR_FUNCTION_NOT_FOUND
 
-    def _read_process_sm(self, index: int, handle: Any) -> dict[int, float] | None:
+    def _read_process_sm(
+        self, index: int, handle: Any, *, mig_mode: bool = False
+    ) -> dict[int, float] | None:
         """Busy ratio per PID over the samples newer than the previous poll.
 
         A process's activity is its **busiest engine**: the highest of a sample's
@@ -604,7 +617,9 @@ class NvmlSession(HealthReads, GpmReads):
             if err.value == NVML_ERROR_GPU_IS_LOST:
                 raise GpuLost("nvmlDeviceGetProcessUtilization") from err
             if err.value != NVML_ERROR_NOT_FOUND:
-                self.errors.add("nvmlDeviceGetProcessUtilization", error_name(err.value))
+                # In MIG mode NOT_SUPPORTED is the answer (no per-process utilization).
+                if not (mig_mode and err.value in _MIG_UNSUPPORTED):
+                    self.errors.add("nvmlDeviceGetProcessUtilization", error_name(err.value))
                 return None
             samples = []
         newest = since
@@ -617,16 +632,22 @@ class NvmlSession(HealthReads, GpmReads):
         self._util_last[index] = busy
         return dict(busy)
 
-    def _read_mig(self, index: int, handle: Any) -> list[tuple[MigReading, Any]]:
-        """Each MIG instance of the GPU, with its handle; none off MIG."""
+    def _mig_mode(self, index: int, handle: Any) -> bool:
+        """Whether the GPU is in MIG mode now (its current mode, not the pending one)."""
         # A board without MIG answers NOT_SUPPORTED: asked once (see HealthReads._board).
         mode, _ = self._board(index, "nvmlDeviceGetMigMode", handle)
-        if not mode or not mode[0]:
-            return []
+        return bool(mode and mode[0])
+
+    def _read_mig(self, handle: Any) -> list[tuple[MigReading, Any]]:
+        """Each MIG instance of a GPU in MIG mode, with its handle."""
         count = self._call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
         instances: list[tuple[MigReading, Any]] = []
         for i in range(int(count)):
-            mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+            # Slots are probed up to the board's maximum; NOT_FOUND is an empty slot, an
+            # answer every poll gives on a partly partitioned GPU, not a failure.
+            mig, _ = self._attempt(
+                "nvmlDeviceGetMigDeviceHandleByIndex", handle, i, quiet=(NVML_ERROR_NOT_FOUND,)
+            )
             if mig is None:
                 continue
             uuid = self._call("nvmlDeviceGetUUID", mig)

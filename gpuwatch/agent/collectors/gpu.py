@@ -22,6 +22,12 @@ _L = ("gpu", "uuid")
 _READ = "while gpuwatch_gpu_up is 1 and NVML reports it"
 # Memory is the one whose absence from a readable GPU the shipped rules alert on.
 _MEMORY = _READ + "; a readable GPU without it raises the GpuMemoryNotReported alert"
+# The dead and orphaned sums are unknown, not 0, while the agent has yet to tell whether
+# a PID it cannot see now is gone: after the agent starts, or as a process exits.
+_SETTLED = (
+    "; absent for the poll where a PID on the GPU first shows as not visible (the first"
+    " poll after the agent starts, or a process exiting: its death is confirmed at the next)"
+)
 
 INFO = MetricSpec(
     "gpuwatch_gpu",
@@ -78,14 +84,14 @@ MEMORY_DEAD = MetricSpec(
     "gauge",
     "Memory NVML attributes to PIDs that no longer exist on this host.",
     _L,
-    availability=_READ + ", when the agent can see the processes",
+    availability=_READ + ", when the agent can see the processes" + _SETTLED,
 )
 MEMORY_ORPHANED = MetricSpec(
     "gpuwatch_gpu_memory_orphaned_bytes",
     "gauge",
     "Memory held by processes whose parent died (reparented) or Jupyter kernels whose server is gone.",
     _L,
-    availability=_READ + ", when the agent can see the processes",
+    availability=_READ + ", when the agent can see the processes" + _SETTLED,
 )
 UTILIZATION = MetricSpec(
     "gpuwatch_gpu_utilization_ratio",
@@ -130,16 +136,61 @@ class GpuCollector:
 
     def __init__(self, source: Callable[[], HostSnapshot | None]) -> None:
         self._source = source
+        self._unsettled = UnsettledPids()
 
     def collect(self) -> Iterable[Metric]:
         snapshot = self._source()
         families = Families(METRICS)
+        pending = self._unsettled.update(snapshot) if snapshot else {}
         for gpu in snapshot.gpus if snapshot else ():
-            _add_gpu(families, gpu)
+            _add_gpu(families, gpu, settled=not pending.get(gpu.uuid))
         return families.collected()
 
 
-def _add_gpu(f: Families, gpu: Gpu) -> None:
+def unknown_pids(gpu: Gpu) -> frozenset[int]:
+    """PIDs NVML lists on ``gpu`` that the agent cannot see now: hidden from its
+    ``/proc`` (for good), or gone and not yet confirmed dead (the sampler reports a PID
+    missing from ``/proc`` dead only at the second poll in a row, so a process's normal
+    exit is not a dead PID)."""
+    return frozenset(p.pid for p in gpu.processes if p.alive and not p.visible)
+
+
+class UnsettledPids:
+    """Per GPU, the PIDs whose fate the latest snapshot leaves open: not visible now, and
+    not already not visible in the snapshot before.
+
+    A PID that stays not visible is hidden (``hidepid``, a ``/proc`` read refused), and
+    alive: it changes no sum. One that just turned not visible may be a process gone,
+    whose memory the next poll reports as a dead PID's; that is always the case for a
+    dead PID at the agent's first poll after a restart. Reporting the dead-process sum
+    as 0 meanwhile made it drop to 0 and back at every agent restart, which restarted
+    the ``for:`` of the alert on it; absent, it is one missed sample, which the rules
+    bridge (``last_over_time``).
+
+    Snapshots are compared in the order the collector sees them: a scrape renders each
+    poll once (``ScrapeRenderer``), and one rendered again (same ``sequence``) keeps its
+    answer.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[str, str, int] | None = None
+        self._before: dict[str, frozenset[int]] = {}
+        self._pending: dict[str, frozenset[int]] = {}
+
+    def update(self, snapshot: HostSnapshot) -> dict[str, frozenset[int]]:
+        """The unsettled PIDs of each GPU (by UUID) in ``snapshot``; a GPU with none is
+        left out. At the first snapshot every PID not visible is unsettled."""
+        if snapshot.idempotency_key == self._key:
+            return self._pending
+        now = {gpu.uuid: unknown_pids(gpu) for gpu in snapshot.gpus}
+        pending = {uuid: pids - self._before.get(uuid, frozenset()) for uuid, pids in now.items()}
+        self._pending = {uuid: pids for uuid, pids in pending.items() if pids}
+        self._before = now
+        self._key = snapshot.idempotency_key
+        return self._pending
+
+
+def _add_gpu(f: Families, gpu: Gpu, *, settled: bool = True) -> None:
     labels = (str(gpu.index), gpu.uuid)
     f.add_info(INFO, labels, {"name": gpu.name or "", "pci_bus_id": gpu.pci_bus_id or ""})
     f.add(UP, labels, 0.0 if gpu.lost or gpu.read_error else 1.0)
@@ -151,7 +202,7 @@ def _add_gpu(f: Families, gpu: Gpu) -> None:
     f.add(MEMORY_FREE, labels, gpu.memory_free_bytes)
     f.add(MEMORY_RESERVED, labels, gpu.memory_reserved_bytes)
     f.add(MEMORY_UNATTRIBUTED, labels, gpu.unattributed_bytes)
-    if gpu.processes_visible:
+    if gpu.processes_visible and settled:
         dead = sum(p.used_bytes or 0 for p in gpu.processes if p.visible and not p.alive)
         orphaned = sum(
             p.used_bytes or 0

@@ -37,9 +37,9 @@ MEMORY = MetricSpec(
 SM = MetricSpec(
     "gpuwatch_gpu_process_sm_ratio",
     "gauge",
-    "SM busy ratio of the process since the previous poll (0-1).",
+    "SM busy ratio of the process since the previous poll (0-1); absent on a GPU in MIG mode, where NVML has no per-process utilization.",
     _L,
-    _OPT_IN,
+    _OPT_IN + "; not in MIG mode",
 )
 START = MetricSpec(
     "gpuwatch_gpu_process_start_time_seconds",
@@ -47,6 +47,15 @@ START = MetricSpec(
     "Process start time, Unix epoch (tells reused PIDs apart).",
     _L,
     _OPT_IN,
+)
+# Which holders the GPU's dead and orphaned sums count, so a dashboard can leave them
+# out of the idle holders (the server ranks orphaned above idle: each byte once).
+ORPHANED = MetricSpec(
+    "gpuwatch_gpu_process_orphaned",
+    "gauge",
+    "1 if the process's owner is gone: its PID no longer exists (a context left behind), its parent died (reparented), or it is a Jupyter kernel whose server is gone; else 0.",
+    _L,
+    _OPT_IN + "; absent while the agent cannot see the process",
 )
 TORCH_ALLOCATED = MetricSpec(
     "gpuwatch_gpu_process_torch_allocated_bytes",
@@ -84,6 +93,7 @@ METRICS = (
     MEMORY,
     SM,
     START,
+    ORPHANED,
     TORCH_ALLOCATED,
     TORCH_RESERVED,
     TORCH_FREE_CACHED,
@@ -158,8 +168,18 @@ def _add_process(f: Families, gpu: Gpu, proc: GpuProcess, *, full: bool) -> None
         f.add(MEMORY, labels, proc.used_bytes)
         f.add(SM, labels, proc.sm_ratio)
         f.add(START, labels, proc.start_time)
+        f.add(ORPHANED, labels, _orphaned(proc))
     if proc.torch is not None:
         f.add(TORCH_ALLOCATED, labels, proc.torch.allocated_bytes)
         f.add(TORCH_RESERVED, labels, proc.torch.reserved_bytes)
         f.add(TORCH_FREE_CACHED, labels, proc.torch.reserved_unallocated_bytes)
         f.add(TORCH_PEAK, labels, proc.torch.peak_allocated_bytes)
+
+
+def _orphaned(proc: GpuProcess) -> float | None:
+    """1 for a holder the GPU's dead or orphaned memory counts, 0 for one it does not;
+    None for a PID the agent cannot see now (hidden, or gone and not yet confirmed)."""
+    if not proc.visible:
+        return None
+    gone = not proc.alive or proc.orphaned or proc.jupyter_server_alive is False
+    return 1.0 if gone else 0.0

@@ -70,7 +70,19 @@ def check_process(
     settings: ServerSettings,
     at: float,
 ) -> None:
-    """Run the per-snapshot process detectors and reconcile their events."""
+    """Run the per-snapshot process detectors and reconcile their events.
+
+    A process the agent cannot see this time (``alive`` and not ``visible``) is judged by
+    nothing, but that says nothing either: its PID may be hidden, or gone and not yet
+    confirmed dead (the agent confirms a PID missing from ``/proc`` at its next poll, so
+    its first snapshot after a restart lists a known dead PID so). An open orphaned
+    verdict on it stands as it is, as do the verdicts it outranks; closing it split one
+    dead PID's event in two at every agent restart, and restarted the wait of whatever
+    reads it (the fleet's orphaned memory, the alert rules' ``held_for``).
+    """
+    orphan_key = lifetime_key("orphan", lifetime)
+    if process.alive and not process.visible and book.is_open(orphan_key):
+        return
     orphan = detect_orphan(process)
     _reconcile(book, "orphan", orphan, gpu_row, lifetime, at)
     runaway = lifetime_key("runaway", lifetime)
