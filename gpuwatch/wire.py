@@ -49,12 +49,14 @@ from gpuwatch.snapshot import (
 )
 
 __all__ = [
+    "CLOCK_SKEW_PROBLEM",
     "EVENTS_PATH",
     "INCIDENTS_OOM_PATH",
     "MAX_DEVICE_UUID_CHARS",
     "MAX_EVENT_BODY",
     "MAX_EVENT_SUMMARY_CHARS",
     "MAX_EVIDENCE_BYTES",
+    "MAX_FUTURE_SKEW_SECONDS",
     "MAX_INCIDENT_BODY",
     "MAX_JSON_DEPTH",
     "MAX_OOM_MESSAGE_CHARS",
@@ -176,7 +178,9 @@ class IngestRequest(_Body):
     ]
     spool_dropped_total: Annotated[int, Field(ge=0, le=2**62), JSON_INTEGER] | None = Field(
         default=None,
-        description="Snapshots the agent's spool has dropped since the agent started (a counter).",
+        description="Snapshots the agent has dropped, added up over its runs on this spool"
+        " directory (a counter; it starts again from 0 only when the spool directory is"
+        " cleared).",
     )
 
 
@@ -215,6 +219,15 @@ PUSH_INTERVAL_HEADER = "Gpuwatch-Push-Interval"
 # followed by the token's host. The agent matches it to tell a renamed host (a new
 # token or ``hostname =`` fixes it) from a refused token.
 OTHER_HOST_DETAIL = "this token belongs to host "
+# A snapshot collected further ahead of the server's clock than this is refused (422,
+# problem type CLOCK_SKEW_PROBLEM, ``loc`` ``["body", "snapshots", i]``): it would pin
+# the host's "newest applied" time. The server cannot tell an agent's clock that runs
+# ahead from its own clock running behind; the agent can, roughly: if the refused
+# snapshot is not that far ahead of its own clock now, it keeps it spooled and retries
+# (the server's clock may be wrong), and drops it only when its own clock says it was
+# stamped in the future (gpuwatch/agent/reporter.py).
+MAX_FUTURE_SKEW_SECONDS = 600.0
+CLOCK_SKEW_PROBLEM = "clock_skew"
 MAX_PUSH_INTERVAL_SECONDS = 3600.0
 
 

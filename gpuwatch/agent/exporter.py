@@ -3,7 +3,8 @@
 =====================  ==========================================================
 ``GET /metrics``       Prometheus exposition (OpenMetrics when asked; gzip when asked)
 ``GET /snapshot``      the latest :class:`~gpuwatch.snapshot.HostSnapshot` as JSON
-``GET /healthz``       200 while polls succeed, 503 before the first or when stale
+``GET /healthz``       200 while polls succeed, 503 before the first or when stale;
+                       200 ``degraded: ...`` while the spool cannot be written
 ``GET /reaper/history`` the reaper's activity history (``?pid=N`` for one process)
 ``POST /torch``        allocator figures from ``gpuwatch.torch`` (loopback only)
 ``POST /incidents/oom`` an OOM incident from ``gpuwatch.torch`` (loopback only)
@@ -153,8 +154,12 @@ class Exporter:
         policy: PortPolicy | None = None,
         on_oom_from: Callable[[OomIncident, IncidentOrigin], None] | None = None,
         oom_posts: PosterRateLimit | None = None,
+        spool_problem: Callable[[], str | None] | None = None,
     ) -> None:
-        """``policy`` bounds the port and guards ``/snapshot`` (default: 8 workers,
+        """``spool_problem``, when given, says why the spool refuses writes (None while
+        it works): ``/healthz`` then answers 200 ``degraded: ...``, not 503, since the
+        agent still polls and sends from memory, and a restart would lose that.
+        ``policy`` bounds the port and guards ``/snapshot`` (default: 8 workers,
         10 s per request, snapshot for this host only). ``on_oom_from``, when given,
         receives each incident with its :class:`IncidentOrigin` instead of ``on_oom``.
         ``oom_posts`` limits each poster's OOM incidents (default: a fresh
@@ -170,6 +175,7 @@ class Exporter:
             history=history,
             clock=clock,
             proc_root=policy.proc_root,
+            spool_problem=spool_problem,
         )
         guard = RequestGuard.for_listener(
             address[0], policy.allowed_hosts, setting="[agent] allowed_hosts"
@@ -208,6 +214,7 @@ def _handler_class(
     history: Callable[[int | None], bytes] | None,
     clock: Callable[[], float],
     proc_root: Path = Path("/proc"),
+    spool_problem: Callable[[], str | None] | None = None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpuwatch-agent"
@@ -295,6 +302,9 @@ def _handler_class(
                 latest = state.latest
                 if latest is None or clock() - latest.collected_at > stale_after:
                     self._error(503, "no recent successful poll")
+                elif (problem := spool_problem() if spool_problem else None) is not None:
+                    body = f"degraded: {problem}\n".encode()
+                    self._send(200, body, "text/plain; charset=utf-8")
                 else:
                     self._send(200, b"ok\n", "text/plain; charset=utf-8")
             elif path == HISTORY_PATH and history is not None:

@@ -237,6 +237,9 @@ class ServerSink:
         dropped = dict(self.events.dropped)  # a copy: the sender thread counts on
         return replace(self.reporter.push_stats(), events_dropped=dropped)
 
+    def spool_problem(self) -> str | None:
+        return self.reporter.spool_problem()
+
     def start(self) -> None:
         self.reporter.start()
 

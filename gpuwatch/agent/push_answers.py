@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from gpuwatch.agent.http_post import Reply
 from gpuwatch.terminal_text import printable
-from gpuwatch.wire import OTHER_HOST_DETAIL, IngestResponse
+from gpuwatch.wire import CLOCK_SKEW_PROBLEM, OTHER_HOST_DETAIL, IngestResponse
 
 # The most of an error answer read for its ``detail``, and of any text from the server
 # quoted in the log.
@@ -80,6 +80,54 @@ def raw_detail(response: Reply) -> str | None:
         return None
     detail = body.get("detail") if isinstance(body, dict) else None
     return detail if isinstance(detail, str) else None
+
+
+def clock_skew_indices(response: Reply) -> list[int]:
+    """The snapshots (their places in the batch) a 422 refuses as collected too far in
+    the server's future: the ``loc`` ``["body", "snapshots", i]`` of its problems of
+    type ``clock_skew``. Empty for any other answer."""
+    if response.status != 422:
+        return []
+    try:
+        body = json.loads(response.content[:MAX_ERROR_BODY_BYTES])
+    except ValueError:
+        return []
+    problems = body.get("detail") if isinstance(body, dict) else None
+    indices: list[int] = []
+    for problem in problems if isinstance(problems, list) else []:
+        if not isinstance(problem, dict) or problem.get("type") != CLOCK_SKEW_PROBLEM:
+            continue
+        loc = problem.get("loc")
+        if isinstance(loc, list) and len(loc) == 3 and loc[:2] == ["body", "snapshots"]:
+            index = loc[2]
+            if type(index) is int:
+                indices.append(index)
+    return indices
+
+
+def collected_at_of(body: bytes) -> float | None:
+    """The ``collected_at`` of a spooled snapshot; None when it cannot be read."""
+    try:
+        collected_at = json.loads(body).get("collected_at")
+    except (ValueError, AttributeError):
+        return None
+    ok = isinstance(collected_at, int | float) and not isinstance(collected_at, bool)
+    return float(collected_at) if ok else None
+
+
+def server_clock_offset(response: Reply, now_epoch: float) -> float | None:
+    """How far the server's clock (its ``Date`` header, to the second) is ahead of
+    ``now_epoch`` (negative: behind); None without a readable ``Date``."""
+    value = response.headers.get("Date")
+    if value is None:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp() - now_epoch
 
 
 def hostname_of(body: bytes) -> str | None:

@@ -9,22 +9,48 @@ it once, as ``accepted`` or, when an earlier try had already reached the server,
   its oldest snapshots were evicted;
 * ``corrupt``: a spooled record could not be read back (a crash mid-write, a damaged
   disk);
-* ``rejected``: the server answered 422 for that one snapshot (a poison record);
+* ``rejected``: the server answered 422 for that one snapshot (a poison record), or
+  refused it as collected too far in the future when this agent's own clock agrees
+  that it was (the clock was ahead when it was taken, and has been set right since);
 * ``too_large``: the server answered 413 for that one snapshot alone;
-* ``write_failed``: the spool could not write it at all (disk full, read-only);
+* ``write_failed``: the spool could not write it (a read-only filesystem, a disk full
+  of other files) and the in-memory queue that stands in for it
+  (:data:`MEMORY_QUEUE_SNAPSHOTS`, sent like the spool while the server is up) was full;
 * ``hostname_changed``: it was spooled under a hostname the agent no longer reports (the
   host was renamed, or ``hostname`` changed in the config), so no token of this host
   can deliver it (below).
 
 Until then it is ``pending``, and that includes a snapshot the server answered
-``deferred`` (below): it stays spooled and is sent again. Delivery is at least once;
+``deferred`` (below): it stays spooled and is sent again.
+
+When the spool refuses a write (after it has tried to make room and to recreate a
+removed directory, gpuwatch/agent/spool.py) the snapshot is kept in memory and sent
+after what the spool holds, so a bad disk does not silence a host whose server is up;
+the agent logs one ERROR, and :meth:`Reporter.spool_problem` says so (the agent's
+``/healthz``). Snapshots in memory are lost if the agent stops. Once the spool writes
+again, what waits in memory is moved into it first, so the order is kept.
+
+Clock skew: the server refuses a snapshot collected more than
+:data:`~gpuwatch.wire.MAX_FUTURE_SKEW_SECONDS` ahead of *its* clock (422, problem type
+``clock_skew``). It cannot tell this host's clock running ahead from its own running
+behind (a VM restored from a snapshot, broken NTP). The agent can: when the refused
+snapshot is not that far ahead of the agent's clock now, either the server's clock is
+behind or this host's still runs ahead, and neither is the snapshot's fault, so the
+batch stays spooled and is retried after a backoff (``clock_skew`` in
+``batches_total``, one ERROR naming both clocks and how far apart they are); the
+spool's own bound (``spool_full``) is what limits how long. Only a snapshot that this
+agent's clock too puts that far in the future (stamped while the clock was ahead) is
+dropped as ``rejected``. A server whose clock is behind therefore delays delivery
+rather than destroying the fleet's data. Delivery is at least once;
 the server stores each ``(agent_id, boot_id, sequence)`` once, so a retry after a lost
 response is harmless.
 
 Protocol: ``POST {server_url}/api/v1/snapshots`` with ``Authorization: Bearer <token>``
 and an :class:`~gpuwatch.wire.IngestRequest`, ``{"snapshots": [HostSnapshot, ...],
-"spool_dropped_total": d}`` (1..500 snapshots; ``d`` is how many this agent has dropped
-so far, all reasons, which the server keeps per host for its spool-drop metric), and
+"spool_dropped_total": d}`` (1..500 snapshots; ``d`` is how many this agent has dropped,
+all reasons, added up over its runs on this spool directory (Spool.dropped_ever: it
+starts again from 0 only when the spool directory is cleared), which the server keeps
+per host for its spool-drop metric), and
 ``Gpuwatch-Partial: deferred`` (:data:`~gpuwatch.wire.PARTIAL_HEADER`): this agent
 understands partial answers. 2xx acknowledges the batch with an
 :class:`~gpuwatch.wire.IngestResponse` (``{"accepted": n, "duplicate": m, "results":
@@ -36,7 +62,11 @@ JSON object with integer ``accepted`` and ``duplicate``) settles anything: a 2xx
 any other body (a proxy's HTML page, a captive portal, another service's JSON) is not
 the server speaking, so the batch stays spooled and is retried like a failure
 (``unexpected_status``), with one warning in the log. 413 and 422 split the batch in
-halves until the offending snapshot stands alone, which is then dropped and counted.
+halves until the offending snapshot stands alone, which is then dropped and counted
+(but see "Clock skew" above for a 422 ``clock_skew``). A 413 halves the batch byte
+limit; after :data:`GROW_AFTER_BATCHES` batches stored in a row it doubles again, up to
+:data:`MAX_BATCH_BYTES`, so a limit the server (or a proxy) had for a while does not
+hold for the agent's life.
 401/403 keep everything spooled and raise the ``auth_failed`` flag; the log quotes the
 server's ``detail``. Anything else (429, 5xx,
 other statuses, connection errors) is retried after exponential backoff with jitter,
@@ -71,11 +101,12 @@ from dataclasses import dataclass
 from gpuwatch.agent import push_answers as answers
 from gpuwatch.agent.collectors.agent import PushStats
 from gpuwatch.agent.http_post import Endpoint, Poster, Reply, Unreachable
-from gpuwatch.agent.spool import Spool, SpooledSnapshot
+from gpuwatch.agent.spool import MemoryQueue, Spool, SpooledSnapshot, encode
 from gpuwatch.bearer import bearer_headers
 from gpuwatch.settings import AgentSettings
 from gpuwatch.snapshot import HostSnapshot
 from gpuwatch.wire import (
+    MAX_FUTURE_SKEW_SECONDS,
     MAX_SNAPSHOTS_PER_REQUEST,
     PARTIAL_DEFERRED,
     PARTIAL_HEADER,
@@ -103,6 +134,11 @@ HTTP_TIMEOUT_SECONDS = 10.0
 # backoff either: the server answered and stored what it could, so it is busy, not
 # failing, and each such request still moves the drain forward; the pause does not grow.
 DEFERRED_PAUSE_SECONDS = 2.0
+# Batches stored in a row after which a byte limit learnt from a 413 doubles again.
+GROW_AFTER_BATCHES = 16
+# Snapshots kept in memory while the spool cannot write: a few minutes of pushes, a
+# few MiB at most, sent while the server is up.
+MEMORY_QUEUE_SNAPSHOTS = 64
 
 
 @dataclass(frozen=True)
@@ -112,8 +148,9 @@ class DrainResult:
     ``stopped_by`` is ``None`` when the spool was emptied, ``"backoff"`` when the retry
     time had not come yet (nothing sent), ``"deferred"`` when the server deferred part
     of a batch (not a failure: a pause), else the failure that stopped the drain:
-    ``"unreachable"``, ``"auth_failed"``, ``"throttled"``, ``"server_error"`` or
-    ``"unexpected_status"`` (a status this agent does not expect, or a 2xx that is not
+    ``"unreachable"``, ``"auth_failed"``, ``"throttled"``, ``"server_error"``,
+    ``"clock_skew"`` (the server refused snapshots as from its future, while this
+    agent's clock does not put them there) or ``"unexpected_status"`` (a status this agent does not expect, or a 2xx that is not
     an ingest answer). ``retry_in_seconds`` is when the next try may happen.
     ``dropped`` includes snapshots dropped as ``hostname_changed`` before sending.
     """
@@ -132,8 +169,9 @@ class ReporterStats:
     ``pushed_total``: snapshots acknowledged, by result (``accepted``, ``duplicate``).
     ``batches_total``: requests, by result (``success``, ``partial``: stored in part,
     the rest deferred, ``auth_failed``, ``too_large``, ``rejected``, ``throttled``,
-    ``server_error``, ``unreachable``, ``unexpected_status``: another status, or a 2xx
-    whose body is not an ingest answer).
+    ``server_error``, ``unreachable``, ``clock_skew``: refused as from the server's
+    future and kept, ``unexpected_status``: another status, or a 2xx whose body is not
+    an ingest answer).
     ``dropped_total``: snapshots given up, by reason (see the module docstring).
     ``last_success_time``: Unix epoch seconds of the last acknowledged batch.
     """
@@ -210,17 +248,18 @@ class Reporter:
         self._spool = Spool(
             settings.spool_dir, max_bytes=settings.spool_max_bytes, clock=wall_clock
         )
+        self._memory = MemoryQueue(MEMORY_QUEUE_SNAPSHOTS, self._spool.count_dropped)
         self._client = Poster(timeout_seconds=HTTP_TIMEOUT_SECONDS)
         self._max_batch_bytes = MAX_BATCH_BYTES
+        self._stored_in_a_row = 0  # batches stored since the last 413, for the limit
         self._lock = threading.Lock()  # guards the counters below
         self._drain_lock = threading.Lock()  # one drain at a time
         self._pushed: Counter[str] = Counter()
         self._batches: Counter[str] = Counter()
-        self._write_failures = 0
         self._last_success: float | None = None
         self._failures = 0
         self._failing: str | None = None  # the failure last logged, for once-per-change logs
-        self._spool_failing = False
+        self._spool_failing: str | None = None  # why the spool refuses writes, if it does
         self._next_attempt_at = float("-inf")
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -239,40 +278,65 @@ class Reporter:
         # One assignment, read once per batch by the drain: no lock (the drain holds its
         # own for the length of a request, which offer must never wait for).
         self._hostname = snapshot.hostname
+        body = encode(snapshot)
         try:
-            self._spool.append(snapshot)
+            self._to_spool(body)
         except OSError as err:
-            with self._lock:
-                self._write_failures += 1
-            if not self._spool_failing:
-                log.error("cannot spool snapshots (they are dropped and counted): %s", err)
-                self._spool_failing = True
-            return
-        if self._spool_failing:
-            log.info("spooling snapshots works again")
-            self._spool_failing = False
+            # Sent from memory instead, while the server is up (the module docstring).
+            self._memory.put(body)
+            if self._spool_failing is None:
+                log.error(
+                    "cannot spool snapshots (%s): sending them from memory, up to %d"
+                    " waiting (older ones are dropped and counted as write_failed; all are"
+                    " lost if the agent stops)",
+                    err,
+                    MEMORY_QUEUE_SNAPSHOTS,
+                )
+            self._spool_failing = str(err)
+        else:
+            if self._spool_failing is not None:
+                log.info("spooling snapshots works again")
+                self._spool_failing = None
         self._wake.set()
+
+    def _to_spool(self, body: bytes) -> None:
+        """Spool ``body``, after what waits in memory (so the order is kept); raises
+        OSError, with what could not be spooled back in memory, but ``body``."""
+        waiting = self._memory.take_idle()
+        if waiting is None:  # some are being sent: ours must not overtake them
+            raise OSError("snapshots from memory are being sent")
+        for n, earlier in enumerate(waiting):
+            try:
+                self._spool.append_encoded(earlier)
+            except OSError:
+                self._memory.put_back(waiting[n:])
+                raise
+        if waiting:
+            log.info("moved %d snapshot(s) from memory into the spool", len(waiting))
+        self._spool.append_encoded(body)
+
+    def spool_problem(self) -> str | None:
+        """Why the spool refuses writes (snapshots are then sent from memory), or None."""
+        failing = self._spool_failing
+        if failing is None:
+            return None
+        return (
+            f"the spool cannot be written ({failing}); {self._memory.pending_count()}"
+            " snapshot(s) wait in memory"
+        )
 
     def stats(self) -> ReporterStats:
         with self._lock:
-            dropped = Counter(self._spool.dropped())
-            if self._write_failures:
-                dropped["write_failed"] += self._write_failures
             return ReporterStats(
                 pushed_total=dict(self._pushed),
                 batches_total=dict(self._batches),
-                dropped_total=dict(dropped),
-                pending=self._spool.pending_count(),
+                dropped_total=self._spool.dropped(),
+                pending=self._spool.pending_count() + self._memory.pending_count(),
                 oldest_pending_age_seconds=self._spool.oldest_age_seconds(),
                 last_success_time=self._last_success,
                 consecutive_failures=self._failures,
                 auth_failed=self._failing == "auth_failed",
             )
-
-    def _dropped_total(self) -> int:
-        """Snapshots dropped so far, all reasons (the sum of ``dropped_total``)."""
-        with self._lock:
-            return sum(self._spool.dropped().values()) + self._write_failures
 
     def push_stats(self) -> PushStats:
         """:meth:`stats` in the shape the agent's metrics collector reads."""
@@ -292,7 +356,7 @@ class Reporter:
         with self._drain_lock:
             wait = self._next_attempt_at - self._clock()
             if wait > 0:
-                return DrainResult(0, 0, self._spool.pending_count(), "backoff", wait)
+                return DrainResult(0, 0, self._pending(), "backoff", wait)
             renamed: Counter[str] = Counter()  # snapshots dropped, by the name they bore
             try:
                 return self._drain(renamed)
@@ -300,29 +364,39 @@ class Reporter:
                 if renamed:
                     self._log_renamed(renamed)
 
+    def _pending(self) -> int:
+        return self._spool.pending_count() + self._memory.pending_count()
+
     def _drain(self, renamed: Counter[str]) -> DrainResult:
         total = _Sent()
-        while batch := self._spool.peek_batch(MAX_SNAPSHOTS_PER_REQUEST, self._max_batch_bytes):
-            batch = self._without_other_hostnames(batch, renamed)
-            if not batch:
-                continue
-            total = total.then(self._send(batch))
-            if total.failure is not None:
-                delay = self._record_failure(total)
-                pending = self._spool.pending_count()
-                return DrainResult(
-                    total.delivered, total.dropped + renamed.total(), pending, total.failure, delay
-                )
-            if total.deferred:
-                delay = DEFERRED_PAUSE_SECONDS * (0.5 + 0.5 * self._rand())
-                self._next_attempt_at = self._clock() + delay
-                pending = self._spool.pending_count()
-                return DrainResult(
-                    total.delivered, total.dropped + renamed.total(), pending, "deferred", delay
-                )
-        return DrainResult(
-            total.delivered, total.dropped + renamed.total(), self._spool.pending_count()
-        )
+        # The spool first: what waits in memory was offered after all it holds.
+        for store in (self._spool, self._memory):
+            while batch := store.peek_batch(MAX_SNAPSHOTS_PER_REQUEST, self._max_batch_bytes):
+                if store is self._spool:
+                    batch = self._without_other_hostnames(batch, renamed)
+                    if not batch:
+                        continue
+                total = total.then(self._send(batch, store))
+                if total.failure is not None:
+                    delay = self._record_failure(total)
+                    return DrainResult(
+                        total.delivered,
+                        total.dropped + renamed.total(),
+                        self._pending(),
+                        total.failure,
+                        delay,
+                    )
+                if total.deferred:
+                    delay = DEFERRED_PAUSE_SECONDS * (0.5 + 0.5 * self._rand())
+                    self._next_attempt_at = self._clock() + delay
+                    return DrainResult(
+                        total.delivered,
+                        total.dropped + renamed.total(),
+                        self._pending(),
+                        "deferred",
+                        delay,
+                    )
+        return DrainResult(total.delivered, total.dropped + renamed.total(), self._pending())
 
     def _without_other_hostnames(
         self, batch: list[SpooledSnapshot], renamed: Counter[str]
@@ -366,16 +440,17 @@ class Reporter:
             answers.shown(self._checked_for or ""),
         )
 
-    def _send(self, batch: Sequence[SpooledSnapshot]) -> _Sent:
-        # The drop count as of this request: a counter since the agent started, which
-        # the server stores per host (a restart resets it, as Prometheus counters do).
+    def _send(self, batch: Sequence[SpooledSnapshot], store: Spool | MemoryQueue) -> _Sent:
+        # The drop count as of this request: every run's on this spool directory, which
+        # the server stores per host (kept across restarts, so the drops of a run that
+        # never reached the server are reported by the next; see Spool.dropped_ever).
         # The spool holds each snapshot as JSON already: the body is built from those
         # bytes, not by parsing them back into models.
-        body = ingest_request_json([r.body for r in batch], self._dropped_total())
+        body = ingest_request_json([r.body for r in batch], self._spool.dropped_ever())
         try:
             response = self._client.post(self._url, body, self._headers)
         except Unreachable as err:
-            self._spool.release(batch)
+            store.release(batch)
             return self._count(_Sent(failure="unreachable", detail=str(err)))
         status = response.status
         if 200 <= status < 300:
@@ -383,22 +458,26 @@ class Reporter:
             if results is None:
                 # Not the server speaking (a proxy's page, another service): it stored
                 # nothing we know of, so nothing is settled.
-                self._spool.release(batch)
+                store.release(batch)
                 return self._count(
                     _Sent(failure="unexpected_status", detail=answers.not_ingest_answer(response))
                 )
-            deferred = self._acknowledge(batch, results)
+            deferred = self._acknowledge(batch, results, store)
+            self._stored_batch()
             if deferred:
                 log.debug("server deferred %d of %d snapshot(s)", deferred, len(batch))
                 return self._count(
                     _Sent(delivered=len(batch) - deferred, deferred=deferred), "partial"
                 )
             return self._count(_Sent(delivered=len(batch)))
-        if status in (413, 422):
-            return self._split_or_drop(batch, status, len(body))
-        self._spool.release(batch)
         said = answers.server_detail(response)
         detail = f"HTTP {status}" if said is None else f"HTTP {status}: {said}"
+        if status == 422 and self._server_clock_behind(batch, response):
+            store.release(batch)
+            return self._count(_Sent(failure="clock_skew", detail=self._skew_detail(response)))
+        if status in (413, 422):
+            return self._split_or_drop(batch, status, len(body), store)
+        store.release(batch)
         if status in (401, 403):
             remedy = self._remedy(response)
             return self._count(_Sent(failure="auth_failed", detail=detail, remedy=remedy))
@@ -435,32 +514,86 @@ class Reporter:
             " [agent] section of its config"
         )
 
-    def _split_or_drop(self, batch: Sequence[SpooledSnapshot], status: int, size: int) -> _Sent:
+    def _split_or_drop(
+        self,
+        batch: Sequence[SpooledSnapshot],
+        status: int,
+        size: int,
+        store: Spool | MemoryQueue,
+    ) -> _Sent:
         """413/422: halve until the snapshot the server refuses stands alone, then drop it."""
         reason = "too_large" if status == 413 else "rejected"
         self._count(_Sent(), reason)
         if status == 413:
-            # Remember the server's limit, so later batches are not refused again.
+            # Remember the server's limit, so later batches are not refused again (for
+            # a while: _stored_batch lets it grow back).
             self._max_batch_bytes = max(1, min(self._max_batch_bytes, size // 2))
+            self._stored_in_a_row = 0
         if len(batch) == 1:
-            self._spool.drop(batch, reason)
+            store.drop(batch, reason)
             log.warning("server refused a snapshot (HTTP %s); dropped as %s", status, reason)
             return _Sent(dropped=1)
         half = len(batch) // 2
-        first = self._send(batch[:half])
+        first = self._send(batch[:half], store)
         if first.failure is not None or first.deferred:
-            self._spool.release(batch[half:])
+            store.release(batch[half:])
             return first
-        return first.then(self._send(batch[half:]))
+        return first.then(self._send(batch[half:], store))
 
-    def _acknowledge(self, batch: Sequence[SpooledSnapshot], results: Sequence[str]) -> int:
+    def _stored_batch(self) -> None:
+        """A batch was stored: after GROW_AFTER_BATCHES in a row, a byte limit learnt
+        from a 413 doubles, up to MAX_BATCH_BYTES (a too small one is learnt again
+        from the next 413, at the cost of one split)."""
+        if self._max_batch_bytes >= MAX_BATCH_BYTES:
+            return
+        self._stored_in_a_row += 1
+        if self._stored_in_a_row >= GROW_AFTER_BATCHES:
+            self._max_batch_bytes = min(MAX_BATCH_BYTES, self._max_batch_bytes * 2)
+            self._stored_in_a_row = 0
+
+    def _server_clock_behind(self, batch: Sequence[SpooledSnapshot], response: Reply) -> bool:
+        """True when the server refused a snapshot of ``batch`` as from its future
+        (``clock_skew``) that this agent's clock does not put in the future: the
+        server's clock may be behind (or this host's still ahead), and the snapshot is
+        kept (the module docstring, "Clock skew")."""
+        now = self._wall_clock()
+        for index in answers.clock_skew_indices(response):
+            if 0 <= index < len(batch):
+                collected_at = answers.collected_at_of(batch[index].body)
+                if collected_at is not None and collected_at <= now + MAX_FUTURE_SKEW_SECONDS:
+                    return True
+        return False
+
+    def _skew_detail(self, response: Reply) -> str:
+        """The log's words for a clock_skew refusal this agent does not agree with."""
+        said = answers.server_detail(response)
+        offset = answers.server_clock_offset(response, self._wall_clock())
+        apart = (
+            ""
+            if offset is None
+            else f"; the server's clock reads {-offset:.0f} s behind this host's"
+            if offset < 0
+            else f"; the server's clock reads {offset:.0f} s ahead of this host's"
+        )
+        return (
+            f"HTTP 422 clock_skew: {said or 'snapshots from the future'}{apart}. Either this"
+            " host's clock runs ahead or the server's runs behind (a restored VM, broken"
+            " NTP): check both (timedatectl)"
+        )
+
+    def _acknowledge(
+        self,
+        batch: Sequence[SpooledSnapshot],
+        results: Sequence[str],
+        store: Spool | MemoryQueue,
+    ) -> int:
         """Acknowledge what the server stored; keep what it deferred. Returns how many
         it deferred."""
         deferred = [r for r, result in zip(batch, results, strict=True) if result == "deferred"]
         stored = [r for r, result in zip(batch, results, strict=True) if result != "deferred"]
-        self._spool.ack(stored)
+        store.ack(stored)
         # Back to pending, in order: they are the oldest, so the next batch starts there.
-        self._spool.release(deferred)
+        store.release(deferred)
         counts = Counter({"accepted": 0, "duplicate": 0})  # present even at 0, as before
         counts.update(result for result in results if result != "deferred")
         with self._lock:
@@ -502,6 +635,14 @@ class Reporter:
                     sent.detail,
                     sent.remedy,
                 )
+            elif sent.failure == "clock_skew":
+                log.error(
+                    "server %s refuses snapshots as collected in its future (%s);"
+                    " snapshots stay spooled and are retried (the oldest are evicted past"
+                    " spool_max_bytes, counted as spool_full)",
+                    self._shown_url,
+                    sent.detail,
+                )
             elif sent.failure == "auth_failed":
                 log.error(
                     "server %s refused the agent token (%s); snapshots stay spooled",
@@ -540,9 +681,10 @@ class Reporter:
         thread.join(timeout=HTTP_TIMEOUT_SECONDS * 2)
 
     def close(self) -> None:
-        """Stop the thread and release the HTTP connections."""
+        """Stop the thread and release the HTTP connections and the spool's lock."""
         self.stop()
         self._client.close()
+        self._spool.close()
 
     def __enter__(self) -> Reporter:
         return self
@@ -551,7 +693,7 @@ class Reporter:
         self.close()
 
     def _run(self) -> None:
-        if self._hostname is None and self._spool.pending_count():
+        if self._hostname is None and self._pending():
             # What an earlier run spooled may bear a name this agent no longer reports:
             # wait for the first offer, which says the current one (_without_other_hostnames).
             self._wake.wait(self._interval)

@@ -64,6 +64,10 @@ class SnapshotSink(Protocol):
 
     def send_event(self, event: ReportedEvent) -> object: ...
 
+    def spool_problem(self) -> str | None:
+        """Why the spool refuses writes (``None`` while it takes them)."""
+        ...
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -162,6 +166,7 @@ class Agent:
             history=self.reaper.history_json,
             clock=clock,
             policy=PortPolicy.from_settings(settings),
+            spool_problem=sink.spool_problem if sink else None,
         )
 
     def _renderer(self) -> ScrapeRenderer:

@@ -70,6 +70,28 @@ SERVER_CLOCK_STEPPED_SNAPSHOTS = MetricSpec(
     " sync.",
     (),
 )
+SERVER_FUTURE_SNAPSHOT_PUSHES = MetricSpec(
+    "gpuwatch_server_future_snapshot_pushes",
+    "counter",
+    "Snapshot pushes refused (422 clock_skew) because a snapshot was collected more than"
+    " 600 s ahead of this server's clock: that host's clock runs ahead, or this server's"
+    " behind (see gpuwatch_server_hosts_ahead_of_clock).",
+    (),
+)
+SERVER_HOSTS_AHEAD_OF_CLOCK = MetricSpec(
+    "gpuwatch_server_hosts_ahead_of_clock",
+    "gauge",
+    "Hosts whose pushes this process refused as from its future in the last 10 minutes;"
+    " several at once point at this server's clock running behind.",
+    (),
+)
+SERVER_AGENT_ID_FLAPS = MetricSpec(
+    "gpuwatch_server_agent_id_flaps",
+    "counter",
+    "Pushes whose agent_id switched back to the one the host had before the current one:"
+    " two agents report one host name (a cloned VM or a copied config).",
+    (),
+)
 SERVER_EVENTS_OPENED = MetricSpec(
     "gpuwatch_server_events_opened", "counter", "Events this process opened, by kind.", ("kind",)
 )
@@ -147,6 +169,9 @@ METRICS = (
     SERVER_INGEST_REQUESTS,
     SERVER_INGEST_SNAPSHOTS,
     SERVER_CLOCK_STEPPED_SNAPSHOTS,
+    SERVER_FUTURE_SNAPSHOT_PUSHES,
+    SERVER_HOSTS_AHEAD_OF_CLOCK,
+    SERVER_AGENT_ID_FLAPS,
     SERVER_EVENTS_OPENED,
     SERVER_JOB_RUNS,
     SERVER_NOTIFICATIONS,
@@ -193,6 +218,9 @@ INGEST_RESULTS = (
 SNAPSHOT_RESULTS = ("accepted", "duplicate", "deferred")
 JOB_RESULTS = ("ok", "failed", "skipped")
 NOTIFICATION_OUTCOMES = ("sent", "retry", "broken", "failed")
+# How long a host refused as from the future counts in gpuwatch_server_hosts_ahead_of_clock,
+# and at most how often the writer says this server's clock is suspect.
+AHEAD_WINDOW_SECONDS = 600.0
 
 
 class ServerStats:
@@ -204,6 +232,14 @@ class ServerStats:
         self.ingest_snapshots: Counter[str] = Counter()
         self.events_opened: Counter[str] = Counter()
         self.clock_stepped: Counter[None] = Counter()
+        self.future_pushes: Counter[None] = Counter()
+        self.agent_id_flaps: Counter[None] = Counter()
+        # host id -> when its last push was refused as from the future (server clock).
+        self._ahead: dict[int, float] = {}
+        self._suspected_at = float("-inf")
+        # host id -> (current agent_id, the one before it), and switches back, per host.
+        self._agents: dict[int, tuple[str, str | None]] = {}
+        self._flaps: Counter[int] = Counter()
         self.job_runs: Counter[tuple[str, str]] = Counter()
         self.notifications: Counter[tuple[str, str]] = Counter()
         self._jobs: dict[str, None] = {}
@@ -212,6 +248,50 @@ class ServerStats:
     def count(self, counter: Counter[Any], key: Any, n: int = 1) -> None:
         with self._lock:
             counter[key] += n
+
+    def note_ahead(self, host_id: int, now: float) -> int:
+        """Count a push of ``host_id`` refused as from the future; return how many hosts
+        were within :data:`AHEAD_WINDOW_SECONDS`."""
+        with self._lock:
+            self.future_pushes[None] += 1
+            self._ahead[host_id] = now
+            return self._hosts_ahead(now)
+
+    def hosts_ahead(self, now: float) -> int:
+        with self._lock:
+            return self._hosts_ahead(now)
+
+    def _hosts_ahead(self, now: float) -> int:
+        for host_id in [h for h, at in self._ahead.items() if at < now - AHEAD_WINDOW_SECONDS]:
+            del self._ahead[host_id]
+        return len(self._ahead)
+
+    def suspect_server_clock(self, now: float) -> bool:
+        """True at most once per :data:`AHEAD_WINDOW_SECONDS`: time to log it again."""
+        with self._lock:
+            if now - self._suspected_at < AHEAD_WINDOW_SECONDS:
+                return False
+            self._suspected_at = now
+            return True
+
+    def note_agent(self, host_id: int, agent_id: str) -> bool:
+        """Record the agent_id a push of ``host_id`` came from; True when it switched
+        back to the one before the current (counted): two agents alternate."""
+        with self._lock:
+            current, before = self._agents.get(host_id, (agent_id, None))
+            if agent_id == current:
+                self._agents[host_id] = (current, before)
+                return False
+            self._agents[host_id] = (agent_id, current)
+            if agent_id != before:  # a new agent (reinstalled): not a flap
+                return False
+            self.agent_id_flaps[None] += 1
+            self._flaps[host_id] += 1
+            return True
+
+    def agent_flaps_of(self, host_id: int) -> int:
+        with self._lock:
+            return self._flaps[host_id]
 
     def expect_jobs(self, names: Iterable[str]) -> None:
         """Declare the jobs this process schedules, so their run counters start at 0."""
@@ -232,6 +312,8 @@ class ServerStats:
                 "ingest_snapshots": _with_zeros(SNAPSHOT_RESULTS, self.ingest_snapshots),
                 "events_opened": _with_zeros(EVENT_KINDS, self.events_opened),
                 "clock_stepped": _with_zeros([None], self.clock_stepped),
+                "future_pushes": _with_zeros([None], self.future_pushes),
+                "agent_id_flaps": _with_zeros([None], self.agent_id_flaps),
                 "job_runs": _with_zeros(
                     [(job, result) for job in sorted(jobs) for result in JOB_RESULTS],
                     self.job_runs,
@@ -321,6 +403,12 @@ class FleetCollector(Collector):
             snapshots.add_metric([result], n)
         stepped = SERVER_CLOCK_STEPPED_SNAPSHOTS.counter()
         stepped.add_metric([], counts["clock_stepped"][None])
+        future = SERVER_FUTURE_SNAPSHOT_PUSHES.counter()
+        future.add_metric([], counts["future_pushes"][None])
+        ahead = SERVER_HOSTS_AHEAD_OF_CLOCK.gauge()
+        ahead.add_metric([], self.stats.hosts_ahead(self.clock()))
+        flaps = SERVER_AGENT_ID_FLAPS.counter()
+        flaps.add_metric([], counts["agent_id_flaps"][None])
         opened = SERVER_EVENTS_OPENED.counter()
         for kind, n in counts["events_opened"].items():
             opened.add_metric([kind], n)
@@ -330,7 +418,7 @@ class FleetCollector(Collector):
         notifications = SERVER_NOTIFICATIONS.counter()
         for (receiver, outcome), n in counts["notifications"].items():
             notifications.add_metric([receiver, outcome], n)
-        yield from (requests, snapshots, stepped, opened, jobs, notifications)
+        yield from (requests, snapshots, stepped, future, ahead, flaps, opened, jobs, notifications)
         turns = self.database.write_turns
         if turns is not None:
             waited = SERVER_WRITE_TURN_WAIT_SECONDS.counter()

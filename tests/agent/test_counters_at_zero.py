@@ -146,6 +146,9 @@ def _answer(status: int | str, request: Received) -> tuple[int, bytes]:
     """The server's answer to one push: a status, or a 200 saying which it had already."""
     if isinstance(status, int):
         return status, b"{}"
+    if status == "clock_skew":  # refused as from the server's future: the agent keeps it
+        problem = {"detail": [{"type": "clock_skew", "loc": ["body", "snapshots", 0]}]}
+        return 422, json.dumps(problem).encode()
     sent = len(json.loads(request.body)["snapshots"])
     duplicate = sent if status == "duplicate" else 0
     body = {"accepted": sent - duplicate, "duplicate": duplicate, "results": [status] * sent}
@@ -157,6 +160,7 @@ def test_the_reporter_counts_batches_and_pushes_only_under_known_results(
 ) -> None:
     answers: list[int | str] = [
         "accepted", "duplicate", "late", "deferred", 401, 403, 413, 422, 429, 500, 503, 418,
+        "clock_skew",
     ]  # fmt: skip
     batches: set[str] = set()
     pushed: set[str] = set()
@@ -177,7 +181,11 @@ def test_the_reporter_counts_batches_and_pushes_only_under_known_results(
     assert pushed == set(PUSH_RESULTS)
 
 
-def test_the_reporter_and_spool_drop_only_under_known_reasons(tmp_path: Path) -> None:
+def test_the_reporter_and_spool_drop_only_under_known_reasons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A write the spool refuses waits in memory; with no room there it is dropped.
+    monkeypatch.setattr("gpuwatch.agent.reporter.MEMORY_QUEUE_SNAPSHOTS", 0)
     dropped: set[str] = set()
     for status in (413, 422):  # one snapshot the server refuses: too_large, rejected
         with answering(lambda r, s=status: (s, b"{}")) as server:  # type: ignore[misc]

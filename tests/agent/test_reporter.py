@@ -521,7 +521,8 @@ def test_a_spool_that_cannot_be_written_counts_the_loss(
     reporter.offer(snapshot(0))
     reporter.offer(snapshot(1))
     stats = reporter.stats()
-    assert stats.dropped_total == {"write_failed": 1} and stats.pending == 1
+    # The first waited in memory and went into the spool ahead of the second (M2).
+    assert stats.dropped_total == {} and stats.pending == 2
     assert accounted(stats) == 2
     reporter.close()
 

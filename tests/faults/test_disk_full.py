@@ -99,13 +99,13 @@ def test_a_full_disk_under_the_spool_counts_the_loss_and_damages_nothing(
 
     spooled = full.pending
     assert 0 < spooled < 12
-    assert full.dropped_total == {"write_failed": 12 - spooled}
+    assert full.dropped_total == {"spool_full": 12 - spooled}
     assert not [name for name in leftovers if name.endswith(".tmp")]  # no torn write left
-    assert readable == list(range(spooled)) and reopened.dropped() == {}
+    assert readable == list(range(12 - spooled, 12)) and reopened.dropped() == {}
     assert stats.pending == 0
     assert delivered(stats) + dropped(stats) == 16
     assert delivered(stats) == spooled + 4
-    assert sorted(k[2] for k in stored) == [*range(spooled), 12, 13, 14, 15]
+    assert sorted(k[2] for k in stored) == [*range(12 - spooled, 12), 12, 13, 14, 15]
     assert max(stored.values()) == 1
 
 

@@ -26,6 +26,9 @@ class RecordingSink:
     def send_event(self, event: ReportedEvent) -> None:
         self.events.append(event)
 
+    def spool_problem(self) -> None:
+        return None
+
     def start(self) -> None:
         pass
 

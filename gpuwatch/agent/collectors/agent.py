@@ -26,7 +26,7 @@ POLL_RESULTS = ("success", "failure")
 PUSH_RESULTS: tuple[str, ...] = tuple(r for r in get_args(ItemResult) if r != "deferred")
 BATCH_RESULTS = (
     "success", "partial", "auth_failed", "too_large", "rejected", "throttled",
-    "server_error", "unreachable", "unexpected_status",
+    "server_error", "unreachable", "clock_skew", "unexpected_status",
 )  # fmt: skip
 DROP_REASONS = (
     "spool_full", "corrupt", "rejected", "too_large", "write_failed", "hostname_changed",

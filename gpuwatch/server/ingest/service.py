@@ -36,6 +36,7 @@ from sqlalchemy import Delete, Table, Update, bindparam, delete, select, tuple_,
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningInsert
 
+from gpuwatch import wire
 from gpuwatch.errors import GpuwatchError
 from gpuwatch.server.database.dialects import insert_ignoring_conflicts
 from gpuwatch.server.events.book import SILENT_KEY
@@ -52,8 +53,11 @@ log = logging.getLogger(__name__)
 
 # Agent clocks run ahead by seconds, not by this much. A snapshot further in the
 # future would pin the host's "newest applied" time and make every honest snapshot
-# after it look late, so it is refused (422) until the agent's clock is fixed.
-MAX_FUTURE_SKEW_SECONDS = 600.0
+# after it look late, so it is refused (422 clock_skew). The server cannot tell that
+# from its own clock running behind: the answer says both, the agent keeps a snapshot
+# its own clock does not put in the future (gpuwatch/agent/reporter.py), and the
+# writer suspects this server's clock when many hosts look ahead (ServerStats).
+MAX_FUTURE_SKEW_SECONDS = wire.MAX_FUTURE_SKEW_SECONDS
 
 _SEEN: Table = SnapshotSeen.__table__  # type: ignore[assignment]
 
@@ -126,7 +130,8 @@ def ingest_snapshots(
         if snapshot.collected_at > now + MAX_FUTURE_SKEW_SECONDS:
             raise SnapshotRejected(
                 f"snapshot {snapshot.sequence} was collected {snapshot.collected_at - now:.0f} s"
-                " in the future; fix the agent's clock",
+                " ahead of the server's clock: the agent's clock runs ahead, or the"
+                " server's runs behind; check both",
                 index=index,
             )
     # Lock the host first: on Postgres this queues a concurrent request of the same
@@ -178,7 +183,9 @@ def ingest_snapshots(
         log.info("host %s: %d late snapshot(s) recorded without replay", state.host.hostname, late)
     state.host.last_received_at = now
     # The agent's drop counter as of this request: the same whether the batch is
-    # stored whole or in part, so a partial batch keeps it too.
+    # stored whole or in part, so a partial batch keeps it too. Overwritten, not
+    # added: the agent sends the total of all its runs on its spool directory (kept
+    # there across restarts), so a restarted agent does not take it back to 0.
     if request.spool_dropped_total is not None:
         state.host.spool_dropped_total = request.spool_dropped_total
     state.events.clear(SILENT_KEY, at=now)

@@ -85,7 +85,8 @@ from gpuwatch.server.deps import (
 from gpuwatch.server.ingest import service, work
 from gpuwatch.server.ingest.body import STORE_ERRORS, Deadline, never_storable, refusal
 from gpuwatch.server.ingest.state import lock_hosts
-from gpuwatch.wire import IngestRequest, IngestResponse
+from gpuwatch.server.metrics import AHEAD_WINDOW_SECONDS
+from gpuwatch.wire import CLOCK_SKEW_PROBLEM, IngestRequest, IngestResponse
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,10 @@ QUEUED_SECONDS = 0.5
 # network, while four fought over the GIL: one server took 18% more CPU a snapshot
 # with four than with two, and fell behind where two kept up (bench/README.md, stop 15).
 WRITER_THREADS = {"sqlite": 1, "postgresql": 2}
+# Hosts whose pushes came from this server's future within AHEAD_WINDOW_SECONDS past
+# which the server suspects its own clock (ERROR log): one host's clock running ahead is
+# that host's fault, several at once rarely are.
+SUSPECT_SERVER_CLOCK_HOSTS = 3
 
 
 class Quarantined(Exception):
@@ -543,7 +548,31 @@ class IngestWriter:
                 ),
             )
         except service.SnapshotRejected as err:
-            raise refusal("clock_skew", ("body", "snapshots", err.index), str(err)) from err
+            self._ahead_of_clock(push, context.clock())
+            raise refusal(CLOCK_SKEW_PROBLEM, ("body", "snapshots", err.index), str(err)) from err
+
+    def _ahead_of_clock(self, push: Push, now: float) -> None:
+        """Count a push refused as from the future; when many hosts' pushes are, say
+        that this server's clock is the likelier culprit (one ERROR per window)."""
+        stats = self.context.stats
+        hosts = stats.note_ahead(push.credential.identity.host_id, now)
+        if hosts >= SUSPECT_SERVER_CLOCK_HOSTS and stats.suspect_server_clock(now):
+            log.error(
+                "%d hosts pushed snapshots more than %.0f s ahead of this server's clock in"
+                " the last %.0f s: this server's clock is probably behind (a restored VM,"
+                " broken NTP; check timedatectl). Their agents keep the snapshots spooled"
+                " and retry",
+                hosts,
+                service.MAX_FUTURE_SKEW_SECONDS,
+                AHEAD_WINDOW_SECONDS,
+            )
+        else:
+            log.warning(
+                "host %s: snapshots more than %.0f s ahead of this server's clock refused"
+                " (clock_skew): that host's clock runs ahead, or this server's behind",
+                push.credential.identity.hostname,
+                service.MAX_FUTURE_SKEW_SECONDS,
+            )
 
     def _failure(self, push: Push, err: BaseException) -> BaseException:
         """What a push stored alone (or in a transaction the database lost) answers for
@@ -573,6 +602,17 @@ class IngestWriter:
         stats.count(stats.ingest_snapshots, "duplicate", result.duplicate)
         stats.count(stats.ingest_snapshots, "deferred", result.deferred)
         stats.count(stats.clock_stepped, None, result.clock_stepped)
+        body = push.body
+        if body is not None and stats.note_agent(identity.host_id, body.snapshots[-1].agent_id):
+            flaps = stats.agent_flaps_of(identity.host_id)
+            if flaps == 1 or flaps % 100 == 0:  # one line per streak, not per push
+                log.warning(
+                    "host %s: pushes alternate between two agent_ids (%d switches back so"
+                    " far): two agents report this host name (a cloned VM, a copied config"
+                    " or token?); give each machine its own hostname and token",
+                    identity.hostname,
+                    flaps,
+                )
         for kind, n in result.opened.items():
             stats.count(stats.events_opened, kind, n)
         if result.deferred:
