@@ -9,6 +9,7 @@ when a committed file differs from what the code says; the test suite runs it.
 from __future__ import annotations
 
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +84,32 @@ def metrics_markdown() -> str:
 
 def _default(field: FieldInfo) -> str:
     if field.default_factory is not None:
-        return "computed (see description)"
+        # Said by kind rather than computed: a path's default depends on who generates
+        # the page (root or not, $XDG_DATA_HOME); its description gives the rule.
+        if _is_list(field.annotation):
+            return "empty"
+        if is_structured(field.annotation):
+            return "each key's default"
+        return "see description"
     value = field.default
     if value is None:
         return "unset"
     return f"`{value}`"
+
+
+def _type_name(annotation: Any) -> str:
+    """A field's type as the reference shows it; a Literal as its values (not the bare
+    word ``Literal``, which said nothing)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return " or ".join(f"`{value}`" for value in typing.get_args(annotation))
+    name = getattr(annotation, "__name__", None) or str(annotation)
+    return name.replace("typing.", "").replace("pydantic.types.", "")
+
+
+def _is_list(annotation: Any) -> bool:
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation is list or typing.get_origin(annotation) is list
 
 
 def configuration_markdown() -> str:
@@ -99,7 +121,11 @@ def configuration_markdown() -> str:
         "below. Environment variable names are the prefix plus the setting name in "
         "upper case. A missing file at the default path means no file; a file "
         "`GPUWATCH_CONFIG` names must exist (`GPUWATCH_CONFIG=/dev/null` for none). "
-        "The file holds only the tables below: a key outside them is refused. A list or "
+        "The file holds only the tables below: a key outside them is refused, and so is "
+        "a `GPUWATCH_AGENT_*` or `GPUWATCH_SERVER_*` variable that names no setting "
+        "(exit 3, with the likeliest name meant; `GPUWATCH_AGENT_URL`, the OOM reporter's "
+        "([doctor.md](doctor.md)), and the `…_SERVICE_HOST` / `…_PORT…` variables "
+        "Kubernetes sets for a Service of that name are let through). A list or "
         "table setting (Environment marked JSON) is written as JSON in its variable; a "
         "table there is merged key by key, at every depth, with the file's, and a list "
         "replaces the file's.\n"
@@ -110,8 +136,7 @@ def configuration_markdown() -> str:
             "| Setting | Environment | Type | Default | Description |\n|---|---|---|---|---|\n"
         )
         for name, field in cls.model_fields.items():
-            annotation = getattr(field.annotation, "__name__", None) or str(field.annotation)
-            annotation = annotation.replace("typing.", "").replace("pydantic.types.", "")
+            annotation = _type_name(field.annotation)
             annotation = annotation.replace(" | ", " or ")  # a bare pipe would split the table cell
             json_note = " (JSON)" if is_structured(field.annotation) else ""
             out.append(
@@ -124,7 +149,7 @@ def configuration_markdown() -> str:
 
 def _alert_tables() -> list[str]:
     """The tables inside ``[server]``: receivers, alerts, routes and each shipped rule."""
-    from gpuwatch.server.alerts.config import AlertSettings, Route, Rules
+    from gpuwatch.server.alerts.config import AlertSettings, Route, Rules, RuleSettings
     from gpuwatch.server.notifications.config import ReceiverConfig
 
     receivers_variable = ServerSettings.env_prefix + "RECEIVERS"
@@ -152,7 +177,17 @@ def _alert_tables() -> list[str]:
     defaults = Rules.model_validate({})
     for name in Rules.model_fields:
         rule = getattr(defaults, name)
-        doc = " ".join((type(rule).__doc__ or "").split())
+        # A rule of the base class itself (no thresholds of its own) would show the
+        # base's docstring ("what every rule has"), which says nothing of when it fires.
+        own = None if type(rule) is RuleSettings else type(rule).__dict__.get("__doc__")
+        doc = (
+            " ".join(own.split())
+            if own
+            else (
+                "No keys of its own beyond those every rule has. When it fires: "
+                "[the shipped rules](alerts.md#the-shipped-rules)."
+            )
+        )
         out.append(f"\n### `[server.alerts.rules.{name}]`\n\n{doc}\n\n")
         out.extend(_model_rows(type(rule), rule))
     return out
@@ -162,8 +197,7 @@ def _model_rows(model: type[Any], instance: Any | None) -> list[str]:
     rows = ["| Key | Type | Default | Description |\n|---|---|---|---|\n"]
     for name, field in model.model_fields.items():
         key = field.alias or name
-        annotation = getattr(field.annotation, "__name__", None) or str(field.annotation)
-        annotation = annotation.replace("typing.", "").replace("pydantic.types.", "")
+        annotation = _type_name(field.annotation)
         annotation = annotation.replace(" | ", " or ").replace("|", " or ")
         if name.endswith("_seconds") and annotation == "float":
             annotation = "duration"
@@ -198,9 +232,22 @@ def documents() -> dict[str, str]:
     }
 
 
+USAGE = "usage: python -m gpuwatch.docs [--check]"
+
+
 def main(argv: list[str]) -> int:
+    """Rewrite the generated pages, or with ``--check`` only compare them. Anything
+    else is refused before a file is touched: ``--help`` silently rewrote them,
+    discarding a local edit."""
+    if argv not in ([], ["--check"]):
+        print(
+            f"{USAGE}\n  (no argument: rewrite docs/{{metrics,configuration,exit-codes}}.md;"
+            " --check: exit 1 if one is out of date)",
+            file=sys.stderr,
+        )
+        return 0 if argv in (["-h"], ["--help"]) else 2
     docs_dir = Path(__file__).resolve().parent.parent / "docs"
-    check = "--check" in argv
+    check = argv == ["--check"]
     stale = []
     for name, text in documents().items():
         path = docs_dir / name

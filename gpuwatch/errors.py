@@ -7,7 +7,7 @@ SQLAlchemy, OS errors) are translated where they enter, with ``raise ... from``.
 ::
 
     GpuwatchError                      exit 1
-    ├── ConfigError                    exit 3  bad settings file, env var or scenario
+    ├── ConfigError                    exit 3  bad settings file, env var, option value or scenario
     │   └── ScenarioError              exit 3  a fake-GPU scenario file is invalid
     ├── NvmlUnavailable                exit 4  no NVIDIA driver / library / GPU to talk to
     ├── RemoteError                    exit 5  the central server or local agent is unreachable
@@ -17,8 +17,10 @@ SQLAlchemy, OS errors) are translated where they enter, with ``raise ... from``.
     ├── DatabaseError                  exit 7  the database is unreachable or not migrated
     └── DeliveryFailed                 exit 9  a receiver refused or failed a test notification
 
-Exit code 2 is reserved for command-line usage errors (unknown option, bad
-value), which the CLI framework reports itself.
+Exit code 2 is reserved for command-line usage errors (an unknown option or command,
+a missing argument or value, no command), which the CLI framework reports itself. A
+value the framework's parser refuses (its type, range or choices) is exit 3, like one
+the command's own code refuses: ``gpuwatch.cli._is_bad_value``.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ class DeliveryFailed(GpuwatchError):
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected runtime failure; also output that could not be written (standard output closed or on a full disk; `gpuwatch token create` then keeps no token)",
-    2: "command-line usage error",
-    3: "invalid configuration, option value or scenario file; `gpuwatch explain`: unreadable or empty input",
+    2: "command-line usage error: an unknown option or command, a missing argument or option value, no command, options that need one another (`gpuwatch reap` without `--idle` or `--pid`); `gpuwatch explain` with no input at a terminal",
+    3: "invalid configuration (a config file key, or a `GPUWATCH_AGENT_*` / `GPUWATCH_SERVER_*` environment variable that names no setting or has a bad value), option or argument value (of a wrong type, out of range or not one of the choices, whether the parser or the command refuses it), or scenario file; `gpuwatch explain`: unreadable or empty input",
     4: "NVML unavailable: no NVIDIA driver, library or GPU (and no --fake-gpus)",
     5: "the gpuwatch server or agent is unreachable, or refused the token",
     6: "input not recognised (e.g. `gpuwatch explain` on text that is not an OOM message)",

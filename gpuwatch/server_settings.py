@@ -33,7 +33,8 @@ class ServerSettings(_Base):
         default="127.0.0.1:9403", description="HOST:PORT the API and web dashboard listen on."
     )
     data_dir: Path = Field(
-        default_factory=_default_data_dir, description="Directory for the default SQLite database."
+        default_factory=_default_data_dir,
+        description="Directory for the default SQLite database. Default: /var/lib/gpuwatch as root, else $XDG_DATA_HOME/gpuwatch (~/.local/share/gpuwatch when XDG_DATA_HOME is unset).",
     )
     database_url: str | None = Field(
         default=None,

@@ -9,6 +9,9 @@ Sources, highest priority first:
    sections ``[agent]`` and ``[server]``,
 4. the defaults below.
 
+A variable under those prefixes that names no setting is refused (exit 3,
+:mod:`gpuwatch.settings_env`), as an unknown key of the file is.
+
 Only :func:`load` reads the environment and the file; a class constructed directly
 takes the values it is given and the defaults (tests, the demo's own server). Nothing
 else in gpuwatch reads ``os.environ`` for configuration. ``docs/configuration.md`` is
@@ -48,6 +51,7 @@ from gpuwatch.agent.reaper.settings import MIN_IDLE_POLLS, ReapSettings
 from gpuwatch.errors import ConfigError
 from gpuwatch.files import file_problem
 from gpuwatch.host_origin import allowed_host_names
+from gpuwatch.settings_env import refuse_unknown_variables
 
 if TYPE_CHECKING:
     from gpuwatch.server_settings import ServerSettings as ServerSettings
@@ -280,12 +284,16 @@ class AgentSettings(_Base):
     )
     spool_dir: Path = Field(
         default_factory=lambda: _default_data_dir() / "spool",
-        description="Where snapshots wait while the server is unreachable.",
+        description="Where snapshots wait while the server is unreachable (default:"
+        " /var/lib/gpuwatch/spool as root, else $XDG_DATA_HOME/gpuwatch/spool). One agent per"
+        " directory: a second agent on it is refused at start (exit 3, naming the first's"
+        " pid). It also keeps dropped_total, the drops of every run, which the server shows.",
     )
     spool_max_bytes: int = Field(
         default=64 * 2**20,
         ge=2**16,
-        description="Spool size bound; the oldest snapshots are dropped (and counted) past it.",
+        description="Spool size bound; the oldest snapshots are dropped (and counted) past it,"
+        " or when the filesystem is full before it.",
     )
     agent_id: str | None = Field(
         default=None,
@@ -377,6 +385,8 @@ def load(kind: type[S], **overrides: Any) -> S:
     """Build settings once from the file, the environment and ``overrides``; ``None``
     overrides are ignored so CLI defaults don't shadow env. Raises ConfigError."""
     given = {k: v for k, v in overrides.items() if v is not None}
+    # A misspelt variable would be ignored without a word (a secret's: reads left open).
+    refuse_unknown_variables(kind.env_prefix, environment_variables(kind))
     try:
         return kind.model_validate(_merged(_toml_section(kind), _environment(kind), given))
     except ValidationError as err:

@@ -14,10 +14,10 @@ import io
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch import __version__
-from gpuwatch.errors import GpuwatchError
+from gpuwatch.errors import ConfigError, GpuwatchError
 from gpuwatch.terminal_text import printable
 
 if TYPE_CHECKING:
@@ -56,7 +56,8 @@ def _app() -> typer.Typer:
         ),
     ) -> None:
         if not _configure_logging(log_level):
-            raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+            # A bad value, not a usage error: exit 3, like every other (docs/exit-codes.md).
+            raise ConfigError(f"--log-level {log_level!r}: use debug, info, warning or error")
 
     return app
 
@@ -150,9 +151,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not _serve_agent_without_typer(args):
             _register_for(args)
-            # Not standalone: a usage error comes back here, to be one line (exit 2)
-            # rather than the framework's boxed message.
-            code = _app()(args=argv, standalone_mode=False)
+            import typer.main
+
+            command = typer.main.get_command(_app())
+            _plain_metavars(command)
+            # Not standalone: a usage error comes back here, to be one line (exit 2, or
+            # 3 for a bad value) rather than the framework's boxed message.
+            code = command.main(args=argv, standalone_mode=False)
             sys.exit(code if isinstance(code, int) else 0)
     except GpuwatchError as err:
         # One line, whatever the message quotes (a refused process's command line is
@@ -180,30 +185,150 @@ def main(argv: list[str] | None = None) -> None:
             _stdout_closed()
         raise
     except Exception as err:  # a usage error, or the last resort: see _unexpected
-        _usage(err)
+        _usage(err, args)
         _unexpected(err)
 
 
-def _usage(err: Exception) -> None:
-    """Exit for the CLI framework's own errors: a usage error as one line (exit 2), the
-    help where nothing was given, 130 for Ctrl-C at a prompt. Typer's own copy of click
-    is looked up, not imported: ``gpuwatch agent`` runs without it."""
+def _usage(err: Exception, args: list[str]) -> None:
+    """Exit for the CLI framework's own errors: a bad option or argument value as one
+    line (exit 3, as when a command's own code refuses one), any other usage error as
+    one line (exit 2), the help where nothing was given, 130 for Ctrl-C at a prompt.
+    Typer's own copy of click is looked up, not imported: ``gpuwatch agent`` runs
+    without it."""
     click = sys.modules.get("typer._click")
     if click is None:
         return
     if isinstance(err, click.exceptions.NoArgsIsHelpError):
         err.show()  # the help text itself, as asked for by giving nothing
         sys.exit(err.exit_code)
+    if _is_bad_value(err, click):
+        message = _bad_value_message(err, args)
+        print(f"gpuwatch: error: {printable(message)}{_see_help(err)}", file=sys.stderr)
+        sys.exit(ConfigError.exit_code)
     if isinstance(err, click.ClickException):
         message = " ".join(err.format_message().split())
-        context = getattr(err, "ctx", None)
-        if context is not None:
-            message += f" (see: {context.command_path} -h)"
-        print(f"gpuwatch: error: {printable(message)}", file=sys.stderr)
+        print(f"gpuwatch: error: {printable(message)}{_see_help(err)}", file=sys.stderr)
         sys.exit(err.exit_code)
     abort = getattr(sys.modules.get("typer.exceptions"), "Abort", None)
     if abort is not None and isinstance(err, abort):
         sys.exit(130)
+
+
+def _plain_metavars(command: Any) -> None:
+    """Help that reads as the docs do: no ``<bool>`` beside a switch (``--json``,
+    ``--help``), which made it look as if it took a value, and an argument shown as
+    ``HOST`` (its description's word) rather than ``host``. Each command's help option
+    is made here, as click would make it on first use, to be changed too."""
+    from typer import _click as click
+
+    for sub in getattr(command, "commands", {}).values():
+        _plain_metavars(sub)
+    context = click.Context(command, help_option_names=["-h", "--help"])
+    command.get_help_option(context)
+    for param in [*command.params, command._help_option]:
+        if param is None or param.metavar is not None:
+            continue
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+        elif param.param_type_name == "argument" and param.name:
+            param.metavar = param.name.upper()
+
+
+def _see_help(err: Exception) -> str:
+    context = getattr(err, "ctx", None)
+    return "" if context is None else f" (see: {printable(context.command_path)} -h)"
+
+
+def _is_bad_value(err: Exception, click: Any) -> bool:
+    """A value the parser refused for one option or argument (its type, range, choices
+    or callback): exit 3, the code of a bad option value (docs/exit-codes.md). A
+    missing one, and a check raised from a command's body without naming a parameter
+    ("give --idle DURATION, or --pid PID"), are usage errors: exit 2."""
+    return (
+        isinstance(err, click.exceptions.BadParameter)
+        and not isinstance(err, click.exceptions.MissingParameter)
+        and (err.param is not None or err.param_hint is not None)
+    )
+
+
+# Pydantic's words for the checks typer runs on a value, as gpuwatch says them.
+_PYDANTIC_REASONS = {
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_parsing": "must be true or false",
+    "literal_error": "must be one of {expected}",
+    "enum": "must be one of {expected}",
+}
+_LONGEST_VALUE_SHOWN = 80
+
+
+def _bad_value_message(err: Any, args: list[str]) -> str:
+    """``--duration '0': must be at least 1``: the option (or argument) as given, its
+    value, and why, in gpuwatch's words rather than pydantic's."""
+    param = err.param
+    if param is None:
+        name = err.param_hint if isinstance(err.param_hint, str) else "/".join(err.param_hint)
+    elif getattr(param, "param_type_name", "") == "argument":
+        name = (param.metavar or param.name or "argument").upper()
+    else:
+        name = "/".join(param.opts)
+    value = _given_value(err, args)
+    reason = " ".join(_reason(err).split())
+    if value is None or not isinstance(value, str):
+        return f"{name}: {reason}"
+    shown = (
+        value if len(value) <= _LONGEST_VALUE_SHOWN else value[: _LONGEST_VALUE_SHOWN - 3] + "..."
+    )
+    if repr(value) in reason:  # the command's own check quotes it already
+        return f"{name}: {reason}"
+    return f"{name} {shown!r}: {reason}"
+
+
+def _reason(err: Any) -> str:
+    cause = err.__cause__
+    errors = getattr(cause, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            template = _PYDANTIC_REASONS.get(first["type"])
+            if template is not None:
+                return template.format(**{k: _number(v) for k, v in first.get("ctx", {}).items()})
+            message = str(first["msg"]).removeprefix("Value error, ")
+            return message.replace("Input should be", "must be", 1)
+        except (IndexError, KeyError, TypeError, ValueError):
+            pass
+    return str(err.message)
+
+
+def _number(value: Any) -> Any:
+    """``1.0`` as ``1``: a bound typer stored as a float for an integer option."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _given_value(err: Any, args: list[str]) -> Any:
+    """The text given for the refused parameter, read again from ``args`` with each
+    command's own parser (click does not keep it); None if it cannot be told."""
+    chain = []
+    context = err.ctx
+    while context is not None:
+        chain.append(context)
+        context = context.parent
+    rest = list(args)
+    try:
+        for context in reversed(chain):
+            given, remaining, _ = context.command.make_parser(context).parse_args(args=rest)
+            if context is err.ctx:
+                return given.get(err.param.name) if err.param is not None else None
+            rest = remaining[1:]  # past the subcommand's name
+    except Exception:  # only a nicer message is lost
+        return None
+    return None
 
 
 def _is_devnull(fd: int) -> bool:

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from gpuwatch.cli.demo_watch import Watch, render
+from gpuwatch.cli.demo_watch import Watch, render, who
 
 
 def json_line(document: dict[str, Any]) -> None:
@@ -39,8 +39,9 @@ def _guide(info: dict[str, Any]) -> str:
         f"  windows    idle after {t['idle_window']:g} s, a leak after {t['leak_window']:g} s "
         f"of growth (so only periods up to {t['leak_window']:g} s are ruled out, not 30 min),\n"
         f"             alert rules after {t['alert_for']:g} s, group_wait {t['group_wait']:g} s\n"
-        f"  expect     orphans in seconds, the idle notebook at ~{t['idle_window'] + 2 * t['bucket']:.0f} s, "
-        f"the leak and the filling GPU at ~{t['leak_window'] + 2 * t['bucket']:.0f} s,\n"
+        # Latest times ("by"): a verdict waits for its window, then up to two buckets.
+        f"  expect     orphans in seconds, the idle notebook by ~{t['idle_window'] + 2 * t['bucket']:.0f} s, "
+        f"the leak and the filling GPU by ~{t['leak_window'] + 2 * t['bucket']:.0f} s,\n"
         f"             the filling-up alert at the webhook by ~{expect_alert:.0f} s\n"
         f"  reap       {info['reap_command']}\n"
         f"             (stops alice's notebook on gpu-b once idle {t['reap_idle']:g} s)\n"
@@ -54,9 +55,13 @@ def _plain(line: dict[str, Any]) -> str:
         where = line["hostname"] + (
             f" GPU {line['gpu_index']}" if line["gpu_index"] is not None else ""
         )
-        return f"{at}  found  {where}  {line['kind']}/{line['reason']}: {line['summary']}"
+        whose = who(line.get("user"), line.get("command"))
+        return f"{at}  found  {where}  {line['kind']}/{line['reason']}: {whose}{line['summary']}"
     if line["event"] == "alert":
-        return f"{at}  firing {line['rule']}: {line['summary']}"
+        # A process alert's user is a label; the filling-up summary names its growers.
+        user = line["labels"].get("user")
+        whose = f"{user}: " if user and user not in line["summary"] else ""
+        return f"{at}  firing {line['rule']}: {whose}{line['summary']}"
     rules = ", ".join(sorted({a["rule"] for a in line["alerts"]}))
     return f"{at}  sent   {line['status']} {rules} to the webhook (signature checked)"
 

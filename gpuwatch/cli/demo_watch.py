@@ -77,7 +77,8 @@ class Watch:
         for event in sorted(seen.events, key=lambda e: e["id"]):
             if event["id"] not in seen.found:
                 seen.found[event["id"]] = now
-                lines.append({"event": "found", "at": round(now, 1), **_event_line(event)})
+                host = seen.hosts.get(event["hostname"])
+                lines.append({"event": "found", "at": round(now, 1), **_event_line(event, host)})
         for alert in seen.alerts:
             if alert["state"] == "firing" and alert["id"] not in seen.fired:
                 seen.fired[alert["id"]] = now
@@ -112,9 +113,29 @@ class Watch:
         }
 
 
-def _event_line(event: dict[str, Any]) -> dict[str, Any]:
+def _event_line(event: dict[str, Any], host: dict[str, Any] | None) -> dict[str, Any]:
     keys = ("id", "kind", "reason", "hostname", "gpu_index", "pid", "user", "summary", "open")
-    return {k: event.get(k) for k in keys}
+    return {**{k: event.get(k) for k in keys}, "command": command_of(host, event.get("pid"))}
+
+
+def command_of(host: dict[str, Any] | None, pid: int | None) -> str | None:
+    """The command line of process ``pid`` in ``host``'s last view, None when it is not
+    there (a dead PID, memory nobody accounts for, a host event): the demo exists to
+    show *who* holds the memory, and an event carries the user but not the command."""
+    if host is None or pid is None:
+        return None
+    for gpu in host.get("gpus") or ():
+        for process in gpu.get("processes") or ():
+            if process.get("pid") == pid:
+                return process.get("command") or process.get("name")
+    return None
+
+
+def who(user: str | None, command: str | None, limit: int = 48) -> str:
+    """``alice (python -m ipykernel_launcher …): `` for a line about a process; empty
+    when neither is known."""
+    said = " ".join(filter(None, [user, f"({_short(command, limit)})" if command else None]))
+    return f"{said}: " if said else ""
 
 
 def _short(text: str, limit: int = 96) -> str:
@@ -173,9 +194,9 @@ def _found_lines(seen: Seen, shown: int = _SHOWN_LINES) -> Text:
         where = e["hostname"] + (f" GPU {e['gpu_index']}" if e["gpu_index"] is not None else "")
         state = "" if e["open"] else "  (ended)"
         verdict = f"{e['kind']}/{e['reason']}"
-        who = f"{e['user']}: " if e.get("user") else ""
+        whose = who(e.get("user"), command_of(seen.hosts.get(e["hostname"]), e.get("pid")), 32)
         text.append(f"  +{_clock(at)}  {where:<12} {verdict:<22} ", style="cyan")
-        text.append(f"{who}{_short(e['summary'])}{state}\n")
+        text.append(f"{whose}{_short(e['summary'])}{state}\n")
     if not recent:
         text.append("  nothing yet: agents push every few seconds\n", style="dim")
     return text

@@ -80,8 +80,15 @@ def parse_when(value: str, *, now: datetime) -> float:
         ) from err
 
 
-def _time_option(value: str | None) -> float | None:
-    return None if value is None else parse_when(value, now=datetime.now().astimezone())
+def _time_option(value: str | None, option: str) -> float | None:
+    """``value`` as epoch seconds; a bad one is a bad option value, exit 3 (a click
+    BadParameter raised here names no parameter, and would be exit 2)."""
+    from gpuwatch.errors import ConfigError
+
+    try:
+        return None if value is None else parse_when(value, now=datetime.now().astimezone())
+    except typer.BadParameter as err:
+        raise ConfigError(f"{option}: {err.message}") from None
 
 
 def _range(since: str | None, until: str | None) -> tuple[float | None, float | None]:
@@ -89,7 +96,7 @@ def _range(since: str | None, until: str | None) -> tuple[float | None, float | 
     is empty (``--since 1h --until 7d``), which would list nothing and say nothing."""
     from gpuwatch.errors import ConfigError
 
-    since_at, until_at = _time_option(since), _time_option(until)
+    since_at, until_at = _time_option(since, "--since"), _time_option(until, "--until")
     if since_at is not None and until_at is not None and since_at > until_at:
         raise ConfigError(f"--since {since} is after --until {until}: nothing is in between")
     return since_at, until_at
@@ -162,7 +169,7 @@ def processes(
     as_json: bool = JSON,
 ) -> None:
     """Process lifetimes on GPUs, newest first."""
-    when = _time_option(at)
+    when = _time_option(at, "--at")
     with _client(server, token) as client:
         # One more than shown: whether --limit cut the list.
         rows = client.processes(limit=limit + 1, host=host, gpu=gpu, user=user, at=when, open=open_)

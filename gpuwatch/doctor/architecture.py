@@ -407,15 +407,34 @@ def load_hf_config(path: Path) -> Architecture:
         raise ConfigError(f"cannot read model config {path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return from_model_config(data, name=_model_name(path))
+    return from_model_config(data, name=_model_name(path, data))
 
 
-def _model_name(path: Path) -> str:
+# A Hugging Face cache snapshot folder (a commit hash), or a hash-named checkpoint folder.
+_HASH_NAME = re.compile(r"[0-9a-f]{12,64}")
+
+
+def _model_name(path: Path, config: dict[str, Any] | None = None) -> str:
     """The model's folder for a ``config.json`` (``./config.json`` too: the working
-    directory's name), else the file's own stem (``llama3-8b.json``)."""
-    if path.name == "config.json":
-        return path.absolute().parent.name
-    return path.stem
+    directory's name), else the file's own stem (``llama3-8b.json``). A folder named by
+    a hash says nothing: in the Hugging Face cache
+    (``models--ORG--NAME/snapshots/HASH/config.json``) the model is ``ORG/NAME``;
+    elsewhere the config's own ``_name_or_path``, else its ``model_type``."""
+    if path.name != "config.json":
+        return path.stem
+    folder = path.absolute().parent
+    if not _HASH_NAME.fullmatch(folder.name):
+        return folder.name
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/")
+    for key in ("_name_or_path", "model_type"):
+        value = (config or {}).get(key)
+        if isinstance(value, str) and value.strip("/ "):
+            value = value.strip().rstrip("/")
+            # A local path (where it was saved from) by its last folder; a hub id whole.
+            return Path(value).name if value.startswith(("/", ".", "~")) else value
+    return folder.name
 
 
 def _read_config(path: Path) -> str:

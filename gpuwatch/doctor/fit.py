@@ -278,7 +278,9 @@ def validate(workload: Workload) -> Workload:
     if workload.dtype not in get_args(Dtype):
         raise ConfigError(f"--dtype must be one of {', '.join(get_args(Dtype))}")
     if workload.mode not in get_args(Mode):
-        raise ConfigError(f"--mode must be one of {', '.join(get_args(Mode))}")
+        raise ConfigError(
+            f"--mode must be one of {', '.join(get_args(Mode))}, not {workload.mode!r}"
+        )
     if workload.mode == "full" and workload.dtype in QUANTISED:
         raise ConfigError("full fine-tuning needs fp32, bf16 or fp16 weights; use --mode qlora")
     if workload.mode == "qlora" and workload.dtype not in FOUR_BIT:

@@ -88,7 +88,7 @@ def test_history_commands(live: Live) -> None:
     assert as_json.returncode == 0, as_json.stderr
     (event,) = json.loads(as_json.stdout)
     assert (event["user"], event["held_bytes"]) == ("bob", 30 * GIB)
-    assert refused.returncode == 2
+    assert refused.returncode == 3  # a bad option value (docs/exit-codes.md)
 
 
 def test_unreachable_server_is_one_line_and_exit_5(live: Live) -> None:

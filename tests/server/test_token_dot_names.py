@@ -24,7 +24,7 @@ def test_a_dot_segment_is_refused_as_a_host_name_in_one_line(
     name: str, database_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = run(["token", "create", name, "--database-url", database_url], capsys)
-    assert code == 2  # a usage error (docs/exit-codes.md)
+    assert code == 3  # a bad argument value (docs/exit-codes.md)
     assert out == "" and err.count("\n") == 1 and "cannot be a host name" in err
     listed = run(["token", "list", "--database-url", database_url], capsys)[1]
     assert f" {name} " not in listed
