@@ -16,6 +16,7 @@ read token where the server sets no admin token. Exit codes: docs/alerts-cli.md.
 from __future__ import annotations
 
 import getpass
+import re
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -24,7 +25,7 @@ import typer
 
 from gpuwatch.cli.tables import print_json, print_table
 from gpuwatch.cli.times import epoch_or_iso
-from gpuwatch.errors import ConfigError, DeliveryFailed
+from gpuwatch.errors import ConfigError, DeliveryFailed, NotFound
 from gpuwatch.terminal_text import printable
 
 if TYPE_CHECKING:
@@ -48,6 +49,12 @@ _MIB = 2**20
 _STATES = ("active", "firing", "pending", "resolved")
 _ALERT_HEADERS = ("ID", "SEVERITY", "STATE", "RULE", "HOST", "GPU", "SINCE", "SILENCED")
 _CULPRIT_HEADERS = ("USER", "PID", "MEMORY", "GROWTH", "COMMAND")
+# A command is cut to this in the table (a 3,000-character command line printed as one
+# enormous line); --json carries it whole. Users are cut as the server's receivers cut them.
+_COMMAND_CHARS = 80
+_USER_CHARS = 64
+# What a receiver's name may hold (ReceiverConfig): anything else names no receiver.
+_RECEIVER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 SERVER = typer.Option(
     None,
@@ -138,12 +145,20 @@ def _alert_rows(alert: AlertOut) -> list[list[str]]:
 def _culprit_cells(culprit: CulpritOut) -> list[str]:
     slope = culprit.slope_bytes_per_second
     return [
-        culprit.user or "?",
+        _cut(culprit.user or "?", _USER_CHARS),
         str(culprit.pid),
         "?" if culprit.memory_bytes is None else _size(culprit.memory_bytes),
         "-" if not slope else f"{'+' if slope > 0 else '-'}{_size(abs(slope) * 60)}/min",
-        culprit.command or "",
+        _cut(culprit.command or "", _COMMAND_CHARS),
     ]
+
+
+def _cut(text: str, limit: int) -> str:
+    """One line of at most ``limit`` characters (control and bidi characters escaped,
+    never cut inside an escape)."""
+    from gpuwatch.server.notifications.receivers.text import shorten
+
+    return shorten(text, limit)
 
 
 @alerts.command("test-receiver")
@@ -153,6 +168,12 @@ def test_receiver(
     token: str | None = ADMIN_TOKEN,
 ) -> None:
     """Send a sample notification to a receiver once, and say how it went."""
+    if _RECEIVER_NAME.fullmatch(name) is None and _utf8(name):
+        # No receiver can have this name. Sent, a '/' in it ("x/../y") is decoded into
+        # the path, and the server's 404 read as "not a gpuwatch server" (exit 5).
+        raise NotFound(
+            f"no receiver {printable(name)!r}: receiver names are letters, digits, '_', '.' and '-'"
+        )
     with _connect(server, token, admin=True) as client:
         result = client.test_receiver(name)
     # The server's detail names the receiver and its answer, never the URL or secret:
@@ -319,7 +340,17 @@ def _first_error(err: ValidationError, names: dict[str, str] | None = None) -> s
     where = ".".join(str(part) for part in first["loc"])
     where = (names or {}).get(where, where)
     message = " ".join(str(first["msg"]).removeprefix("Value error, ").split())
+    message = message.replace("Input should be", "must be", 1)  # gpuwatch's words, not pydantic's
     return f"{where}: {message}" if where else message
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is valid UTF-8 (an argument that is not is the client's exit 3)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _user() -> str:

@@ -98,7 +98,9 @@ SERVER_EVENTS_OPENED = MetricSpec(
 SERVER_JOB_RUNS = MetricSpec(
     "gpuwatch_server_job_runs",
     "counter",
-    "Scheduled job runs, by job and result (ok, failed, skipped: another replica).",
+    "Scheduled job runs, by job and result (ok, failed, skipped: another replica held"
+    " the job's lock, busy: not started because the job's previous run was still going,"
+    " as when the alert job takes longer than evaluation_interval).",
     # Not "job": Prometheus sets that target label on every series it scrapes (it
     # would arrive as "exported_job", and `by (job)` lump every scheduled job together).
     ("scheduled_job", "result"),
@@ -216,7 +218,7 @@ INGEST_RESULTS = (
     _OTHER_STATUS,
 )
 SNAPSHOT_RESULTS = ("accepted", "duplicate", "deferred")
-JOB_RESULTS = ("ok", "failed", "skipped")
+JOB_RESULTS = ("ok", "failed", "skipped", "busy")
 NOTIFICATION_OUTCOMES = ("sent", "retry", "broken", "failed")
 # How long a host refused as from the future counts in gpuwatch_server_hosts_ahead_of_clock,
 # and at most how often the writer says this server's clock is suspect.

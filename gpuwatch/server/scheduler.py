@@ -2,7 +2,9 @@
 
 Once across replicas: on Postgres each run first takes ``pg_try_advisory_lock`` on a
 key named after the job, on a connection it holds for the run; a replica that does not
-get it skips that run (counted as ``skipped``). The lock stops two replicas running a
+get it skips that run (counted as ``skipped``). A run due while the job's previous run
+is still going is not started (APScheduler's ``max_instances``), counted as ``busy``:
+an alert job slower than ``evaluation_interval`` (a Slack backlog) shows there. The lock stops two replicas running a
 job at the same time; because every job is idempotent, replicas taking turns is
 harmless. On SQLite there is one writer process by design, so jobs simply run.
 
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import func, select
 
@@ -134,6 +137,16 @@ def _run_locked(
     return "ok"
 
 
+def count_busy(stats: ServerStats) -> Callable[[JobSubmissionEvent], None]:
+    """A listener counting the runs APScheduler did not start because the job's previous
+    run was still going (it only logs "maximum number of running instances reached")."""
+
+    def listener(event: JobSubmissionEvent) -> None:
+        stats.count(stats.job_runs, (event.job_id, "busy"), len(event.scheduled_run_times) or 1)
+
+    return listener
+
+
 def start_scheduler(
     *,
     database: Database,
@@ -151,6 +164,7 @@ def start_scheduler(
     )
     specs = job_specs(settings, engine, up_since=clock())
     stats.expect_jobs(spec.name for spec in specs)
+    scheduler.add_listener(count_busy(stats), EVENT_JOB_MAX_INSTANCES)
     for spec in specs:
         scheduler.add_job(
             run_job,

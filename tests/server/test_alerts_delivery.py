@@ -235,7 +235,7 @@ def test_a_notification_past_its_deadline_is_failed_without_being_sent(
 ) -> None:
     hook = Recorder()
     engine = engine_of(clock, receiver("webhook", hook, clock))
-    body = {
+    body: dict[str, Any] = {
         "receiver": "r",
         "group_key": "{rule='gpu_lost',hostname='h'}",
         "group_labels": {},

@@ -17,6 +17,9 @@ from gpuwatch.quantities import parse_bytes, parse_seconds
 Duration = Annotated[float, BeforeValidator(parse_seconds)]
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 Severity = Literal["info", "warning", "critical"]
+SEVERITIES = ("info", "warning", "critical")
+# The reaper's stages a process_reaped alert can carry (its ``stage`` label).
+STAGES = ("warning", "withdrawn", "stopped", "failed", "dry_run", "refused")
 # The labels whose values make a group (and its group_key) unless group_by says otherwise.
 DEFAULT_GROUP_BY = ("rule", "hostname")
 # Labels an alert can carry; group_by and route matchers may name only these.
@@ -223,6 +226,21 @@ class Route(_Strict):
         unknown = sorted(set(self.match) - set(LABELS))
         if unknown:
             raise ValueError(f"unknown label(s) {', '.join(unknown)} (use {', '.join(LABELS)})")
+        # Values too, where the set is known: a route matching severity "critcal" never
+        # matched, and on-call never heard of a critical alert.
+        severity = self.match.get("severity")
+        if severity is not None and severity not in SEVERITIES:
+            raise ValueError(
+                f"match severity {severity!r}: not a severity (use {', '.join(SEVERITIES)})"
+            )
+        rule = self.match.get("rule")
+        if rule is not None and rule not in Rules.model_fields:
+            raise ValueError(f"match rule {rule!r}: no such rule (use rules = [...] for several)")
+        if rule is not None and self.rules and rule not in self.rules:
+            raise ValueError(f"match rule {rule!r} is not among its rules: it can never match")
+        stage = self.match.get("stage")
+        if stage is not None and stage not in STAGES:
+            raise ValueError(f"match stage {stage!r}: not a stage (use {', '.join(STAGES)})")
         return self
 
 

@@ -74,6 +74,11 @@ class GroupState:
     notified_at: float | None = None
     notified_firing: tuple[str, ...] = ()
     id: int | None = None
+    # What the receiver was actually told fires (a delivered notification said so),
+    # which the engine records as notifications are sent: a notification given up at
+    # its deadline makes ``notified_firing`` fall back to it, so a resolution owed is
+    # planned again at the next look.
+    delivered_firing: tuple[str, ...] = ()
 
 
 # Alertmanager resolves an alert it has not heard of for its resolve_timeout (5 min by
@@ -203,6 +208,14 @@ def _look(
     firing = {a.fingerprint: a for a in members if a.state == "firing"}
     notified = set(state.notified_firing)
     held = notified & silenced
+    # The delivered record keeps only alerts still here to be resolved (a receiver
+    # without send_resolved is owed no resolution), so it pins no alert row for good.
+    here = set(firing) | set(silenced)
+    if receiver.send_resolved:
+        here |= {a.fingerprint for a in members if a.rule not in ANNOUNCEMENTS}
+    delivered = tuple(sorted(set(state.delivered_firing) & here))
+    if delivered != state.delivered_firing:
+        state = replace(state, delivered_firing=delivered)
     resolved = {
         a.fingerprint: a
         for a in members
@@ -246,9 +259,9 @@ def _look(
     if now < due:
         return state, None
     state = replace(state, flushed_at=now)
-    repeat = (
-        bool(firing) and state.notified_at is not None and now - state.notified_at >= repeat_after
-    )
+    # No notified_at with alerts firing: the last notification was given up at its
+    # deadline (the engine's retell), so what still fires is told again now.
+    repeat = bool(firing) and (state.notified_at is None or now - state.notified_at >= repeat_after)
     send_resolved = bool(resolved) and receiver.send_resolved
     still = tuple(sorted(set(firing) | held))
     if not (new_firing or send_resolved or repeat):

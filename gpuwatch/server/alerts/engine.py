@@ -41,6 +41,13 @@ What is promised, and why it holds:
 * **Nothing stale is sent.** A notification not attempted by its deadline is
   ``failed`` without being sent; before an attempt it loses the firing alerts since
   silenced or resolved (``superseded`` when nothing is left).
+* **No resolution owed is dropped.** Each group records what its receiver was actually
+  told fires (``delivered_firing``, from the notifications sent). A notification given
+  up at its deadline makes the group fall back to that record, so the next look tells
+  what still fires and resolves what the receiver was told fires and has resolved,
+  however long the receiver was down; the resolved row is kept until then.
+* **The most urgent first.** A receiver's due notifications are claimed by urgency (its
+  most severe alert), then age: a new critical page is not queued behind a backlog.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -88,11 +95,19 @@ from gpuwatch.server.database.dialects import (
 )
 from gpuwatch.server.notifications.model import Attempt, Culprit, Notification
 from gpuwatch.server.notifications.receivers.base import Receiver
+from gpuwatch.server.notifications.receivers.text import cut
 from gpuwatch.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
 BACKOFF_CAP_SECONDS = 60.0
+# The longest Retry-After honoured: a receiver that answers "Retry-After: 86400" muted
+# its endpoint for a day, and every notification to it expired unattempted. After this
+# long it is asked again (and may ask to wait again).
+RETRY_AFTER_CAP_SECONDS = 300.0
+# A notification's urgency (claimed in this order, then oldest first): its most severe
+# alert's.
+URGENCY = {"critical": 0, "warning": 1, "info": 2}
 # Sent and given-up notifications are kept this long (the log the API shows).
 NOTIFICATION_RETENTION_SECONDS = 7 * 86400.0
 MAX_ATTEMPTS_PER_RUN = 200
@@ -123,6 +138,7 @@ _NOTIFICATION_COLUMNS = (
     "attempts",
     "next_attempt_at",
     "deadline_at",
+    "urgency",
 )
 _GROUP_COLUMNS = (
     "receiver",
@@ -132,6 +148,7 @@ _GROUP_COLUMNS = (
     "flushed_at",
     "notified_at",
     "notified_firing",
+    "delivered_firing",
 )
 _ALERT_COLUMNS = (
     "fingerprint",
@@ -148,7 +165,9 @@ _ALERT_COLUMNS = (
     "resolved_at",
 )
 # Columns of the alert tables whose values go to the array statements as JSON text.
-_JSON_COLUMNS = frozenset({"body", "group_labels", "notified_firing", "labels", "culprits"})
+_JSON_COLUMNS = frozenset(
+    {"body", "group_labels", "notified_firing", "delivered_firing", "labels", "culprits"}
+)
 # One evaluation at a time per database in this process (by URL).
 _EVALUATING: dict[str, threading.Lock] = {}
 
@@ -408,7 +427,9 @@ class AlertEngine:
                     NotificationRow.next_attempt_at <= now,
                     mine,
                 )
-                .order_by(NotificationRow.id)
+                # Most urgent first, then oldest: a new critical page is not queued
+                # behind a backlog of warnings (one Slack message a second).
+                .order_by(NotificationRow.urgency, NotificationRow.id)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
             ).all()
@@ -429,6 +450,7 @@ class AlertEngine:
                 if row.deadline_at < now:
                     row.status = "failed"
                     row.last_error = _expired_error(row.last_error)
+                    row.next_attempt_at = now  # a settled row: when it was given up
                     expired.append(_claimed(row, row.body))
                     continue
                 body = _still_due(row.body, ended, silences, now)
@@ -475,6 +497,7 @@ class AlertEngine:
                         "attempts": r.attempts,
                         "status": "failed",
                         "last_error": _expired_error(r.last_error),
+                        "next_attempt_at": self._clock(),  # when it was given up
                     }
                     for r in rows
                 ],
@@ -541,6 +564,8 @@ class AlertEngine:
             log.exception("receiver %s failed unexpectedly", name)
             attempt = Attempt("retry", f"receiver {name!r} failed: {type(err).__name__}")
         self._last_sent[key] = self._clock()
+        if attempt.retry_after is not None and attempt.retry_after > RETRY_AFTER_CAP_SECONDS:
+            attempt = replace(attempt, retry_after=RETRY_AFTER_CAP_SECONDS)
         if attempt.outcome == "retry" and attempt.retry_after is not None:
             self._paused_until[key] = self._clock() + attempt.retry_after
         return attempt
@@ -562,7 +587,7 @@ class AlertEngine:
                 value |= {"status": "sent", "sent_at": now}
                 outcome = "sent"
             elif attempt.outcome == "broken":
-                value |= {"status": "broken"}
+                value |= {"status": "broken", "next_attempt_at": now}
                 outcome = "broken"
                 log.warning(
                     "notification %d: receiver refused it for good: %s", row.id, attempt.detail
@@ -573,7 +598,7 @@ class AlertEngine:
                 wait = attempt.retry_after if attempt.retry_after is not None else backoff
                 next_at = now + wait
                 if next_at > row.deadline:
-                    value |= {"status": "failed"}
+                    value |= {"status": "failed", "next_attempt_at": now}
                     outcome = "failed"
                     log.warning(
                         "notification %d: gave up at its deadline: %s", row.id, attempt.detail
@@ -591,6 +616,10 @@ class AlertEngine:
             for same in shapes.values():
                 session.execute(update(NotificationRow), same)
             _retell(session, [r for r, o in zip(rows, outcomes, strict=True) if o == "failed"])
+            _record_delivered(
+                session,
+                [(r, o) for r, o in zip(rows, outcomes, strict=True) if o in ("sent", "broken")],
+            )
         return outcomes
 
 
@@ -645,18 +674,76 @@ def _still_due(
 
 
 def _retell(session: Session, given_up: Sequence[Claimed]) -> None:
-    """Forget that the groups of notifications given up on (their delivery deadline
-    passed) were told: their next look notifies them as new. The group was marked told
-    when the notification was planned, so a receiver down past the deadline heard
-    nothing more until ``repeat_interval`` (4 h), though the alert fired all along;
-    Alertmanager records a group only once a send succeeded. A broken notification is
-    not retold: the receiver refused it for good, and it would be refused again."""
+    """Forget what the groups of notifications given up on (their delivery deadline
+    passed) were planned to tell: they fall back to what their receiver was actually
+    told (``delivered_firing``), and their next look tells what fires again, and the
+    resolution of every alert the receiver was told fires and has resolved since.
+
+    The group was marked told when the notification was planned, so a receiver down
+    past the deadline heard nothing more until ``repeat_interval`` (4 h), though the
+    alert fired all along; Alertmanager records a group only once a send succeeded.
+    Clearing the record altogether lost the resolutions owed: a receiver told "firing",
+    down while the alert resolved and past the deadline, never heard "resolved" (a
+    page left open for good). A broken notification is not retold: the receiver
+    refused it for good, and it would be refused again."""
     for receiver, group_key in {(r.receiver, r.body.get("group_key")) for r in given_up}:
         session.execute(
             update(AlertGroupRow)
             .where(AlertGroupRow.receiver == receiver, AlertGroupRow.group_key == group_key)
-            .values(notified_at=None, notified_firing=[])
+            .values(notified_at=None, notified_firing=AlertGroupRow.delivered_firing)
         )
+
+
+def _record_delivered(session: Session, settled: Sequence[tuple[Claimed, str]]) -> None:
+    """Record in each group what its receiver now believes fires: a sent notification's
+    firing alerts are added, its resolved ones removed. A broken one (refused for good)
+    settles the resolutions it carried: retrying them would be refused again, and an
+    owed resolution keeps its alert row."""
+    changes: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+    for row, outcome in settled:
+        group_key = row.body.get("group_key")
+        if not isinstance(group_key, str):
+            continue
+        told, ended = changes.setdefault((row.receiver, group_key), (set(), set()))
+        for alert in row.body.get("alerts") or []:  # type: ignore[attr-defined]
+            fingerprint = alert.get("fingerprint")
+            if alert.get("status") == "resolved":
+                ended.add(fingerprint)
+                told.discard(fingerprint)
+            elif outcome == "sent":
+                told.add(fingerprint)
+                ended.discard(fingerprint)
+    if not changes:
+        return
+    values = []
+    group_keys = sorted({key for _, key in changes})
+    for start in range(0, len(group_keys), INSERT_CHUNK):
+        rows = session.execute(
+            select(AlertGroupRow.id, AlertGroupRow.receiver, AlertGroupRow.group_key,
+                   AlertGroupRow.delivered_firing)
+            .where(AlertGroupRow.group_key.in_(group_keys[start : start + INSERT_CHUNK]))
+        ).all()  # fmt: skip
+        for id_, receiver, group_key, delivered in rows:
+            change = changes.get((receiver, group_key))
+            if change is None:
+                continue
+            told, ended = change
+            new = sorted((set(delivered or []) - ended) | told)
+            if new != sorted(delivered or []):
+                values.append({"id": id_, "delivered_firing": new})
+    if values:
+        session.execute(update(AlertGroupRow), values)
+
+
+def _urgency(body: dict[str, Any]) -> int:
+    """:data:`URGENCY` of a notification body's most severe alert (firing or resolved)."""
+    return min(
+        (
+            URGENCY.get(str((alert.get("labels") or {}).get("severity")), 2)
+            for alert in body.get("alerts") or []
+        ),
+        default=2,
+    )
 
 
 def _expired_error(previous: str | None) -> str:
@@ -783,8 +870,9 @@ def _alert_values(alert: AlertState) -> dict[str, object]:
         "labels": alert.labels,
         "severity": alert.severity,
         "state": alert.state,
-        "summary": alert.summary[:1024],
-        "description": alert.description[:2048],
+        # Cut to the columns' widths, never inside an escape printable() wrote.
+        "summary": cut(alert.summary, 1024),
+        "description": cut(alert.description, 2048),
         "culprits": alert.culprits_json(),
         "active_since": alert.active_since,
         "fired_at": alert.fired_at,
@@ -804,6 +892,7 @@ def _load_groups(session: Session) -> dict[tuple[str, str], dispatch.GroupState]
             notified_at=row.notified_at,
             notified_firing=tuple(row.notified_firing),
             id=row.id,
+            delivered_firing=tuple(row.delivered_firing or ()),
         )
         for row in session.scalars(select(AlertGroupRow))
     }
@@ -821,6 +910,7 @@ def _store_groups(session: Session, groups: list[dispatch.GroupState]) -> None:
             "flushed_at": group.flushed_at,
             "notified_at": group.notified_at,
             "notified_firing": list(group.notified_firing),
+            "delivered_firing": list(group.delivered_firing),
         }
         for group in groups
     ]
@@ -904,6 +994,7 @@ def _insert_notifications(
                 "attempts": 0,
                 "next_attempt_at": next_at,
                 "deadline_at": deadline,
+                "urgency": _urgency(body),
             }
         )
         prior_of[(key[0], key[1], flush_at)] = [row.id for row in prior]
@@ -1046,15 +1137,17 @@ def _array_rows(
 def _told_firing(
     groups: dict[tuple[str, str], dispatch.GroupState], receivers: dict[str, Receiver]
 ) -> set[str]:
-    """The fingerprints a configured receiver was last told fire. A resolved one is
-    owed its resolution, which may wait for as long as a silence holds it (up to a
-    year): its row is kept past ``resolved_retention`` until then. (Groups of receivers
-    no longer configured are never looked at again, so they pin nothing.)"""
+    """The fingerprints a configured receiver was last told fire, as planned or as
+    delivered. A resolved one is owed its resolution, which may wait for as long as a
+    silence holds it (up to a year), or as long as the receiver is down (its
+    notification given up at the deadline, and planned again): its row is kept past
+    ``resolved_retention`` until then. (Groups of receivers no longer configured are
+    never looked at again, so they pin nothing.)"""
     return {
         fingerprint
         for (receiver, _), group in groups.items()
         if receiver in receivers
-        for fingerprint in group.notified_firing
+        for fingerprint in (*group.notified_firing, *group.delivered_firing)
     }
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwatch.server.alerts.config import ANNOUNCEMENTS, AlertSettings
-from gpuwatch.server.alerts.rules import Candidate
+from gpuwatch.server.alerts.rules import Candidate, resolved_summary
 from gpuwatch.server.notifications.model import Culprit
 
 # Rules whose condition is that a host or GPU cannot be seen, and announcements, which
@@ -108,5 +108,12 @@ def advance(
         rule = getattr(settings.rules, current.rule, None)
         keep = 0.0 if rule is None else rule.keep_firing_for_seconds
         if now - current.last_true_at >= keep:
-            changed.append(replace(current, state="resolved", resolved_at=now))
+            changed.append(
+                replace(
+                    current,
+                    state="resolved",
+                    resolved_at=now,
+                    summary=resolved_summary(current.summary),
+                )
+            )
     return changed

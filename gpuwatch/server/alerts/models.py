@@ -53,8 +53,14 @@ class AlertGroupRow(Base):
     first_alert_at: Mapped[float | None] = mapped_column(Double)
     flushed_at: Mapped[float | None] = mapped_column(Double)
     notified_at: Mapped[float | None] = mapped_column(Double)
-    # Fingerprints of the firing alerts the last notification carried.
+    # Fingerprints of the firing alerts the last notification carried (planned: it
+    # may not have been delivered yet).
     notified_firing: Mapped[list[str]] = mapped_column(JSON)
+    # Fingerprints the receiver was actually told fire: a delivered notification said
+    # so and no delivered one has resolved them since. A notification given up at its
+    # deadline falls back to this, so a resolution owed is planned again (Alertmanager's
+    # nflog records a group only once a send succeeded).
+    delivered_firing: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
 
 
 class NotificationRow(Base):
@@ -73,10 +79,14 @@ class NotificationRow(Base):
     status: Mapped[str] = mapped_column(String(16))
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Pending: when it may be attempted next. Failed or broken: when it was given up.
     next_attempt_at: Mapped[float] = mapped_column(Double)
     deadline_at: Mapped[float] = mapped_column(Double)
     sent_at: Mapped[float | None] = mapped_column(Double)
     last_error: Mapped[str | None] = mapped_column(String(512))
+    # Its most severe alert: 0 critical, 1 warning, 2 info. A backlog is claimed by
+    # this, then age, so a new critical page is not queued behind warnings.
+    urgency: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
 
 
 class SilenceRow(Base):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ from gpuwatch.server.alerts.config import (
 )
 from gpuwatch.server.alerts.facts import EventFact, Facts, GpuFact, GpuHealth, Holder
 from gpuwatch.server.notifications.model import Culprit
-from gpuwatch.server.notifications.receivers.text import shorten
+from gpuwatch.server.notifications.receivers.text import short_name, shorten
 from gpuwatch.terminal_text import printable
 
 
@@ -50,6 +51,22 @@ class Candidate:
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.labels)
+
+
+# What a summary predicts ("fills up in about 2 min", "full in 4 min at this rate"):
+# said again in the resolved notification it read as if the GPU were still filling.
+_PREDICTIONS = (
+    (re.compile(r" is (\d+% full) and fills up in about [^;]*"), r" was \1 and filling up"),
+    (re.compile(r"; the GPU is full in[^;]* at this rate"), ""),
+)
+
+
+def resolved_summary(summary: str) -> str:
+    """``summary`` as a resolved alert keeps it: its predictions of when the GPU is
+    full dropped, in the past tense where the sentence needs it."""
+    for pattern, replacement in _PREDICTIONS:
+        summary = pattern.sub(replacement, summary)
+    return summary
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -116,12 +133,12 @@ def describe(c: Culprit) -> str:
     command cut (a 3,000-character command filled screens of the alerts page)."""
     where = [shorten(c.command or "?", DESCRIBED_COMMAND_CHARS)]
     if c.container_id:
-        where.append(f"container {shown_container_id(c.container_id)}")
+        where.append(f"container {short_name(shown_container_id(c.container_id), '?')}")
     if c.pod_uid:
-        where.append(f"pod {c.pod_uid}")
+        where.append(f"pod {short_name(c.pod_uid, '?')}")
     if c.slurm_job_id:
-        where.append(f"Slurm job {c.slurm_job_id}")
-    text = printable(f"{c.user or 'unknown user'}'s pid {c.pid} ({', '.join(where)})")
+        where.append(f"Slurm job {short_name(c.slurm_job_id, '?')}")
+    text = f"{short_name(c.user, 'unknown user')}'s pid {c.pid} ({', '.join(where)})"
     if c.memory_bytes is not None:
         text += f" holds {format_bytes(c.memory_bytes)}"
     rate = growth_rate(c.slope_bytes_per_second)

@@ -150,6 +150,9 @@ class ReceiverOut(BaseModel):
     # Notifications never sent because a newer one of their group replaced them
     # (kept as long as the notification log).
     superseded: int = 0
+    # Notifications given up (their delivery deadline passed, attempted or not) since
+    # the receiver last took one.
+    failed: int = 0
 
 
 class TestResult(BaseModel):

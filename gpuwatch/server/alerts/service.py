@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuwatch.errors import GpuwatchError
@@ -110,49 +110,67 @@ def expire_silence(*, session: Session, silence_id: int, now: float) -> SilenceO
 
 
 def receiver_states(*, session: Session, receivers: dict[str, Receiver]) -> list[ReceiverOut]:
-    """Each receiver's latest delivery outcome, from its latest attempted notification
-    (a superseded one included: while a receiver is down, each newer notification
-    supersedes the retried one and waits, untried, for its retry time): ``broken``
-    when it was refused for good, ``failing`` when it was given up at its deadline or
-    its attempt failed, ``ok`` when it was sent."""
+    """Each receiver's delivery state: ``broken`` when its latest outcome was a refusal
+    for good, ``failing`` when a notification was given up at its deadline since it
+    last took one (attempted or not: one that expired in a backlog, or behind a
+    ``Retry-After``, counts too) or its latest attempt failed, ``ok`` when it took the
+    latest, ``unknown`` before any outcome.
+
+    The latest attempt is that of the newest notification with an outcome recorded:
+    a superseded one included (while a receiver is down, each newer notification
+    supersedes the retried one and waits, untried, for its retry time), one leased
+    for its first attempt and not yet answered not (a receiver that delivers fine read
+    ``unknown`` while its next notification was in flight)."""
     out = []
     for name, receiver in sorted(receivers.items()):
+        mine = NotificationRow.receiver == name
+        # Recorded: settled, or retried after a failed attempt (its last_error kept
+        # while it is leased again). Never the first attempt of a row still in flight.
+        recorded = or_(
+            NotificationRow.status.in_(("sent", "broken", "failed")),
+            and_(NotificationRow.attempts > 0, NotificationRow.last_error.is_not(None)),
+        )
         last = session.scalars(
             select(NotificationRow)
-            .where(
-                NotificationRow.receiver == name,
-                NotificationRow.attempts > 0,
-            )
+            .where(mine, recorded)
             .order_by(NotificationRow.id.desc())
             .limit(1)
         ).first()
-        sent_at = session.scalar(
-            select(func.max(NotificationRow.sent_at)).where(NotificationRow.receiver == name)
-        )
+        sent_at = session.scalar(select(func.max(NotificationRow.sent_at)).where(mine))
+        # A failed or broken row's next_attempt_at is when it was settled.
+        given_up = select(NotificationRow).where(mine, NotificationRow.status == "failed")
+        if sent_at is not None:
+            given_up = given_up.where(NotificationRow.next_attempt_at > sent_at)
+        failed = session.scalar(select(func.count()).select_from(given_up.subquery())) or 0
+        latest_failed = session.scalars(
+            given_up.order_by(NotificationRow.next_attempt_at.desc()).limit(1)
+        ).first()
         pending = session.scalar(
-            select(func.count(NotificationRow.id)).where(
-                NotificationRow.receiver == name, NotificationRow.status == "pending"
-            )
+            select(func.count(NotificationRow.id)).where(mine, NotificationRow.status == "pending")
         )
         superseded = session.scalar(
             select(func.count(NotificationRow.id)).where(
-                NotificationRow.receiver == name, NotificationRow.status == "superseded"
+                mine, NotificationRow.status == "superseded"
             )
         )
         status = "unknown"
+        last_error = None if last is None else last.last_error
         if last is not None:
-            status = {"sent": "ok", "broken": "broken", "failed": "failing"}.get(
-                last.status, "failing" if last.last_error else "unknown"
-            )
+            status = {"sent": "ok", "broken": "broken"}.get(last.status, "failing")
+        if failed and status != "broken":
+            status = "failing"
+            if latest_failed is not None and (last is None or last.status == "sent"):
+                last_error = latest_failed.last_error
         out.append(
             ReceiverOut(
                 name=name,
                 type=receiver.type,
                 status=status,  # type: ignore[arg-type]
-                last_error=None if last is None else last.last_error,
+                last_error=last_error,
                 last_sent_at=sent_at,
                 pending=pending or 0,
                 superseded=superseded or 0,
+                failed=failed,
             )
         )
     return out

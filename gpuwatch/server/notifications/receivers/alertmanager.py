@@ -42,6 +42,7 @@ from gpuwatch.server.notifications.config import ReceiverConfig
 from gpuwatch.server.notifications.model import Attempt, Notification, NotifiedAlert
 from gpuwatch.server.notifications.receivers.base import Clock, HttpReceiver, sendable_alerts
 from gpuwatch.server.notifications.receivers.text import culprits_text
+from gpuwatch.terminal_text import printable
 
 API_PATH = "/api/v2/alerts"
 _LABEL_NAME = re.compile(r"[^A-Za-z0-9_]")
@@ -68,7 +69,9 @@ def payload(
     out = []
     for alert in alerts:
         # An empty label value is no label in Prometheus' model.
-        labels = {_label_name(k): v for k, v in alert.labels.items() if v}
+        # Label values from agents (a user name) one line each, as the summary is:
+        # Alertmanager's own templates put them in chat messages.
+        labels = {_label_name(k): printable(v) for k, v in alert.labels.items() if v}
         labels["alertname"] = alert.rule
         annotations = {
             "summary": alert.summary,

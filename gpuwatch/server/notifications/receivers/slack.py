@@ -19,12 +19,20 @@ Slack takes at most one message per second per webhook: ``min_interval_seconds``
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuwatch.server.notifications.model import Attempt, Culprit, Notification, NotifiedAlert
 from gpuwatch.server.notifications.receivers.base import HttpReceiver, Reply, classify, reason
-from gpuwatch.server.notifications.receivers.text import culprit_facts, culprits_text, shorten
+from gpuwatch.server.notifications.receivers.text import (
+    culprit_facts,
+    culprits_text,
+    cut,
+    short_name,
+    shorten,
+)
+from gpuwatch.terminal_text import printable
 
 # Block Kit limits: 50 blocks a message, 150 characters a header, 3000 a section text.
 MAX_ALERTS = 10
@@ -128,18 +136,23 @@ def _fallback(title: str, alerts: list[NotifiedAlert]) -> str:
 
 def _alert_blocks(alert: NotifiedAlert) -> list[dict[str, Any]]:
     icon = "🔴" if alert.status == "firing" else "✅"
-    text = f"{icon} *{_escape(shorten(alert.summary, 300))}*"
+    text = f"{icon} *{_inline(shorten(alert.summary, 300))}*"
     if alert.description:
-        # Not shorten(): a description may be laid out in lines.
-        text += f"\n{_escape(alert.description[:1500])}"
+        # Not shorten(): a description may be laid out in lines (each one made
+        # printable here too, whoever built it).
+        described = "\n".join(printable(line) for line in alert.description.split("\n"))
+        text += f"\n{_inline(cut(described, 1500))}"
     blocks = [_section(text)]
     if alert.culprits:
         lines = [_culprit_mrkdwn(c) for c in alert.culprits[:MAX_CULPRITS]]
         if len(alert.culprits) > MAX_CULPRITS:
             lines.append(f"…and {len(alert.culprits) - MAX_CULPRITS} more")
         blocks.append(_section("*Culprits*\n" + "\n".join(lines)))
+    # Label values (a user name, a hostname) come from agents: one line, bounded.
     labels = " ".join(
-        f"`{_code(k)}={_code(v)}`" for k, v in sorted(alert.labels.items()) if k != "rule"
+        f"`{_code(k)}={_code(short_name(v, ''))}`"
+        for k, v in sorted(alert.labels.items())
+        if k != "rule"
     )
     when = f"since {_date(alert.starts_at)}"
     if alert.ends_at is not None:
@@ -149,19 +162,19 @@ def _alert_blocks(alert: NotifiedAlert) -> list[dict[str, Any]]:
 
 
 def _culprit_mrkdwn(culprit: Culprit) -> str:
-    who = _escape(culprit.user or "unknown user")
+    # The owner's name is anyone's to choose (a host token holder pushes it; /etc/passwd
+    # takes 256 characters): treated like the command, and kept from formatting the line.
+    who = _inline(short_name(culprit.user, "unknown user"))
     command = _code(shorten(culprit.command or "unknown command", 80))
-    return f"• *{who}* `{command}` — {_escape(', '.join(culprit_facts(culprit)))}"
+    return f"• *{who}* `{command}` — {_inline(', '.join(culprit_facts(culprit)))}"
 
 
 def _section(text: str) -> dict[str, Any]:
-    if len(text) > SECTION_CHARS:
-        text = text[: SECTION_CHARS - 1] + "…"
-    return {"type": "section", "text": _mrkdwn(text)}
+    return {"type": "section", "text": _mrkdwn(_within(text, SECTION_CHARS))}
 
 
 def _context(text: str) -> dict[str, Any]:
-    return {"type": "context", "elements": [_mrkdwn(text[:SECTION_CHARS])]}
+    return {"type": "context", "elements": [_mrkdwn(_within(text, SECTION_CHARS))]}
 
 
 def _mrkdwn(text: str) -> dict[str, Any]:
@@ -181,17 +194,37 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+# Slack has no escape for its formatting marks. In text from users outside a code span
+# (a summary naming a command, an owner's name), a "*" closed the bold around it and
+# "_x_" or "~x~" restyled what followed: they are shown as look-alikes instead (an
+# underscore only at a word's edge, where Slack reads it as a mark: svc_ml is left
+# alone). A backtick only starts a code span, inside which nothing is formatted. The
+# exact text is in the command's code span, the webhook and the API.
+_MARKS = str.maketrans({"*": "∗", "~": "∼"})
+_EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
+def _inline(text: str) -> str:
+    """User-given text for mrkdwn outside a code span: escaped, and unable to format."""
+    return _EDGE_UNDERSCORE.sub("ˍ", _escape(text).translate(_MARKS))
+
+
+def _within(text: str, limit: int) -> str:
+    """Escaped ``text`` in at most ``limit`` characters, cut neither inside an entity
+    (``&amp;``) nor inside an escape printable() wrote (``\\u202e``)."""
+    if len(text) <= limit:
+        return text
+    head = cut(text, limit)[:-1]
+    amp = head.rfind("&")
+    if amp >= len(head) - 4 and ";" not in head[amp:]:
+        head = head[:amp]  # never half an entity
+    return head + "…"
+
+
 def _escaped_within(text: str, limit: int) -> str:
     """``_escape(text)`` in at most ``limit`` characters: escaping lengthens the text
     (``<`` is four characters more), so cutting before it overran Slack's limit."""
-    escaped = _escape(text)
-    if len(escaped) <= limit:
-        return escaped
-    cut = escaped[: limit - 1]
-    amp = cut.rfind("&")
-    if amp >= len(cut) - 4 and ";" not in cut[amp:]:
-        cut = cut[:amp]  # never half an entity
-    return cut + "…"
+    return _within(_escape(text), limit)
 
 
 def _code(text: str) -> str:
