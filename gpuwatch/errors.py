@@ -98,7 +98,7 @@ EXIT_CODES: dict[int, str] = {
     11: "`gpuwatch fit`: cannot tell; the answer depends on an input not given (e.g. --config)",
     20: "`gpuwatch reap`: nothing to do, no process qualifies (0: every chosen process was stopped, or a dry run chose some)",
     21: "`gpuwatch reap`: partial, some chosen processes were not stopped (not permitted, identity changed, unkillable, active again)",
-    22: "`gpuwatch reap`: refused before any signal (host PIDs not visible, not confirmed or no answer at the prompt, audit log unwritable, history not served by this host's agent or `--agent` naming another host, --pid target not eligible)",
+    22: "`gpuwatch reap`: refused before any signal (host PIDs not visible, a PID namespace other than the one `proc_root` shows, not confirmed or no answer at the prompt, audit log unwritable or writable by others, history not served by this host's agent or `--agent` naming another host, --pid target not eligible)",
     126: "`gpuwatch fake-nvml exec`: the command was found but cannot be run (as a shell answers)",
     127: "`gpuwatch fake-nvml exec`: the command was not found",
     130: "interrupted (Ctrl-C, SIGINT; for `gpuwatch reap` while stopping, SIGTERM too: the stop in progress is recorded as `interrupted`) before the command finished; `gpuwatch agent` and `gpuwatch demo` are stopped that way and exit 0 once stopped cleanly",

@@ -127,6 +127,7 @@ def reap(
         raise typer.BadParameter("give --idle DURATION, or --pid PID (optionally with --idle)")
     if force and pid is None:
         raise typer.BadParameter("--force needs --pid: it is for the one process you name")
+    _check_users(users)
     use_config_file(config)
     settings = load(AgentSettings, fake_gpus=fake_gpus)
     reap_settings = _reap_settings(
@@ -258,14 +259,23 @@ class _Session:
     ) -> Plan:
         import contextlib
         import time
+        from functools import partial
 
         from gpuwatch.agent.reaper.central import ServerHistory, on_clock
         from gpuwatch.agent.reaper.clock import boottime
         from gpuwatch.agent.reaper.plan import CURRENT_POLLS, IdleRule, make_plan
         from gpuwatch.agent.reaper.policy import Selection
+        from gpuwatch.agent.reaper.procfs import job_key
 
         snapshot = self.observer.poll()
         self.hostname = snapshot.hostname
+        problem = self.executor.signal_problem()
+        if problem is not None:
+            if not self.dry_run:
+                from gpuwatch.agent.reaper.errors import ReapRefused
+
+                raise ReapRefused(problem)
+            self.notes.append(f"a real run would be refused: {problem}")
         missing = sorted(set(gpus) - {gpu.index for gpu in snapshot.gpus})
         if missing:
             # A typo would otherwise answer "nothing to reap", as if the GPU were clean.
@@ -339,6 +349,7 @@ class _Session:
                 notes=self.notes,
                 server=lookup,
                 held_on=held_on,
+                job_of=partial(job_key, proc_root=self.settings.proc_root),
             )
         used = server.summary() if server is not None else None
         if used is not None:
@@ -490,11 +501,22 @@ class _Session:
             else:
                 self.console.print("Nothing to reap.")
             return EXIT_NOTHING_TO_DO
-        if not dry_run and not yes:
-            self._confirm(plan, executor)
-        executor.rejudge = self.rejudge(plan)
-        with _sigterm_interrupts():
-            results = executor.run(plan, dry_run=dry_run, record=False)
+        try:
+            if not dry_run and not yes:
+                if as_json and sys.stdin.isatty():
+                    # The JSON goes to stdout after the run: whoever answers the prompt
+                    # reads on the terminal (stderr) what they are asked to stop.
+                    print_plan(plan, self.console)
+                self._confirm(plan, executor, on_stderr=as_json)
+            executor.rejudge = self.rejudge(plan)
+            with _sigterm_interrupts():
+                results = executor.run(plan, dry_run=dry_run, record=False)
+        except ReapRefused as err:
+            # Declined, no answer, not a terminal, or no proof whom a pidfd names: the
+            # documented object with "refused", as for refusals at the planning stage.
+            if as_json:
+                typer.echo(to_json(plan, [], dry_run=dry_run, refused=str(err)))
+            raise
         notes = self._event_notes()
         if as_json:
             typer.echo(to_json(plan, results, dry_run=dry_run, notes=notes))
@@ -510,7 +532,9 @@ class _Session:
             return EXIT_REAPED
         return EXIT_PARTIAL
 
-    def _confirm(self, plan: Plan, executor: Executor) -> None:
+    def _confirm(self, plan: Plan, executor: Executor, *, on_stderr: bool = False) -> None:
+        """Ask on the terminal; ``on_stderr`` (``--json``): the question goes to stderr,
+        with the table, so that stdout carries the JSON object alone."""
         from gpuwatch.agent.reaper.errors import ReapRefused
 
         count = len(plan.chosen)
@@ -522,7 +546,8 @@ class _Session:
             with _sigterm_interrupts():
                 confirmed = typer.confirm(
                     f"Stop {count} process(es) (SIGTERM, then SIGKILL after "
-                    f"{self.reap.grace_seconds:.0f}s)?"
+                    f"{self.reap.grace_seconds:.0f}s)?",
+                    err=on_stderr,
                 )
         except (typer.Abort, KeyboardInterrupt, EOFError):
             # Ctrl-C, Ctrl-D or SIGTERM at the prompt: nothing was signalled; say so.
@@ -677,6 +702,17 @@ class _SamplerObserver:
             return self.poll()
         except GpuwatchError:
             return None
+
+
+def _check_users(users: list[str]) -> None:
+    """A ``--user`` name that names no account: a typo would otherwise answer "nothing
+    to reap", as if that user held nothing (uids are taken as they are)."""
+    from gpuwatch.agent.reaper.policy import user_uid
+    from gpuwatch.errors import ConfigError
+
+    for user in users:
+        if not user.isdigit() and user_uid(user) is None:
+            raise ConfigError(f"--user {user}: no such user on this host")
 
 
 def _check_idle_floor(idle_seconds: float, poll_interval_seconds: float) -> None:

@@ -4,7 +4,9 @@ Every decision is written, spared processes, refusals and dry runs included, and
 ``signal`` row is written and flushed to disk *before* each signal is sent: if the
 row cannot be written, the signal is not sent (:class:`AuditError`). The file is
 opened ``O_APPEND`` for each row, so several writers (the agent's policy and a
-``gpuwatch reap`` by hand) interleave whole lines, and it is created mode 0600.
+``gpuwatch reap`` by hand) interleave whole lines, and it is created mode 0600 (by
+root in another user's directory: owned by that user, :func:`_open_for_append`). An
+existing log that others may write, or that belongs to someone else, is refused.
 
 Row fields (docs/reaper.md, "Audit log"): ``at`` (epoch s), ``run`` (one id per
 invocation), ``event`` (``decision``, ``refused``, ``signal``, ``outcome``,
@@ -105,19 +107,52 @@ _APPEND_FLAGS = (
 
 
 def _open_for_append(path: Path) -> int:
-    """A descriptor for appending to ``path``, a regular file with one link (created
-    mode 0600 when absent). Raises OSError, with a reason, for anything else."""
+    """A descriptor for appending to ``path``, a regular file with one link that only
+    its owner may write, owned by the caller, root or its directory's owner (created
+    mode 0600 when absent). Raises OSError, with a reason, for anything else.
+
+    Root creating it in a directory another user owns (the agent's StateDirectory, by
+    ``sudo gpuwatch reap``, a dry run included) gives it to that owner: the agent's
+    service user appends to the same file, and a root-owned 0600 file there would turn
+    its policy off for good. The owner of the directory could replace the file anyway.
+    """
     try:
-        fd = os.open(path, _APPEND_FLAGS, 0o600)
+        created = True
+        try:
+            fd = os.open(path, _APPEND_FLAGS | os.O_EXCL, 0o600)
+        except FileExistsError:
+            created = False
+            fd = os.open(path, _APPEND_FLAGS & ~os.O_CREAT)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise OSError(err.errno, "it is a symbolic link, which is never followed") from err
         raise
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            what = (
+                "has more than one name" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+            )
+            raise OSError(errno.EPERM, f"it {what}")
+        directory = os.stat(path.parent)
+        if created and os.geteuid() == 0 and directory.st_uid != 0:
+            os.fchown(fd, directory.st_uid, directory.st_gid)
+        elif info.st_uid not in (os.geteuid(), 0, directory.st_uid):
+            raise OSError(
+                errno.EPERM,
+                f"it belongs to uid {info.st_uid}, neither this user, root nor its "
+                "directory's owner, who could rewrite the record",
+            )
+        if info.st_mode & 0o022:
+            # Anyone could rewrite the record of what was stopped: not appended to.
+            raise OSError(
+                errno.EPERM,
+                f"other users may write it (mode {stat.S_IMODE(info.st_mode):04o}): "
+                "anyone could rewrite the record; `chmod go-w` it",
+            )
+    except OSError:
         os.close(fd)
-        what = "has more than one name" if stat.S_ISREG(info.st_mode) else "is not a regular file"
-        raise OSError(errno.EPERM, f"it {what}")
+        raise
     return fd
 
 

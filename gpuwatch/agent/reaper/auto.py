@@ -69,6 +69,7 @@ from gpuwatch.agent.reaper.history import ProcessHistory
 from gpuwatch.agent.reaper.plan import (
     CURRENT_POLLS,
     IdleRule,
+    JobLookup,
     Plan,
     make_plan,
     rejudge,
@@ -117,7 +118,8 @@ class AutoReaper:
     worker thread (the
     agent); tests may run them inline. ``stats`` counts what it does (a fresh one
     when not given). ``server`` is the central server's history (``None``: the
-    agent's alone decides).
+    agent's alone decides). ``job_of`` links the ranks of one distributed job
+    (:func:`~gpuwatch.agent.reaper.plan.make_plan`).
     """
 
     def __init__(
@@ -134,9 +136,11 @@ class AutoReaper:
         background: bool = True,
         stats: PolicyStats | None = None,
         server: CachedServerHistory | None = None,
+        job_of: JobLookup | None = None,
     ) -> None:
         self.settings = settings
         self.server = server
+        self._job_of = job_of
         self.stats = stats if stats is not None else PolicyStats()
         self._history = history
         self._executor = executor
@@ -155,6 +159,7 @@ class AutoReaper:
         self._planned_at = 0.0  # when the plan of the batch being stopped was made
         self._planned_on = ""  # and for which host
         executor.rejudge = self.rejudge
+        executor.still_needed = self.still_needed
         self.warnings: dict[Key, PendingWarning] = {}
         self._acted: set[Key] = set()
         self._stops: deque[tuple[float, str]] = deque()
@@ -166,6 +171,9 @@ class AutoReaper:
         self._next_check = 0.0
         self._worker: threading.Thread | None = None
         self._disabled = False
+        # The processes of the batch in progress that its fresh readings found on a GPU
+        # no longer contended (written and read on the stop worker only).
+        self._uncontended: set[Key] = set()
 
     @property
     def busy(self) -> bool:
@@ -212,6 +220,9 @@ class AutoReaper:
             log.exception("reaper policy check failed")
 
     def _check(self, snapshot: HostSnapshot, now: float) -> None:
+        problem = None if self.dry_run else self._executor.signal_problem()
+        if problem is not None:
+            raise ReapRefused(problem)  # the policy is turned off (after_poll)
         self._prune_ooms(snapshot, now)
         plan = self._plan(snapshot, now)
         eligible: dict[Key, tuple[Decision, str]] = {}
@@ -233,6 +244,9 @@ class AutoReaper:
                 continue
             if now >= warning.deadline:
                 due.append(decision)
+        # Largest first: contention is judged again before each stop, so the fewest
+        # processes are stopped when one stop frees enough.
+        due.sort(key=lambda d: -d.candidate.memory_bytes)
         self._stop(plan, self._within_caps(due, now))
         self.stats.under_warning(sum(1 for w in self.warnings.values() if w.issued))
 
@@ -248,6 +262,7 @@ class AutoReaper:
             caller_uid=self._caller_uid,
             server=self._server_lookup(snapshot.hostname),
             held_on=self._history.gpus_for,
+            job_of=self._job_of,
         )
 
     def _rule(self) -> IdleRule:
@@ -279,6 +294,18 @@ class AutoReaper:
             used_now=used_now,
             server=self._server_lookup(self._planned_on),
         )
+
+    def still_needed(self, decision: Decision, snapshot: HostSnapshot) -> str | None:
+        """Contention judged again on the fresh reading right before ``decision``'s
+        signal (called on the worker): an earlier stop of the same batch may have freed
+        enough, and idle memory on a GPU nobody needs is left alone. ``None``: still
+        contended, go on."""
+        now = self._clock()
+        self._prune_ooms(snapshot, now)
+        if self._contended(snapshot, decision, now) is not None:
+            return None
+        self._uncontended.add(_key(decision))
+        return "its GPU is no longer contended (earlier stops freed memory)"
 
     def _contended(self, snapshot: HostSnapshot, decision: Decision, now: float) -> str | None:
         """Why the memory the process holds somewhere is contended, or ``None``.
@@ -403,20 +430,22 @@ class AutoReaper:
                 reason, why = "uncontended", "its GPU is no longer contended"
             else:
                 reason, why = "not_idle", f"it is spared now: {current.detail}"
-            self.stats.withdrawn(reason)
-            summary = f"warning withdrawn: {describe(warning.decision)} will not be stopped; {why}"
-            log.info("%s", summary)
-            self._executor.audit(
-                "withdrawn",
-                dry_run=self.dry_run,
-                hostname=plan.hostname,
-                withdrawn_because=why,
-                **decision_row(warning.decision),
-            )
-            self._executor.notify(
-                warning.decision, plan.hostname, stage="withdrawn", summary=summary
-            )
+            self._withdrawn(warning.decision, plan.hostname, reason, why)
         self._acted &= set(eligible)
+
+    def _withdrawn(self, decision: Decision, hostname: str, reason: str, why: str) -> None:
+        """Tell the owner and the log that the warning for ``decision`` is withdrawn."""
+        self.stats.withdrawn(reason)
+        summary = f"warning withdrawn: {describe(decision)} will not be stopped; {why}"
+        log.info("%s", summary)
+        self._executor.audit(
+            "withdrawn",
+            dry_run=self.dry_run,
+            hostname=hostname,
+            withdrawn_because=why,
+            **decision_row(decision),
+        )
+        self._executor.notify(decision, hostname, stage="withdrawn", summary=summary)
 
     def _within_caps(self, due: Sequence[Decision], now: float) -> list[Decision]:
         while self._stops and self._stops[0][0] < now - HOUR:
@@ -440,21 +469,30 @@ class AutoReaper:
     def _stop(self, plan: Plan, decisions: list[Decision]) -> None:
         if not decisions:
             return
+        warned: dict[Key, PendingWarning | None] = {}
         for decision in decisions:
-            self.warnings.pop(_key(decision), None)
+            warned[_key(decision)] = self.warnings.pop(_key(decision), None)
             self._acted.add(_key(decision))
         batch = Plan(plan.now, plan.hostname, plan.boot_id, plan.window_seconds, decisions)
         self._planned_at, self._planned_on = plan.now, plan.hostname
+        self._uncontended = set()
 
         def run() -> None:
             try:
                 results = self._executor.run(batch, dry_run=self.dry_run, record=True)
+            except ReapRefused as err:  # the killer cannot prove whom it would signal
+                log.error("reaper policy disabled: %s", err)
+                self._disabled = True
+                self.stats.refused("policy_disabled")
+                return
             except Exception:
                 log.exception("reaper policy: stopping %d process(es) failed", len(decisions))
                 self.stats.refused("stop_error")
                 return
-            for result in results:
+            for decision, result in zip(decisions, results, strict=True):
                 self.stats.stopped(result.outcome)
+                if result.outcome == "no_longer_eligible" and _key(decision) in self._uncontended:
+                    self._spared_uncontended(decision, warned.get(_key(decision)), plan.hostname)
             # The events go out on daemon threads: an agent stopping right after this
             # stop must not cut them off (the worker itself is waited for at exit).
             self._executor.flush(_EVENT_FLUSH_SECONDS)
@@ -466,6 +504,22 @@ class AutoReaper:
             self._worker.start()
         else:
             run()
+
+    def _spared_uncontended(
+        self, decision: Decision, warning: PendingWarning | None, hostname: str
+    ) -> None:
+        """A process of the batch spared because its GPU was no longer contended when
+        its turn came: its warning is withdrawn (``uncontended``), and the stop it was
+        allowed under the rate caps is given back (nothing was stopped)."""
+        user = decision.candidate.user or str(decision.candidate.uid)
+        for entry in reversed(self._stops):
+            if entry[1] == user:
+                self._stops.remove(entry)  # the caps count stops, not attempts
+                break
+        # Judged afresh at the next check: warned again (in full) if contended again.
+        self._acted.discard(_key(decision))
+        if warning is not None and warning.issued:
+            self._withdrawn(decision, hostname, "uncontended", "its GPU is no longer contended")
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for a stop in progress (tests, shutdown)."""

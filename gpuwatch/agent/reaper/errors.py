@@ -4,7 +4,8 @@
 
     GpuwatchError
     └── ReapRefused        exit 22  the reaper will not act (and says why)
-        └── AuditError     exit 22  the audit log cannot be written
+        ├── AuditError     exit 22  the audit log cannot be written
+        └── PidfdUnproven  exit 22  a pidfd may not name the process that was checked
 
 The codes are listed with every other in :data:`gpuwatch.errors.EXIT_CODES`.
 """
@@ -31,3 +32,9 @@ class AuditError(ReapRefused):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason  # what failed, without the consequence
+
+
+class PidfdUnproven(ReapRefused):
+    """The killer cannot prove that its pidfd names the process it checked in
+    ``proc_root`` (this process's PID namespace is not the one ``proc_root`` shows):
+    nothing is signalled, here or later in the run."""

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from gpuwatch.agent.event_delivery import EventDelivery
 from gpuwatch.agent.reaper.audit import AuditLog
+from gpuwatch.agent.reaper.errors import PidfdUnproven
 from gpuwatch.agent.reaper.events import Actor, describe, reaped_event
 from gpuwatch.agent.reaper.evidence import IdleEvidence
 from gpuwatch.agent.reaper.history import classify
@@ -48,6 +49,10 @@ class Observer(Protocol):
 # The decision judged again from the history as it is now, given the memory held now
 # (GPU index -> bytes): :func:`gpuwatch.agent.reaper.plan.rejudge` over a fresh read.
 Rejudge = Callable[[Decision, dict[int, "int | None"]], Decision]
+# Why the process need not be stopped any more, judged on the fresh reading right before
+# its signal (``None``: still needed): the policy's contention, after the earlier stops of
+# its batch freed memory.
+StillNeeded = Callable[[Decision, HostSnapshot], "str | None"]
 
 
 @dataclass
@@ -124,6 +129,7 @@ class Executor:
     ) -> None:
         self._killer = killer
         self.rejudge = rejudge
+        self.still_needed: StillNeeded | None = None
         self._sending: list[EventDelivery] = []
         self._audit = audit
         self._observer = observer
@@ -178,6 +184,11 @@ class Executor:
                 summary=f"gpuwatch reap refused to stop {describe(decision)}: {reason}",
                 extra={"refusal": reason},
             )
+
+    def signal_problem(self) -> str | None:
+        """Why nothing can be signalled safely from here (``None``: it can): the
+        killer's PID namespace check (:func:`~gpuwatch.agent.reaper.killer.namespace_problem`)."""
+        return self._killer.signal_problem()
 
     # -- running -----------------------------------------------------------------------
 
@@ -234,6 +245,10 @@ class Executor:
 
         try:
             report = self._killer.stop(target, recheck=recheck, before_signal=before_signal)
+        except PidfdUnproven as err:
+            # Nothing was sent, and nothing will be from here: a refusal, not a stop cut short.
+            self.refuse(hostname, str(err), dry_run=False, decision=latest[0])
+            raise
         except BaseException:
             self._interrupted(latest[0], hostname, target, signalled)
             raise
@@ -389,6 +404,8 @@ class Executor:
                 if fresh.verdict != "reap":
                     return f"no longer idle enough to stop: {fresh.detail}", fresh
         why = self._still_allowed(c, entries)
+        if why is None and self.still_needed is not None:
+            why = self.still_needed(fresh, snapshot)
         return why, fresh
 
     def _still_allowed(self, c: Candidate, entries: list[tuple[Gpu, GpuProcess]]) -> str | None:
@@ -540,6 +557,9 @@ def _entries(
 
 def _summary(decision: Decision, report: KillReport, result: Result, actor: Actor) -> str:
     what = describe(decision)
+    if report.outcome == "already_exited" and not report.signals:
+        free = "its memory is free" if result.memory_freed else "NVML still lists its memory"
+        return f"{what} exited by itself before {actor.via} ({actor.who}) sent anything: {free}"
     if report.outcome in GONE:
         freed = (
             f"{result.memory_bytes / 2**30:.1f} GiB freed"

@@ -12,6 +12,7 @@ import pwd
 import secrets
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from gpuwatch.agent.reaper.clock import SteadyClock, steady_clock
@@ -110,7 +111,7 @@ class ReaperHooks:
         from gpuwatch.agent.reaper.execute import Executor
         from gpuwatch.agent.reaper.killer import Killer
         from gpuwatch.agent.reaper.policy import Protections
-        from gpuwatch.agent.reaper.procfs import may_signal_anyone
+        from gpuwatch.agent.reaper.procfs import job_key, may_signal_anyone
 
         r = settings.reap
         stats = PolicyStats()
@@ -159,6 +160,7 @@ class ReaperHooks:
             wall=clock,
             stats=stats,
             server=_server_history(settings, steady),
+            job_of=partial(job_key, proc_root=settings.proc_root),
         )
         return cls(history, auto=auto, next_poll=next_poll, clock=steady, boot_time=procs.boot_time)
 

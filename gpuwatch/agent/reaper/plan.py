@@ -31,6 +31,8 @@ from gpuwatch.snapshot import Gpu, GpuProcess, HostSnapshot
 
 # (gpu uuid, pid, start time) -> runs, or None when there is no history of it.
 RunsLookup = Callable[[str, int, float | None], list[Run] | None]
+# pid -> the distributed job it is a rank of ("torchrun <run id>", …), or None.
+JobLookup = Callable[[int], "str | None"]
 # (pid, start time) -> the GPUs (index, uuid) the history has that process on.
 HeldLookup = Callable[[int, float | None], list[tuple[int, str]]]
 
@@ -89,6 +91,7 @@ def make_plan(
     notes: list[str] | None = None,
     server: ServerLookup | None = None,
     held_on: HeldLookup | None = None,
+    job_of: JobLookup | None = None,
 ) -> Plan:
     """Decide for every GPU process of ``snapshot``. Raises :class:`ReapRefused` when
     the host's PIDs are not visible here, or the ``--pid`` target holds no GPU memory.
@@ -127,7 +130,9 @@ def make_plan(
             for d in decisions
         ]
     if not selection.force:
-        decisions = _spare_for_relatives(decisions, snapshot, runs_for, now=now, rule=rule)
+        decisions = _spare_for_relatives(
+            decisions, snapshot, runs_for, now=now, rule=rule, job_of=job_of
+        )
     all_notes = list(notes or [])
     if caller_uid is not None:
         all_notes.append(
@@ -144,11 +149,19 @@ def _spare_for_relatives(
     *,
     now: float,
     rule: IdleRule,
+    job_of: JobLookup | None = None,
 ) -> list[Decision]:
     """Spare a process whose parent or child (among the GPU processes of
     ``snapshot``, by ``ppid``) did GPU work in the window: a job's work may run in a
     child on memory the parent holds and shares (CUDA IPC, ``torch.multiprocessing``:
-    the producer must stay alive), so stopping the parent breaks the child's work."""
+    the producer must stay alive), so stopping the parent breaks the child's work.
+
+    Likewise a *sibling*: the ranks of one job (torchrun's workers, ``srun`` tasks) are
+    children of a launcher without a GPU context; stopping one idle rank leaves the
+    others blocked in their next collective until NCCL's timeout, holding their
+    memory. So GPU processes of one user with the same parent and the same job
+    (``job_of``: what their environment says) count as one: any of them working
+    spares all."""
     if not any(d.verdict == "reap" for d in decisions):
         return decisions
     parent: dict[int, int] = {}
@@ -164,7 +177,8 @@ def _spare_for_relatives(
     for d in decisions:
         busy = None
         if d.verdict == "reap":
-            related = _relatives(d.candidate.pid, parent) & set(places)
+            ranks = _siblings(d.candidate.pid, places, job_of)
+            related = (_relatives(d.candidate.pid, parent) | ranks) & set(places)
             busy = next(
                 (r for r in related if _worked(places.get(r, []), runs_for, now=now, rule=rule)),
                 None,
@@ -175,6 +189,8 @@ def _spare_for_relatives(
         kin = "parent" if parent.get(d.candidate.pid) == busy else "relative"
         if parent.get(busy) == d.candidate.pid:
             kin = "child"
+        elif busy in ranks and busy not in _relatives(d.candidate.pid, parent):
+            kin = "fellow rank"
         out.append(
             Decision(
                 d.candidate,
@@ -185,6 +201,33 @@ def _spare_for_relatives(
             )
         )
     return out
+
+
+def _siblings(
+    pid: int, places: dict[int, list[tuple[Gpu, GpuProcess]]], job_of: JobLookup | None
+) -> set[int]:
+    """The other ranks of ``pid``'s distributed job: GPU processes of the same user,
+    with the same parent (a launcher: not init, nor a subreaper that adopted them) and
+    the same ``job_of``. Two scripts a shell started are not linked: only a job's
+    environment (torchrun's run id, a Slurm step, an MPI job) makes them one."""
+    if job_of is None:
+        return set()
+    listed = places.get(pid)
+    me = listed[0][1] if listed else None
+    if me is None or me.ppid is None or me.ppid <= 1 or me.orphaned or me.owner.uid is None:
+        return set()
+    same = [
+        other
+        for other, where in places.items()
+        if other != pid
+        and where[0][1].ppid == me.ppid
+        and not where[0][1].orphaned
+        and where[0][1].owner.uid == me.owner.uid
+    ]
+    if not same:
+        return set()
+    job = job_of(pid)
+    return set() if job is None else {other for other in same if job_of(other) == job}
 
 
 def _relatives(pid: int, parent: dict[int, int]) -> set[int]:

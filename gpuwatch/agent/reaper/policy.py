@@ -22,11 +22,13 @@ strongest one:
 
 A protection rests only on what an ordinary user cannot forge: the executable (not the
 name) of a display server, the part of the cgroup path the user cannot name (not the
-environment, nor directories below the user's own service manager).
+environment, nor directories below the user's own service manager or inside a container).
 """
 
 from __future__ import annotations
 
+import logging
+import pwd
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,20 +36,29 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from gpuwatch.agent.cgroup import parse_cgroup
+from gpuwatch.agent.cgroup import parse_cgroup, undelegated
 from gpuwatch.agent.reaper.evidence import IdleEvidence
 from gpuwatch.agent.reaper.procfs import Executable, executable, login_uid_min, process_uids
 from gpuwatch.agent.reaper.settings import ReapSettings
+from gpuwatch.containers import container_label
 from gpuwatch.snapshot import ProcessOwner
 
 Verdict = Literal["reap", "spare"]
 
+log = logging.getLogger(__name__)
+
+
+def user_uid(name: str) -> int | None:
+    """The uid of the account ``name`` on this host (``None``: there is none)."""
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
 # gpuwatch itself is protected by PID (this command, its parent, the agent), never by
 # its command line or name: any user can name a process "gpuwatch" or "Xorg".
 
-# A user's own systemd instance: systemd delegates the cgroup tree below it to the user,
-# who may create and name directories there at will.
-_USER_MANAGER = re.compile(r"/user@\d{1,10}\.service(?=/|$)")
 
 # Reason codes, documented in docs/reaper.md. Protections first.
 PROTECTED_REASONS = (
@@ -124,7 +135,7 @@ class Candidate:
         if o.pod_uid:
             return f"pod {o.pod_uid[:8]}"
         if o.container_id:
-            return f"{o.container_runtime or 'container'} {o.container_id[:12]}"
+            return container_label(o.container_runtime, o.container_id)
         return None
 
 
@@ -154,7 +165,16 @@ class Protections:
     def from_settings(
         cls, settings: ReapSettings, *, self_pids: Iterable[int], proc_root: Path | None = None
     ) -> Protections:
-        """``proc_root`` given: display servers are recognised by their executable."""
+        """``proc_root`` given: display servers are recognised by their executable.
+        A protected user name that names no account here is logged: it protects nobody
+        on this host (a typo, or a config shared with hosts that have it)."""
+        for name in settings.protected_users:
+            if not name.isdigit() and user_uid(name) is None:
+                log.warning(
+                    "[agent.reap] protected_users: %r is no user on this host; it protects "
+                    "nobody here (a typo?)",
+                    name,
+                )
         return cls(
             executable=None if proc_root is None else partial(executable, proc_root=proc_root),
             uids=None if proc_root is None else partial(process_uids, proc_root=proc_root),
@@ -267,7 +287,9 @@ def protection(c: Candidate, p: Protections) -> tuple[str, str] | None:
     for pattern in p.commands:
         if pattern.search(command):
             return "protected_command", f"command matches protected pattern {pattern.pattern!r}"
-    cgroup = _undelegated(c.owner.cgroup or "")
+    # Only what no tenant named counts (gpuwatch.agent.cgroup.undelegated): below a
+    # user's manager or a container, a protected job, pod or pattern can be forged.
+    cgroup = undelegated(c.owner.cgroup or "")
     for pattern in p.cgroups:
         if pattern.search(cgroup):
             return "protected_cgroup", f"cgroup matches protected pattern {pattern.pattern!r}"
@@ -293,14 +315,6 @@ def _uids(c: Candidate, p: Protections) -> set[int]:
 
 def _uid_kind(c: Candidate, uid: int) -> str:
     return "real uid" if c.uid == uid else "effective or saved uid"
-
-
-def _undelegated(cgroup: str) -> str:
-    """The part of a cgroup path that its process's user cannot choose: all of it, or
-    up to the user's own service manager (``user@<uid>.service``), below which the user
-    names directories at will (a protected pod's uid or a protected pattern included)."""
-    match = _USER_MANAGER.search(cgroup)
-    return cgroup[: match.end()] if match else cgroup
 
 
 def _display_server(c: Candidate, p: Protections) -> str | None:

@@ -230,3 +230,36 @@ def login_uid_min(path: Path = LOGIN_DEFS) -> int:
         ):
             return int(fields[1])
     return DEFAULT_UID_MIN
+
+
+# Environment variables that name one distributed job, and every rank of it carries:
+# torchrun / torch.distributed.elastic, a Slurm job step, an MPI job (PMIx, Open MPI).
+_JOB_VARIABLES = (
+    ("TORCHELASTIC_RUN_ID",),
+    ("SLURM_JOB_ID", "SLURM_STEP_ID"),
+    ("PMIX_NAMESPACE",),
+    ("OMPI_MCA_orte_hnp_uri",),
+    ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"),
+)
+_ENVIRON_MAX_BYTES = 1 << 20
+
+
+def job_key(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> str | None:
+    """The distributed job ``pid`` is a rank of, from its environment (``None``: none,
+    or the environment cannot be read: another user's, without root). Used only to
+    *spare* a process whose fellow ranks work, so a user who sets these variables can
+    only keep their own processes from being stopped."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as file:
+            data = file.read(_ENVIRON_MAX_BYTES)
+    except OSError:
+        return None
+    env: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env.setdefault(key.decode("utf-8", "replace"), value.decode("utf-8", "replace"))
+    for names in _JOB_VARIABLES:
+        if all(env.get(n) for n in names):
+            return " ".join(f"{n}={env[n]}" for n in names)
+    return None

@@ -125,7 +125,10 @@ def print_plan(plan: Plan, console: Console) -> None:
 def print_results(results: list[Result], console: Console) -> None:
     for r in results:
         freed = ""
-        if r.memory_freed:
+        if r.memory_freed and r.outcome == "already_exited":
+            # Nothing was sent: the memory is free, but not by this run's doing.
+            freed = f", its {format_bytes(r.memory_freed_bytes)} is free"
+        elif r.memory_freed:
             freed = f", {format_bytes(r.memory_freed_bytes)} freed in {r.seconds_to_freed:.1f}s"
         elif r.memory_freed is False:
             freed = ", but NVML still lists its memory"

@@ -54,6 +54,9 @@ def default_audit_log() -> Path:
     return Path(base) / "gpuwatch" / "reap-audit.jsonl"
 
 
+_SLURM_JOB = re.compile(r"[0-9]{1,10}")
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
 # An idle window must span at least this many of the agent's poll intervals, for
 # ``gpuwatch reap --idle`` and for the policy alike: a shorter one is a handful of
 # samples (``--idle 1ms`` once reaped after two polls).
@@ -212,6 +215,30 @@ class ReapSettings(BaseModel):
         default_factory=lambda: list(DEFAULT_DISPLAY_SERVERS),
         description="Process names (comm) of display servers, never reaped.",
     )
+
+    @field_validator("protected_slurm_jobs")
+    @classmethod
+    def _job_ids(cls, ids: list[str]) -> list[str]:
+        # Matched exactly against the number in the job's cgroup (job_<n>): anything
+        # else would protect nobody, silently.
+        for job in ids:
+            if not _SLURM_JOB.fullmatch(job):
+                raise ValueError(
+                    f"{job!r} is not a Slurm job id: a number, as in the job's cgroup "
+                    "(job_<n>; an array task has a job id of its own, not 1234_5)"
+                )
+        return ids
+
+    @field_validator("protected_pods")
+    @classmethod
+    def _pod_uids(cls, uids: list[str]) -> list[str]:
+        for uid in uids:
+            if not _POD_UID.fullmatch(uid):
+                raise ValueError(
+                    f"{uid!r} is not a Kubernetes pod UID (lower-case, as "
+                    "`kubectl get pod -o jsonpath={.metadata.uid}` prints it)"
+                )
+        return uids
 
     @field_validator("protected_commands", "protected_cgroups")
     @classmethod

@@ -23,7 +23,8 @@ WITHDRAWN_REASONS = ("not_idle", "uncontended", "gone", "gpu_unreadable")
 # The executor's outcomes, and ``dry_run`` for a stop the policy only recorded.
 STOP_OUTCOMES: tuple[str, ...] = (*get_args(Outcome), "dry_run")
 # Why the policy did not act: a due stop deferred by a rate cap (counted at each check
-# it waits), the policy turned off (audit log unwritable, host PIDs not visible), or a
+# it waits), the policy turned off (audit log unwritable, host PIDs not visible, a PID
+# namespace other than the one proc_root shows), or a
 # stop that raised before its outcome (nothing is signalled without its audit row).
 REFUSAL_REASONS = ("host_cap", "user_cap", "policy_disabled", "stop_error")
 
