@@ -87,7 +87,7 @@ EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected runtime failure; also output that could not be written (standard output closed or on a full disk; `gpuwatch token create` then keeps no token)",
     2: "command-line usage error: an unknown option or command, a missing argument or option value, no command, options that need one another (`gpuwatch reap` without `--idle` or `--pid`); `gpuwatch explain` with no input at a terminal",
-    3: "invalid configuration (a config file key, or a `GPUWATCH_AGENT_*` / `GPUWATCH_SERVER_*` environment variable that names no setting or has a bad value), option or argument value (of a wrong type, out of range or not one of the choices, whether the parser or the command refuses it), or scenario file; `gpuwatch explain`: unreadable or empty input",
+    3: "invalid configuration (a config file key, or a `GPUWATCH_AGENT_*` / `GPUWATCH_SERVER_*` environment variable that names no setting or has a bad value), option or argument value (of a wrong type, out of range or not one of the choices, whether the parser or the command refuses it), scenario file, or database URL gpuwatch cannot use (malformed, an unsupported engine, a driver not installed); `gpuwatch explain`: unreadable or empty input",
     4: "NVML unavailable: no NVIDIA driver, library or GPU (and no --fake-gpus)",
     5: "the gpuwatch server or agent is unreachable, or refused the token",
     6: "input not recognised (e.g. `gpuwatch explain` on text that is not an OOM message)",

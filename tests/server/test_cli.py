@@ -238,7 +238,10 @@ def test_a_bad_port_in_the_url_is_unusable_with_its_password_masked(
     for command in (["db", "current"], ["db", "upgrade"], ["token", "list"]):
         result = gw(env, *command, "--database-url", url, check=False)
 
-        message = one_line_exit_7(result)
+        # A configuration mistake (exit 3), not an outage the units would retry (7).
+        assert result.returncode == 3, result.stderr
+        message = result.stderr
+        assert message.startswith("gpuwatch: error: ") and message.count("\n") == 1
         assert "unusable database URL postgresql+psycopg://postgres:***@" in message
         assert "S3CRETpw" not in message
 

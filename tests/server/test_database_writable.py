@@ -7,6 +7,7 @@ Postgres standby) from a healthy one, so the upgrade writes, and /healthz and
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -187,3 +188,34 @@ def test_only_create_makes_a_sqlite_file(tmp_path: Any) -> None:
         assert not path.exists()
     finally:
         existing.dispose()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root hands its new file to the directory's owner")
+def test_roots_new_database_in_a_service_owned_directory_is_handed_to_that_owner(
+    tmp_path: Any,
+) -> None:
+    # `gpuwatch db upgrade` as root in the service's StateDirectory, before the service
+    # made the database: left root's 0600, the service could never open it (exit 7).
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chown(state, 61234, 61234)
+    db = create_database(f"sqlite:///{state / 'gpuwatch.db'}")
+    try:
+        upgrade(db)
+    finally:
+        db.dispose()
+    info = (state / "gpuwatch.db").stat()
+    assert info.st_uid == 61234
+    assert info.st_mode & 0o777 == 0o600
+
+
+def test_an_unusable_url_is_a_configuration_error_with_a_hint() -> None:
+    # Exit 3, not 7: a URL that can never work is not an outage to retry.
+    for url, hint in [
+        ("postgres://u@h/db", "write postgresql+psycopg://"),
+        ("mysql://u@h/db", "supports sqlite:///PATH and postgresql+psycopg://"),
+    ]:
+        with pytest.raises(DatabaseError, match="unusable database URL") as raised:
+            create_database(url)
+        assert raised.value.exit_code == 3
+        assert hint in str(raised.value)

@@ -106,6 +106,26 @@ class SlotTimeout(WaitTimeout):
     :data:`READ_CONNECTIONS`): the database is busy, not down (answered 503)."""
 
 
+class UnusableDatabaseUrl(DatabaseError):
+    """The database URL names nothing gpuwatch can use: a malformed URL, an engine it does
+    not support, a driver not installed. A configuration mistake, not an outage (exit 3,
+    which the units do not retry for 20 minutes as they do exit 7)."""
+
+    exit_code = 3
+
+
+def _url_hint(parsed: Any, err: Exception) -> str:
+    """What to do about an unusable URL, when the cause says it."""
+    backend = parsed.get_backend_name() if parsed is not None else ""
+    if backend == "postgres":
+        return "; write postgresql+psycopg://USER@HOST/DB"
+    if backend == "postgresql" and isinstance(err, ImportError):
+        return "; the Postgres driver is not installed: pip install 'gpuwatch-oom[postgres]'"
+    if backend not in ("", "sqlite", "postgresql"):
+        return "; gpuwatch supports sqlite:///PATH and postgresql+psycopg://USER@HOST/DB"
+    return ""
+
+
 class NoDatabase(DatabaseError):
     """A command that only uses an existing database found no SQLite file at its path
     (it is never created there: a mistyped path must not leave an empty database)."""
@@ -453,7 +473,7 @@ def create_database(
 ) -> Database:
     """Build the engine and session factories for ``url``; connects lazily.
 
-    Raises :class:`DatabaseError` for a URL SQLAlchemy cannot use (unknown driver,
+    Raises :class:`UnusableDatabaseUrl` for a URL SQLAlchemy cannot use (unknown driver,
     malformed URL, a port that is not a number) and for SQLite in memory, which a
     multi-connection server cannot share. A SQLite file is created on first connection
     when ``create`` (its directory must exist); without it, a missing file is
@@ -486,7 +506,11 @@ def create_database(
     except (exc.ArgumentError, exc.NoSuchModuleError, ImportError, ValueError) as err:
         # ValueError: a port that is not a number (``host:notaport``, ``[::1``), or a
         # query argument of the wrong type.
-        raise DatabaseError(f"unusable database URL {_safe(url)}: {err}") from err
+        try:
+            hint = _url_hint(make_url(url), err)
+        except (exc.ArgumentError, ValueError):  # the URL that failed fails here too
+            hint = ""
+        raise UnusableDatabaseUrl(f"unusable database URL {_safe(url)}: {err}{hint}") from err
     return Database.from_engine(engine, write_wait_seconds=sqlite_busy_timeout_seconds)
 
 
@@ -557,14 +581,24 @@ def _owner_only(path: str) -> None:
     """Mode 0600 for a SQLite file of ours and its ``-wal``/``-shm``: they hold every
     user's command lines and the token hashes. Under the shipped units ``UMask=0077``
     does this; by hand, a umask of 022 or an existing 0755 directory would leave them
-    world-readable. Another user's file (a shared database) is left as it is."""
+    world-readable. Another user's file (a shared database) is left as it is.
+
+    Root's file in a directory another user owns (``gpuwatch db upgrade`` run as root
+    in the service's state directory, before the service made the database) is handed
+    to that owner: left root's 0600, the service could never open it."""
     if not path:
         return
+    try:
+        directory_owner = os.stat(os.path.dirname(os.path.abspath(path))).st_uid
+    except OSError:
+        directory_owner = None
     for name in (path, f"{path}-wal", f"{path}-shm"):
         try:
             info = os.stat(name)
             if info.st_uid == os.geteuid() and info.st_mode & 0o077:
                 os.chmod(name, info.st_mode & 0o7700)
+            if info.st_uid == 0 == os.geteuid() and directory_owner not in (None, 0):
+                os.chown(name, directory_owner, -1)
         except OSError:
             continue  # not there (yet), or not ours to change
 
