@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuwatch.doctor import remedies
 from gpuwatch.doctor.facts import OomFacts
 from gpuwatch.doctor.families import accelerate, host, tensorrt
-from gpuwatch.doctor.figures import Figures
+from gpuwatch.doctor.figures import ASYNC_CATEGORY, Figures
 from gpuwatch.doctor.live import LiveGpu
 from gpuwatch.doctor.units import GIB, MIB, format_size
 
@@ -55,6 +55,10 @@ FREE_COVER_MARGIN_BYTES = 64 * MIB
 ROOMY_FREE_RATIO = 2  # free this many times the request: the card did not run out
 LIMIT_MIN_SCORE = 0.05
 PADDING_MIN_SHARE = 0.25  # a TPU program's padding worth reshaping for, of what it needs
+POOL_MIN_SHARE = 0.5  # CuPy's pool holding half the card is the story, not one request
+# Just below or above other_processes' score for the same bytes: which of the two the
+# async backend's unreported memory more likely is (see _async_pool).
+ASYNC_POOL_TIE = 0.01
 
 
 class Diagnosis(BaseModel):
@@ -155,7 +159,24 @@ def _other_processes(ctx: Context) -> tuple[float, Diagnosis] | None:
         and held >= (fig.shortfall or 0)
         and held >= DECISIVE_OTHERS_SHARE * capacity
     )
-    if fig.others_bytes is None:
+    summary = "Other processes hold the memory: stop the ones you own, or use another GPU"
+    if fig.others_bytes is not None and ctx.facts.category == ASYNC_CATEGORY:
+        # cudaMallocAsync prints only this process's tensors: the rest may be its own pool.
+        summary = (
+            "Other processes, or this process's own cudaMallocAsync pool, hold the memory: "
+            "check who holds the GPU before anything else"
+        )
+        evidence = (
+            f"{format_size(held)} ({_pct(held, capacity)}) of the {format_size(capacity)} card "
+            f"is neither free nor held by this process's tensors "
+            f"({format_size(fig.allocated or 0)}): other processes hold it, or the async "
+            "pool's cached and fragmented memory, which its message does not report"
+        )
+        if fig.free is not None and fig.requested is not None:
+            evidence += (
+                f"; {format_size(fig.free)} was free for a {format_size(fig.requested)} request"
+            )
+    elif fig.others_bytes is None:
         evidence = (
             f"right now other processes hold {format_size(held)} of this GPU's "
             f"{format_size(capacity)} (live view from the local agent)"
@@ -177,7 +198,7 @@ def _other_processes(ctx: Context) -> tuple[float, Diagnosis] | None:
         _share(held, capacity) + (DECISIVE if decisive else 0.0),
         Diagnosis(
             fix="other_processes",
-            summary="Other processes hold the memory: stop the ones you own, or use another GPU",
+            summary=summary,
             evidence=evidence,
             commands=_holder_commands(ctx),
         ),
@@ -317,6 +338,141 @@ def _memory_fraction(ctx: Context) -> tuple[float, Diagnosis] | None:
     )
 
 
+def _per_allocation_limit(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """One allocation over a cap on a single block (IPEX's 4 GiB on Intel GPUs without
+    large-allocation support, Metal's maximum buffer): refused whatever was free, so no
+    amount of freeing memory helps; the block must be smaller, or the cap lifted."""
+    facts, fig = ctx.facts, ctx.figures
+    cap, requested = facts.per_allocation_limit_bytes, fig.requested
+    if cap is None or requested is None or requested <= cap:
+        return None
+    evidence = (
+        f"one allocation of {format_size(requested)}, over the {format_size(cap)} this "
+        "platform allows in one block: it is refused whatever is free"
+    )
+    held = fig.reserved if fig.reserved is not None else fig.allocated
+    if fig.total and held is not None and held + requested <= fig.total:
+        evidence += (
+            f"; PyTorch held {format_size(held)} of the {format_size(fig.total)} card, so "
+            "the card had room: it did not run out"
+        )
+    summary = {
+        "xpu": "One allocation is over the Intel GPU's 4 GiB single-block limit: split the "
+        "tensor, or enable large allocations",
+        "metal": "One buffer is larger than Metal allows on this GPU: split it",
+    }.get(facts.kind, "One allocation is over a cap on a single block: split it")
+    return (
+        2.0 + _share(requested, ctx.capacity),
+        Diagnosis(
+            fix="memory_limit",
+            summary=summary,
+            evidence=evidence,
+            commands=remedies.PER_ALLOCATION_LIMIT_BY_KIND.get(
+                facts.kind, remedies.PER_ALLOCATION_LIMIT_DEFAULT
+            ),
+        ),
+    )
+
+
+def _async_pool(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """cudaMallocAsync's message says what this process's tensors hold, not what its pool
+    holds: memory neither free nor in tensors is other processes' or the pool's cached and
+    fragmented memory. Offered beside other_processes; the live view, where it shows
+    who else is on the GPU, says which is likelier."""
+    fig = ctx.figures
+    unaccounted, capacity = fig.others_bytes, ctx.capacity
+    if ctx.facts.category != ASYNC_CATEGORY or unaccounted is None or not capacity:
+        return None
+    if unaccounted < OTHERS_MIN_SHARE * capacity or not fig.starved:
+        return None
+    decisive = bool(fig.shortfall) and unaccounted >= (fig.shortfall or 0)
+    live_others = _live_others_bytes(ctx)
+    # The live view shows others holding less than half of it: the pool is likelier.
+    pool_likelier = ctx.live is not None and (live_others or 0) < unaccounted / 2
+    evidence = (
+        f"{format_size(unaccounted)} ({_pct(unaccounted, capacity)}) of the card is neither "
+        f"free nor in this process's tensors ({format_size(fig.allocated or 0)}); "
+        "cudaMallocAsync keeps freed blocks in its pool, and its message does not count them"
+    )
+    if ctx.live is not None:
+        evidence += f"; right now other processes hold {format_size(live_others or 0)} (live view)"
+    if decisive:
+        evidence += (
+            f": that alone is more than the {format_size(fig.shortfall or 0)} the request lacked"
+        )
+    score = _share(unaccounted, capacity) + (DECISIVE if decisive else 0.0)
+    return (
+        score + (ASYNC_POOL_TIE if pool_likelier else -ASYNC_POOL_TIE),
+        Diagnosis(
+            fix="fragmentation",
+            summary="cudaMallocAsync's pool may hold the rest: trim it, or use the native "
+            "allocator with expandable segments",
+            evidence=evidence,
+            commands=remedies.ASYNC_POOL,
+        ),
+    )
+
+
+def _cupy_pool(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """CuPy's message says what its pool already holds: when that is most of the card (or
+    many times the request, the card's size unknown), the pool is the story, not the one
+    allocation: cached blocks to free, or arrays kept alive."""
+    facts, fig, capacity = ctx.facts, ctx.figures, ctx.capacity
+    pool = fig.reserved if fig.reserved is not None else fig.allocated
+    if facts.kind != "cupy" or pool is None or fig.requested is None or pool < fig.requested:
+        return None
+    if capacity and pool < POOL_MIN_SHARE * capacity:
+        return None
+    share = f" ({_pct(pool, capacity)} of {ctx.capacity_name})" if capacity else ""
+    evidence = (
+        f"CuPy's memory pool already holds {format_size(pool)}{share}, in use and cached, "
+        f"and could not add {format_size(fig.requested)}: what the pool holds, not the one "
+        + (
+            "allocation, is what filled the card"
+            if capacity
+            else "allocation, is the likelier story"
+        )
+    )
+    return (
+        max(_share(pool, capacity), DOMINANT_SHARE),
+        Diagnosis(
+            fix="memory_held_across_steps",
+            summary="CuPy's memory pool holds most of the memory: free its cached blocks, cap "
+            "it, and look for arrays kept alive",
+            evidence=evidence,
+            commands=remedies.CUPY_POOL,
+        ),
+    )
+
+
+def _mps_other_allocations(ctx: Context) -> tuple[float, Diagnosis] | None:
+    """MPS's "other allocations" is Metal memory this process holds outside PyTorch's MPS
+    allocator; when it holds more of the limit than PyTorch's tensors do, shrinking the
+    batch is not the fix."""
+    facts, fig, capacity = ctx.facts, ctx.figures, ctx.capacity
+    other = facts.other_allocations_bytes
+    if facts.kind != "mps" or other is None or not capacity:
+        return None
+    if other < (fig.allocated or 0) or other < LARGE_REQUEST_SHARE * capacity:
+        return None
+    evidence = (
+        f"other allocations (Metal memory this process holds outside PyTorch's MPS "
+        f"allocator: MPSGraph's and other libraries' buffers) take {format_size(other)} "
+        f"({_pct(other, capacity)} of {ctx.capacity_name}); PyTorch's tensors "
+        f"{format_size(fig.allocated or 0)}"
+    )
+    return (
+        _share(other, capacity),
+        Diagnosis(
+            fix="memory_limit",
+            summary="Memory outside PyTorch's tensors fills the MPS limit: free or offload "
+            "it before cutting the batch",
+            evidence=evidence,
+            commands=remedies.MPS_OTHER_ALLOCATIONS,
+        ),
+    )
+
+
 def _cap_refused(fig: Figures) -> bool:
     """Whether a printed per-process cap explains the failure (see _memory_fraction)."""
     if fig.limit is None or fig.reserved is None or fig.requested is None:
@@ -430,6 +586,11 @@ def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
         )
     elif facts.prefill_tokens is not None:
         parts.append(f"the start-up warm-up could not run a {facts.prefill_tokens}-token prefill")
+    if facts.kind == "mps" and facts.other_allocations_bytes:
+        share = f" ({_pct(facts.other_allocations_bytes, capacity)})" if capacity else ""
+        parts.append(
+            f"other allocations (outside PyTorch's tensors) {format_size(facts.other_allocations_bytes)}{share}"
+        )
     score = max(_share(held, capacity), _share(requested, capacity), 0.05)
     if facts.kind == "ggml" and facts.phase is None and _weights_sized(requested, capacity):
         return score, _ggml_weights_sized(facts, parts)
@@ -437,7 +598,9 @@ def _reduce_activations(ctx: Context) -> tuple[float, Diagnosis] | None:
         score,
         Diagnosis(
             fix="reduce_activations",
-            summary=_ACTIVATION_SUMMARIES.get(facts.kind, _ACTIVATION_SUMMARY),
+            summary=_HOST_SUMMARY
+            if _on_the_host(facts)
+            else _ACTIVATION_SUMMARIES.get(facts.kind, _ACTIVATION_SUMMARY),
             evidence="; ".join(parts) or "the allocation that failed was an activation",
             commands=_activation_commands(facts),
         ),
@@ -479,10 +642,21 @@ _ACTIVATION_SUMMARY = (
 # Where the framework has its own words for it: llama.cpp only runs inference, on weights
 # already quantised, so bf16 and gradient checkpointing mean nothing there.
 _ACTIVATION_SUMMARIES = {
+    "cupy": "CuPy's working set is too big: a smaller batch, the arrays in chunks, or a "
+    "smaller dtype",
     "ggml": "llama.cpp's buffers do not fit on the GPU: offload fewer layers (-ngl), or a "
     "smaller context, batch or quantisation",
 }
 _GGML_WEIGHTS = ["llama.cpp: offload fewer layers (-ngl N), or a smaller quantisation (Q4_K_M)"]
+# A framework's CPU device (TensorFlow's device:CPU:0, Paddle's CPU place): system RAM.
+_HOST_SUMMARY = (
+    "This process's working set is too big for system RAM (the tensor was on the CPU, not a "
+    "GPU): smaller batch, or check it ran where you meant"
+)
+
+
+def _on_the_host(facts: OomFacts) -> bool:
+    return facts.device_type in ("cpu", "host")
 
 
 # What makes the working set smaller, where the framework has its own way to say it.
@@ -500,6 +674,8 @@ _ACTIVATION_COMMANDS: dict[str, list[str]] = {
         "reduce the batch size",
     ],
     "paddle": remedies.PADDLE,
+    "cupy": remedies.CUPY_WORKING_SET,
+    "metal": remedies.METAL_WORKING_SET,  # MLX, llama.cpp's Metal backend: not torch
     "mindspore": remedies.MINDSPORE,
     "catboost": remedies.CATBOOST,
     "onnxruntime": remedies.ONNXRUNTIME_ARENA,
@@ -511,7 +687,14 @@ def _activation_commands(facts: OomFacts) -> list[str]:
         return remedies.tgi_warmup(facts.prefill_tokens, facts.kv_cache_tokens)
     if facts.kind == "xla" and facts.device_type == "tpu":  # no GPU preallocation there
         return remedies.UNKNOWN_COMMANDS_BY_CATEGORY["xla_tpu_memory_space_exhausted"]
-    return _ACTIVATION_COMMANDS.get(facts.kind, remedies.REDUCE_ACTIVATIONS)
+    if _on_the_host(facts):
+        # Every framework that names a CPU device: its GPU switches (memory growth,
+        # preallocation, empty_cache) do nothing for system RAM.
+        return remedies.HOST_WORKING_SET
+    if facts.kind in _ACTIVATION_COMMANDS:
+        return _ACTIVATION_COMMANDS[facts.kind]
+    # PyTorch's own advice names the device the tensors are on (autocast's device_type).
+    return remedies.reduce_activations(remedies.autocast_device(facts.device_type))
 
 
 _TENSOR_ITEM_BYTES = {
@@ -548,7 +731,7 @@ def _held_across_steps(ctx: Context) -> tuple[float, Diagnosis] | None:
             fix="memory_held_across_steps",
             summary="Memory grows step after step: something keeps tensors (and their graphs) alive",
             evidence=evidence,
-            commands=remedies.HELD_ACROSS_STEPS,
+            commands=remedies.held_across_steps(remedies.autocast_device(ctx.facts.device_type)),
         ),
     )
 
@@ -883,7 +1066,11 @@ def _oom_killer_evidence(facts: OomFacts, general: str) -> str:
 
 
 _RULES: tuple[Rule, ...] = (
+    _per_allocation_limit,
     _memory_fraction,
+    _async_pool,
+    _cupy_pool,
+    _mps_other_allocations,
     _limit_not_card,
     _other_processes,
     _fragmentation,

@@ -85,6 +85,10 @@ class OomFacts(BaseModel):
     reserved_bytes: int | None = None  # whole cache ("reserved in total by PyTorch", CuPy total)
     reserved_unallocated_bytes: int | None = None  # cache not backing any tensor ("cached" pre-1.4)
     allowed_bytes: int | None = None  # a per-process cap: memory fraction, MPS watermark, BFC limit
+    # A cap on one allocation, whatever is free: IPEX's "can NOT allocate memory block with
+    # size larger than 4GB" (Intel GPUs without large-allocation support), Metal's maximum
+    # buffer size (MLX).
+    per_allocation_limit_bytes: int | None = None
     private_pools_bytes: int | None = None  # CUDA/HIP Graphs private pools
     other_allocations_bytes: int | None = None  # MPS: memory outside the MPS allocator
     other_processes: list[ProcessUse] = Field(default_factory=list)

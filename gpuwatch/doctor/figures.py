@@ -50,6 +50,9 @@ UNLISTED_MIN_SHARE = 0.02
 # More memory than any one accelerator has (the largest hold a few hundred GiB, unified
 # memory included): a figure over it is a running total or a corrupt value.
 MAX_DEVICE_BYTES = 2048 * GIB
+# PyTorch's cudaMallocAsync backend: its message prints what this process's tensors hold
+# ("Currently allocated"), and nothing of what its pool caches.
+ASYNC_CATEGORY = "pytorch_cudamallocasync_oom"
 
 
 @dataclass
@@ -159,6 +162,7 @@ def read_figures(facts: OomFacts) -> Figures:
     )
     _split_self(facts, figures)
     _estimate_others(facts, figures)
+    _async_note(facts, figures)
     _sanity_notes(figures)
     return figures
 
@@ -217,7 +221,7 @@ def _in_use(figures: Figures) -> int | None:
 
 
 def _estimate_others(facts: OomFacts, figures: Figures) -> None:
-    beyond_us = _in_use_beyond_us(figures)
+    beyond_us = _in_use_beyond_us(figures, async_backend=facts.category == ASYNC_CATEGORY)
     if not facts.other_processes:
         if beyond_us is not None:
             # Pre-2.1 wordings and ROCm (no process list): what the card has in use
@@ -244,15 +248,34 @@ def _estimate_others(facts: OomFacts, figures: Figures) -> None:
     )
 
 
-def _in_use_beyond_us(figures: Figures) -> int | None:
-    """total - free - this process (or PyTorch's reserve and a context), where known."""
+def _in_use_beyond_us(figures: Figures, *, async_backend: bool = False) -> int | None:
+    """total - free - this process (or PyTorch's reserve and a context), where known. The
+    async backend prints no reserve: its tensors (a lower bound of this process) stand in,
+    and what is beyond them may be its own pool (:func:`_async_note`)."""
     ours = figures.this_process
     if ours is None and figures.reserved is not None:
         ours = figures.reserved + CONTEXT_ALLOWANCE_BYTES
+    if ours is None and async_backend and figures.allocated is not None:
+        ours = figures.allocated + CONTEXT_ALLOWANCE_BYTES
     in_use = _in_use(figures)
     if in_use is None or ours is None:
         return None  # an APU's shared memory: "free" is not a share of this total
     return max(0, in_use - ours)
+
+
+def _async_note(facts: OomFacts, figures: Figures) -> None:
+    """Say what the async backend's estimate of others' memory may really be."""
+    if facts.category != ASYNC_CATEGORY or not figures.others_estimated:
+        return
+    if figures.others_bytes is None or figures.allocated is None:
+        return
+    figures.notes.append(
+        f"cudaMallocAsync prints only what this process's tensors hold "
+        f"({format_size(figures.allocated)}); the other {format_size(figures.others_bytes)} "
+        "in use (total - free - those tensors - a CUDA context) is held by other processes or "
+        "by this process's async pool (freed blocks it caches, and fragmentation): the message "
+        "cannot tell which"
+    )
 
 
 def _sanity_notes(figures: Figures) -> None:

@@ -392,6 +392,13 @@ UNKNOWN_BY_CATEGORY = {
     "the weights, the KV cache for the context (-c) and the compute buffers need more than "
     "the GPU's share of the Mac's memory (about two thirds to three quarters of RAM); other "
     "apps' memory counts against it",
+    "paddle_bad_alloc": "only Paddle's exception name (paddle::memory::allocation::BadAlloc) "
+    "is here: its allocator could not allocate, and the message with the sizes (Out of "
+    "memory error on GPU N. Cannot allocate ...) was not pasted; it says which fix applies",
+    "host_oom_in_words": "the text says system RAM (the CPU's memory) ran out, not the GPU's: "
+    "the kernel's OOM killer, or a process's own allocation failing; a model or optimizer "
+    "state held on the CPU (offloading), DataLoader workers each holding a copy of the "
+    "dataset, or other programs",
     "cupy_oom_name_only": "only CuPy's exception name is here; its message (the size asked "
     "for, what the pool holds) says which fix applies: paste the whole message",
     "pytorch_caching_allocator_oom_first_line": "only the message's first line is here; its "
@@ -665,6 +672,12 @@ UNKNOWN_COMMANDS_BY_CATEGORY: dict[str, list[str]] = {
         "fewer DataLoader workers (num_workers), or load the model straight to the GPU (device_map, low_cpu_mem_usage=True)",
     ],
     "linux_oom_killer": OOM_KILLER,
+    "host_oom_in_words": OOM_KILLER,
+    "paddle_bad_alloc": [
+        *FIND_HOLDERS,
+        "paste the whole message: Paddle prints the request "
+        "and what was free before the C++ traceback",
+    ],
     "cgroup_oom_killer": [
         "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory.peak   # the limit, and the peak use (cgroup v2)",
         "raise the limit: docker run --memory=64g ..., Kubernetes resources.limits.memory, Slurm --mem",
@@ -809,3 +822,100 @@ def _duration(seconds: float) -> str:
     if hours < 48:
         return f"{hours}h{minutes:02d}m"
     return f"{hours // 24}d{hours % 24:02d}h"
+
+
+# One allocation over a cap on a single block, whatever is free (diagnosis._per_allocation_limit).
+# Intel GPUs without large-allocation support refuse one block over 4 GiB: IPEX checks it
+# itself, and Level Zero does unless relaxed limits are asked for (unified-runtime#1245);
+# PyTorch's native XPU backend lifted its own check in 2025 (torch-xpu-ops#1406).
+PER_ALLOCATION_LIMIT_BY_KIND = {
+    "xpu": [
+        "split the work so no one tensor is over 4 GiB: a smaller batch per call, or the op "
+        "in chunks (torch.split / torch.chunk; a tiled VAE decode in image pipelines)",
+        "export UR_L0_ENABLE_RELAXED_ALLOCATION_LIMITS=1   # before python starts: lets Level "
+        "Zero allocate blocks over the device's single-allocation size",
+        "# IPEX checks the 4 GiB cap itself (intel-extension-for-pytorch#325): move to "
+        "PyTorch's native XPU backend in a recent release (torch-xpu-ops#1406 lifted it), "
+        "with that variable set",
+    ],
+    "metal": [
+        "split the array so no one buffer is over the maximum: a smaller batch, or the op in "
+        "chunks",
+        'python -c "import mlx.core as mx; print(mx.metal.device_info())"   # '
+        "max_buffer_length: the largest buffer this Mac's GPU allows",
+    ],
+}
+PER_ALLOCATION_LIMIT_DEFAULT = [
+    "split the work so no one allocation is over the cap: a smaller batch per call, or the "
+    "op in chunks",
+]
+
+# cudaMallocAsync's pool: memory neither free nor held by this process's tensors, which
+# the async backend does not report (diagnosis._async_pool).
+ASYNC_POOL = [
+    "torch.cuda.empty_cache()   # with backend:cudaMallocAsync it trims the pool: hands the "
+    "memory it caches back to the driver",
+    "export PYTORCH_CUDA_ALLOC_CONF=backend:native,expandable_segments:True   # before "
+    "python starts: the native allocator, whose message says what it reserves",
+    "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv   # this "
+    "process's own total: well over its tensors means the pool holds the rest",
+]
+
+# CuPy's memory pool holding most of the card (diagnosis._cupy_pool).
+CUPY_POOL = [
+    "cupy.get_default_memory_pool().free_all_blocks()   # hand the pool's cached blocks back "
+    "between phases",
+    "pool = cupy.get_default_memory_pool(); print(pool.used_bytes(), pool.total_bytes())   "
+    "# used is live arrays: if it climbs step after step, something keeps arrays alive",
+    "cupy.get_default_memory_pool().set_limit(fraction=0.8)   # or CUPY_GPU_MEMORY_LIMIT=80%: "
+    "cap the pool",
+    "del the arrays a step no longer needs (and, with Chainer, their graph: "
+    "loss.unchain_backward())",
+]
+# CuPy's working set, in CuPy's terms (no torch autocast for it).
+CUPY_WORKING_SET = [
+    "process the arrays in chunks, or a smaller batch",
+    "float32 (or float16) instead of float64 where precision allows: half the memory",
+]
+
+# MPS: memory this process holds outside PyTorch's MPS allocator fills the limit
+# (diagnosis._mps_other_allocations).
+MPS_OTHER_ALLOCATIONS = [
+    "torch.mps.empty_cache()   # hand back the Metal buffers PyTorch caches",
+    "offload what is idle to the CPU: pipe.enable_model_cpu_offload() (diffusers), ComfyUI "
+    "--lowvram, or load one model at a time",
+    "export PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0   # the message's own advice: lifts the "
+    "limit, and macOS may then swap or stall",
+    *_UNIFIED_MEMORY,
+]
+
+# A Metal working set (MLX, llama.cpp's Metal backend): no torch autocast there.
+METAL_WORKING_SET = [
+    "reduce the batch, the context or the sequence length",
+    "a smaller or more quantised model (4-bit), or a smaller dtype (float16)",
+    "sudo sysctl iogpu.wired_limit_mb=<MiB>   # raise the GPU's share of unified memory (macOS 14+)",
+]
+
+# A working set in system RAM (a framework's CPU device): host advice, never the GPU's.
+HOST_WORKING_SET = [
+    "free -h   # what system RAM is left; the tensor was on the CPU, not a GPU",
+    "reduce the batch size, or feed the data in chunks",
+    "if the op should have run on the GPU: check the framework sees it "
+    "(tf.config.list_physical_devices('GPU'), torch.cuda.is_available())",
+    "sudo dmesg -T | grep -i -E 'killed process|out of memory'   # the OOM killer, if it came",
+]
+
+
+# The device type torch.autocast names, by the device the message is about: ROCm's
+# PyTorch is "cuda" to torch; out-of-tree devices are their own.
+_AUTOCAST_DEVICES = {"cuda", "xpu", "mps", "npu", "musa", "mlu", "hpu"}
+
+
+def autocast_device(device_type: str | None) -> str:
+    """``torch.autocast``'s ``device_type`` for a message about ``device_type``."""
+    return device_type if device_type in _AUTOCAST_DEVICES else "cuda"
+
+
+def held_across_steps(device: str = "cuda") -> list[str]:
+    """:data:`HELD_ACROSS_STEPS` with the cache emptied on ``device``'s torch module."""
+    return [line.replace("torch.cuda.", f"torch.{device}.") for line in HELD_ACROSS_STEPS]

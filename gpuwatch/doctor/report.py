@@ -159,6 +159,16 @@ def _figures(explanation: Explanation) -> list[str]:
         second.append(f"allocated {size(explanation.allocated_bytes)}")
     if explanation.reserved_unallocated_bytes is not None:
         second.append(f"reserved but unallocated {size(explanation.reserved_unallocated_bytes)}")
+    elif explanation.reserved_bytes is not None:
+        # A pool's whole size without its split (CuPy's "total"): what it holds all told.
+        label = "pool holds" if explanation.kind == "cupy" else "reserved"
+        second.append(f"{label} {size(explanation.reserved_bytes)}")
+    printed = explanation.printed
+    if printed is not None and printed.other_allocations_bytes is not None:
+        # MPS: Metal memory this process holds outside PyTorch's allocator.
+        second.append(f"other allocations {size(printed.other_allocations_bytes)}")
+    if printed is not None and printed.per_allocation_limit_bytes is not None:
+        first.append(f"one-allocation cap {size(printed.per_allocation_limit_bytes)}")
     lines = [f"  {'   '.join(part)}" for part in (first, second) if part]
     if explanation.other_processes:
         listed = ", ".join(

@@ -153,6 +153,12 @@ ANCHORS = (
     # ERROR_OUT_OF_DEVICE_MEMORY") has "out_of_device_memory".
     # PyTorch's DataLoader: a worker SIGKILLed, or SIGBUS for want of shared memory.
     "killed by signal: killed",
+    # Paddle's C++ exception by its name alone: "terminate called after throwing an instance
+    # of 'paddle::memory::allocation::BadAlloc'".
+    "memory::allocation::badalloc",
+    # Host RAM run out, in a person's words: "I see CPU OOM errors during ...".
+    "cpu oom",
+    "cpu-oom",
     "killed by signal: bus error",
     "unexpected bus error",
     # AWS Neuron's runtime: 'nrt_tensor_allocate status=4 message="Allocation Failure"' (not

@@ -79,6 +79,7 @@ FALLBACKS: tuple[Callable[[str], list[Found]], ...] = (
     pytorch.find_first_line,
     generic.find,
     host.find,
+    host.find_told,
 )
 
 __all__ = ["FALLBACKS", "FAMILIES", "Found"]

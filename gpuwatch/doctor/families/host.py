@@ -145,8 +145,11 @@ _KERNEL_FIGURES = re.compile(r"\b(?:total-vm|anon-rss):\d+kB")
 _ANON_RSS = re.compile(r"\banon-rss:(?P<kb>\d+)kB")
 _TASK = re.compile(r",task=(?P<name>[^,\n]{1,64}),pid=(?P<pid>\d+)")
 MAX_KERNEL_LINES = 64
+# The pid as printed, elided or redacted when pasted ("(pid ...)", "(pid XXXX)", "(pid(s)
+# 123)"), or left out, as issue titles do ("DataLoader worker is killed by signal: Killed.").
 _DATALOADER = re.compile(
-    r"DataLoader\s+worker\s+\(pid\s+(?P<pid>\d+)\)\s+is\s+killed\s+by\s+signal:\s+"
+    r"DataLoader\s+worker\s+(?:\(pid(?:\(s\)|s)?\s*(?:(?P<pid>\d+)\)|[^()\n]{1,40}\))\s+)?"
+    r"is\s+killed\s+by\s+signal:\s+"
     r"(?:(?P<killed>Killed)|Bus\s+error)\b"
     r"|Unexpected\s+bus\s+error\s+encountered\s+in\s+worker"
 )
@@ -296,6 +299,33 @@ def _find_scheduler_kill(window: str) -> list[Found]:
             category="cgroup_oom_killer" if match["slurm"] else "linux_oom_killer",
             device_type="host",
             host=match["node"],  # the node Slurm ran the task on
+            message=span.snippet,
+        )
+        return [Found(span.start, facts)]
+    return []
+
+
+# A person's report of host RAM running out in words, "CPU OOM" or "CPU out of memory",
+# only after a verb that says it was met ("I see CPU OOM errors during ...", "it hits a CPU
+# out of memory"): advice ("to avoid CPU OOM") and questions about it are not a failure.
+_CPU_OOM_TOLD = re.compile(
+    r"(?i:\b(?:see|sees|saw|seeing|get|gets|got|getting|hit|hits|hitting|encounter(?:s|ed|ing)?"
+    r"|r[au]n(?:s|ning)?\s+into|throws|threw|raised|gives|gave|caus(?:es|ed|ing)"
+    r"|(?:crash|fail|di)(?:es|s|ed|ing)?\s+with|ends?\s+in)\s+(?:(?:a|an|the|some|many|frequent"
+    r"|random|an?\s+\w+)\s+)?)(?P<what>(?i:cpu)[ \t-]+(?:OOM|(?i:out[ \t-]+of[ \t-]+memory)))"
+    r"(?![\w-])"
+)
+_CPU_OOM_WORDS = ("cpu oom", "cpu out of memory", "cpu-oom", "cpu out-of-memory")
+
+
+def find_told(window: str) -> list[Found]:
+    """The first report in words that host RAM ran out ("I see CPU OOM errors") in
+    ``window``: a fallback, read only where no family found a message."""
+    for span in spans(window, _CPU_OOM_TOLD, limit=300, needs=_CPU_OOM_WORDS)[:1]:
+        facts = OomFacts(
+            kind="host",
+            category="host_oom_in_words",
+            device_type="host",
             message=span.snippet,
         )
         return [Found(span.start, facts)]

@@ -77,6 +77,9 @@ def find(window: str) -> list[Found]:
                 device_type="metal",
                 requested_bytes=int(match["bytes"]),
                 allowed_bytes=int(match["limit"]) if header is _MLX_TOO_LARGE else None,
+                per_allocation_limit_bytes=int(match["limit"])
+                if header is _MLX_TOO_LARGE
+                else None,
                 api_call="MLX",
                 message=window[match.start() : match.end() + 1].strip(),
             )

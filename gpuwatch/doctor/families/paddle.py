@@ -30,6 +30,10 @@ _ENFORCE = re.compile(
     r"enforce\s+allocating\s+<=\s+available\s+failed,\s+(?P<wanted>\d+)\s+>\s+(?P<available>\d+)"
 )
 _BAD_ALLOC = re.compile(r"(paddle::memory::allocation::BadAlloc|ResourceExhaustedError)")
+# The exception's C++ name alone, as "terminate called after throwing an instance of
+# 'paddle::memory::allocation::BadAlloc'" prints it when nothing caught it (its what() may
+# be empty, and the C++ traceback after it names the allocator's frames, not sizes).
+_BAD_ALLOC_NAME = re.compile(r"(?<![\w:])(?:paddle::)?memory::allocation::BadAlloc\b")
 EXCEPTION_LOOKBACK_CHARS = 400
 
 
@@ -46,6 +50,17 @@ def find(window: str) -> list[Found]:
             message=window[match.start() : match.end()],
         )
         found.append(Found(match.start(), facts))
+    if found:
+        return found
+    # The name alone, like CuPy's (cupy.py): Paddle's out-of-memory, with no figures.
+    for span in spans(window, _BAD_ALLOC_NAME, limit=300, needs=("badalloc",))[:1]:
+        facts = OomFacts(
+            kind="paddle",
+            category="paddle_bad_alloc",
+            exception="paddle::memory::allocation::BadAlloc",
+            message=span.snippet,
+        )
+        found.append(Found(span.start, facts))
     return found
 
 

@@ -39,7 +39,7 @@ from gpuwatch.doctor.families.clauses import (
     size_of,
     spans,
 )
-from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES
+from gpuwatch.doctor.units import ABSURD_REQUEST_BYTES, parse_size
 
 # The device words of PyTorch and of the out-of-tree backends that copy its allocator.
 _DEVICE_WORDS = r"CUDA|HIP|XPU|NPU|MUSA|MLU|GCU|DCU|SDAA"
@@ -49,7 +49,8 @@ _HEADER = re.compile(
     rf"(?:(?:(?P<dev>{_DEVICE_WORDS}|\b[A-Z][A-Z0-9]{{1,7}})\s+out\s+of\s+memory\.?"
     # IPEX's per-allocation limit: "Current platform can NOT allocate memory block with
     # size larger than 4GB! Tried to allocate ..." (an XPU-only message).
-    r"|(?P<ipex>(?:Current\s+platform\s+)?can\s+NOT\s+allocate\s+memory\s+block\s+with\s+size\s+larger\s+than\s+\S+)"
+    r"|(?P<ipex>(?:Current\s+platform\s+)?can\s+NOT\s+allocate\s+memory\s+block\s+with\s+size\s+larger\s+than\s+"
+    r"(?=\S)(?P<cap>\d+(?:\.\d+)?[KMGT]i?B)?\S*)"
     # The exception's name right before it: a message quoted without its first sentence.
     r"|(?P<named>OutOfMemoryError:))\s+"
     # No head at all, the 1.x figures right after the size: "Tried to allocate 20.00 MiB
@@ -230,7 +231,12 @@ def _find_caching(window: str) -> list[Found]:
             device_type = word.lower() if re.fullmatch(_DEVICE_WORDS, word) else "cuda"
         else:
             device_type = (header["dev"] or "XPU").lower()
-        found.append(Found(span.start, _caching_facts(span, device_type)))
+        facts = _caching_facts(span, device_type)
+        if header["ipex"] is not None:
+            # The cap on one block, not the card's memory: the request is over it, whatever
+            # is free (the message names the cap; 4 GB is the only one IPEX prints).
+            facts.per_allocation_limit_bytes = parse_size(header["cap"] or "4GB")
+        found.append(Found(span.start, facts))
     return found
 
 
