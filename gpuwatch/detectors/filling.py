@@ -31,6 +31,7 @@ from gpuwatch.detectors.growth import (
     recent_slope,
     step_held,
     through_dips,
+    without_dips,
 )
 from gpuwatch.detectors.types import Finding, Sample
 
@@ -84,11 +85,21 @@ def detect_filling(
     ``horizon_seconds``, ``full_basis`` (``free`` or ``total``), ``gpu_free_bytes``,
     ``gpu_total_bytes`` and ``culprits``.
     """
+    given = {s.t for s in samples if s.used_bytes is not None and s.t <= now}
+    newest = max(given, default=None)
     if already_open:
         # An open verdict looks through a dip the memory came back from (or, newest, may).
         samples, min_duration_seconds = through_dips(
             samples, now=now, min_duration_seconds=min_duration_seconds
         )
+    else:
+        # So does one that opens, through dips already come back from: a neighbour
+        # restarted under a new PID every W or less (a crash loop, a cron restart) left
+        # a low floor in every window, and a GPU filling beside it never opened. Not
+        # during one: a neighbour reloading is a steep rise that is no fill.
+        samples = without_dips(samples, now=now)
+        if samples and samples[-1].t != newest:
+            return None
     growth = passing_growth(
         samples,
         now=now,
@@ -111,12 +122,24 @@ def detect_filling(
         return None  # it grew, but it has stopped: no longer filling up
     if free_bytes is not None:
         basis, room = "free", free_bytes
+        if already_open and total_bytes is not None:
+            # An open verdict's room is the level's, not a dip's at the window's end or
+            # at the poll at hand (a neighbour restarting freed its 25 GiB for a minute,
+            # which put the time to full past the horizon and closed the verdict). A
+            # drop that lasts reaches the window's buckets and closes it there.
+            room = min(room, max(total_bytes - growth.newest_bytes, 0))
     elif total_bytes is not None:
         basis, room = "total", max(total_bytes - growth.newest_bytes, 0)
     else:
         return None
     # At the current rate: the window's slope is a blend where growth began inside it.
     rate = current_rate(growth, recent)
+    left_out = given - {s.t for s in samples}
+    if max(left_out, default=0.0) >= growth.window_end - growth.window_seconds / 3:
+        # A dip left out of the newest third leaves a hole that its edges' middles move
+        # across, and the recent rate then reads the restart's own reload (329 MiB/min
+        # for 256, which opened a fill 25 minutes early): the window's line instead.
+        rate = growth.slope
     time_to_full = room / rate
     if time_to_full > horizon_seconds * (OPEN_HORIZON_SLACK if already_open else 1.0):
         return None

@@ -242,22 +242,33 @@ def passing_growth(
 
 # The longest dip (in buckets) that an open verdict looks through (:func:`without_dips`).
 DIP_BUCKETS = 3
+# ... and how many more buckets it may take to come back, each floor above the one
+# before it (a reload spread over minutes: a job restarted under a new PID that loads
+# its 25 GiB over 90 to 180 s left four or five low floors, and the verdict closed).
+RAMP_BUCKETS = 3
 
 
 def without_dips(samples: Sequence[Sample], *, now: float) -> list[Sample]:
     """The known ``samples`` up to ``now``, oldest first, less the dips an open verdict
-    looks through: runs of at most :data:`DIP_BUCKETS` samples whose floors lie below
-    the floor before them by more than any sample's spread before them (its peak over
-    its floor: the memory's breath and noise) and :data:`CLEARANCE_MIN_BYTES`, that the next sample is back from (within that margin),
-    or that are the newest (the memory may yet come back: a drop that lasts closes the
-    verdict :data:`DIP_BUCKETS` buckets late).
+    looks through: runs of samples whose floors lie below the floor before them by more
+    than any sample's spread before them (its peak over its floor: the memory's breath
+    and noise) and :data:`CLEARANCE_MIN_BYTES`, at most :data:`DIP_BUCKETS` of them plus
+    up to :data:`RAMP_BUCKETS` more that each rise above the one before (coming back),
+    that the next sample is back from (within that margin), or that are the newest (the memory may yet come back: a drop that lasts closes the verdict
+    :data:`DIP_BUCKETS` buckets late).
 
     A leaking process that frees its cache and takes it back (``empty_cache()``), or a
     neighbour restarted under a new PID beside a GPU's grower, leaves one low floor in
     the window, which sinks the floors' upward share and r² until it leaves: one dip of
     20 s closed open leak and filling-up verdicts for 30 minutes, and the second event
-    came 10 minutes before the GPU was full (the 2026-12-07 audit). Opening still judges
-    every sample."""
+    came 10 minutes before the GPU was full (the 2026-12-07 audit). The filling-up
+    verdict also opens through such dips (not while one is at the window's end); the
+    leak verdict opens judging every sample.
+
+    Only a dip that comes back to the level before it is left out, so what remains is
+    the memory bridged over the dip at its own level: a cycle whose rise resets below
+    where it was (a saw-tooth) is never bridged, and memory that only dips and comes
+    back is flat once bridged."""
     known = sorted(
         (s for s in samples if s.used_bytes is not None and s.t <= now), key=lambda s: s.t
     )
@@ -265,21 +276,45 @@ def without_dips(samples: Sequence[Sample], *, now: float) -> list[Sample]:
     # Deeper than the memory breathed before it (the widest spread of a bucket up to
     # the level, its peak over its floor): a breath's trough is the memory's own level.
     spreads = [max(0, (s.peak_bytes or 0) - (s.used_bytes or 0)) for s in known]
+    # A dip's own buckets, and the one it came back in, spread by the dip: counted, a
+    # restart's 25 GiB spread hid the next restart for the rest of the window (the
+    # window's oldest bucket held the one before). So does an oldest bucket that came
+    # back later (the oldest few, up to a dip's length, all below a later bucket's floor
+    # by more than that one spreads).
     dropped: set[int] = set()
-    widest = spreads[0] if spreads else 0
+    unspread: set[int] = set()
+    for k in range(min(DIP_BUCKETS + RAMP_BUCKETS, len(known) - 1), 0, -1):
+        if max(floors[:k]) < floors[k] - CLEARANCE_MIN_BYTES - spreads[k]:
+            unspread.update(range(k))
+            break
+    widest = 0
     i = 1
     while i < len(known):
-        widest = max(widest, spreads[i - 1])
+        if i - 1 not in unspread:
+            widest = max(widest, spreads[i - 1])
         depth = CLEARANCE_MIN_BYTES + widest
         level = floors[i - 1]
         end = i
-        while end < len(known) and end - i < DIP_BUCKETS and floors[end] < level - depth:
+        while end < len(known) and floors[end] < level - depth and (
+            end - i < DIP_BUCKETS
+            or (end - i < DIP_BUCKETS + RAMP_BUCKETS and floors[end] > floors[end - 1])
+        ):
             end += 1
         if end == i:
             i += 1
             continue
-        if end == len(known) or floors[end] >= level - depth:
+        if end < len(known):
+            back = floors[end] >= level - depth
+        else:
+            # Newest: it may yet come back. Past DIP_BUCKETS only while climbing back
+            # fast enough to be back within the ramp's buckets: memory freed for good
+            # and growing again (a saw-tooth's drop, a fixed leak) is no reload.
+            left = DIP_BUCKETS + RAMP_BUCKETS - (end - i)
+            pace = floors[end - 1] - floors[end - 2] if end - i > 1 else 0
+            back = end - i <= DIP_BUCKETS or floors[end - 1] + left * pace >= level - depth
+        if back:
             dropped.update(range(i, end))
+            unspread.update(range(i, end + 1))
         i = end
     return [s for k, s in enumerate(known) if k not in dropped]
 
