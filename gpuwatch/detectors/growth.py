@@ -295,9 +295,13 @@ def without_dips(samples: Sequence[Sample], *, now: float) -> list[Sample]:
         depth = CLEARANCE_MIN_BYTES + widest
         level = floors[i - 1]
         end = i
-        while end < len(known) and floors[end] < level - depth and (
-            end - i < DIP_BUCKETS
-            or (end - i < DIP_BUCKETS + RAMP_BUCKETS and floors[end] > floors[end - 1])
+        while (
+            end < len(known)
+            and floors[end] < level - depth
+            and (
+                end - i < DIP_BUCKETS
+                or (end - i < DIP_BUCKETS + RAMP_BUCKETS and floors[end] > floors[end - 1])
+            )
         ):
             end += 1
         if end == i:

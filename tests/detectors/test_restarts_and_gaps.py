@@ -19,7 +19,9 @@ MIB, GIB, MINUTE = 2**20, 2**30, 60.0
 TOTAL = 80 * GIB
 
 
-def _restarting(every_minutes: float, ramp_seconds: float, minutes: float) -> dict[int, list[Sample]]:
+def _restarting(
+    every_minutes: float, ramp_seconds: float, minutes: float
+) -> dict[int, list[Sample]]:
     """A 5 GiB process growing 256 MiB/min beside a steady 25 GiB job restarted under a
     new PID every ``every_minutes`` (down 20 s, then reloading over ``ramp_seconds``)."""
     rng = random.Random(7)
