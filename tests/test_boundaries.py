@@ -126,7 +126,13 @@ AGENT_NEVER_IMPORTS = (
 def _imports_of_a_running_agent(tmp_path: Path) -> set[str]:
     """Every module a real ``gpuwatch agent`` (simulated GPUs, pushing to a server that
     is away) imported by the time it had served a scrape, from ``python -X importtime``."""
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "GPUWATCH_CONFIG": "/dev/null"}
+    # Its own spool: the default one (root's /var/lib/gpuwatch/spool) takes one agent.
+    env = {
+        **os.environ,
+        "XDG_RUNTIME_DIR": str(tmp_path),
+        "GPUWATCH_CONFIG": "/dev/null",
+        "GPUWATCH_AGENT_SPOOL_DIR": str(tmp_path / "spool"),
+    }
     # --log-level: a root option before the command keeps the agent off typer too.
     command = [sys.executable, "-X", "importtime", "-m", "gpuwatch", "--log-level", "info"]
     command += ["agent"]
