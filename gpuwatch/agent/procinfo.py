@@ -447,7 +447,7 @@ class ProcInfo:
             name=_short(stat.comm),
             command=command,
             uid=uid,
-            declared_user=None if declared is None else _short(declared),
+            declared_user=_optional_short(declared),
             manager_uid=cgroup.user_manager_uid,
             owner=owner,
             jupyter_kernel=is_jupyter_kernel(argv),
@@ -658,18 +658,14 @@ def _namespace_inode(link: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _short(text: str) -> str:
-    """``text`` within the snapshot's ShortStr: no NUL, at most MAX_NAME_CHARS characters."""
-    return text.replace("\x00", "\ufffd")[:MAX_NAME_CHARS]
+def _short(text: str, limit: int = MAX_NAME_CHARS) -> str:
+    """``text`` within a snapshot string's bound: no NUL, at most ``limit`` characters
+    (ShortStr's MAX_NAME_CHARS; the cgroup path's LongStr, MAX_PATH_CHARS)."""
+    return text.replace("\x00", "\ufffd")[:limit]
 
 
-def _optional_short(text: str | None) -> str | None:
-    return None if text is None else _short(text)
-
-
-def _optional_long(text: str | None) -> str | None:
-    """``text`` within the snapshot's LongStr (the cgroup path)."""
-    return None if text is None else text.replace("\x00", "\ufffd")[:MAX_PATH_CHARS]
+def _optional_short(text: str | None, limit: int = MAX_NAME_CHARS) -> str | None:
+    return None if text is None else _short(text, limit)
 
 
 def _process_owner(
@@ -690,5 +686,5 @@ def _process_owner(
         # protects a job on the cgroup's word alone (reaper.policy.protection).
         slurm_job_id=_optional_short(cgroup.slurm_job_id or env_job_id),
         systemd_unit=_optional_short(cgroup.systemd_unit),
-        cgroup=_optional_long(cgroup.cgroup),
+        cgroup=_optional_short(cgroup.cgroup, MAX_PATH_CHARS),
     )
